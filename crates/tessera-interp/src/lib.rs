@@ -1,0 +1,695 @@
+//! The reference interpreter of Tessera IR, global or per-device: plainly written, one kernel per
+//! op, every index computed from first principles. It is the oracle of every numeric test and the
+//! baseline of the compiled-vs-interpreted benchmarks.
+//!
+//! Consumes a verified `Graph` and input `Literal`s; produces the output `Literal`s. Collectives
+//! are delegated to a `Collectives` implementation: `SingleDevice` here (every group has one
+//! member), the runtime's shared-memory transport for sharded programs.
+
+pub mod scalar;
+
+use std::collections::HashMap;
+
+use tessera_ir::{
+    BinaryOp, CompareOp, DType, Data, DotDims, Graph, Literal, Mesh, NodeId, Op, ReduceKind, Shape,
+    TensorType, UnaryOp,
+};
+
+use scalar::{Float, Int, bool_binary, bool_unary, compare, fmax, fmin};
+
+/// Why an interpretation failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum InterpError {
+    #[error("input {index}: expected {expected}, got {got}")]
+    InputType {
+        index: usize,
+        expected: TensorType,
+        got: TensorType,
+    },
+    #[error("expected {expected} inputs, got {got}")]
+    InputCount { expected: usize, got: usize },
+    #[error("{op}: {message}")]
+    Op { op: String, message: String },
+}
+
+/// How a program reaches the other devices of its mesh.
+pub trait Collectives {
+    /// Runs the collective `op` (one of `Op::is_collective`) on this device's `input`
+    /// (`None` for `axis_index`), returning this device's result of type `out`.
+    fn run(
+        &self,
+        op: &Op,
+        mesh: &Mesh,
+        input: Option<&Literal>,
+        out: &TensorType,
+    ) -> Result<Literal, InterpError>;
+}
+
+/// One device alone: correct for every collective whose group has one member (a mesh whose
+/// named axes all have size 1), an error otherwise.
+pub struct SingleDevice;
+
+impl Collectives for SingleDevice {
+    fn run(
+        &self,
+        op: &Op,
+        mesh: &Mesh,
+        input: Option<&Literal>,
+        out: &TensorType,
+    ) -> Result<Literal, InterpError> {
+        let size: usize = op
+            .mesh_axes()
+            .iter()
+            .map(|a| mesh.axis_size(a).unwrap_or(0))
+            .product();
+        if size != 1 {
+            return Err(InterpError::Op {
+                op: op.name().into(),
+                message: format!(
+                    "a group of {size} devices over {:?} needs the sharded runtime",
+                    op.mesh_axes()
+                ),
+            });
+        }
+        Ok(match (op, input) {
+            (Op::AxisIndex { .. }, _) => Literal::zeros(out),
+            (Op::CollectivePermute { pairs, .. }, Some(x)) => {
+                if pairs.is_empty() {
+                    Literal::zeros(out)
+                } else {
+                    x.clone()
+                }
+            }
+            (_, Some(x)) => Literal {
+                ty: out.clone(),
+                data: x.data.clone(),
+            },
+            (_, None) => {
+                return Err(InterpError::Op {
+                    op: op.name().into(),
+                    message: "missing operand".into(),
+                });
+            }
+        })
+    }
+}
+
+/// Runs `g` on one device.
+pub fn run(g: &Graph, inputs: &[Literal]) -> Result<Vec<Literal>, InterpError> {
+    let refs: Vec<&Literal> = inputs.iter().collect();
+    run_with(g, &refs, &SingleDevice)
+}
+
+/// Runs `g` with the given transport for its collectives. Values are dropped after their last
+/// use, so memory follows the live set.
+pub fn run_with(
+    g: &Graph,
+    inputs: &[&Literal],
+    collectives: &dyn Collectives,
+) -> Result<Vec<Literal>, InterpError> {
+    if inputs.len() != g.params().len() {
+        return Err(InterpError::InputCount {
+            expected: g.params().len(),
+            got: inputs.len(),
+        });
+    }
+    for (index, (&p, x)) in g.params().iter().zip(inputs).enumerate() {
+        if g.ty(p) != &x.ty {
+            return Err(InterpError::InputType {
+                index,
+                expected: g.ty(p).clone(),
+                got: x.ty.clone(),
+            });
+        }
+    }
+    let order = g.try_topo_order().ok_or_else(|| InterpError::Op {
+        op: "graph".into(),
+        message: "the graph has a cycle".into(),
+    })?;
+    let mut remaining: HashMap<NodeId, usize> = HashMap::new();
+    for &id in &order {
+        for o in g.operands(id) {
+            *remaining.entry(o).or_default() += 1;
+        }
+    }
+    let mut values: HashMap<NodeId, Literal> = HashMap::new();
+    for &id in &order {
+        let node = g.node(id);
+        let operands = g.operands(id);
+        let value = match &node.op {
+            Op::Parameter(i) => inputs[*i].clone(),
+            op if op.is_collective() => {
+                let mesh = g.mesh.as_ref().ok_or_else(|| InterpError::Op {
+                    op: op.name().into(),
+                    message: "collective in a graph without a mesh".into(),
+                })?;
+                let input = operands.first().map(|o| &values[o]);
+                collectives.run(op, mesh, input, &node.ty)?
+            }
+            op => {
+                let args: Vec<&Literal> = operands.iter().map(|o| &values[o]).collect();
+                eval_op(op, &args, &node.ty)?
+            }
+        };
+        for o in operands {
+            let r = remaining.get_mut(&o).expect("operand counted");
+            *r -= 1;
+            if *r == 0 && !g.outputs().contains(&o) {
+                values.remove(&o);
+            }
+        }
+        values.insert(id, value);
+    }
+    Ok(g.outputs().iter().map(|o| values[o].clone()).collect())
+}
+
+fn op_error(op: &Op, message: impl Into<String>) -> InterpError {
+    InterpError::Op {
+        op: op.name().into(),
+        message: message.into(),
+    }
+}
+
+/// Applies `$body` to the vector inside any `Data` variant, rebuilding the same variant.
+macro_rules! each {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            Data::F32($v) => Data::F32($body),
+            Data::F64($v) => Data::F64($body),
+            Data::I32($v) => Data::I32($body),
+            Data::U32($v) => Data::U32($body),
+            Data::Bool($v) => Data::Bool($body),
+        }
+    };
+}
+
+/// Evaluates one non-collective op on its operand values; `ty` is the node's result type.
+/// This is also the eager mode's kernel.
+pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, InterpError> {
+    let data = match op {
+        Op::Parameter(_) => return Err(op_error(op, "parameters have no kernel")),
+        Op::Constant(lit) => lit.data.clone(),
+        Op::Iota { dim, .. } => {
+            let n = ty.numel();
+            let idx: Vec<usize> = (0..n).map(|f| unravel(f, ty.dims())[*dim]).collect();
+            match ty.dtype {
+                DType::F32 => Data::F32(idx.iter().map(|&i| i as f32).collect()),
+                DType::F64 => Data::F64(idx.iter().map(|&i| i as f64).collect()),
+                DType::I32 => Data::I32(idx.iter().map(|&i| i as i32).collect()),
+                DType::U32 => Data::U32(idx.iter().map(|&i| i as u32).collect()),
+                DType::Bool => return Err(op_error(op, "iota of bool")),
+            }
+        }
+        Op::Unary(u) => unary(*u, &args[0].data),
+        Op::Binary(b) => binary(op, *b, &args[0].data, &args[1].data)?,
+        Op::Compare(c) => Data::Bool(compare_data(op, *c, &args[0].data, &args[1].data)?),
+        Op::Select => {
+            let Data::Bool(p) = &args[0].data else {
+                return Err(op_error(op, "predicate is not bool"));
+            };
+            zip_same(
+                op,
+                &args[1].data,
+                &args[2].data,
+                |t, f| each!(t, a => a.iter().zip(match_as(f)).zip(p).map(|((x, y), &c)| if c { *x } else { *y }).collect()),
+            )?
+        }
+        Op::Convert(to) => convert(&args[0].data, *to),
+        Op::Bitcast(to) => bitcast(op, &args[0].data, *to)?,
+        Op::BroadcastInDim { dims, .. } => {
+            let from = args[0].ty.dims();
+            let strides = args[0].ty.shape.strides();
+            let map = |out: &[usize]| -> Option<usize> {
+                Some(
+                    dims.iter()
+                        .enumerate()
+                        .map(|(i, &d)| if from[i] == 1 { 0 } else { out[d] * strides[i] })
+                        .sum(),
+                )
+            };
+            gather_data(&args[0].data, &ty.shape, map, None)
+        }
+        Op::Reshape(_) | Op::ShardingConstraint(_) => args[0].data.clone(),
+        Op::Transpose(perm) => {
+            let strides = args[0].ty.shape.strides();
+            let map = |out: &[usize]| {
+                Some(
+                    perm.iter()
+                        .enumerate()
+                        .map(|(i, &p)| out[i] * strides[p])
+                        .sum(),
+                )
+            };
+            gather_data(&args[0].data, &ty.shape, map, None)
+        }
+        Op::Slice { start, stride, .. } => {
+            let strides = args[0].ty.shape.strides();
+            let map = |out: &[usize]| {
+                Some(
+                    (0..out.len())
+                        .map(|i| (start[i] + out[i] * stride[i]) * strides[i])
+                        .sum(),
+                )
+            };
+            gather_data(&args[0].data, &ty.shape, map, None)
+        }
+        Op::Pad { low, interior, .. } => {
+            let from = args[0].ty.dims();
+            let strides = args[0].ty.shape.strides();
+            let map = |out: &[usize]| {
+                let mut flat = 0;
+                for i in 0..out.len() {
+                    let q = out[i] as i64 - low[i];
+                    let step = interior[i] as i64 + 1;
+                    if q < 0 || q % step != 0 || q / step >= from[i] as i64 {
+                        return None;
+                    }
+                    flat += (q / step) as usize * strides[i];
+                }
+                Some(flat)
+            };
+            gather_data(&args[0].data, &ty.shape, map, Some(&args[1].data))
+        }
+        Op::Concatenate { dim } => {
+            let mut offsets = Vec::new();
+            let mut acc = 0;
+            for a in args {
+                offsets.push(acc);
+                acc += a.ty.dims()[*dim];
+            }
+            let n = ty.numel();
+            let mut out = Data::zeros(ty.dtype, n);
+            for f in 0..n {
+                let mut idx = unravel(f, ty.dims());
+                let k = (0..args.len())
+                    .rev()
+                    .find(|&j| {
+                        offsets[j] <= idx[*dim] && idx[*dim] < offsets[j] + args[j].ty.dims()[*dim]
+                    })
+                    .ok_or_else(|| op_error(op, "index outside every operand"))?;
+                idx[*dim] -= offsets[k];
+                let src = ravel(&idx, &args[k].ty.shape.strides());
+                copy_element(&args[k].data, src, &mut out, f);
+            }
+            out
+        }
+        Op::Reduce { kind, axes } => reduce(*kind, axes, args[0], ty),
+        Op::ArgMax { axis } => argmax(*axis, args[0], ty),
+        Op::DotGeneral(dd) => dot_general(op, dd, args[0], args[1], ty)?,
+        Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. }
+        | Op::CollectivePermute { .. }
+        | Op::AxisIndex { .. } => {
+            return Err(op_error(
+                op,
+                "collectives run through a Collectives transport",
+            ));
+        }
+    };
+    if data.len() != ty.numel() || data.dtype() != ty.dtype {
+        return Err(op_error(
+            op,
+            format!(
+                "kernel produced {} {} values for {ty}",
+                data.len(),
+                data.dtype()
+            ),
+        ));
+    }
+    Ok(Literal {
+        ty: ty.clone(),
+        data,
+    })
+}
+
+/// Row-major multi-index of flat index `f` in `dims`.
+pub fn unravel(mut f: usize, dims: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; dims.len()];
+    for i in (0..dims.len()).rev() {
+        if dims[i] > 0 {
+            idx[i] = f % dims[i];
+            f /= dims[i];
+        }
+    }
+    idx
+}
+
+pub fn ravel(idx: &[usize], strides: &[usize]) -> usize {
+    idx.iter().zip(strides).map(|(i, s)| i * s).sum()
+}
+
+/// Downcasts `Data` to the same element vector as the `each!` arm it is used in.
+trait MatchAs<T> {
+    fn get(d: &Data) -> &[T];
+}
+macro_rules! match_as_impl {
+    ($t:ty, $variant:ident) => {
+        impl MatchAs<$t> for $t {
+            fn get(d: &Data) -> &[$t] {
+                match d {
+                    Data::$variant(v) => v,
+                    _ => &[],
+                }
+            }
+        }
+    };
+}
+match_as_impl!(f32, F32);
+match_as_impl!(f64, F64);
+match_as_impl!(i32, I32);
+match_as_impl!(u32, U32);
+match_as_impl!(bool, Bool);
+
+fn match_as<T: MatchAs<T>>(d: &Data) -> &[T] {
+    T::get(d)
+}
+
+/// Runs `f` after checking that two operands hold the same element type and count.
+fn zip_same(
+    op: &Op,
+    a: &Data,
+    b: &Data,
+    f: impl FnOnce(&Data, &Data) -> Data,
+) -> Result<Data, InterpError> {
+    if a.dtype() != b.dtype() || a.len() != b.len() {
+        return Err(op_error(op, "operands differ in type"));
+    }
+    Ok(f(a, b))
+}
+
+/// Builds a result of `shape` whose element at each index is the source element `map` names,
+/// or the padding value where it names none.
+fn gather_data(
+    src: &Data,
+    shape: &Shape,
+    map: impl Fn(&[usize]) -> Option<usize>,
+    fill: Option<&Data>,
+) -> Data {
+    let n = shape.numel();
+    let sources: Vec<Option<usize>> = (0..n).map(|f| map(&unravel(f, shape.dims()))).collect();
+    each!(src, v => {
+        let pad = fill.and_then(|d| match_as(d).first().copied());
+        sources.iter().map(|s| match s {
+            Some(i) => v[*i],
+            None => pad.unwrap_or(v.first().copied().unwrap_or_default()),
+        }).collect()
+    })
+}
+
+fn copy_element(src: &Data, i: usize, dst: &mut Data, j: usize) {
+    match (src, dst) {
+        (Data::F32(s), Data::F32(d)) => d[j] = s[i],
+        (Data::F64(s), Data::F64(d)) => d[j] = s[i],
+        (Data::I32(s), Data::I32(d)) => d[j] = s[i],
+        (Data::U32(s), Data::U32(d)) => d[j] = s[i],
+        (Data::Bool(s), Data::Bool(d)) => d[j] = s[i],
+        _ => {}
+    }
+}
+
+fn unary(op: UnaryOp, x: &Data) -> Data {
+    match x {
+        Data::F32(v) => Data::F32(v.iter().map(|&a| f32::unary(op, a)).collect()),
+        Data::F64(v) => Data::F64(v.iter().map(|&a| f64::unary(op, a)).collect()),
+        Data::I32(v) => Data::I32(v.iter().map(|&a| i32::unary(op, a)).collect()),
+        Data::U32(v) => Data::U32(v.iter().map(|&a| u32::unary(op, a)).collect()),
+        Data::Bool(v) => Data::Bool(v.iter().map(|&a| bool_unary(op, a)).collect()),
+    }
+}
+
+fn binary(o: &Op, op: BinaryOp, x: &Data, y: &Data) -> Result<Data, InterpError> {
+    zip_same(o, x, y, |x, y| match (x, y) {
+        (Data::F32(a), Data::F32(b)) => Data::F32(
+            a.iter()
+                .zip(b)
+                .map(|(&p, &q)| f32::binary(op, p, q))
+                .collect(),
+        ),
+        (Data::F64(a), Data::F64(b)) => Data::F64(
+            a.iter()
+                .zip(b)
+                .map(|(&p, &q)| f64::binary(op, p, q))
+                .collect(),
+        ),
+        (Data::I32(a), Data::I32(b)) => Data::I32(
+            a.iter()
+                .zip(b)
+                .map(|(&p, &q)| i32::binary(op, p, q))
+                .collect(),
+        ),
+        (Data::U32(a), Data::U32(b)) => Data::U32(
+            a.iter()
+                .zip(b)
+                .map(|(&p, &q)| u32::binary(op, p, q))
+                .collect(),
+        ),
+        (Data::Bool(a), Data::Bool(b)) => Data::Bool(
+            a.iter()
+                .zip(b)
+                .map(|(&p, &q)| bool_binary(op, p, q))
+                .collect(),
+        ),
+        _ => Data::Bool(vec![]),
+    })
+}
+
+fn compare_data(o: &Op, op: CompareOp, x: &Data, y: &Data) -> Result<Vec<bool>, InterpError> {
+    fn cmp<T: PartialOrd + Copy>(op: CompareOp, a: &[T], b: &[T]) -> Vec<bool> {
+        a.iter().zip(b).map(|(&p, &q)| compare(op, p, q)).collect()
+    }
+    if x.dtype() != y.dtype() || x.len() != y.len() {
+        return Err(op_error(o, "operands differ in type"));
+    }
+    Ok(match (x, y) {
+        (Data::F32(a), Data::F32(b)) => cmp(op, a, b),
+        (Data::F64(a), Data::F64(b)) => cmp(op, a, b),
+        (Data::I32(a), Data::I32(b)) => cmp(op, a, b),
+        (Data::U32(a), Data::U32(b)) => cmp(op, a, b),
+        (Data::Bool(a), Data::Bool(b)) => cmp(op, a, b),
+        _ => vec![],
+    })
+}
+
+/// Value conversion. Float to integer truncates toward zero and saturates (NaN gives 0); any
+/// value to bool is `x != 0`.
+pub fn convert(x: &Data, to: DType) -> Data {
+    macro_rules! conv {
+        ($v:expr) => {
+            match to {
+                DType::F32 => Data::F32($v.iter().map(|&a| a as f32).collect()),
+                DType::F64 => Data::F64($v.iter().map(|&a| a as f64).collect()),
+                DType::I32 => Data::I32($v.iter().map(|&a| a as i32).collect()),
+                DType::U32 => Data::U32($v.iter().map(|&a| a as u32).collect()),
+                DType::Bool => Data::Bool($v.iter().map(|&a| a as f64 != 0.0).collect()),
+            }
+        };
+    }
+    match x {
+        Data::F32(v) => conv!(v),
+        Data::F64(v) => conv!(v),
+        Data::I32(v) => conv!(v),
+        Data::U32(v) => conv!(v),
+        Data::Bool(v) => {
+            let u: Vec<u8> = v.iter().map(|&b| b as u8).collect();
+            conv!(u)
+        }
+    }
+}
+
+fn bitcast(op: &Op, x: &Data, to: DType) -> Result<Data, InterpError> {
+    let bits: Vec<u32> = match x {
+        Data::F32(v) => v.iter().map(|a| a.to_bits()).collect(),
+        Data::I32(v) => v.iter().map(|&a| a as u32).collect(),
+        Data::U32(v) => v.clone(),
+        Data::F64(v) if to == DType::F64 => return Ok(Data::F64(v.clone())),
+        _ => {
+            return Err(op_error(
+                op,
+                format!("cannot reinterpret {} as {to}", x.dtype()),
+            ));
+        }
+    };
+    Ok(match to {
+        DType::F32 => Data::F32(bits.iter().map(|&b| f32::from_bits(b)).collect()),
+        DType::I32 => Data::I32(bits.iter().map(|&b| b as i32).collect()),
+        DType::U32 => Data::U32(bits),
+        DType::F64 | DType::Bool => {
+            return Err(op_error(
+                op,
+                format!("cannot reinterpret {} as {to}", x.dtype()),
+            ));
+        }
+    })
+}
+
+/// Reduction over `axes`, visiting the input in row-major order.
+fn reduce(kind: ReduceKind, axes: &[usize], x: &Literal, ty: &TensorType) -> Data {
+    let in_dims = x.ty.dims();
+    let kept: Vec<usize> = (0..in_dims.len()).filter(|d| !axes.contains(d)).collect();
+    let out_strides = ty.shape.strides();
+    let target = |f: usize| -> usize {
+        let idx = unravel(f, in_dims);
+        kept.iter()
+            .enumerate()
+            .map(|(j, &d)| idx[d] * out_strides[j])
+            .sum()
+    };
+    let n_out = ty.numel();
+    fn fold<T: Copy>(
+        v: &[T],
+        n_out: usize,
+        init: T,
+        target: &dyn Fn(usize) -> usize,
+        f: impl Fn(T, T) -> T,
+    ) -> Vec<T> {
+        let mut out = vec![init; n_out];
+        for (i, &x) in v.iter().enumerate() {
+            let t = target(i);
+            out[t] = f(out[t], x);
+        }
+        out
+    }
+    macro_rules! float {
+        ($v:expr, $t:ty) => {
+            match kind {
+                ReduceKind::Sum => fold($v, n_out, 0.0 as $t, &target, |a, b| a + b),
+                ReduceKind::Max => fold($v, n_out, <$t>::NEG_INFINITY, &target, fmax),
+                ReduceKind::Min => fold($v, n_out, <$t>::INFINITY, &target, fmin),
+            }
+        };
+    }
+    macro_rules! int {
+        ($v:expr, $t:ty) => {
+            match kind {
+                ReduceKind::Sum => fold($v, n_out, 0, &target, |a: $t, b| a.wrapping_add(b)),
+                ReduceKind::Max => fold($v, n_out, <$t>::MIN, &target, |a: $t, b| a.max(b)),
+                ReduceKind::Min => fold($v, n_out, <$t>::MAX, &target, |a: $t, b| a.min(b)),
+            }
+        };
+    }
+    match &x.data {
+        Data::F32(v) => Data::F32(float!(v, f32)),
+        Data::F64(v) => Data::F64(float!(v, f64)),
+        Data::I32(v) => Data::I32(int!(v, i32)),
+        Data::U32(v) => Data::U32(int!(v, u32)),
+        Data::Bool(_) => Data::Bool(vec![false; n_out]),
+    }
+}
+
+/// Index of the first maximum along `axis`; a NaN is the maximum.
+fn argmax(axis: usize, x: &Literal, ty: &TensorType) -> Data {
+    let dims = x.ty.dims();
+    let strides = x.ty.shape.strides();
+    let n = dims[axis];
+    let out: Vec<i32> = (0..ty.numel())
+        .map(|f| {
+            let oidx = unravel(f, ty.dims());
+            let mut idx: Vec<usize> = oidx.clone();
+            idx.insert(axis, 0);
+            let base = ravel(&idx, &strides);
+            let at = |k: usize| x.data.get_f64(base + k * strides[axis]);
+            let mut best = 0;
+            for k in 1..n {
+                let (b, c) = (at(best), at(k));
+                if b.is_nan() {
+                    break;
+                }
+                if c.is_nan() || c > b {
+                    best = k;
+                }
+            }
+            best as i32
+        })
+        .collect();
+    Data::I32(out)
+}
+
+/// `dot_general` by its definition: each result element sums the products over every
+/// contracting index, in row-major order of the contracting dims, accumulating in the operand
+/// type.
+fn dot_general(
+    op: &Op,
+    dd: &DotDims,
+    l: &Literal,
+    r: &Literal,
+    ty: &TensorType,
+) -> Result<Data, InterpError> {
+    let (ld, rd) = (l.ty.dims(), r.ty.dims());
+    let (ls, rs) = (l.ty.shape.strides(), r.ty.shape.strides());
+    let lfree = dd.lhs_free(ld.len());
+    let rfree = dd.rhs_free(rd.len());
+    let csizes: Vec<usize> = dd.lhs_contract.iter().map(|&d| ld[d]).collect();
+    let ncontract: usize = csizes.iter().product();
+    let nb = dd.lhs_batch.len();
+    // Flat offsets of every result element into lhs and rhs (before contraction), and of every
+    // contracting index.
+    let bases: Vec<(usize, usize)> = (0..ty.numel())
+        .map(|f| {
+            let o = unravel(f, ty.dims());
+            let mut lo = 0;
+            let mut ro = 0;
+            for (j, (&a, &b)) in dd.lhs_batch.iter().zip(&dd.rhs_batch).enumerate() {
+                lo += o[j] * ls[a];
+                ro += o[j] * rs[b];
+            }
+            for (j, &a) in lfree.iter().enumerate() {
+                lo += o[nb + j] * ls[a];
+            }
+            for (j, &b) in rfree.iter().enumerate() {
+                ro += o[nb + lfree.len() + j] * rs[b];
+            }
+            (lo, ro)
+        })
+        .collect();
+    let contract: Vec<(usize, usize)> = (0..ncontract)
+        .map(|f| {
+            let c = unravel(f, &csizes);
+            let lo = dd
+                .lhs_contract
+                .iter()
+                .zip(&c)
+                .map(|(&d, &i)| i * ls[d])
+                .sum();
+            let ro = dd
+                .rhs_contract
+                .iter()
+                .zip(&c)
+                .map(|(&d, &i)| i * rs[d])
+                .sum();
+            (lo, ro)
+        })
+        .collect();
+    macro_rules! dot {
+        ($a:expr, $b:expr, $zero:expr, $mul:expr, $add:expr) => {
+            bases
+                .iter()
+                .map(|&(lo, ro)| {
+                    contract.iter().fold($zero, |acc, &(cl, cr)| {
+                        $add(acc, $mul($a[lo + cl], $b[ro + cr]))
+                    })
+                })
+                .collect()
+        };
+    }
+    Ok(match (&l.data, &r.data) {
+        (Data::F32(a), Data::F32(b)) => Data::F32(dot!(a, b, 0.0f32, |x, y| x * y, |s, p| s + p)),
+        (Data::F64(a), Data::F64(b)) => Data::F64(dot!(a, b, 0.0f64, |x, y| x * y, |s, p| s + p)),
+        (Data::I32(a), Data::I32(b)) => Data::I32(dot!(
+            a,
+            b,
+            0i32,
+            |x: i32, y| x.wrapping_mul(y),
+            |s: i32, p| s.wrapping_add(p)
+        )),
+        (Data::U32(a), Data::U32(b)) => Data::U32(dot!(
+            a,
+            b,
+            0u32,
+            |x: u32, y| x.wrapping_mul(y),
+            |s: u32, p| s.wrapping_add(p)
+        )),
+        _ => return Err(op_error(op, "operands differ in type")),
+    })
+}

@@ -1,0 +1,264 @@
+//! The program graph: a petgraph `StableDiGraph` of typed nodes behind a small API.
+//!
+//! An edge runs from an operand to its user and carries the operand's position, so both the
+//! operands and the users of a node are cheap to find, and a value used twice by one op (`x * x`)
+//! is two edges. Node ids stay valid when other nodes are removed.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use petgraph::Direction;
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::visit::EdgeRef;
+
+use crate::op::{Op, TypeError};
+use crate::sharding::{Mesh, Sharding};
+use crate::types::TensorType;
+
+pub type NodeId = NodeIndex<u32>;
+
+/// One value of the program: the op that computes it, its type, and what passes and the tracer
+/// attach to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub ty: TensorType,
+    /// Where propagation (or the user) placed this value on the mesh.
+    pub sharding: Option<Sharding>,
+    /// Where the value came from: the user's `file:line`, and a readable origin, as one line.
+    pub loc: Option<String>,
+}
+
+/// A function: parameters, nodes, outputs, and the mesh its collectives and shardings refer to.
+#[derive(Clone, Debug)]
+pub struct Graph {
+    pub name: String,
+    pub mesh: Option<Mesh>,
+    graph: StableDiGraph<Node, usize, u32>,
+    params: Vec<NodeId>,
+    outputs: Vec<NodeId>,
+}
+
+impl Graph {
+    pub fn new(name: impl Into<String>) -> Graph {
+        Graph {
+            name: name.into(),
+            mesh: None,
+            graph: StableDiGraph::default(),
+            params: Vec::new(),
+            outputs: Vec::new(),
+        }
+    }
+
+    /// Appends a parameter of the given type.
+    pub fn add_param(&mut self, ty: TensorType) -> NodeId {
+        let index = self.params.len();
+        let id = self.graph.add_node(Node {
+            op: Op::Parameter(index),
+            ty,
+            sharding: None,
+            loc: None,
+        });
+        self.params.push(id);
+        id
+    }
+
+    /// Adds `op` applied to `operands`, with its type from the op's type rule.
+    pub fn add(&mut self, op: Op, operands: &[NodeId]) -> Result<NodeId, TypeError> {
+        if let Op::Parameter(_) = op {
+            return Err(TypeError {
+                op: op.name().into(),
+                operands: vec![],
+                reason: "add parameters with add_param".into(),
+            });
+        }
+        let types: Vec<&TensorType> = operands.iter().map(|&o| &self.graph[o].ty).collect();
+        let ty = op.infer_type(&types, self.mesh.as_ref())?;
+        let id = self.graph.add_node(Node {
+            op,
+            ty,
+            sharding: None,
+            loc: None,
+        });
+        for (pos, &o) in operands.iter().enumerate() {
+            self.graph.add_edge(o, id, pos);
+        }
+        Ok(id)
+    }
+
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.graph.contains_node(id)
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.graph[id]
+    }
+
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.graph[id]
+    }
+
+    pub fn ty(&self, id: NodeId) -> &TensorType {
+        &self.graph[id].ty
+    }
+
+    pub fn op(&self, id: NodeId) -> &Op {
+        &self.graph[id].op
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.graph.node_count()
+    }
+
+    /// Every node id, in insertion order.
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.graph.node_indices()
+    }
+
+    /// The operands of `id`, in position order.
+    pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
+        let mut edges: Vec<(usize, NodeId)> = self
+            .graph
+            .edges_directed(id, Direction::Incoming)
+            .map(|e| (*e.weight(), e.source()))
+            .collect();
+        edges.sort_unstable();
+        edges.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// The distinct nodes that use `id` as an operand, in id order.
+    pub fn users(&self, id: NodeId) -> Vec<NodeId> {
+        let mut users: Vec<NodeId> = self
+            .graph
+            .edges_directed(id, Direction::Outgoing)
+            .map(|e| e.target())
+            .collect();
+        users.sort_unstable();
+        users.dedup();
+        users
+    }
+
+    pub fn params(&self) -> &[NodeId] {
+        &self.params
+    }
+
+    pub fn outputs(&self) -> &[NodeId] {
+        &self.outputs
+    }
+
+    pub fn set_outputs(&mut self, outputs: Vec<NodeId>) {
+        self.outputs = outputs;
+    }
+
+    /// Makes every user of `old` (and every output that is `old`) use `new` instead.
+    pub fn replace_all_uses(&mut self, old: NodeId, new: NodeId) {
+        let uses: Vec<(NodeId, usize, petgraph::stable_graph::EdgeIndex<u32>)> = self
+            .graph
+            .edges_directed(old, Direction::Outgoing)
+            .map(|e| (e.target(), *e.weight(), e.id()))
+            .collect();
+        for (user, pos, edge) in uses {
+            self.graph.remove_edge(edge);
+            self.graph.add_edge(new, user, pos);
+        }
+        for o in &mut self.outputs {
+            if *o == old {
+                *o = new;
+            }
+        }
+    }
+
+    /// Removes a node that no other node uses. Parameters cannot be removed.
+    pub fn remove(&mut self, id: NodeId) -> bool {
+        if self.params.contains(&id)
+            || self.outputs.contains(&id)
+            || self
+                .graph
+                .edges_directed(id, Direction::Outgoing)
+                .next()
+                .is_some()
+        {
+            return false;
+        }
+        self.graph.remove_node(id).is_some()
+    }
+
+    /// All nodes in the canonical order: parameters in parameter order, then every other node
+    /// after its operands, ties broken by id, so the order is deterministic and survives a print
+    /// and parse. Returns `None` when the graph has a cycle.
+    pub fn try_topo_order(&self) -> Option<Vec<NodeId>> {
+        let mut indegree: HashMap<NodeId, usize> = HashMap::new();
+        let mut ready = BinaryHeap::new();
+        for id in self.graph.node_indices() {
+            let d = self.graph.edges_directed(id, Direction::Incoming).count();
+            if d > 0 {
+                indegree.insert(id, d);
+            } else if !matches!(self.graph[id].op, Op::Parameter(_)) {
+                ready.push(Reverse(id));
+            }
+        }
+        let mut order = Vec::with_capacity(self.graph.node_count());
+        let mut visit =
+            |id: NodeId, order: &mut Vec<NodeId>, ready: &mut BinaryHeap<Reverse<NodeId>>| {
+                order.push(id);
+                for e in self.graph.edges_directed(id, Direction::Outgoing) {
+                    let d = indegree
+                        .get_mut(&e.target())
+                        .expect("edge target has an indegree");
+                    *d -= 1;
+                    if *d == 0 {
+                        ready.push(Reverse(e.target()));
+                    }
+                }
+            };
+        for &p in &self.params {
+            visit(p, &mut order, &mut ready);
+        }
+        while let Some(Reverse(id)) = ready.pop() {
+            visit(id, &mut order, &mut ready);
+        }
+        (order.len() == self.graph.node_count()).then_some(order)
+    }
+
+    /// Topological order of a verified (acyclic) graph.
+    pub fn topo_order(&self) -> Vec<NodeId> {
+        self.try_topo_order()
+            .expect("topo_order on a cyclic graph: run the verifier first")
+    }
+
+    /// The underlying petgraph, for algorithms and DOT export.
+    pub fn petgraph(&self) -> &StableDiGraph<Node, usize, u32> {
+        &self.graph
+    }
+
+    /// Structural equality: same mesh, same parameters, and in topological order the same ops,
+    /// types, shardings, locations and operand wiring, and the same outputs. Node ids may differ.
+    pub fn structurally_eq(&self, other: &Graph) -> bool {
+        if self.name != other.name
+            || self.mesh != other.mesh
+            || self.params.len() != other.params.len()
+            || self.outputs.len() != other.outputs.len()
+            || self.node_count() != other.node_count()
+        {
+            return false;
+        }
+        let (Some(a), Some(b)) = (self.try_topo_order(), other.try_topo_order()) else {
+            return false;
+        };
+        let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+        for (&x, &y) in a.iter().zip(&b) {
+            if self.graph[x] != other.graph[y] {
+                return false;
+            }
+            let (ox, oy) = (self.operands(x), other.operands(y));
+            if ox.len() != oy.len() || ox.iter().zip(&oy).any(|(p, q)| map.get(p) != Some(q)) {
+                return false;
+            }
+            map.insert(x, y);
+        }
+        self.outputs
+            .iter()
+            .zip(&other.outputs)
+            .all(|(p, q)| map.get(p) == Some(q))
+    }
+}

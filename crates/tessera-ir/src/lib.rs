@@ -1,0 +1,25 @@
+//! Tessera's graph IR: element types and shapes, the primitive ops with their type rules, the
+//! program graph, the verifier, and the text format (printer and parser) used by dumps, tests
+//! and error messages.
+//!
+//! Architecture invariant: this crate depends on no other Tessera crate, and on no egg, no
+//! Cranelift and no threads. Meshes and shardings appear here as plain data only.
+
+pub mod dot;
+pub mod graph;
+pub mod literal;
+pub mod op;
+pub mod parse;
+pub mod print;
+pub mod sharding;
+pub mod types;
+pub mod verify;
+
+pub use graph::{Graph, Node, NodeId};
+pub use literal::{Data, Literal};
+pub use op::{ALL_OP_NAMES, BinaryOp, CompareOp, DotDims, Op, ReduceKind, TypeError, UnaryOp};
+pub use parse::{ParseError, parse};
+pub use print::print;
+pub use sharding::{DimSharding, Mesh, Sharding};
+pub use types::{DType, Shape, TensorType};
+pub use verify::{VerifyError, verify};

@@ -1,0 +1,950 @@
+//! The primitive ops (like `jax.lax`) and their type rules.
+//!
+//! Every op is defined here once, with the rule that gives its result type from its operand
+//! types. Passes keep their own table per op (kernel in `tessera-interp`, VJP in autodiff, factor
+//! rule in sharding, lowering in codegen), each a `match` with no wildcard arm, so adding a
+//! variant makes the compiler list every place the new op must reach (`docs/add-an-op.md`).
+
+use std::fmt;
+
+use crate::literal::Literal;
+use crate::sharding::{Mesh, Sharding};
+use crate::types::{DType, Shape, TensorType};
+
+/// Elementwise ops of one operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Sign,
+    Exp,
+    Log,
+    Log1p,
+    Expm1,
+    Tanh,
+    Logistic,
+    Sin,
+    Cos,
+    Sqrt,
+    Rsqrt,
+    Floor,
+    Ceil,
+    /// Rounds half away from zero, as `lax.round`'s default.
+    Round,
+    Erf,
+    ErfInv,
+    /// Bitwise not on integers, logical not on bool.
+    Not,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 19] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Sign,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Expm1,
+        UnaryOp::Tanh,
+        UnaryOp::Logistic,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Erf,
+        UnaryOp::ErfInv,
+        UnaryOp::Not,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Expm1 => "expm1",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Logistic => "logistic",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Round => "round",
+            UnaryOp::Erf => "erf",
+            UnaryOp::ErfInv => "erf_inv",
+            UnaryOp::Not => "not",
+        }
+    }
+
+    /// Which element types the op accepts.
+    pub fn accepts(self, dtype: DType) -> bool {
+        match self {
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => dtype.is_numeric(),
+            UnaryOp::Not => dtype.is_int() || dtype == DType::Bool,
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1
+            | UnaryOp::Tanh
+            | UnaryOp::Logistic
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Erf
+            | UnaryOp::ErfInv => dtype.is_float(),
+        }
+    }
+}
+
+/// Elementwise ops of two operands of one type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// Remainder with the sign of the dividend (C's `fmod`, `lax.rem`).
+    Rem,
+    Max,
+    Min,
+    Pow,
+    And,
+    Or,
+    Xor,
+    ShiftLeft,
+    ShiftRightLogical,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 13] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Rem,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+        BinaryOp::And,
+        BinaryOp::Or,
+        BinaryOp::Xor,
+        BinaryOp::ShiftLeft,
+        BinaryOp::ShiftRightLogical,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Rem => "rem",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+            BinaryOp::Pow => "pow",
+            BinaryOp::And => "and",
+            BinaryOp::Or => "or",
+            BinaryOp::Xor => "xor",
+            BinaryOp::ShiftLeft => "shift_left",
+            BinaryOp::ShiftRightLogical => "shift_right_logical",
+        }
+    }
+
+    pub fn accepts(self, dtype: DType) -> bool {
+        match self {
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Rem
+            | BinaryOp::Max
+            | BinaryOp::Min => dtype.is_numeric(),
+            BinaryOp::Pow => dtype.is_float(),
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => dtype.is_int() || dtype == DType::Bool,
+            BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical => dtype.is_int(),
+        }
+    }
+}
+
+/// Comparison directions; every comparison yields bool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CompareOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CompareOp {
+    pub const ALL: [CompareOp; 6] = [
+        CompareOp::Eq,
+        CompareOp::Ne,
+        CompareOp::Lt,
+        CompareOp::Le,
+        CompareOp::Gt,
+        CompareOp::Ge,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CompareOp::Eq => "eq",
+            CompareOp::Ne => "ne",
+            CompareOp::Lt => "lt",
+            CompareOp::Le => "le",
+            CompareOp::Gt => "gt",
+            CompareOp::Ge => "ge",
+        }
+    }
+}
+
+/// The combining function of a reduction or reducing collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReduceKind {
+    Sum,
+    Max,
+    Min,
+}
+
+impl ReduceKind {
+    pub const ALL: [ReduceKind; 3] = [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "sum",
+            ReduceKind::Max => "max",
+            ReduceKind::Min => "min",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<ReduceKind> {
+        ReduceKind::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// Dimension numbers of `dot_general`: the result is batch dims, then the lhs free dims, then
+/// the rhs free dims, each in operand order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct DotDims {
+    pub lhs_batch: Vec<usize>,
+    pub rhs_batch: Vec<usize>,
+    pub lhs_contract: Vec<usize>,
+    pub rhs_contract: Vec<usize>,
+}
+
+impl DotDims {
+    /// `[m,k] x [k,n] -> [m,n]`.
+    pub fn matmul() -> DotDims {
+        DotDims {
+            lhs_contract: vec![1],
+            rhs_contract: vec![0],
+            ..DotDims::default()
+        }
+    }
+
+    /// Dims of the lhs that are neither batch nor contracting, in order.
+    pub fn lhs_free(&self, rank: usize) -> Vec<usize> {
+        (0..rank)
+            .filter(|d| !self.lhs_batch.contains(d) && !self.lhs_contract.contains(d))
+            .collect()
+    }
+
+    pub fn rhs_free(&self, rank: usize) -> Vec<usize> {
+        (0..rank)
+            .filter(|d| !self.rhs_batch.contains(d) && !self.rhs_contract.contains(d))
+            .collect()
+    }
+}
+
+/// One primitive op with its attributes. The result type of a node is stored on the node; the
+/// attributes here are what the type rule needs to compute it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// The `i`-th input of the function. Its type is the node's type.
+    Parameter(usize),
+    Constant(Literal),
+    /// Counts 0, 1, 2, ... along `dim` of `ty`.
+    Iota {
+        dim: usize,
+        ty: TensorType,
+    },
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Compare(CompareOp),
+    /// `select pred, on_true, on_false`, elementwise.
+    Select,
+    /// Value conversion to another element type (float to int truncates toward zero).
+    Convert(DType),
+    /// Reinterprets the bits as another element type of the same width.
+    Bitcast(DType),
+    /// Operand dim `i` becomes result dim `dims[i]`; operand dims are 1 or equal to the result's.
+    BroadcastInDim {
+        shape: Shape,
+        dims: Vec<usize>,
+    },
+    Reshape(Shape),
+    /// Result dim `i` is operand dim `perm[i]`.
+    Transpose(Vec<usize>),
+    Slice {
+        start: Vec<usize>,
+        limit: Vec<usize>,
+        stride: Vec<usize>,
+    },
+    Concatenate {
+        dim: usize,
+    },
+    /// `pad operand, padding_value`: negative low/high padding crops.
+    Pad {
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<usize>,
+    },
+    Reduce {
+        kind: ReduceKind,
+        axes: Vec<usize>,
+    },
+    /// Index (i32) of the first maximal element along `axis`; NaN counts as the maximum.
+    ArgMax {
+        axis: usize,
+    },
+    DotGeneral(DotDims),
+    /// Combines the values of every device in the group of mesh axes `axes`.
+    AllReduce {
+        kind: ReduceKind,
+        axes: Vec<String>,
+    },
+    /// Concatenates along `dim` the values of every device of the group, in group order.
+    AllGather {
+        dim: usize,
+        axes: Vec<String>,
+    },
+    /// All-reduce, then each device keeps its chunk of `dim`.
+    ReduceScatter {
+        kind: ReduceKind,
+        dim: usize,
+        axes: Vec<String>,
+    },
+    /// Splits `split_dim` into group-size chunks, sends chunk `j` to device `j`, concatenates the
+    /// received chunks along `concat_dim`.
+    AllToAll {
+        split_dim: usize,
+        concat_dim: usize,
+        axes: Vec<String>,
+    },
+    /// Device `src` sends its value to device `dst` for each pair (indices within the group);
+    /// a device that receives nothing gets zeros.
+    CollectivePermute {
+        axes: Vec<String>,
+        pairs: Vec<(usize, usize)>,
+    },
+    /// This device's index (i32 scalar) within the group of `axes`.
+    AxisIndex {
+        axes: Vec<String>,
+    },
+    /// A user hint that sharding propagation must respect; the identity on values.
+    ShardingConstraint(Sharding),
+}
+
+/// Every op mnemonic of the text format, in one list: table tests iterate over it, so an op
+/// added here without a test case fails them.
+pub const ALL_OP_NAMES: &[&str] = &[
+    "parameter",
+    "constant",
+    "iota",
+    "neg",
+    "abs",
+    "sign",
+    "exp",
+    "log",
+    "log1p",
+    "expm1",
+    "tanh",
+    "logistic",
+    "sin",
+    "cos",
+    "sqrt",
+    "rsqrt",
+    "floor",
+    "ceil",
+    "round",
+    "erf",
+    "erf_inv",
+    "not",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "rem",
+    "max",
+    "min",
+    "pow",
+    "and",
+    "or",
+    "xor",
+    "shift_left",
+    "shift_right_logical",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "select",
+    "convert",
+    "bitcast",
+    "broadcast_in_dim",
+    "reshape",
+    "transpose",
+    "slice",
+    "concatenate",
+    "pad",
+    "reduce_sum",
+    "reduce_max",
+    "reduce_min",
+    "argmax",
+    "dot_general",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "collective_permute",
+    "axis_index",
+    "sharding_constraint",
+];
+
+/// A type rule rejected an op's operands or attributes.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{op}: {reason} (operands: {})", fmt_types(.operands))]
+pub struct TypeError {
+    pub op: String,
+    pub operands: Vec<TensorType>,
+    pub reason: String,
+}
+
+fn fmt_types(types: &[TensorType]) -> String {
+    if types.is_empty() {
+        return "none".into();
+    }
+    types
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Op {
+    /// The op's mnemonic in the text format.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Parameter(_) => "parameter",
+            Op::Constant(_) => "constant",
+            Op::Iota { .. } => "iota",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Compare(c) => c.name(),
+            Op::Select => "select",
+            Op::Convert(_) => "convert",
+            Op::Bitcast(_) => "bitcast",
+            Op::BroadcastInDim { .. } => "broadcast_in_dim",
+            Op::Reshape(_) => "reshape",
+            Op::Transpose(_) => "transpose",
+            Op::Slice { .. } => "slice",
+            Op::Concatenate { .. } => "concatenate",
+            Op::Pad { .. } => "pad",
+            Op::Reduce { kind, .. } => match kind {
+                ReduceKind::Sum => "reduce_sum",
+                ReduceKind::Max => "reduce_max",
+                ReduceKind::Min => "reduce_min",
+            },
+            Op::ArgMax { .. } => "argmax",
+            Op::DotGeneral(_) => "dot_general",
+            Op::AllReduce { .. } => "all_reduce",
+            Op::AllGather { .. } => "all_gather",
+            Op::ReduceScatter { .. } => "reduce_scatter",
+            Op::AllToAll { .. } => "all_to_all",
+            Op::CollectivePermute { .. } => "collective_permute",
+            Op::AxisIndex { .. } => "axis_index",
+            Op::ShardingConstraint(_) => "sharding_constraint",
+        }
+    }
+
+    /// Ops that apply one scalar function at every index of same-shaped operands.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Compare(_)
+                | Op::Select
+                | Op::Convert(_)
+                | Op::Bitcast(_)
+        )
+    }
+
+    /// Ops that communicate between devices.
+    pub fn is_collective(&self) -> bool {
+        matches!(
+            self,
+            Op::AllReduce { .. }
+                | Op::AllGather { .. }
+                | Op::ReduceScatter { .. }
+                | Op::AllToAll { .. }
+                | Op::CollectivePermute { .. }
+                | Op::AxisIndex { .. }
+        )
+    }
+
+    /// The mesh axes a collective runs over (empty for other ops).
+    pub fn mesh_axes(&self) -> &[String] {
+        match self {
+            Op::AllReduce { axes, .. }
+            | Op::AllGather { axes, .. }
+            | Op::ReduceScatter { axes, .. }
+            | Op::AllToAll { axes, .. }
+            | Op::CollectivePermute { axes, .. }
+            | Op::AxisIndex { axes } => axes,
+            _ => &[],
+        }
+    }
+
+    /// The number of operands, `None` for variadic ops.
+    pub fn arity(&self) -> Option<usize> {
+        Some(match self {
+            Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } | Op::AxisIndex { .. } => 0,
+            Op::Unary(_)
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::AllReduce { .. }
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllToAll { .. }
+            | Op::CollectivePermute { .. }
+            | Op::ShardingConstraint(_) => 1,
+            Op::Binary(_) | Op::Compare(_) | Op::DotGeneral(_) | Op::Pad { .. } => 2,
+            Op::Select => 3,
+            Op::Concatenate { .. } => return None,
+        })
+    }
+
+    /// The type rule: the result type of this op applied to operands of the given types.
+    /// Collectives check their axes against `mesh`.
+    pub fn infer_type(
+        &self,
+        operands: &[&TensorType],
+        mesh: Option<&Mesh>,
+    ) -> Result<TensorType, TypeError> {
+        let fail = |reason: String| TypeError {
+            op: self.name().to_string(),
+            operands: operands.iter().map(|t| (*t).clone()).collect(),
+            reason,
+        };
+        match self.arity() {
+            Some(n) if n != operands.len() => {
+                return Err(fail(format!(
+                    "takes {n} operand{}, got {}",
+                    if n == 1 { "" } else { "s" },
+                    operands.len()
+                )));
+            }
+            None if operands.is_empty() => return Err(fail("takes at least one operand".into())),
+            _ => {}
+        }
+        let check_axes = |axes: &[String]| -> Result<usize, TypeError> {
+            let mesh = mesh.ok_or_else(|| {
+                fail(format!(
+                    "collective over {axes:?} outside of any mesh (the graph declares none)"
+                ))
+            })?;
+            if axes.is_empty() {
+                return Err(fail("needs at least one mesh axis".into()));
+            }
+            let mut size = 1;
+            for (i, a) in axes.iter().enumerate() {
+                if axes[..i].contains(a) {
+                    return Err(fail(format!("mesh axis \"{a}\" is named twice")));
+                }
+                size *= mesh.axis_size(a).ok_or_else(|| {
+                    fail(format!(
+                        "unknown mesh axis \"{a}\" (mesh @{} has {:?})",
+                        mesh.name,
+                        mesh.axes.iter().map(|(n, _)| n).collect::<Vec<_>>()
+                    ))
+                })?;
+            }
+            Ok(size)
+        };
+        let check_dim = |dim: usize, rank: usize, what: &str| -> Result<(), TypeError> {
+            if dim >= rank {
+                Err(fail(format!(
+                    "{what} {dim} is out of range for rank {rank}"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        match self {
+            Op::Parameter(_) => Err(fail("parameters carry their own type".into())),
+            Op::Constant(lit) => Ok(lit.ty.clone()),
+            Op::Iota { dim, ty } => {
+                check_dim(*dim, ty.rank(), "dimension")?;
+                if ty.dtype == DType::Bool {
+                    return Err(fail("iota of bool".into()));
+                }
+                Ok(ty.clone())
+            }
+            Op::Unary(u) => {
+                let t = operands[0];
+                if !u.accepts(t.dtype) {
+                    return Err(fail(format!("not defined for {}", t.dtype)));
+                }
+                Ok(t.clone())
+            }
+            Op::Binary(b) => {
+                let (a, c) = (operands[0], operands[1]);
+                if a != c {
+                    return Err(fail("operand types differ".into()));
+                }
+                if !b.accepts(a.dtype) {
+                    return Err(fail(format!("not defined for {}", a.dtype)));
+                }
+                Ok(a.clone())
+            }
+            Op::Compare(_) => {
+                let (a, c) = (operands[0], operands[1]);
+                if a != c {
+                    return Err(fail("operand types differ".into()));
+                }
+                Ok(a.with_dtype(DType::Bool))
+            }
+            Op::Select => {
+                let (p, t, f) = (operands[0], operands[1], operands[2]);
+                if p.dtype != DType::Bool {
+                    return Err(fail("predicate must be bool".into()));
+                }
+                if t != f {
+                    return Err(fail("the two branches have different types".into()));
+                }
+                if p.shape != t.shape {
+                    return Err(fail("predicate shape differs from the branches'".into()));
+                }
+                Ok(t.clone())
+            }
+            Op::Convert(to) => Ok(operands[0].with_dtype(*to)),
+            Op::Bitcast(to) => {
+                let from = operands[0].dtype;
+                if from == DType::Bool || *to == DType::Bool || from.bit_width() != to.bit_width() {
+                    return Err(fail(format!("cannot reinterpret {from} as {to}")));
+                }
+                Ok(operands[0].with_dtype(*to))
+            }
+            Op::BroadcastInDim { shape, dims } => {
+                let t = operands[0];
+                if dims.len() != t.rank() {
+                    return Err(fail(format!(
+                        "dims {dims:?} must name one result dim per operand dim (rank {})",
+                        t.rank()
+                    )));
+                }
+                for (i, &d) in dims.iter().enumerate() {
+                    check_dim(d, shape.rank(), "result dim")?;
+                    if i > 0 && dims[i - 1] >= d {
+                        return Err(fail(format!("dims {dims:?} must be strictly increasing")));
+                    }
+                    let (from, to) = (t.dims()[i], shape.dims()[d]);
+                    if from != 1 && from != to {
+                        return Err(fail(format!(
+                            "operand dim {i} of size {from} cannot broadcast to size {to}"
+                        )));
+                    }
+                }
+                Ok(TensorType::new(t.dtype, shape.clone()))
+            }
+            Op::Reshape(shape) => {
+                let t = operands[0];
+                if shape.numel() != t.numel() {
+                    return Err(fail(format!(
+                        "cannot reshape {} elements into {shape}",
+                        t.numel()
+                    )));
+                }
+                Ok(TensorType::new(t.dtype, shape.clone()))
+            }
+            Op::Transpose(perm) => {
+                let t = operands[0];
+                let mut seen = vec![false; t.rank()];
+                if perm.len() != t.rank()
+                    || perm
+                        .iter()
+                        .any(|&p| p >= t.rank() || std::mem::replace(&mut seen[p], true))
+                {
+                    return Err(fail(format!(
+                        "{perm:?} is not a permutation of rank {}",
+                        t.rank()
+                    )));
+                }
+                let dims: Vec<usize> = perm.iter().map(|&p| t.dims()[p]).collect();
+                Ok(TensorType::new(t.dtype, dims))
+            }
+            Op::Slice {
+                start,
+                limit,
+                stride,
+            } => {
+                let t = operands[0];
+                if start.len() != t.rank() || limit.len() != t.rank() || stride.len() != t.rank() {
+                    return Err(fail(format!(
+                        "start, limit and stride need {} entries each",
+                        t.rank()
+                    )));
+                }
+                let mut dims = Vec::with_capacity(t.rank());
+                for i in 0..t.rank() {
+                    if start[i] > limit[i] || limit[i] > t.dims()[i] || stride[i] == 0 {
+                        return Err(fail(format!(
+                            "dim {i}: need start <= limit <= {} and stride >= 1, got {}:{}:{}",
+                            t.dims()[i],
+                            start[i],
+                            limit[i],
+                            stride[i]
+                        )));
+                    }
+                    dims.push((limit[i] - start[i]).div_ceil(stride[i]));
+                }
+                Ok(TensorType::new(t.dtype, dims))
+            }
+            Op::Concatenate { dim } => {
+                let first = operands[0];
+                check_dim(*dim, first.rank(), "dimension")?;
+                let mut size = 0;
+                for t in operands {
+                    if t.dtype != first.dtype || t.rank() != first.rank() {
+                        return Err(fail("operands differ in dtype or rank".into()));
+                    }
+                    for d in 0..t.rank() {
+                        if d != *dim && t.dims()[d] != first.dims()[d] {
+                            return Err(fail(format!("operands differ in dim {d}")));
+                        }
+                    }
+                    size += t.dims()[*dim];
+                }
+                let mut dims = first.dims().to_vec();
+                dims[*dim] = size;
+                Ok(TensorType::new(first.dtype, dims))
+            }
+            Op::Pad {
+                low,
+                high,
+                interior,
+            } => {
+                let (t, v) = (operands[0], operands[1]);
+                if v.rank() != 0 || v.dtype != t.dtype {
+                    return Err(fail(format!("padding value must be a {} scalar", t.dtype)));
+                }
+                if low.len() != t.rank() || high.len() != t.rank() || interior.len() != t.rank() {
+                    return Err(fail(format!(
+                        "low, high and interior need {} entries each",
+                        t.rank()
+                    )));
+                }
+                let mut dims = Vec::with_capacity(t.rank());
+                for i in 0..t.rank() {
+                    let d = t.dims()[i] as i64;
+                    let n = low[i] + high[i] + d + (d - 1).max(0) * interior[i] as i64;
+                    if n < 0 {
+                        return Err(fail(format!("dim {i} would have negative size {n}")));
+                    }
+                    dims.push(n as usize);
+                }
+                Ok(TensorType::new(t.dtype, dims))
+            }
+            Op::Reduce { axes, .. } => {
+                let t = operands[0];
+                if t.dtype == DType::Bool {
+                    return Err(fail("reduction of bool".into()));
+                }
+                for (i, &a) in axes.iter().enumerate() {
+                    check_dim(a, t.rank(), "axis")?;
+                    if axes[..i].contains(&a) {
+                        return Err(fail(format!("axis {a} is named twice")));
+                    }
+                }
+                let dims: Vec<usize> = (0..t.rank())
+                    .filter(|d| !axes.contains(d))
+                    .map(|d| t.dims()[d])
+                    .collect();
+                Ok(TensorType::new(t.dtype, dims))
+            }
+            Op::ArgMax { axis } => {
+                let t = operands[0];
+                check_dim(*axis, t.rank(), "axis")?;
+                if t.dtype == DType::Bool {
+                    return Err(fail("argmax of bool".into()));
+                }
+                if t.dims()[*axis] == 0 {
+                    return Err(fail(format!("axis {axis} is empty")));
+                }
+                let dims: Vec<usize> = (0..t.rank())
+                    .filter(|d| d != axis)
+                    .map(|d| t.dims()[d])
+                    .collect();
+                Ok(TensorType::new(DType::I32, dims))
+            }
+            Op::DotGeneral(dd) => {
+                let (l, r) = (operands[0], operands[1]);
+                if l.dtype != r.dtype {
+                    return Err(fail("operand dtypes differ".into()));
+                }
+                if !l.dtype.is_numeric() {
+                    return Err(fail("dot of bool".into()));
+                }
+                if dd.lhs_batch.len() != dd.rhs_batch.len()
+                    || dd.lhs_contract.len() != dd.rhs_contract.len()
+                {
+                    return Err(fail(
+                        "lhs and rhs name different numbers of batch or contracting dims".into(),
+                    ));
+                }
+                let mut used_l = vec![false; l.rank()];
+                let mut used_r = vec![false; r.rank()];
+                let pairs = dd
+                    .lhs_batch
+                    .iter()
+                    .zip(&dd.rhs_batch)
+                    .chain(dd.lhs_contract.iter().zip(&dd.rhs_contract));
+                for (&a, &b) in pairs {
+                    check_dim(a, l.rank(), "lhs dim")?;
+                    check_dim(b, r.rank(), "rhs dim")?;
+                    if std::mem::replace(&mut used_l[a], true)
+                        || std::mem::replace(&mut used_r[b], true)
+                    {
+                        return Err(fail("a dim is named twice in the dimension numbers".into()));
+                    }
+                    if l.dims()[a] != r.dims()[b] {
+                        return Err(fail(format!(
+                            "lhs dim {a} (size {}) does not match rhs dim {b} (size {})",
+                            l.dims()[a],
+                            r.dims()[b]
+                        )));
+                    }
+                }
+                let mut dims: Vec<usize> = dd.lhs_batch.iter().map(|&d| l.dims()[d]).collect();
+                dims.extend(dd.lhs_free(l.rank()).iter().map(|&d| l.dims()[d]));
+                dims.extend(dd.rhs_free(r.rank()).iter().map(|&d| r.dims()[d]));
+                Ok(TensorType::new(l.dtype, dims))
+            }
+            Op::AllReduce { axes, .. } => {
+                check_axes(axes)?;
+                if operands[0].dtype == DType::Bool {
+                    return Err(fail("reduction of bool".into()));
+                }
+                Ok(operands[0].clone())
+            }
+            Op::AllGather { dim, axes } => {
+                let n = check_axes(axes)?;
+                let t = operands[0];
+                check_dim(*dim, t.rank(), "dimension")?;
+                let mut dims = t.dims().to_vec();
+                dims[*dim] *= n;
+                Ok(TensorType::new(t.dtype, dims))
+            }
+            Op::ReduceScatter { dim, axes, .. } => {
+                let n = check_axes(axes)?;
+                let t = operands[0];
+                check_dim(*dim, t.rank(), "dimension")?;
+                if t.dtype == DType::Bool {
+                    return Err(fail("reduction of bool".into()));
+                }
+                if t.dims()[*dim] % n != 0 {
+                    return Err(fail(format!(
+                        "dim {dim} of size {} is not divisible by the group size {n}",
+                        t.dims()[*dim]
+                    )));
+                }
+                let mut dims = t.dims().to_vec();
+                dims[*dim] /= n;
+                Ok(TensorType::new(t.dtype, dims))
+            }
+            Op::AllToAll {
+                split_dim,
+                concat_dim,
+                axes,
+            } => {
+                let n = check_axes(axes)?;
+                let t = operands[0];
+                check_dim(*split_dim, t.rank(), "split dim")?;
+                check_dim(*concat_dim, t.rank(), "concat dim")?;
+                if t.dims()[*split_dim] % n != 0 {
+                    return Err(fail(format!(
+                        "split dim {split_dim} of size {} is not divisible by the group size {n}",
+                        t.dims()[*split_dim]
+                    )));
+                }
+                let mut dims = t.dims().to_vec();
+                dims[*split_dim] /= n;
+                dims[*concat_dim] *= n;
+                Ok(TensorType::new(t.dtype, dims))
+            }
+            Op::CollectivePermute { axes, pairs } => {
+                let n = check_axes(axes)?;
+                for (i, &(s, d)) in pairs.iter().enumerate() {
+                    if s >= n || d >= n {
+                        return Err(fail(format!("pair ({s}, {d}) is outside the group of {n}")));
+                    }
+                    if pairs[..i].iter().any(|&(s2, d2)| s2 == s || d2 == d) {
+                        return Err(fail(format!(
+                            "pair ({s}, {d}) repeats a source or a target"
+                        )));
+                    }
+                }
+                Ok(operands[0].clone())
+            }
+            Op::AxisIndex { axes } => {
+                check_axes(axes)?;
+                Ok(TensorType::scalar(DType::I32))
+            }
+            Op::ShardingConstraint(s) => {
+                let t = operands[0];
+                if s.dims.len() != t.rank() {
+                    return Err(fail(format!(
+                        "sharding {s} has {} dims for a tensor of rank {}",
+                        s.dims.len(),
+                        t.rank()
+                    )));
+                }
+                if let Some(mesh) = mesh {
+                    for a in s.axes() {
+                        if mesh.axis_size(a).is_none() {
+                            return Err(fail(format!("unknown mesh axis \"{a}\"")));
+                        }
+                    }
+                }
+                Ok(t.clone())
+            }
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

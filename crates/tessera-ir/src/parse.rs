@@ -1,0 +1,913 @@
+//! The IR text parser: reads what `print::print` writes (grammar in `docs/ir.md`) and returns a
+//! graph, or an error with line and column. It never panics, whatever the text.
+//!
+//! `#` starts a location comment, kept on the node it ends; `//` starts a comment that is
+//! ignored, as is a `#` comment on a line of its own.
+
+use std::collections::HashMap;
+
+use crate::graph::{Graph, NodeId};
+use crate::literal::{Data, Literal};
+use crate::op::{BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
+use crate::sharding::{DimSharding, Mesh, Sharding};
+use crate::types::{DType, TensorType};
+
+/// Malformed IR text, located by 1-based line and column.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{line}:{col}: {message}")]
+pub struct ParseError {
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+}
+
+/// Parses one module: an optional mesh line and one function.
+pub fn parse(text: &str) -> Result<Graph, ParseError> {
+    let mut p = Parser {
+        chars: text.chars().collect(),
+        pos: 0,
+    };
+    p.module()
+}
+
+#[derive(Clone, Debug)]
+enum Attr {
+    Int(i64),
+    Str(String),
+    List(Vec<Attr>),
+    /// `[..]x[..]`, the lhs and rhs halves of dot dimension numbers.
+    Cross(Vec<Attr>, Vec<Attr>),
+    Sharding(Sharding),
+    /// A scalar literal element as written.
+    Word(String),
+}
+
+struct Parser {
+    chars: Vec<char>,
+    pos: usize,
+}
+
+type PResult<T> = Result<T, ParseError>;
+
+impl Parser {
+    fn error_at(&self, pos: usize, message: impl Into<String>) -> ParseError {
+        let pos = pos.min(self.chars.len());
+        let before = &self.chars[..pos];
+        let line = before.iter().filter(|&&c| c == '\n').count() + 1;
+        let col = pos - before.iter().rposition(|&c| c == '\n').map_or(0, |i| i + 1) + 1;
+        ParseError {
+            line,
+            col,
+            message: message.into(),
+        }
+    }
+
+    fn error(&self, message: impl Into<String>) -> ParseError {
+        self.error_at(self.pos, message)
+    }
+
+    fn peek(&self) -> Option<char> {
+        self.chars.get(self.pos).copied()
+    }
+
+    fn peek_at(&self, k: usize) -> Option<char> {
+        self.chars.get(self.pos + k).copied()
+    }
+
+    /// Skips blanks, newlines and `//` comments, and `#` comments that stand on a line of their
+    /// own (a `#` after code on the same line is a location and is left for the caller).
+    fn skip_space(&mut self) {
+        loop {
+            match self.peek() {
+                Some(c) if c.is_whitespace() => self.pos += 1,
+                Some('/') if self.peek_at(1) == Some('/') => self.skip_line(),
+                Some('#') if self.at_line_start() => self.skip_line(),
+                _ => return,
+            }
+        }
+    }
+
+    /// Skips blanks on the current line only.
+    fn skip_blanks(&mut self) {
+        while matches!(self.peek(), Some(' ' | '\t' | '\r')) {
+            self.pos += 1;
+        }
+    }
+
+    fn at_line_start(&self) -> bool {
+        self.chars[..self.pos]
+            .iter()
+            .rev()
+            .take_while(|&&c| c != '\n')
+            .all(|c| c.is_whitespace())
+    }
+
+    fn skip_line(&mut self) {
+        while let Some(c) = self.peek() {
+            if c == '\n' {
+                break;
+            }
+            self.pos += 1;
+        }
+    }
+
+    /// A `# text` comment to the end of the line, if one follows on this line.
+    fn location(&mut self) -> Option<String> {
+        self.skip_blanks();
+        if self.peek() != Some('#') {
+            return None;
+        }
+        self.pos += 1;
+        let start = self.pos;
+        self.skip_line();
+        let text: String = self.chars[start..self.pos].iter().collect();
+        Some(text.trim().to_string())
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        self.skip_space();
+        if self.peek() == Some(c) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, c: char) -> PResult<()> {
+        if self.eat(c) {
+            Ok(())
+        } else {
+            Err(self.error(format!("expected '{c}'{}", self.found())))
+        }
+    }
+
+    fn found(&self) -> String {
+        match self.peek() {
+            Some(c) => format!(", found '{c}'"),
+            None => ", found the end of the text".into(),
+        }
+    }
+
+    fn ident(&mut self) -> PResult<String> {
+        self.skip_space();
+        let start = self.pos;
+        while let Some(c) = self.peek() {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                self.pos += 1;
+            } else {
+                break;
+            }
+        }
+        if start == self.pos || self.chars[start].is_ascii_digit() {
+            self.pos = start;
+            return Err(self.error(format!("expected a name{}", self.found())));
+        }
+        Ok(self.chars[start..self.pos].iter().collect())
+    }
+
+    fn keyword(&mut self, kw: &str) -> PResult<()> {
+        let at = {
+            self.skip_space();
+            self.pos
+        };
+        match self.ident() {
+            Ok(w) if w == kw => Ok(()),
+            _ => Err(self.error_at(at, format!("expected '{kw}'"))),
+        }
+    }
+
+    fn symbol_name(&mut self) -> PResult<String> {
+        self.expect('@')?;
+        self.ident()
+    }
+
+    /// `%name`: a value name (digits or an identifier).
+    fn value_name(&mut self) -> PResult<String> {
+        self.expect('%')?;
+        let start = self.pos;
+        while let Some(c) = self.peek() {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                self.pos += 1;
+            } else {
+                break;
+            }
+        }
+        if start == self.pos {
+            return Err(self.error("expected a value name after '%'"));
+        }
+        Ok(self.chars[start..self.pos].iter().collect())
+    }
+
+    fn uint(&mut self) -> PResult<usize> {
+        let at = {
+            self.skip_space();
+            self.pos
+        };
+        match self.int()? {
+            n if n >= 0 => Ok(n as usize),
+            n => Err(self.error_at(at, format!("expected a non-negative integer, found {n}"))),
+        }
+    }
+
+    fn int(&mut self) -> PResult<i64> {
+        self.skip_space();
+        let start = self.pos;
+        if self.peek() == Some('-') {
+            self.pos += 1;
+        }
+        while matches!(self.peek(), Some(c) if c.is_ascii_digit()) {
+            self.pos += 1;
+        }
+        let text: String = self.chars[start..self.pos].iter().collect();
+        text.parse().map_err(|_| {
+            self.pos = start;
+            self.error(format!("expected an integer{}", self.found()))
+        })
+    }
+
+    fn string(&mut self) -> PResult<String> {
+        self.expect('"')?;
+        let start = self.pos;
+        while let Some(c) = self.peek() {
+            if c == '"' {
+                let s = self.chars[start..self.pos].iter().collect();
+                self.pos += 1;
+                return Ok(s);
+            }
+            if c == '\n' {
+                break;
+            }
+            self.pos += 1;
+        }
+        Err(self.error_at(start, "unterminated string"))
+    }
+
+    /// A scalar literal element: everything up to a delimiter.
+    fn word(&mut self) -> PResult<String> {
+        self.skip_space();
+        let start = self.pos;
+        while let Some(c) = self.peek() {
+            if c.is_whitespace() || matches!(c, ',' | '[' | ']' | ':' | '#' | '<' | '>') {
+                break;
+            }
+            self.pos += 1;
+        }
+        if start == self.pos {
+            return Err(self.error(format!("expected a value{}", self.found())));
+        }
+        Ok(self.chars[start..self.pos].iter().collect())
+    }
+
+    fn module(&mut self) -> PResult<Graph> {
+        self.skip_space();
+        let mut mesh = None;
+        while self.starts_with("mesh") {
+            let at = self.pos;
+            let m = self.mesh()?;
+            if mesh.is_some() {
+                return Err(self.error_at(at, "a module declares at most one mesh"));
+            }
+            mesh = Some(m);
+            self.skip_space();
+        }
+        let g = self.func(mesh)?;
+        self.skip_space();
+        if self.peek().is_some() {
+            return Err(self.error("expected the end of the text after the function"));
+        }
+        Ok(g)
+    }
+
+    fn starts_with(&self, word: &str) -> bool {
+        let w: Vec<char> = word.chars().collect();
+        self.chars[self.pos..].starts_with(&w)
+            && !matches!(self.chars.get(self.pos + w.len()), Some(c) if c.is_ascii_alphanumeric() || *c == '_')
+    }
+
+    fn mesh(&mut self) -> PResult<Mesh> {
+        self.keyword("mesh")?;
+        let name = self.symbol_name()?;
+        self.expect('=')?;
+        self.expect('<')?;
+        let mut axes: Vec<(String, usize)> = Vec::new();
+        if !self.eat('>') {
+            loop {
+                let at = {
+                    self.skip_space();
+                    self.pos
+                };
+                let axis = self.string()?;
+                if axes.iter().any(|(a, _)| *a == axis) {
+                    return Err(
+                        self.error_at(at, format!("mesh axis \"{axis}\" is declared twice"))
+                    );
+                }
+                self.expect('=')?;
+                let size = self.uint()?;
+                if size == 0 {
+                    return Err(self.error_at(at, format!("mesh axis \"{axis}\" has size 0")));
+                }
+                axes.push((axis, size));
+                if self.eat('>') {
+                    break;
+                }
+                self.expect(',')?;
+            }
+        }
+        Ok(Mesh::new(name, axes))
+    }
+
+    fn dtype(&mut self) -> PResult<DType> {
+        let at = {
+            self.skip_space();
+            self.pos
+        };
+        let name = self.ident()?;
+        DType::from_name(&name)
+            .ok_or_else(|| self.error_at(at, format!("unknown element type '{name}'")))
+    }
+
+    fn tensor_type(&mut self) -> PResult<TensorType> {
+        let dtype = self.dtype()?;
+        if self.peek() != Some('[') {
+            return Err(self.error(format!(
+                "expected '[' right after the element type{}",
+                self.found()
+            )));
+        }
+        let dims = self.uint_list()?;
+        Ok(TensorType::new(dtype, dims))
+    }
+
+    fn uint_list(&mut self) -> PResult<Vec<usize>> {
+        self.expect('[')?;
+        let mut v = Vec::new();
+        if self.eat(']') {
+            return Ok(v);
+        }
+        loop {
+            v.push(self.uint()?);
+            if self.eat(']') {
+                return Ok(v);
+            }
+            self.expect(',')?;
+        }
+    }
+
+    fn axis_set(&mut self) -> PResult<DimSharding> {
+        self.expect('{')?;
+        let mut d = DimSharding::default();
+        loop {
+            if self.eat('}') {
+                return Ok(d);
+            }
+            if self.eat('?') {
+                d.open = true;
+            } else {
+                if d.open {
+                    return Err(self.error("'?' must come last in an axis list"));
+                }
+                d.axes.push(self.string()?);
+            }
+            if self.eat('}') {
+                return Ok(d);
+            }
+            self.expect(',')?;
+        }
+    }
+
+    fn sharding(&mut self) -> PResult<Sharding> {
+        self.expect('<')?;
+        let mesh = self.symbol_name()?;
+        self.expect(',')?;
+        self.expect('[')?;
+        let mut dims = Vec::new();
+        if !self.eat(']') {
+            loop {
+                dims.push(self.axis_set()?);
+                if self.eat(']') {
+                    break;
+                }
+                self.expect(',')?;
+            }
+        }
+        let mut replicated = Vec::new();
+        if self.eat(',') {
+            self.keyword("replicated")?;
+            self.expect('=')?;
+            let set = self.axis_set()?;
+            if set.open {
+                return Err(self.error("the replicated axes cannot be open"));
+            }
+            replicated = set.axes;
+        }
+        self.expect('>')?;
+        Ok(Sharding {
+            mesh,
+            dims,
+            replicated,
+        })
+    }
+
+    fn optional_sharding(&mut self) -> PResult<Option<Sharding>> {
+        self.skip_blanks();
+        if self.peek() == Some('<') {
+            Ok(Some(self.sharding()?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn func(&mut self, mesh: Option<Mesh>) -> PResult<Graph> {
+        self.keyword("func")?;
+        let name = self.symbol_name()?;
+        let mut g = Graph::new(name);
+        g.mesh = mesh;
+        let mut names: HashMap<String, NodeId> = HashMap::new();
+        self.expect('(')?;
+        loop {
+            if self.eat(')') {
+                break;
+            }
+            let at = {
+                self.skip_space();
+                self.pos
+            };
+            let v = self.value_name()?;
+            self.expect(':')?;
+            let ty = self.tensor_type()?;
+            let sharding = self.optional_sharding()?;
+            let id = g.add_param(ty);
+            g.node_mut(id).sharding = sharding;
+            if names.insert(v.clone(), id).is_some() {
+                return Err(self.error_at(at, format!("%{v} is defined twice")));
+            }
+            let comma = self.eat(',');
+            g.node_mut(id).loc = self.location();
+            if !comma {
+                self.expect(')')?;
+                break;
+            }
+        }
+        self.expect('{')?;
+        loop {
+            self.skip_space();
+            if self.starts_with("return") {
+                self.keyword("return")?;
+                let mut outs = Vec::new();
+                self.skip_blanks();
+                if self.peek() == Some('%') {
+                    loop {
+                        outs.push(self.use_value(&names)?);
+                        self.skip_blanks();
+                        if self.peek() != Some(',') {
+                            break;
+                        }
+                        self.pos += 1;
+                    }
+                }
+                g.set_outputs(outs);
+                self.expect('}')?;
+                return Ok(g);
+            }
+            self.statement(&mut g, &mut names)?;
+        }
+    }
+
+    fn use_value(&mut self, names: &HashMap<String, NodeId>) -> PResult<NodeId> {
+        let at = {
+            self.skip_space();
+            self.pos
+        };
+        let v = self.value_name()?;
+        names
+            .get(&v)
+            .copied()
+            .ok_or_else(|| self.error_at(at, format!("%{v} is used before it is defined")))
+    }
+
+    fn statement(&mut self, g: &mut Graph, names: &mut HashMap<String, NodeId>) -> PResult<()> {
+        let start = {
+            self.skip_space();
+            self.pos
+        };
+        let v = self.value_name()?;
+        if names.contains_key(&v) {
+            return Err(self.error_at(start, format!("%{v} is defined twice")));
+        }
+        self.expect('=')?;
+        let op_at = {
+            self.skip_space();
+            self.pos
+        };
+        let mnemonic = self.ident()?;
+        let mut operands = Vec::new();
+        self.skip_blanks();
+        if self.peek() == Some('%') {
+            loop {
+                operands.push(self.use_value(names)?);
+                self.skip_blanks();
+                if self.peek() != Some(',') {
+                    break;
+                }
+                self.pos += 1;
+            }
+        }
+        let mut kind: Option<String> = None;
+        let mut attrs: Vec<(String, Attr)> = Vec::new();
+        loop {
+            self.skip_space();
+            match self.peek() {
+                Some(':') => break,
+                Some('[') if mnemonic == "constant" => {
+                    attrs.push(("value".into(), self.attr_value()?))
+                }
+                Some(c)
+                    if mnemonic == "constant"
+                        && (c == '-' || c == '+' || c.is_ascii_alphanumeric()) =>
+                {
+                    attrs.push(("value".into(), Attr::Word(self.word()?)))
+                }
+                Some(c) if c.is_ascii_alphabetic() || c == '_' => {
+                    let at = self.pos;
+                    let key = self.ident()?;
+                    if self.eat('=') {
+                        let val = self.attr_value()?;
+                        if attrs.iter().any(|(k, _)| *k == key) {
+                            return Err(
+                                self.error_at(at, format!("attribute '{key}' is given twice"))
+                            );
+                        }
+                        attrs.push((key, val));
+                    } else if kind.is_none() {
+                        kind = Some(key);
+                    } else {
+                        return Err(self.error_at(at, format!("unexpected word '{key}'")));
+                    }
+                }
+                _ => {
+                    return Err(self.error(format!("expected an attribute or ':'{}", self.found())));
+                }
+            }
+        }
+        self.expect(':')?;
+        let ty = self.tensor_type()?;
+        let sharding = self.optional_sharding()?;
+        let loc = self.location();
+        let op = build_op(&mnemonic, kind.as_deref(), &attrs, &ty)
+            .map_err(|m| self.error_at(op_at, format!("{mnemonic}: {m}")))?;
+        let id = g
+            .add(op, &operands)
+            .map_err(|e| self.error_at(op_at, e.to_string()))?;
+        if *g.ty(id) != ty {
+            return Err(self.error_at(
+                op_at,
+                format!(
+                    "{mnemonic}: the result is written {ty} but the type rule gives {}",
+                    g.ty(id)
+                ),
+            ));
+        }
+        let node = g.node_mut(id);
+        node.sharding = sharding;
+        node.loc = loc;
+        names.insert(v, id);
+        Ok(())
+    }
+
+    fn attr_value(&mut self) -> PResult<Attr> {
+        self.skip_space();
+        match self.peek() {
+            Some('[') => {
+                self.pos += 1;
+                let mut items = Vec::new();
+                if !self.eat(']') {
+                    loop {
+                        items.push(self.attr_value()?);
+                        if self.eat(']') {
+                            break;
+                        }
+                        self.expect(',')?;
+                    }
+                }
+                if self.peek() == Some('x') && self.peek_at(1) == Some('[') {
+                    self.pos += 1;
+                    let Attr::List(rhs) = self.attr_value()? else {
+                        return Err(self.error("expected a list after 'x'"));
+                    };
+                    return Ok(Attr::Cross(items, rhs));
+                }
+                Ok(Attr::List(items))
+            }
+            Some('"') => Ok(Attr::Str(self.string()?)),
+            Some('<') => Ok(Attr::Sharding(self.sharding()?)),
+            Some(c) if c == '-' || c.is_ascii_digit() => {
+                let at = self.pos;
+                let w = self.word()?;
+                match w.parse::<i64>() {
+                    Ok(n) => Ok(Attr::Int(n)),
+                    Err(_) => {
+                        self.pos = at + w.chars().count();
+                        Ok(Attr::Word(w))
+                    }
+                }
+            }
+            Some(c) if c.is_ascii_alphabetic() => Ok(Attr::Word(self.word()?)),
+            _ => Err(self.error(format!("expected an attribute value{}", self.found()))),
+        }
+    }
+}
+
+fn get<'a>(attrs: &'a [(String, Attr)], key: &str) -> Option<&'a Attr> {
+    attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+fn need<'a>(attrs: &'a [(String, Attr)], key: &str) -> Result<&'a Attr, String> {
+    get(attrs, key).ok_or_else(|| format!("missing attribute '{key}'"))
+}
+
+fn as_int(a: &Attr, key: &str) -> Result<i64, String> {
+    match a {
+        Attr::Int(n) => Ok(*n),
+        _ => Err(format!("attribute '{key}' must be an integer")),
+    }
+}
+
+fn as_uint(a: &Attr, key: &str) -> Result<usize, String> {
+    usize::try_from(as_int(a, key)?).map_err(|_| format!("attribute '{key}' must be non-negative"))
+}
+
+fn as_list<'a>(a: &'a Attr, key: &str) -> Result<&'a [Attr], String> {
+    match a {
+        Attr::List(v) => Ok(v),
+        _ => Err(format!("attribute '{key}' must be a list")),
+    }
+}
+
+fn uints(items: &[Attr], key: &str) -> Result<Vec<usize>, String> {
+    items.iter().map(|a| as_uint(a, key)).collect()
+}
+
+fn ints(items: &[Attr], key: &str) -> Result<Vec<i64>, String> {
+    items.iter().map(|a| as_int(a, key)).collect()
+}
+
+fn uint_attr(attrs: &[(String, Attr)], key: &str) -> Result<usize, String> {
+    as_uint(need(attrs, key)?, key)
+}
+
+fn uint_list_attr(attrs: &[(String, Attr)], key: &str) -> Result<Vec<usize>, String> {
+    uints(as_list(need(attrs, key)?, key)?, key)
+}
+
+fn axes_attr(attrs: &[(String, Attr)]) -> Result<Vec<String>, String> {
+    as_list(need(attrs, "axes")?, "axes")?
+        .iter()
+        .map(|a| match a {
+            Attr::Str(s) => Ok(s.clone()),
+            _ => Err("attribute 'axes' must list quoted mesh axis names".to_string()),
+        })
+        .collect()
+}
+
+fn reduce_kind(kind: Option<&str>) -> Result<ReduceKind, String> {
+    let k = kind.ok_or("missing the reduction (sum, max or min)")?;
+    ReduceKind::from_name(k).ok_or_else(|| format!("unknown reduction '{k}'"))
+}
+
+fn parse_element(dtype: DType, w: &str) -> Result<f64, String> {
+    let bad = || format!("'{w}' is not a {dtype} value");
+    match dtype {
+        DType::F32 | DType::F64 => w.parse::<f64>().map_err(|_| bad()),
+        DType::I32 => w.parse::<i32>().map(f64::from).map_err(|_| bad()),
+        DType::U32 => w.parse::<u32>().map(f64::from).map_err(|_| bad()),
+        DType::Bool => match w {
+            "true" => Ok(1.0),
+            "false" => Ok(0.0),
+            _ => Err(bad()),
+        },
+    }
+}
+
+/// Builds a constant's elements from their text. Floats parse straight into their own width, so
+/// an f32 goes through no double rounding.
+fn literal(value: &Attr, ty: &TensorType) -> Result<Literal, String> {
+    let words: Vec<String> = match value {
+        Attr::Word(w) => vec![w.clone()],
+        Attr::List(items) => items
+            .iter()
+            .map(|a| match a {
+                Attr::Word(w) => Ok(w.clone()),
+                Attr::Int(n) => Ok(n.to_string()),
+                _ => Err("a constant's list holds scalar elements only".to_string()),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err("expected a constant value".into()),
+    };
+    let n = ty.numel();
+    let splat = matches!(value, Attr::Word(_));
+    if !splat && words.len() != n {
+        return Err(format!("{} elements written for {ty}", words.len()));
+    }
+    for w in &words {
+        parse_element(ty.dtype, w)?;
+    }
+    let pick = |i: usize| {
+        if splat {
+            words[0].as_str()
+        } else {
+            words[i].as_str()
+        }
+    };
+    let bad = |w: &str| format!("'{w}' is not a {} value", ty.dtype);
+    let data = match ty.dtype {
+        DType::F32 => Data::F32(
+            (0..n)
+                .map(|i| pick(i).parse::<f32>().map_err(|_| bad(pick(i))))
+                .collect::<Result<_, _>>()?,
+        ),
+        DType::F64 => Data::F64(
+            (0..n)
+                .map(|i| pick(i).parse::<f64>().map_err(|_| bad(pick(i))))
+                .collect::<Result<_, _>>()?,
+        ),
+        DType::I32 => Data::I32(
+            (0..n)
+                .map(|i| pick(i).parse::<i32>().map_err(|_| bad(pick(i))))
+                .collect::<Result<_, _>>()?,
+        ),
+        DType::U32 => Data::U32(
+            (0..n)
+                .map(|i| pick(i).parse::<u32>().map_err(|_| bad(pick(i))))
+                .collect::<Result<_, _>>()?,
+        ),
+        DType::Bool => Data::Bool((0..n).map(|i| pick(i) == "true").collect()),
+    };
+    Ok(Literal {
+        ty: ty.clone(),
+        data,
+    })
+}
+
+/// Builds the op named `mnemonic` from its written attributes and its result type (which states
+/// the attributes the printer leaves out: shapes, target dtypes).
+fn build_op(
+    mnemonic: &str,
+    kind: Option<&str>,
+    attrs: &[(String, Attr)],
+    ty: &TensorType,
+) -> Result<Op, String> {
+    let allowed: &[&str] = match mnemonic {
+        "constant" => &["value"],
+        "iota" | "concatenate" => &["dim"],
+        "broadcast_in_dim" => &["dims"],
+        "transpose" => &["perm"],
+        "slice" => &["start", "limit", "stride"],
+        "pad" => &["low", "high", "interior"],
+        "reduce_sum" | "reduce_max" | "reduce_min" => &["axes"],
+        "argmax" => &["axis"],
+        "dot_general" => &["batch", "contracting"],
+        "all_reduce" | "axis_index" => &["axes"],
+        "all_gather" | "reduce_scatter" => &["dim", "axes"],
+        "all_to_all" => &["split_dim", "concat_dim", "axes"],
+        "collective_permute" => &["axes", "pairs"],
+        "sharding_constraint" => &["sharding"],
+        _ => &[],
+    };
+    if let Some((k, _)) = attrs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
+        return Err(format!("unknown attribute '{k}'"));
+    }
+    if kind.is_some() && !matches!(mnemonic, "all_reduce" | "reduce_scatter") {
+        return Err(format!("unexpected word '{}'", kind.unwrap_or_default()));
+    }
+    if let Some(u) = UnaryOp::ALL.into_iter().find(|u| u.name() == mnemonic) {
+        return Ok(Op::Unary(u));
+    }
+    if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == mnemonic) {
+        return Ok(Op::Binary(b));
+    }
+    if let Some(c) = CompareOp::ALL.into_iter().find(|c| c.name() == mnemonic) {
+        return Ok(Op::Compare(c));
+    }
+    Ok(match mnemonic {
+        "constant" => Op::Constant(literal(need(attrs, "value")?, ty)?),
+        "iota" => Op::Iota {
+            dim: uint_attr(attrs, "dim")?,
+            ty: ty.clone(),
+        },
+        "select" => Op::Select,
+        "convert" => Op::Convert(ty.dtype),
+        "bitcast" => Op::Bitcast(ty.dtype),
+        "broadcast_in_dim" => Op::BroadcastInDim {
+            shape: ty.shape.clone(),
+            dims: uint_list_attr(attrs, "dims")?,
+        },
+        "reshape" => Op::Reshape(ty.shape.clone()),
+        "transpose" => Op::Transpose(uint_list_attr(attrs, "perm")?),
+        "slice" => {
+            let start = uint_list_attr(attrs, "start")?;
+            let stride = match get(attrs, "stride") {
+                Some(a) => uints(as_list(a, "stride")?, "stride")?,
+                None => vec![1; start.len()],
+            };
+            Op::Slice {
+                limit: uint_list_attr(attrs, "limit")?,
+                start,
+                stride,
+            }
+        }
+        "concatenate" => Op::Concatenate {
+            dim: uint_attr(attrs, "dim")?,
+        },
+        "pad" => {
+            let low = ints(as_list(need(attrs, "low")?, "low")?, "low")?;
+            let interior = match get(attrs, "interior") {
+                Some(a) => uints(as_list(a, "interior")?, "interior")?,
+                None => vec![0; low.len()],
+            };
+            Op::Pad {
+                high: ints(as_list(need(attrs, "high")?, "high")?, "high")?,
+                low,
+                interior,
+            }
+        }
+        "reduce_sum" | "reduce_max" | "reduce_min" => Op::Reduce {
+            kind: reduce_kind(mnemonic.strip_prefix("reduce_"))?,
+            axes: uint_list_attr(attrs, "axes")?,
+        },
+        "argmax" => Op::ArgMax {
+            axis: uint_attr(attrs, "axis")?,
+        },
+        "dot_general" => {
+            let cross = |key: &str| -> Result<(Vec<usize>, Vec<usize>), String> {
+                match get(attrs, key) {
+                    None => Ok((vec![], vec![])),
+                    Some(Attr::Cross(l, r)) => Ok((uints(l, key)?, uints(r, key)?)),
+                    Some(_) => Err(format!("attribute '{key}' must read [..]x[..]")),
+                }
+            };
+            let (lhs_batch, rhs_batch) = cross("batch")?;
+            need(attrs, "contracting")?;
+            let (lhs_contract, rhs_contract) = cross("contracting")?;
+            Op::DotGeneral(DotDims {
+                lhs_batch,
+                rhs_batch,
+                lhs_contract,
+                rhs_contract,
+            })
+        }
+        "all_reduce" => Op::AllReduce {
+            kind: reduce_kind(kind)?,
+            axes: axes_attr(attrs)?,
+        },
+        "all_gather" => Op::AllGather {
+            dim: uint_attr(attrs, "dim")?,
+            axes: axes_attr(attrs)?,
+        },
+        "reduce_scatter" => Op::ReduceScatter {
+            kind: reduce_kind(kind)?,
+            dim: uint_attr(attrs, "dim")?,
+            axes: axes_attr(attrs)?,
+        },
+        "all_to_all" => Op::AllToAll {
+            split_dim: uint_attr(attrs, "split_dim")?,
+            concat_dim: uint_attr(attrs, "concat_dim")?,
+            axes: axes_attr(attrs)?,
+        },
+        "collective_permute" => {
+            let pairs = as_list(need(attrs, "pairs")?, "pairs")?
+                .iter()
+                .map(|p| match uints(as_list(p, "pairs")?, "pairs")?.as_slice() {
+                    [s, d] => Ok((*s, *d)),
+                    _ => Err("each entry of 'pairs' is [source,target]".to_string()),
+                })
+                .collect::<Result<_, _>>()?;
+            Op::CollectivePermute {
+                axes: axes_attr(attrs)?,
+                pairs,
+            }
+        }
+        "axis_index" => Op::AxisIndex {
+            axes: axes_attr(attrs)?,
+        },
+        "sharding_constraint" => match need(attrs, "sharding")? {
+            Attr::Sharding(s) => Op::ShardingConstraint(s.clone()),
+            _ => return Err("attribute 'sharding' must be <@mesh, [...]>".into()),
+        },
+        "parameter" => return Err("parameters are declared in the function signature".into()),
+        _ => return Err("unknown op".into()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_of_errors() {
+        let e =
+            parse("func @f(%0: f32[2]) {\n  %1 = exp %9 : f32[2]\n  return %1\n}\n").unwrap_err();
+        assert_eq!((e.line, e.col), (2, 14), "{e}");
+    }
+}

@@ -1,0 +1,185 @@
+//! The IR text printer. The grammar is in `docs/ir.md`; `parse::parse` reads this text back to
+//! a structurally equal graph.
+//!
+//! Values are renumbered `%0, %1, ...` in the canonical order (`Graph::topo_order`), so two
+//! structurally equal graphs print the same text.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use crate::graph::{Graph, NodeId};
+use crate::literal::Literal;
+use crate::op::Op;
+
+/// Prints a graph (its mesh line, if any, then the function) in the IR text format.
+pub fn print(g: &Graph) -> String {
+    let mut out = String::new();
+    if let Some(mesh) = &g.mesh {
+        writeln!(out, "{mesh}").unwrap();
+    }
+    let order = g.try_topo_order().unwrap_or_else(|| g.node_ids().collect());
+    let names: HashMap<NodeId, String> = order
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (id, format!("%{i}")))
+        .collect();
+    let name = |id: &NodeId| names.get(id).cloned().unwrap_or_else(|| "%?".into());
+
+    let params_have_locs = g.params().iter().any(|&p| g.node(p).loc.is_some());
+    write!(out, "func @{}(", g.name).unwrap();
+    for (i, &p) in g.params().iter().enumerate() {
+        let node = g.node(p);
+        if params_have_locs {
+            write!(out, "\n    ").unwrap();
+        } else if i > 0 {
+            write!(out, ", ").unwrap();
+        }
+        write!(out, "{}: {}", name(&p), node.ty).unwrap();
+        if let Some(s) = &node.sharding {
+            write!(out, " {s}").unwrap();
+        }
+        if params_have_locs {
+            write!(out, ",").unwrap();
+            if let Some(loc) = &node.loc {
+                write!(out, "  # {loc}").unwrap();
+            }
+        }
+    }
+    if params_have_locs {
+        writeln!(out).unwrap();
+    }
+    writeln!(out, ") {{").unwrap();
+    for &id in &order {
+        let node = g.node(id);
+        if let Op::Parameter(_) = node.op {
+            continue;
+        }
+        let mut line = format!("  {} = {}", name(&id), node.op.name());
+        let operands: Vec<String> = g.operands(id).iter().map(name).collect();
+        if !operands.is_empty() {
+            write!(line, " {}", operands.join(", ")).unwrap();
+        }
+        let attrs = attrs_text(&node.op);
+        if !attrs.is_empty() {
+            write!(line, " {attrs}").unwrap();
+        }
+        write!(line, " : {}", node.ty).unwrap();
+        if let Some(s) = &node.sharding {
+            write!(line, " {s}").unwrap();
+        }
+        if let Some(loc) = &node.loc {
+            write!(line, "  # {loc}").unwrap();
+        }
+        writeln!(out, "{line}").unwrap();
+    }
+    let outs: Vec<String> = g.outputs().iter().map(name).collect();
+    if outs.is_empty() {
+        writeln!(out, "  return").unwrap();
+    } else {
+        writeln!(out, "  return {}", outs.join(", ")).unwrap();
+    }
+    writeln!(out, "}}").unwrap();
+    out
+}
+
+fn ints<T: ToString>(v: &[T]) -> String {
+    format!(
+        "[{}]",
+        v.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    )
+}
+
+fn axes(v: &[String]) -> String {
+    format!(
+        "[{}]",
+        v.iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(",")
+    )
+}
+
+/// A constant's payload: one element when every element is equal (a splat), else the list.
+pub fn literal_text(lit: &Literal) -> String {
+    let n = lit.data.len();
+    if n > 0 && lit.data.is_splat() {
+        return lit.data.element_text(0);
+    }
+    let elems: Vec<String> = (0..n).map(|i| lit.data.element_text(i)).collect();
+    format!("[{}]", elems.join(", "))
+}
+
+/// The attributes of an op as printed after its operands. Attributes that the result type
+/// already states (a broadcast's or reshape's shape, a conversion's dtype) are not repeated.
+pub fn attrs_text(op: &Op) -> String {
+    match op {
+        Op::Parameter(i) => format!("index={i}"),
+        Op::Constant(lit) => literal_text(lit),
+        Op::Iota { dim, .. } => format!("dim={dim}"),
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select => String::new(),
+        Op::Convert(_) | Op::Bitcast(_) | Op::Reshape(_) => String::new(),
+        Op::BroadcastInDim { dims, .. } => format!("dims={}", ints(dims)),
+        Op::Transpose(perm) => format!("perm={}", ints(perm)),
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => {
+            let mut s = format!("start={} limit={}", ints(start), ints(limit));
+            if stride.iter().any(|&x| x != 1) {
+                write!(s, " stride={}", ints(stride)).unwrap();
+            }
+            s
+        }
+        Op::Concatenate { dim } => format!("dim={dim}"),
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => {
+            let mut s = format!("low={} high={}", ints(low), ints(high));
+            if interior.iter().any(|&x| x != 0) {
+                write!(s, " interior={}", ints(interior)).unwrap();
+            }
+            s
+        }
+        Op::Reduce { axes, .. } => format!("axes={}", ints(axes)),
+        Op::ArgMax { axis } => format!("axis={axis}"),
+        Op::DotGeneral(d) => {
+            let mut s = String::new();
+            if !d.lhs_batch.is_empty() {
+                write!(s, "batch={}x{} ", ints(&d.lhs_batch), ints(&d.rhs_batch)).unwrap();
+            }
+            write!(
+                s,
+                "contracting={}x{}",
+                ints(&d.lhs_contract),
+                ints(&d.rhs_contract)
+            )
+            .unwrap();
+            s
+        }
+        Op::AllReduce { kind, axes: a } => format!("{} axes={}", kind.name(), axes(a)),
+        Op::AllGather { dim, axes: a } => format!("dim={dim} axes={}", axes(a)),
+        Op::ReduceScatter { kind, dim, axes: a } => {
+            format!("{} dim={dim} axes={}", kind.name(), axes(a))
+        }
+        Op::AllToAll {
+            split_dim,
+            concat_dim,
+            axes: a,
+        } => format!(
+            "split_dim={split_dim} concat_dim={concat_dim} axes={}",
+            axes(a)
+        ),
+        Op::CollectivePermute { axes: a, pairs } => {
+            let p: Vec<String> = pairs.iter().map(|(s, d)| format!("[{s},{d}]")).collect();
+            format!("axes={} pairs=[{}]", axes(a), p.join(","))
+        }
+        Op::AxisIndex { axes: a } => format!("axes={}", axes(a)),
+        Op::ShardingConstraint(s) => format!("sharding={s}"),
+    }
+}

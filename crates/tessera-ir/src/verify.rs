@@ -1,0 +1,138 @@
+//! The verifier: checks the IR's invariants. Passes run it on their output in debug builds.
+//!
+//! Invariants of a well-formed graph:
+//! 1. The graph is acyclic.
+//! 2. Every node has as many operands as its op takes, at positions `0..n` with no gaps.
+//! 3. Every node's type is what its op's type rule gives for its operands' types (and, for
+//!    collectives, the graph's mesh).
+//! 4. The parameters are exactly the `Op::Parameter` nodes, and `params()[i]` is `Parameter(i)`.
+//! 5. Every output is a node of the graph.
+//! 6. Every sharding names the graph's mesh, has one entry per dimension, names only axes of
+//!    the mesh, names no axis twice, and splits each dimension into whole parts.
+//!
+//! Errors name the value as the printer numbers it (`%7`), so they can be matched with a dump.
+
+use std::collections::HashMap;
+
+use petgraph::Direction;
+
+use crate::graph::{Graph, NodeId};
+use crate::op::Op;
+use crate::sharding::Sharding;
+use crate::types::TensorType;
+
+/// A broken invariant, naming the value (as printed) and the op.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{value}: {message}")]
+pub struct VerifyError {
+    /// `%7 (add)`, or `graph` for errors about the whole graph.
+    pub value: String,
+    pub message: String,
+}
+
+/// Checks every invariant listed in the module doc; returns the first violation.
+pub fn verify(g: &Graph) -> Result<(), VerifyError> {
+    let whole = |message: String| VerifyError {
+        value: "graph".into(),
+        message,
+    };
+    let Some(order) = g.try_topo_order() else {
+        return Err(whole("the graph has a cycle".into()));
+    };
+    let names: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    for (i, &p) in g.params().iter().enumerate() {
+        if !g.contains(p) || g.op(p) != &Op::Parameter(i) {
+            return Err(whole(format!("parameter {i} is not a Parameter({i}) node")));
+        }
+    }
+    for &o in g.outputs() {
+        if !g.contains(o) {
+            return Err(whole("an output is not a node of the graph".into()));
+        }
+    }
+    for &id in &order {
+        let node = g.node(id);
+        let at = |message: String| VerifyError {
+            value: format!("%{} ({})", names[&id], node.op.name()),
+            message,
+        };
+        let mut positions: Vec<usize> = g
+            .petgraph()
+            .edges_directed(id, Direction::Incoming)
+            .map(|e| *e.weight())
+            .collect();
+        positions.sort_unstable();
+        if positions.iter().enumerate().any(|(i, &p)| i != p) {
+            return Err(at(format!(
+                "operand positions {positions:?} are not 0..{}",
+                positions.len()
+            )));
+        }
+        match &node.op {
+            Op::Parameter(i) => {
+                if g.params().get(*i) != Some(&id) {
+                    return Err(at(format!(
+                        "Parameter({i}) is not parameter {i} of the graph"
+                    )));
+                }
+            }
+            op => {
+                let operands = g.operands(id);
+                let types: Vec<&TensorType> = operands.iter().map(|&o| g.ty(o)).collect();
+                let ty = op
+                    .infer_type(&types, g.mesh.as_ref())
+                    .map_err(|e| at(e.to_string()))?;
+                if ty != node.ty {
+                    return Err(at(format!(
+                        "has type {} but its type rule gives {ty}",
+                        node.ty
+                    )));
+                }
+            }
+        }
+        if let Some(s) = &node.sharding {
+            check_sharding(g, s, &node.ty).map_err(at)?;
+        }
+        if let Op::ShardingConstraint(s) = &node.op {
+            check_sharding(g, s, &node.ty).map_err(at)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a sharding fits the graph's mesh and a value of type `ty`.
+pub fn check_sharding(g: &Graph, s: &Sharding, ty: &TensorType) -> Result<(), String> {
+    let Some(mesh) = &g.mesh else {
+        return Err(format!("sharding {s} but the graph declares no mesh"));
+    };
+    if s.mesh != mesh.name {
+        return Err(format!(
+            "sharding names mesh @{}, the graph's is @{}",
+            s.mesh, mesh.name
+        ));
+    }
+    if s.dims.len() != ty.rank() {
+        return Err(format!("sharding {s} has {} dims for {ty}", s.dims.len()));
+    }
+    let mut seen: Vec<&String> = Vec::new();
+    for a in s.axes() {
+        if mesh.axis_size(a).is_none() {
+            return Err(format!("sharding {s} names unknown mesh axis \"{a}\""));
+        }
+        if seen.contains(&a) {
+            return Err(format!("sharding {s} names mesh axis \"{a}\" twice"));
+        }
+        seen.push(a);
+    }
+    for (d, dim) in s.dims.iter().enumerate() {
+        let parts: usize = dim.axes.iter().filter_map(|a| mesh.axis_size(a)).product();
+        if ty.dims()[d] % parts != 0 {
+            return Err(format!(
+                "dim {d} of {ty} (size {}) is not divisible by {parts}, the size of {:?}",
+                ty.dims()[d],
+                dim.axes
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! The user-facing error type, and how an op inside a trace reports one.
+
+use std::panic::Location;
+
+use tessera_interp::InterpError;
+use tessera_ir::{ParseError, TypeError, VerifyError};
+
+/// Everything that can go wrong between a user's closure and its results.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// An op's type rule rejected its operands; `location` is the user's `file:line`.
+    #[error("{error}, at {location}")]
+    Type { error: TypeError, location: String },
+    /// An op could not be applied for another reason (a tracer used outside its trace, a value
+    /// read from a tracer, an op that needs a mesh).
+    #[error("{op}: {message}, at {location}")]
+    Op {
+        op: String,
+        message: String,
+        location: String,
+    },
+    /// Two trees that had to share a structure did not.
+    #[error("tree structure mismatch: {message}, at {location}")]
+    Tree { message: String, location: String },
+    #[error("IR parse error: {0}")]
+    Parse(#[from] ParseError),
+    #[error("IR verifier: {0}")]
+    Verify(#[from] VerifyError),
+    #[error("execution: {0}")]
+    Interp(#[from] InterpError),
+    #[error("{0}")]
+    Io(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn loc_text(loc: &Location<'_>) -> String {
+    format!("{}:{}", loc.file(), loc.line())
+}
+
+/// Reports an error from inside an op. Inside a trace it unwinds (without running the panic
+/// hook, so nothing is printed) to the `jit`/`grad` entry point, which returns it as `Err`;
+/// eagerly it is a panic with the same message.
+pub(crate) fn raise(err: Error) -> ! {
+    if crate::trace::any_active() {
+        std::panic::resume_unwind(Box::new(err))
+    } else {
+        panic!("{err}")
+    }
+}
+
+/// Runs `f`, turning an error raised by `raise` inside it into `Err`; other panics go on.
+pub(crate) fn catch<T>(f: impl FnOnce() -> T) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => Ok(v),
+        Err(payload) => match payload.downcast::<Error>() {
+            Ok(err) => Err(*err),
+            Err(other) => std::panic::resume_unwind(other),
+        },
+    }
+}

@@ -1,0 +1,38 @@
+//! Tessera: a tracing JIT compiler for tensor programs written as plain Rust closures, in the
+//! spirit of JAX.
+//!
+//! ```
+//! use tessera::prelude::*;
+//!
+//! let f = jit(|(x, w): (Tensor, Tensor)| x.matmul(&w).tanh().sum());
+//! let x = Tensor::ones([2, 3]);
+//! let w = Tensor::full([3, 4], 0.1);
+//! let y = f.call((x.clone(), w.clone())).unwrap();
+//! assert!((y.item::<f32>() - 8.0 * 0.3f32.tanh()).abs() < 1e-6);
+//! println!("{}", f.lower(&(x, w)).unwrap().ir());
+//! ```
+
+// Lets `#[derive(Tree)]`'s `::tessera::...` paths resolve inside this crate's own tests.
+extern crate self as tessera;
+
+pub mod error;
+pub mod jit;
+pub mod ops;
+mod pipeline;
+pub mod tensor;
+mod trace;
+pub mod tree;
+
+pub use error::{Error, Result};
+pub use jit::{Jitted, Lowered, jit, make_ir};
+pub use tensor::{Element, Tensor};
+pub use tessera_derive::Tree;
+pub use tessera_ir as ir;
+pub use tessera_ir::{DType, DotDims};
+
+/// What a user program imports: `use tessera::prelude::*;`.
+pub mod prelude {
+    pub use crate::tree::{self, Tree};
+    pub use crate::{DType, DotDims, Error, Jitted, Lowered, Result, Tensor, jit, make_ir};
+    pub use tessera_derive::Tree;
+}

@@ -1,0 +1,520 @@
+//! The ops of `Tensor`: one method per primitive, NumPy-style broadcasting lowered to explicit
+//! `broadcast_in_dim` (as `jax.numpy` does over `lax`), composites built from primitives
+//! (`matmul`, `mean`, `softmax`, ...), and the arithmetic operators.
+//!
+//! Every method is `#[track_caller]`, so the location recorded in the IR and named in errors is
+//! the user's line.
+
+use std::ops::{Add, Div, Mul, Neg, Sub};
+use std::panic::Location;
+
+use tessera_ir::{BinaryOp, CompareOp, DType, DotDims, Op, ReduceKind, Shape, UnaryOp};
+
+use crate::error::{Error, loc_text, raise};
+use crate::tensor::Tensor;
+use crate::trace::{apply, join};
+
+#[track_caller]
+fn shape_error(op: &str, message: String) -> ! {
+    raise(Error::Op {
+        op: op.into(),
+        message,
+        location: loc_text(Location::caller()),
+    })
+}
+
+/// NumPy's broadcasting of two shapes: aligned at the right, each pair equal or one of them 1.
+#[track_caller]
+pub fn broadcast_shapes(op: &str, a: &Tensor, b: &Tensor) -> Vec<usize> {
+    let (x, y) = (a.shape(), b.shape());
+    let n = x.len().max(y.len());
+    let dim = |s: &[usize], i: usize| {
+        if i + s.len() >= n {
+            s[i + s.len() - n]
+        } else {
+            1
+        }
+    };
+    (0..n)
+        .map(|i| match (dim(x, i), dim(y, i)) {
+            (p, q) if p == q || q == 1 => p,
+            (1, q) => q,
+            _ => shape_error(
+                op,
+                format!(
+                    "shapes {} and {} cannot broadcast together (operands: {}, {})",
+                    Shape::new(x.to_vec()),
+                    Shape::new(y.to_vec()),
+                    a.ty(),
+                    b.ty()
+                ),
+            ),
+        })
+        .collect()
+}
+
+macro_rules! unary_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("Elementwise `", stringify!($name), "` (the `", stringify!($op), "` primitive).")]
+                #[track_caller]
+                pub fn $name(&self) -> Tensor {
+                    apply(Op::Unary(UnaryOp::$op), &[self])
+                }
+            )*
+        }
+    };
+}
+
+unary_methods! {
+    abs => Abs, sign => Sign, exp => Exp, log => Log, log1p => Log1p, expm1 => Expm1,
+    tanh => Tanh, logistic => Logistic, sin => Sin, cos => Cos, sqrt => Sqrt, rsqrt => Rsqrt,
+    floor => Floor, ceil => Ceil, round => Round, erf => Erf, erf_inv => ErfInv,
+}
+
+macro_rules! binary_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("Elementwise `", stringify!($name), "` with NumPy broadcasting (the `", stringify!($op), "` primitive).")]
+                #[track_caller]
+                pub fn $name(&self, other: &Tensor) -> Tensor {
+                    self.binary(BinaryOp::$op, other)
+                }
+            )*
+        }
+    };
+}
+
+binary_methods! {
+    add => Add, sub => Sub, mul => Mul, div => Div, rem => Rem, maximum => Max, minimum => Min,
+    pow => Pow, bitand => And, bitor => Or, bitxor => Xor, shift_left => ShiftLeft,
+    shift_right_logical => ShiftRightLogical,
+}
+
+macro_rules! compare_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("Elementwise comparison `", stringify!($name), "` with broadcasting, giving bool.")]
+                #[track_caller]
+                pub fn $name(&self, other: &Tensor) -> Tensor {
+                    let (a, b) = self.broadcast_pair(CompareOp::$op.name(), other);
+                    apply(Op::Compare(CompareOp::$op), &[&a, &b])
+                }
+            )*
+        }
+    };
+}
+
+compare_methods! { eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge }
+
+impl Tensor {
+    /// Both operands joined into one trace and broadcast to their common shape.
+    #[track_caller]
+    fn broadcast_pair(&self, op: &str, other: &Tensor) -> (Tensor, Tensor) {
+        let shape = broadcast_shapes(op, self, other);
+        let joined = join(&[self, other]);
+        (
+            joined[0].broadcast_to(&shape),
+            joined[1].broadcast_to(&shape),
+        )
+    }
+
+    #[track_caller]
+    fn binary(&self, op: BinaryOp, other: &Tensor) -> Tensor {
+        let (a, b) = self.broadcast_pair(op.name(), other);
+        apply(Op::Binary(op), &[&a, &b])
+    }
+
+    /// A scalar of this tensor's dtype (a weakly typed Rust number, as JAX treats Python's).
+    pub fn scalar_like(&self, x: f64) -> Tensor {
+        Tensor::full_dtype(Shape::scalar(), x, self.dtype())
+    }
+
+    #[track_caller]
+    pub fn neg(&self) -> Tensor {
+        apply(Op::Unary(UnaryOp::Neg), &[self])
+    }
+
+    /// Bitwise not (logical not for bool).
+    #[track_caller]
+    pub fn not(&self) -> Tensor {
+        apply(Op::Unary(UnaryOp::Not), &[self])
+    }
+
+    /// `select(pred, on_true, on_false)` with broadcasting of all three.
+    #[track_caller]
+    pub fn select(pred: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Tensor {
+        let s1 = broadcast_shapes("select", on_true, on_false);
+        let shape = broadcast_shapes(
+            "select",
+            pred,
+            &Tensor::full_dtype(s1.clone(), 0.0, DType::Bool),
+        );
+        let j = join(&[pred, on_true, on_false]);
+        let (p, t, f) = (
+            j[0].broadcast_to(&shape),
+            j[1].broadcast_to(&shape),
+            j[2].broadcast_to(&shape),
+        );
+        apply(Op::Select, &[&p, &t, &f])
+    }
+
+    /// Converts the values to another dtype (the `convert` primitive).
+    #[track_caller]
+    pub fn astype(&self, dtype: DType) -> Tensor {
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        apply(Op::Convert(dtype), &[self])
+    }
+
+    /// Reinterprets the bits as another dtype of the same width.
+    #[track_caller]
+    pub fn bitcast(&self, dtype: DType) -> Tensor {
+        apply(Op::Bitcast(dtype), &[self])
+    }
+
+    /// The `broadcast_in_dim` primitive: operand dim `i` becomes result dim `dims[i]`.
+    #[track_caller]
+    pub fn broadcast_in_dim(&self, shape: impl Into<Shape>, dims: &[usize]) -> Tensor {
+        apply(
+            Op::BroadcastInDim {
+                shape: shape.into(),
+                dims: dims.to_vec(),
+            },
+            &[self],
+        )
+    }
+
+    /// NumPy broadcasting to `shape`; no op when the shape already matches.
+    #[track_caller]
+    pub fn broadcast_to(&self, shape: &[usize]) -> Tensor {
+        if self.shape() == shape {
+            return self.clone();
+        }
+        if self.rank() > shape.len() {
+            shape_error(
+                "broadcast_in_dim",
+                format!(
+                    "cannot broadcast {} to fewer dims {}",
+                    self.ty(),
+                    Shape::new(shape.to_vec())
+                ),
+            );
+        }
+        let offset = shape.len() - self.rank();
+        let dims: Vec<usize> = (offset..shape.len()).collect();
+        self.broadcast_in_dim(shape.to_vec(), &dims)
+    }
+
+    /// Reshape; one dimension may be `usize::MAX` (NumPy's `-1`) to be inferred.
+    #[track_caller]
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Tensor {
+        let mut shape = shape.into();
+        if let Some(i) = shape.0.iter().position(|&d| d == usize::MAX) {
+            let known: usize = shape.0.iter().filter(|&&d| d != usize::MAX).product();
+            if known == 0 || self.numel() % known != 0 {
+                shape_error(
+                    "reshape",
+                    format!("cannot infer a dim of {shape:?} for {}", self.ty()),
+                );
+            }
+            shape.0[i] = self.numel() / known;
+        }
+        if shape.dims() == self.shape() {
+            return self.clone();
+        }
+        apply(Op::Reshape(shape), &[self])
+    }
+
+    /// Result dim `i` is operand dim `perm[i]`.
+    #[track_caller]
+    pub fn transpose(&self, perm: &[usize]) -> Tensor {
+        apply(Op::Transpose(perm.to_vec()), &[self])
+    }
+
+    /// Reverses the dimensions (a matrix transpose for rank 2).
+    #[track_caller]
+    pub fn t(&self) -> Tensor {
+        let perm: Vec<usize> = (0..self.rank()).rev().collect();
+        self.transpose(&perm)
+    }
+
+    /// `start..limit` in every dim, unit stride.
+    #[track_caller]
+    pub fn slice(&self, start: &[usize], limit: &[usize]) -> Tensor {
+        self.slice_strided(start, limit, &vec![1; start.len()])
+    }
+
+    #[track_caller]
+    pub fn slice_strided(&self, start: &[usize], limit: &[usize], stride: &[usize]) -> Tensor {
+        apply(
+            Op::Slice {
+                start: start.to_vec(),
+                limit: limit.to_vec(),
+                stride: stride.to_vec(),
+            },
+            &[self],
+        )
+    }
+
+    /// Joins tensors along `dim`.
+    #[track_caller]
+    pub fn concatenate(tensors: &[&Tensor], dim: usize) -> Tensor {
+        let joined = join(tensors);
+        let refs: Vec<&Tensor> = joined.iter().collect();
+        apply(Op::Concatenate { dim }, &refs)
+    }
+
+    /// Pads with the scalar `value`; negative `low`/`high` crop, `interior` inserts between.
+    #[track_caller]
+    pub fn pad(&self, value: &Tensor, low: &[i64], high: &[i64], interior: &[usize]) -> Tensor {
+        apply(
+            Op::Pad {
+                low: low.to_vec(),
+                high: high.to_vec(),
+                interior: interior.to_vec(),
+            },
+            &[self, value],
+        )
+    }
+
+    #[track_caller]
+    fn reduce(&self, kind: ReduceKind, axes: &[usize]) -> Tensor {
+        apply(
+            Op::Reduce {
+                kind,
+                axes: axes.to_vec(),
+            },
+            &[self],
+        )
+    }
+
+    /// Sum over `axes` (the `reduce_sum` primitive).
+    #[track_caller]
+    pub fn sum_axes(&self, axes: &[usize]) -> Tensor {
+        self.reduce(ReduceKind::Sum, axes)
+    }
+
+    /// Maximum over `axes` (`reduce_max`).
+    #[track_caller]
+    pub fn max_axes(&self, axes: &[usize]) -> Tensor {
+        self.reduce(ReduceKind::Max, axes)
+    }
+
+    /// Minimum over `axes` (`reduce_min`).
+    #[track_caller]
+    pub fn min_axes(&self, axes: &[usize]) -> Tensor {
+        self.reduce(ReduceKind::Min, axes)
+    }
+
+    fn all_axes(&self) -> Vec<usize> {
+        (0..self.rank()).collect()
+    }
+
+    /// Sum of every element.
+    #[track_caller]
+    pub fn sum(&self) -> Tensor {
+        self.sum_axes(&self.all_axes())
+    }
+
+    /// Maximum of every element.
+    #[track_caller]
+    pub fn max(&self) -> Tensor {
+        self.max_axes(&self.all_axes())
+    }
+
+    /// Minimum of every element.
+    #[track_caller]
+    pub fn min(&self) -> Tensor {
+        self.min_axes(&self.all_axes())
+    }
+
+    /// Mean over `axes`: the sum divided by the count, as `jnp.mean`.
+    #[track_caller]
+    pub fn mean_axes(&self, axes: &[usize]) -> Tensor {
+        let count: usize = axes.iter().filter_map(|&a| self.shape().get(a)).product();
+        let s = self.sum_axes(axes);
+        let n = s.scalar_like(count as f64);
+        s.div(&n)
+    }
+
+    /// Mean of every element.
+    #[track_caller]
+    pub fn mean(&self) -> Tensor {
+        self.mean_axes(&self.all_axes())
+    }
+
+    /// Index of the first maximum along `axis`, as i32.
+    #[track_caller]
+    pub fn argmax(&self, axis: usize) -> Tensor {
+        apply(Op::ArgMax { axis }, &[self])
+    }
+
+    /// The `dot_general` primitive.
+    #[track_caller]
+    pub fn dot_general(&self, rhs: &Tensor, dims: DotDims) -> Tensor {
+        apply(Op::DotGeneral(dims), &[self, rhs])
+    }
+
+    /// NumPy's matmul for ranks 1 and 2, and batched matmul over equal leading dims.
+    #[track_caller]
+    pub fn matmul(&self, rhs: &Tensor) -> Tensor {
+        let (l, r) = (self.rank(), rhs.rank());
+        let dims = match (l, r) {
+            (1 | 2, 1) => DotDims {
+                lhs_contract: vec![l - 1],
+                rhs_contract: vec![0],
+                ..DotDims::default()
+            },
+            (1 | 2, 2) => DotDims {
+                lhs_contract: vec![l - 1],
+                rhs_contract: vec![0],
+                ..DotDims::default()
+            },
+            (l, r) if l == r && l > 2 => DotDims {
+                lhs_batch: (0..l - 2).collect(),
+                rhs_batch: (0..l - 2).collect(),
+                lhs_contract: vec![l - 1],
+                rhs_contract: vec![l - 2],
+            },
+            _ => shape_error(
+                "matmul",
+                format!("unsupported ranks (operands: {}, {})", self.ty(), rhs.ty()),
+            ),
+        };
+        self.dot_general(rhs, dims)
+    }
+
+    /// `x * x`.
+    #[track_caller]
+    pub fn square(&self) -> Tensor {
+        self.mul(self)
+    }
+
+    /// `max(x, 0)`.
+    #[track_caller]
+    pub fn relu(&self) -> Tensor {
+        self.maximum(&self.scalar_like(0.0))
+    }
+
+    /// The logistic function `1 / (1 + exp(-x))`.
+    #[track_caller]
+    pub fn sigmoid(&self) -> Tensor {
+        self.logistic()
+    }
+
+    /// Reduces over `axis` and broadcasts the result back to this tensor's shape.
+    #[track_caller]
+    fn keep_dims(&self, reduced: &Tensor, axis: usize) -> Tensor {
+        let dims: Vec<usize> = (0..self.rank()).filter(|&d| d != axis).collect();
+        reduced.broadcast_in_dim(self.shape().to_vec(), &dims)
+    }
+
+    /// `exp(x - max) / sum(exp(x - max))` along `axis`.
+    #[track_caller]
+    pub fn softmax(&self, axis: usize) -> Tensor {
+        let shifted = self.sub(&self.keep_dims(&self.max_axes(&[axis]), axis));
+        let e = shifted.exp();
+        Tensor::div(&e, &self.keep_dims(&e.sum_axes(&[axis]), axis))
+    }
+
+    /// `log(sum(exp(x)))` along `axis`, computed stably.
+    #[track_caller]
+    pub fn logsumexp(&self, axis: usize) -> Tensor {
+        let m = self.max_axes(&[axis]);
+        let s = self.sub(&self.keep_dims(&m, axis)).exp().sum_axes(&[axis]);
+        m.add(&s.log())
+    }
+
+    /// `x - logsumexp(x)` along `axis`.
+    #[track_caller]
+    pub fn log_softmax(&self, axis: usize) -> Tensor {
+        self.sub(&self.keep_dims(&self.logsumexp(axis), axis))
+    }
+}
+
+macro_rules! operator {
+    ($trait:ident, $method:ident) => {
+        impl $trait<Tensor> for Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Tensor {
+                Tensor::$method(&self, &rhs)
+            }
+        }
+        impl $trait<&Tensor> for Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                Tensor::$method(&self, rhs)
+            }
+        }
+        impl $trait<Tensor> for &Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Tensor {
+                Tensor::$method(self, &rhs)
+            }
+        }
+        impl $trait<&Tensor> for &Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                Tensor::$method(self, rhs)
+            }
+        }
+        impl $trait<f32> for Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: f32) -> Tensor {
+                Tensor::$method(&self, &self.scalar_like(rhs as f64))
+            }
+        }
+        impl $trait<f32> for &Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: f32) -> Tensor {
+                Tensor::$method(self, &self.scalar_like(rhs as f64))
+            }
+        }
+        impl $trait<Tensor> for f32 {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Tensor {
+                Tensor::$method(&rhs.scalar_like(self as f64), &rhs)
+            }
+        }
+        impl $trait<&Tensor> for f32 {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                Tensor::$method(&rhs.scalar_like(self as f64), rhs)
+            }
+        }
+    };
+}
+
+operator!(Add, add);
+operator!(Sub, sub);
+operator!(Mul, mul);
+operator!(Div, div);
+
+impl Neg for Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn neg(self) -> Tensor {
+        Tensor::neg(&self)
+    }
+}
+
+impl Neg for &Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn neg(self) -> Tensor {
+        Tensor::neg(self)
+    }
+}

@@ -1,0 +1,279 @@
+//! `Tensor`, the one value type: concrete (an `Array`, ops run at once) or a tracer (ops are
+//! recorded into the trace that made it). Constructors and read-back live here; the ops are in
+//! `ops.rs`.
+
+use std::fmt;
+use std::panic::Location;
+use std::rc::Rc;
+
+use tessera_ir::{DType, Data, Literal, NodeId, Op, Shape, TensorType};
+use tessera_runtime::Array;
+
+use crate::error::{Error, Result, loc_text, raise};
+use crate::trace::{TraceState, apply};
+
+/// A tensor value, concrete or traced. Cloning is cheap (buffers and traces are shared).
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) repr: Repr,
+}
+
+#[derive(Clone)]
+pub(crate) enum Repr {
+    Concrete(Array),
+    Traced(Tracer),
+}
+
+#[derive(Clone)]
+pub(crate) struct Tracer {
+    pub(crate) trace: Rc<TraceState>,
+    pub(crate) node: NodeId,
+    pub(crate) ty: TensorType,
+}
+
+/// Rust element types a tensor can be built from and read back into.
+pub trait Element: Copy + fmt::Debug + 'static {
+    const DTYPE: DType;
+    fn into_data(v: Vec<Self>) -> Data;
+    fn from_data(d: &Data) -> Option<Vec<Self>>;
+}
+
+macro_rules! element {
+    ($t:ty, $d:ident, $variant:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn into_data(v: Vec<Self>) -> Data {
+                Data::$variant(v)
+            }
+            fn from_data(d: &Data) -> Option<Vec<Self>> {
+                match d {
+                    Data::$variant(v) => Some(v.clone()),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+element!(f32, F32, F32);
+element!(f64, F64, F64);
+element!(i32, I32, I32);
+element!(u32, U32, U32);
+element!(bool, Bool, Bool);
+
+impl Tensor {
+    pub(crate) fn traced(trace: Rc<TraceState>, node: NodeId, ty: TensorType) -> Tensor {
+        Tensor {
+            repr: Repr::Traced(Tracer { trace, node, ty }),
+        }
+    }
+
+    pub fn from_array(a: Array) -> Tensor {
+        Tensor {
+            repr: Repr::Concrete(a),
+        }
+    }
+
+    pub fn from_literal(lit: Literal) -> Tensor {
+        Tensor::from_array(Array::new(lit))
+    }
+
+    /// A tensor of the given shape from row-major elements. Panics when the element count does
+    /// not match the shape.
+    #[track_caller]
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Tensor {
+        let shape = shape.into();
+        let n = data.len();
+        match Literal::new(shape.clone(), T::into_data(data)) {
+            Some(lit) => Tensor::from_literal(lit),
+            None => raise(Error::Op {
+                op: "from_vec".into(),
+                message: format!("{n} elements cannot fill shape {shape}"),
+                location: loc_text(Location::caller()),
+            }),
+        }
+    }
+
+    pub fn scalar<T: Element>(x: T) -> Tensor {
+        Tensor::from_literal(Literal {
+            ty: TensorType::scalar(T::DTYPE),
+            data: T::into_data(vec![x]),
+        })
+    }
+
+    /// An f32 tensor of zeros.
+    pub fn zeros(shape: impl Into<Shape>) -> Tensor {
+        Tensor::full(shape, 0.0)
+    }
+
+    /// An f32 tensor of ones.
+    pub fn ones(shape: impl Into<Shape>) -> Tensor {
+        Tensor::full(shape, 1.0)
+    }
+
+    /// An f32 tensor filled with `x`.
+    pub fn full(shape: impl Into<Shape>, x: f32) -> Tensor {
+        Tensor::full_dtype(shape, x as f64, DType::F32)
+    }
+
+    /// A tensor of any dtype filled with `x` converted to it.
+    pub fn full_dtype(shape: impl Into<Shape>, x: f64, dtype: DType) -> Tensor {
+        Tensor::from_literal(Literal::splat(&TensorType::new(dtype, shape), x))
+    }
+
+    pub fn zeros_like(&self) -> Tensor {
+        Tensor::full_dtype(self.shape().to_vec(), 0.0, self.dtype())
+    }
+
+    /// `0, 1, ..., n-1` as i32, like `jnp.arange(n)`.
+    #[track_caller]
+    pub fn arange(n: usize) -> Tensor {
+        Tensor::iota(DType::I32, [n], 0)
+    }
+
+    /// Counts along `dim` of a tensor of the given type (the `iota` primitive).
+    #[track_caller]
+    pub fn iota(dtype: DType, shape: impl Into<Shape>, dim: usize) -> Tensor {
+        apply(
+            Op::Iota {
+                dim,
+                ty: TensorType::new(dtype, shape),
+            },
+            &[],
+        )
+    }
+
+    pub fn ty(&self) -> &TensorType {
+        match &self.repr {
+            Repr::Concrete(a) => a.ty(),
+            Repr::Traced(t) => &t.ty,
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.ty().dims()
+    }
+
+    pub fn rank(&self) -> usize {
+        self.ty().rank()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.ty().dtype
+    }
+
+    pub fn numel(&self) -> usize {
+        self.ty().numel()
+    }
+
+    pub fn is_tracer(&self) -> bool {
+        matches!(self.repr, Repr::Traced(_))
+    }
+
+    /// The concrete array, or an error naming the caller when this is a tracer.
+    #[track_caller]
+    pub fn try_array(&self) -> Result<&Array> {
+        match &self.repr {
+            Repr::Concrete(a) => Ok(a),
+            Repr::Traced(t) => Err(Error::Op {
+                op: "read".into(),
+                message: format!(
+                    "the value of a tracer ({}) is not known while tracing; return it from the \
+                     jitted function instead (trace {})",
+                    t.ty,
+                    t.trace_id()
+                ),
+                location: loc_text(Location::caller()),
+            }),
+        }
+    }
+
+    /// The host value; panics (or fails the trace) when called on a tracer.
+    #[track_caller]
+    pub fn to_literal(&self) -> Literal {
+        match self.try_array() {
+            Ok(a) => a.literal().clone(),
+            Err(e) => raise(e),
+        }
+    }
+
+    /// The elements, row-major; fails when `T` is not the tensor's dtype or on a tracer.
+    #[track_caller]
+    pub fn try_to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let a = self.try_array()?;
+        T::from_data(&a.literal().data).ok_or_else(|| Error::Op {
+            op: "to_vec".into(),
+            message: format!("the tensor holds {}, not {}", a.ty().dtype, T::DTYPE),
+            location: loc_text(Location::caller()),
+        })
+    }
+
+    /// The elements, row-major. Panics on a dtype mismatch or a tracer.
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Vec<T> {
+        self.try_to_vec().unwrap_or_else(|e| raise(e))
+    }
+
+    /// The single element of a one-element tensor.
+    #[track_caller]
+    pub fn item<T: Element>(&self) -> T {
+        let v = self.to_vec::<T>();
+        if v.len() != 1 {
+            raise(Error::Op {
+                op: "item".into(),
+                message: format!(
+                    "a tensor of type {} has {} elements, not one",
+                    self.ty(),
+                    v.len()
+                ),
+                location: loc_text(Location::caller()),
+            });
+        }
+        v[0]
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Prints like NumPy: nested brackets, at most 6 items per dimension.
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            Repr::Traced(t) => write!(f, "Traced<{}>", t.ty),
+            Repr::Concrete(a) => {
+                let lit = a.literal();
+                fn rec(
+                    f: &mut fmt::Formatter<'_>,
+                    lit: &Literal,
+                    dims: &[usize],
+                    base: usize,
+                    stride: usize,
+                ) -> fmt::Result {
+                    if dims.is_empty() {
+                        return f.write_str(&lit.data.element_text(base));
+                    }
+                    let inner = stride / dims[0].max(1);
+                    write!(f, "[")?;
+                    for i in 0..dims[0] {
+                        if dims[0] > 6 && i == 3 {
+                            write!(f, ", ...")?;
+                        }
+                        if dims[0] > 6 && (3..dims[0] - 3).contains(&i) {
+                            continue;
+                        }
+                        if i > 0 {
+                            write!(f, ", ")?;
+                        }
+                        rec(f, lit, &dims[1..], base + i * inner, inner)?;
+                    }
+                    write!(f, "]")
+                }
+                write!(f, "{} ", lit.ty)?;
+                rec(f, lit, lit.ty.dims(), 0, lit.ty.numel())
+            }
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The tracer: records ops on tracer tensors into a graph.
+//!
+//! Traces nest (a `grad` inside a `jit`, a `grad` of a `grad`); each has an id, larger for inner
+//! traces, and a thread-local stack holds the live ones. An op goes to the innermost trace among
+//! its operands; operands from outside that trace are lifted into it: a concrete tensor becomes
+//! a `constant`, a tracer of an enclosing trace becomes an extra parameter (a capture) whose
+//! outer value the caller supplies. Ops whose operands are all concrete run eagerly.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::panic::Location;
+use std::rc::Rc;
+
+use tessera_interp::eval_op;
+use tessera_ir::{Graph, Literal, NodeId, Op, TensorType};
+use tessera_runtime::Array;
+
+use crate::error::{Error, loc_text, raise};
+use crate::tensor::{Repr, Tensor, Tracer};
+
+/// One trace being recorded.
+pub(crate) struct TraceState {
+    pub(crate) id: u64,
+    pub(crate) graph: RefCell<Graph>,
+    /// Outer values captured as extra parameters, in parameter order after the declared inputs.
+    captures: RefCell<Vec<Tensor>>,
+    /// Parameter node of each captured outer tracer, keyed by (trace id, node).
+    capture_nodes: RefCell<HashMap<(u64, NodeId), NodeId>>,
+    /// Constant node of each captured concrete buffer; the tensor keeps the buffer alive so its
+    /// address is not reused while the trace runs.
+    constants: RefCell<HashMap<usize, (NodeId, Tensor)>>,
+}
+
+thread_local! {
+    static STACK: RefCell<Vec<Rc<TraceState>>> = const { RefCell::new(Vec::new()) };
+    static NEXT_ID: Cell<u64> = const { Cell::new(1) };
+}
+
+/// True while any trace is being recorded on this thread.
+pub(crate) fn any_active() -> bool {
+    STACK.with(|s| !s.borrow().is_empty())
+}
+
+fn is_live(id: u64) -> bool {
+    STACK.with(|s| s.borrow().iter().any(|t| t.id == id))
+}
+
+/// Pops its trace when dropped, also when the user's closure unwinds.
+pub(crate) struct TraceGuard {
+    pub(crate) state: Rc<TraceState>,
+}
+
+impl Drop for TraceGuard {
+    fn drop(&mut self) {
+        STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            if let Some(pos) = s.iter().rposition(|t| t.id == self.state.id) {
+                s.remove(pos);
+            }
+        });
+    }
+}
+
+/// Starts a trace of a function with parameters of the given types, returning the guard and
+/// one tracer per parameter.
+pub(crate) fn begin(name: &str, params: &[TensorType]) -> (TraceGuard, Vec<Tensor>) {
+    let id = NEXT_ID.with(|n| {
+        let id = n.get();
+        n.set(id + 1);
+        id
+    });
+    let mut graph = Graph::new(name);
+    let nodes: Vec<NodeId> = params.iter().map(|t| graph.add_param(t.clone())).collect();
+    let state = Rc::new(TraceState {
+        id,
+        graph: RefCell::new(graph),
+        captures: RefCell::new(Vec::new()),
+        capture_nodes: RefCell::new(HashMap::new()),
+        constants: RefCell::new(HashMap::new()),
+    });
+    STACK.with(|s| s.borrow_mut().push(state.clone()));
+    let tracers = nodes
+        .into_iter()
+        .zip(params)
+        .map(|(node, ty)| Tensor::traced(state.clone(), node, ty.clone()))
+        .collect();
+    (TraceGuard { state }, tracers)
+}
+
+/// A finished trace: the graph, and the outer values of its capture parameters.
+pub(crate) struct Recorded {
+    pub(crate) graph: Graph,
+    pub(crate) captures: Vec<Tensor>,
+}
+
+/// Ends a trace, making `outputs` the graph's results.
+#[track_caller]
+pub(crate) fn finish(guard: TraceGuard, outputs: &[Tensor]) -> Recorded {
+    let state = guard.state.clone();
+    let nodes: Vec<NodeId> = outputs.iter().map(|t| lift(&state, t)).collect();
+    drop(guard);
+    let mut graph = state.graph.replace(Graph::new(""));
+    graph.set_outputs(nodes);
+    Recorded {
+        graph,
+        captures: state.captures.take(),
+    }
+}
+
+/// The node that stands for `t` inside `trace`, lifting it in if it comes from outside.
+#[track_caller]
+pub(crate) fn lift(trace: &Rc<TraceState>, t: &Tensor) -> NodeId {
+    match &t.repr {
+        Repr::Traced(tr) if tr.trace.id == trace.id => tr.node,
+        Repr::Traced(tr) => {
+            if !is_live(tr.trace.id) {
+                raise(escaped(t.ty()));
+            }
+            let key = (tr.trace.id, tr.node);
+            if let Some(&n) = trace.capture_nodes.borrow().get(&key) {
+                return n;
+            }
+            let n = trace.graph.borrow_mut().add_param(tr.ty.clone());
+            trace.capture_nodes.borrow_mut().insert(key, n);
+            trace.captures.borrow_mut().push(t.clone());
+            n
+        }
+        Repr::Concrete(a) => {
+            if let Some((n, _)) = trace.constants.borrow().get(&a.buffer_id()) {
+                return *n;
+            }
+            let n = trace
+                .graph
+                .borrow_mut()
+                .add(Op::Constant(a.literal().clone()), &[])
+                .expect("a constant always has a type");
+            trace
+                .constants
+                .borrow_mut()
+                .insert(a.buffer_id(), (n, t.clone()));
+            n
+        }
+    }
+}
+
+#[track_caller]
+fn escaped(ty: &TensorType) -> Error {
+    Error::Op {
+        op: "trace".into(),
+        message: format!(
+            "a tracer of type {ty} was used after the trace that made it ended (it escaped its \
+             jit or grad, e.g. stored in a variable outside the closure)"
+        ),
+        location: loc_text(Location::caller()),
+    }
+}
+
+/// The innermost live trace among `operands`, if any of them is a tracer.
+#[track_caller]
+pub(crate) fn innermost(operands: &[&Tensor]) -> Option<Rc<TraceState>> {
+    let mut best: Option<&Rc<TraceState>> = None;
+    for t in operands {
+        if let Repr::Traced(tr) = &t.repr {
+            if !is_live(tr.trace.id) {
+                raise(escaped(&tr.ty));
+            }
+            if best.is_none_or(|b| tr.trace.id > b.id) {
+                best = Some(&tr.trace);
+            }
+        }
+    }
+    best.cloned()
+}
+
+/// Lifts every operand into the innermost trace among them, so that later ops (a broadcast of a
+/// scalar, say) are recorded rather than run eagerly on a constant.
+#[track_caller]
+pub(crate) fn join(operands: &[&Tensor]) -> Vec<Tensor> {
+    match innermost(operands) {
+        None => operands.iter().map(|t| (*t).clone()).collect(),
+        Some(trace) => operands
+            .iter()
+            .map(|t| {
+                let node = lift(&trace, t);
+                let ty = trace.graph.borrow().ty(node).clone();
+                Tensor::traced(trace.clone(), node, ty)
+            })
+            .collect(),
+    }
+}
+
+/// Applies a primitive: records it in the innermost trace of its operands, or runs it at once
+/// when they are all concrete. A type error names the op, the operand types and the caller.
+#[track_caller]
+pub(crate) fn apply(op: Op, operands: &[&Tensor]) -> Tensor {
+    let location = Location::caller();
+    match innermost(operands) {
+        None => {
+            let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
+            let ty = op.infer_type(&types, None).unwrap_or_else(|error| {
+                raise(Error::Type {
+                    error,
+                    location: loc_text(location),
+                })
+            });
+            let literals: Vec<&Literal> = operands
+                .iter()
+                .map(|t| match &t.repr {
+                    Repr::Concrete(a) => a.literal(),
+                    Repr::Traced(_) => unreachable!("no tracer among eager operands"),
+                })
+                .collect();
+            let value = eval_op(&op, &literals, &ty).unwrap_or_else(|e| {
+                raise(Error::Op {
+                    op: op.name().into(),
+                    message: e.to_string(),
+                    location: loc_text(location),
+                })
+            });
+            Tensor::from_array(Array::new(value))
+        }
+        Some(trace) => {
+            let nodes: Vec<NodeId> = operands.iter().map(|t| lift(&trace, t)).collect();
+            let mut graph = trace.graph.borrow_mut();
+            let node = match graph.add(op, &nodes) {
+                Ok(node) => node,
+                Err(error) => {
+                    drop(graph);
+                    raise(Error::Type {
+                        error,
+                        location: loc_text(location),
+                    })
+                }
+            };
+            graph.node_mut(node).loc = Some(loc_text(location));
+            let ty = graph.ty(node).clone();
+            drop(graph);
+            Tensor::traced(trace, node, ty)
+        }
+    }
+}
+
+impl Tracer {
+    pub(crate) fn trace_id(&self) -> u64 {
+        self.trace.id
+    }
+}

@@ -1,0 +1,1 @@
+//! Examples and benches live beside this package.
