@@ -5,6 +5,7 @@
 //! Architecture invariant: this crate depends on no other Tessera crate, and on no egg, no
 //! Cranelift and no threads. Meshes and shardings appear here as plain data only.
 
+pub mod corpus;
 pub mod dot;
 pub mod graph;
 pub mod literal;

@@ -899,15 +899,3 @@ fn build_op(
         _ => return Err("unknown op".into()),
     })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shape_of_errors() {
-        let e =
-            parse("func @f(%0: f32[2]) {\n  %1 = exp %9 : f32[2]\n  return %1\n}\n").unwrap_err();
-        assert_eq!((e.line, e.col), (2, 14), "{e}");
-    }
-}

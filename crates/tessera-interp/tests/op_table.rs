@@ -1,0 +1,433 @@
+//! Table test: every sample of the op corpus (every op and accepted dtype) through the
+//! interpreter, against a naive reference written here in another style: values widened to
+//! f64/i64, layout ops as scatters from the operand rather than gathers into the result, and
+//! transcendental functions from f64 math (erf_inv by bisection).
+
+use tessera_interp::run;
+use tessera_ir::corpus::{covered_op_names, op_samples};
+use tessera_ir::{
+    ALL_OP_NAMES, BinaryOp, CompareOp, DType, Data, Graph, Literal, Op, ReduceKind, TensorType,
+    UnaryOp,
+};
+
+/// One element, widened.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum V {
+    F(f64),
+    I(i64),
+    B(bool),
+}
+
+impl V {
+    fn f(self) -> f64 {
+        match self {
+            V::F(x) => x,
+            V::I(x) => x as f64,
+            V::B(b) => b as u8 as f64,
+        }
+    }
+    fn i(self) -> i64 {
+        match self {
+            V::I(x) => x,
+            V::F(x) => x as i64,
+            V::B(b) => b as i64,
+        }
+    }
+}
+
+fn to_vs(l: &Literal) -> Vec<V> {
+    match &l.data {
+        Data::F32(v) => v.iter().map(|&x| V::F(x as f64)).collect(),
+        Data::F64(v) => v.iter().map(|&x| V::F(x)).collect(),
+        Data::I32(v) => v.iter().map(|&x| V::I(x as i64)).collect(),
+        Data::U32(v) => v.iter().map(|&x| V::I(x as i64)).collect(),
+        Data::Bool(v) => v.iter().map(|&x| V::B(x)).collect(),
+    }
+}
+
+/// Rounds or wraps a widened value into `d`, the way the result type stores it.
+fn narrow(d: DType, x: V) -> V {
+    match (d, x) {
+        (DType::F32, v) => V::F(v.f() as f32 as f64),
+        (DType::F64, v) => V::F(v.f()),
+        (DType::I32, V::I(x)) => V::I(x as i32 as i64),
+        (DType::U32, V::I(x)) => V::I(x as u32 as i64),
+        (DType::I32, V::F(x)) => V::I(x as i32 as i64),
+        (DType::U32, V::F(x)) => V::I(x as u32 as i64),
+        (DType::I32 | DType::U32, V::B(b)) => V::I(b as i64),
+        (DType::Bool, v) => V::B(v.f() != 0.0),
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.next()
+    }
+}
+
+/// Random inputs inside each op's domain.
+fn input(op: &Op, ty: &TensorType, rng: &mut Rng) -> Literal {
+    let n = ty.numel();
+    let (lo, hi) = match op {
+        Op::Unary(UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt) | Op::Binary(BinaryOp::Pow) => {
+            (0.1, 3.0)
+        }
+        Op::Unary(UnaryOp::Log1p) => (-0.9, 3.0),
+        Op::Unary(UnaryOp::ErfInv) => (-0.99, 0.99),
+        Op::Binary(BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical) => (0.0, 40.0),
+        _ => (-4.0, 4.0),
+    };
+    let data = match ty.dtype {
+        DType::F32 => Data::F32((0..n).map(|_| rng.range(lo, hi) as f32).collect()),
+        DType::F64 => Data::F64((0..n).map(|_| rng.range(lo, hi)).collect()),
+        DType::I32 => Data::I32((0..n).map(|_| (rng.range(lo, hi) * 10.0).round() as i32 / if matches!(op, Op::Binary(BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical)) { 10 } else { 1 }).collect()),
+        DType::U32 => Data::U32(
+            (0..n)
+                .map(|i| if i % 5 == 4 { u32::MAX - i as u32 } else { (rng.range(0.0, hi.max(1.0)) * 10.0) as u32 / if matches!(op, Op::Binary(BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical)) { 10 } else { 1 } })
+                .collect(),
+        ),
+        DType::Bool => Data::Bool((0..n).map(|_| rng.next() < 0.5).collect()),
+    };
+    Literal { ty: ty.clone(), data }
+}
+
+/// Every multi-index of `dims`, row-major.
+fn indices(dims: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = vec![vec![]];
+    for &d in dims {
+        out = out
+            .into_iter()
+            .flat_map(|p| (0..d).map(move |i| [p.clone(), vec![i]].concat()))
+            .collect();
+    }
+    out
+}
+
+fn flat(idx: &[usize], dims: &[usize]) -> usize {
+    idx.iter().zip(dims).fold(0, |acc, (i, d)| acc * d + i)
+}
+
+fn erf_inv_bisect(y: f64) -> f64 {
+    let (mut lo, mut hi) = (-6.0f64, 6.0f64);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if libm::erf(mid) < y { lo = mid } else { hi = mid }
+    }
+    0.5 * (lo + hi)
+}
+
+fn unary(u: UnaryOp, d: DType, x: V) -> V {
+    if d.is_float() {
+        let x = x.f();
+        return V::F(match u {
+            UnaryOp::Neg => -x,
+            UnaryOp::Abs => x.abs(),
+            UnaryOp::Sign => if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x },
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Log => x.ln(),
+            UnaryOp::Log1p => (1.0 + x).ln(),
+            UnaryOp::Expm1 => x.exp() - 1.0,
+            UnaryOp::Tanh => (x.exp() - (-x).exp()) / (x.exp() + (-x).exp()),
+            UnaryOp::Logistic => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::Sin => x.sin(),
+            UnaryOp::Cos => x.cos(),
+            UnaryOp::Sqrt => x.sqrt(),
+            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+            UnaryOp::Floor => x.floor(),
+            UnaryOp::Ceil => x.ceil(),
+            UnaryOp::Round => x.signum() * (x.abs() + 0.5).floor(),
+            UnaryOp::Erf => libm::erf(x),
+            UnaryOp::ErfInv => erf_inv_bisect(x),
+            UnaryOp::Not => unreachable!("not on floats"),
+        });
+    }
+    if d == DType::Bool {
+        let V::B(b) = x else { unreachable!() };
+        return V::B(!b);
+    }
+    let x = x.i();
+    V::I(match u {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => if d == DType::U32 { x } else { x.abs() },
+        UnaryOp::Sign => x.signum(),
+        UnaryOp::Not => !x,
+        _ => unreachable!("float op on integers"),
+    })
+}
+
+fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
+    if d.is_float() {
+        let (x, y) = (x.f(), y.f());
+        return V::F(match b {
+            BinaryOp::Add => x + y,
+            BinaryOp::Sub => x - y,
+            BinaryOp::Mul => x * y,
+            BinaryOp::Div => x / y,
+            BinaryOp::Rem => x - (x / y).trunc() * y,
+            BinaryOp::Max => if x >= y { x } else { y },
+            BinaryOp::Min => if x <= y { x } else { y },
+            BinaryOp::Pow => x.powf(y),
+            _ => unreachable!(),
+        });
+    }
+    if d == DType::Bool {
+        let (V::B(x), V::B(y)) = (x, y) else { unreachable!() };
+        return V::B(match b {
+            BinaryOp::And => x && y,
+            BinaryOp::Or => x || y,
+            BinaryOp::Xor => x != y,
+            _ => unreachable!(),
+        });
+    }
+    let (x, y) = (x.i(), y.i());
+    let bits = |v: i64| v as u32 as u64;
+    V::I(match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x.wrapping_mul(y),
+        BinaryOp::Div => if y == 0 { -1 } else { x / y },
+        BinaryOp::Rem => if y == 0 { x } else { x % y },
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        BinaryOp::And => (bits(x) & bits(y)) as i64,
+        BinaryOp::Or => (bits(x) | bits(y)) as i64,
+        BinaryOp::Xor => (bits(x) ^ bits(y)) as i64,
+        BinaryOp::ShiftLeft => if bits(y) >= 32 { 0 } else { (bits(x) << bits(y)) as i64 },
+        BinaryOp::ShiftRightLogical => if bits(y) >= 32 { 0 } else { (bits(x) >> bits(y)) as i64 },
+        BinaryOp::Pow => unreachable!(),
+    })
+}
+
+fn compare(c: CompareOp, x: V, y: V) -> bool {
+    let (x, y) = (x.f(), y.f());
+    match c {
+        CompareOp::Eq => x == y,
+        CompareOp::Ne => x != y,
+        CompareOp::Lt => x < y,
+        CompareOp::Le => x <= y,
+        CompareOp::Gt => x > y,
+        CompareOp::Ge => x >= y,
+    }
+}
+
+/// The reference result of a one-op sample graph, as widened values.
+fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
+    let out = g.outputs()[0];
+    let op = g.op(out).clone();
+    let ty = g.ty(out).clone();
+    let args: Vec<Vec<V>> = inputs.iter().map(to_vs).collect();
+    let in_ty = |i: usize| &inputs[i].ty;
+    let n = ty.numel();
+    let r: Vec<V> = match &op {
+        Op::Parameter(_) => unreachable!(),
+        Op::Constant(l) => to_vs(l),
+        Op::Iota { dim, .. } => indices(ty.dims()).iter().map(|ix| V::I(ix[*dim] as i64)).collect(),
+        Op::Unary(u) => args[0].iter().map(|&x| unary(*u, ty.dtype, x)).collect(),
+        Op::Binary(b) => args[0].iter().zip(&args[1]).map(|(&x, &y)| binary(*b, ty.dtype, x, y)).collect(),
+        Op::Compare(c) => args[0].iter().zip(&args[1]).map(|(&x, &y)| V::B(compare(*c, x, y))).collect(),
+        Op::Select => (0..n).map(|i| if args[0][i] == V::B(true) { args[1][i] } else { args[2][i] }).collect(),
+        Op::Convert(_) => args[0]
+            .iter()
+            .map(|&x| match (in_ty(0).dtype, ty.dtype, x) {
+                (_, DType::I32 | DType::U32, V::F(f)) if f.is_nan() => V::I(0),
+                (_, DType::I32, V::F(f)) => V::I(f.trunc().clamp(i32::MIN as f64, i32::MAX as f64) as i64),
+                (_, DType::U32, V::F(f)) => V::I(f.trunc().clamp(0.0, u32::MAX as f64) as i64),
+                (_, DType::I32, V::I(i)) => V::I(i as i32 as i64),
+                (_, DType::U32, V::I(i)) => V::I(i as u32 as i64),
+                _ => x,
+            })
+            .collect(),
+        Op::Bitcast(to) => {
+            let bits: Vec<u64> = match &inputs[0].data {
+                Data::F32(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
+                Data::I32(v) => v.iter().map(|&x| x as u32 as u64).collect(),
+                Data::U32(v) => v.iter().map(|&x| x as u64).collect(),
+                Data::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
+                Data::Bool(_) => unreachable!(),
+            };
+            bits.iter()
+                .map(|&b| match to {
+                    DType::F32 => V::F(f32::from_bits(b as u32) as f64),
+                    DType::F64 => V::F(f64::from_bits(b)),
+                    DType::I32 => V::I(b as u32 as i32 as i64),
+                    DType::U32 => V::I(b as i64),
+                    DType::Bool => unreachable!(),
+                })
+                .collect()
+        }
+        Op::BroadcastInDim { dims, .. } => {
+            // Scatter: each operand element fills every result index that projects onto it.
+            let mut out = vec![V::B(false); n];
+            for ix in indices(ty.dims()) {
+                let src: Vec<usize> = dims.iter().enumerate().map(|(i, &d)| if in_ty(0).dims()[i] == 1 { 0 } else { ix[d] }).collect();
+                out[flat(&ix, ty.dims())] = args[0][flat(&src, in_ty(0).dims())];
+            }
+            out
+        }
+        Op::Reshape(_) | Op::ShardingConstraint(_) => args[0].clone(),
+        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } | Op::AllToAll { .. } => args[0].clone(),
+        Op::CollectivePermute { pairs, .. } => if pairs.is_empty() { vec![V::F(0.0); n] } else { args[0].clone() },
+        Op::AxisIndex { .. } => vec![V::I(0)],
+        Op::Transpose(perm) => {
+            let mut out = vec![V::B(false); n];
+            for ix in indices(in_ty(0).dims()) {
+                let dst: Vec<usize> = perm.iter().map(|&p| ix[p]).collect();
+                out[flat(&dst, ty.dims())] = args[0][flat(&ix, in_ty(0).dims())];
+            }
+            out
+        }
+        Op::Slice { start, limit, stride } => {
+            let mut out = Vec::new();
+            for ix in indices(in_ty(0).dims()) {
+                let keep = (0..ix.len()).all(|d| ix[d] >= start[d] && ix[d] < limit[d] && (ix[d] - start[d]) % stride[d] == 0);
+                if keep {
+                    out.push(args[0][flat(&ix, in_ty(0).dims())]);
+                }
+            }
+            out
+        }
+        Op::Concatenate { dim } => {
+            let mut out = vec![V::B(false); n];
+            let mut offset = 0;
+            for (k, a) in args.iter().enumerate() {
+                for ix in indices(in_ty(k).dims()) {
+                    let mut dst = ix.clone();
+                    dst[*dim] += offset;
+                    out[flat(&dst, ty.dims())] = a[flat(&ix, in_ty(k).dims())];
+                }
+                offset += in_ty(k).dims()[*dim];
+            }
+            out
+        }
+        Op::Pad { low, interior, .. } => {
+            let mut out = vec![args[1][0]; n];
+            for ix in indices(in_ty(0).dims()) {
+                let dst: Vec<i64> = (0..ix.len()).map(|d| low[d] + ix[d] as i64 * (interior[d] as i64 + 1)).collect();
+                if dst.iter().zip(ty.dims()).all(|(&p, &s)| p >= 0 && (p as usize) < s) {
+                    let dst: Vec<usize> = dst.iter().map(|&p| p as usize).collect();
+                    out[flat(&dst, ty.dims())] = args[0][flat(&ix, in_ty(0).dims())];
+                }
+            }
+            out
+        }
+        Op::Reduce { kind, axes } => {
+            let mut acc: Vec<Option<V>> = vec![None; n];
+            for ix in indices(in_ty(0).dims()) {
+                let kept: Vec<usize> = (0..ix.len()).filter(|d| !axes.contains(d)).map(|d| ix[d]).collect();
+                let t = flat(&kept, ty.dims());
+                let x = args[0][flat(&ix, in_ty(0).dims())];
+                acc[t] = Some(match (acc[t], kind) {
+                    (None, _) => x,
+                    (Some(a), ReduceKind::Sum) => if ty.dtype.is_float() { V::F(a.f() + x.f()) } else { V::I(a.i() + x.i()) },
+                    (Some(a), ReduceKind::Max) => if x.f() > a.f() { x } else { a },
+                    (Some(a), ReduceKind::Min) => if x.f() < a.f() { x } else { a },
+                });
+            }
+            acc.into_iter().map(|a| a.expect("no empty reductions in the corpus")).collect()
+        }
+        Op::ArgMax { axis } => indices(ty.dims())
+            .iter()
+            .map(|ix| {
+                let vals: Vec<f64> = (0..in_ty(0).dims()[*axis])
+                    .map(|k| {
+                        let mut full = ix.clone();
+                        full.insert(*axis, k);
+                        args[0][flat(&full, in_ty(0).dims())].f()
+                    })
+                    .collect();
+                let m = vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                V::I(vals.iter().position(|&v| v == m).unwrap_or(0) as i64)
+            })
+            .collect(),
+        Op::DotGeneral(dd) => {
+            let (l, r) = (in_ty(0), in_ty(1));
+            let mut acc = vec![0.0f64; n];
+            let mut iacc = vec![0i64; n];
+            // Every (lhs element, rhs element) pair that agrees on batch and contracting
+            // indices adds its product to the result element its free indices name.
+            for li in indices(l.dims()) {
+                for ri in indices(r.dims()) {
+                    let agree = dd.lhs_batch.iter().zip(&dd.rhs_batch).chain(dd.lhs_contract.iter().zip(&dd.rhs_contract)).all(|(&a, &b)| li[a] == ri[b]);
+                    if !agree {
+                        continue;
+                    }
+                    let mut o: Vec<usize> = dd.lhs_batch.iter().map(|&a| li[a]).collect();
+                    o.extend(dd.lhs_free(l.rank()).iter().map(|&a| li[a]));
+                    o.extend(dd.rhs_free(r.rank()).iter().map(|&b| ri[b]));
+                    let t = flat(&o, ty.dims());
+                    let (x, y) = (args[0][flat(&li, l.dims())], args[1][flat(&ri, r.dims())]);
+                    acc[t] += x.f() * y.f();
+                    iacc[t] = iacc[t].wrapping_add(x.i().wrapping_mul(y.i()));
+                }
+            }
+            if ty.dtype.is_float() { acc.into_iter().map(V::F).collect() } else { iacc.into_iter().map(V::I).collect() }
+        }
+    };
+    r.into_iter().map(|v| narrow(ty.dtype, v)).collect()
+}
+
+fn close(d: DType, got: V, want: V) -> bool {
+    match (got, want) {
+        (V::F(a), V::F(b)) => {
+            if a.is_nan() || b.is_nan() {
+                return a.is_nan() && b.is_nan();
+            }
+            let tol = if d == DType::F32 { 1e-5 } else { 1e-12 };
+            (a - b).abs() <= tol * b.abs().max(1.0)
+        }
+        (a, b) => a == b,
+    }
+}
+
+#[test]
+fn every_op_and_dtype_matches_the_reference() {
+    let samples = op_samples();
+    let covered = covered_op_names(&samples);
+    assert!(ALL_OP_NAMES.iter().all(|n| covered.contains(n)), "the corpus misses an op");
+    let mut rng = Rng(42);
+    let mut failures = Vec::new();
+    for s in &samples {
+        let out = s.graph.outputs()[0];
+        let op = s.graph.op(out).clone();
+        let inputs: Vec<Literal> = s.graph.params().iter().map(|&p| input(&op, s.graph.ty(p), &mut rng)).collect();
+        let got = match run(&s.graph, &inputs) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{}: {e}", s.name));
+                continue;
+            }
+        };
+        let got = to_vs(&got[0]);
+        let want = reference(&s.graph, &inputs);
+        let dtype = s.graph.ty(out).dtype;
+        if got.len() != want.len() {
+            failures.push(format!("{}: {} values, reference has {}", s.name, got.len(), want.len()));
+            continue;
+        }
+        if let Some(i) = (0..got.len()).find(|&i| !close(dtype, got[i], want[i])) {
+            failures.push(format!("{}: element {i}: got {:?}, reference {:?} (inputs {:?})", s.name, got[i], want[i], inputs.iter().map(|l| to_vs(l).get(i).copied()).collect::<Vec<_>>()));
+        }
+    }
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn inputs_are_checked() {
+    let g = &op_samples()[0].graph;
+    assert!(run(g, &[]).is_err());
+    let wrong = Literal::zeros(&TensorType::new(DType::F64, vec![3, 5]));
+    let err = run(g, &[wrong]).unwrap_err();
+    assert!(err.to_string().contains("input 0"), "{err}");
+}
+
+#[test]
+fn collectives_over_real_groups_need_the_runtime() {
+    let g = tessera_ir::parse("mesh @m = <\"x\"=2>\nfunc @f(%0: f32[2]) {\n  %1 = all_reduce %0 sum axes=[\"x\"] : f32[2]\n  return %1\n}\n").unwrap();
+    let err = run(&g, &[Literal::zeros(&TensorType::new(DType::F32, vec![2]))]).unwrap_err();
+    assert!(err.to_string().contains("sharded runtime"), "{err}");
+}

@@ -1,0 +1,172 @@
+//! IR filetests: each `.ir` file under `tests/filetests/<suite>/` names a pass in its first line
+//! (`// test: print`), then holds cases: `// case: <name>`, the input IR, `// expect:`, and the
+//! expected output text. `UPDATE_EXPECT=1 cargo test --test filetests` rewrites the expectations
+//! from the actual outputs instead of comparing.
+//!
+//! Every input that parses also goes through the round trip `parse(print(g)) == g`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use tessera_ir::{parse, print, verify};
+
+/// The pass a filetest names, applied to one case's input text.
+fn run_pass(pass: &str, input: &str) -> Result<String, String> {
+    match pass {
+        // Parse, then print: the canonical text, or the parse error with its line and column.
+        "print" => Ok(match parse(input) {
+            Ok(g) => print(&g),
+            Err(e) => format!("error: {e}"),
+        }),
+        // Parse, then verify: `ok`, or the first broken invariant.
+        "verify" => Ok(match parse(input) {
+            Ok(g) => match verify(&g) {
+                Ok(()) => "ok".to_string(),
+                Err(e) => format!("error: {e}"),
+            },
+            Err(e) => format!("parse error: {e}"),
+        }),
+        other => Err(format!("unknown pass '{other}'")),
+    }
+}
+
+struct Case {
+    name: String,
+    input: String,
+    expected: String,
+}
+
+struct FileTest {
+    pass: String,
+    preamble: String,
+    cases: Vec<Case>,
+}
+
+fn parse_filetest(path: &Path, text: &str) -> FileTest {
+    let mut lines = text.lines().peekable();
+    let first = lines.next().unwrap_or_default();
+    let pass = first
+        .strip_prefix("// test:")
+        .unwrap_or_else(|| panic!("{}: first line must be `// test: <pass>`", path.display()))
+        .trim()
+        .to_string();
+    let mut preamble = String::new();
+    while let Some(l) = lines.peek() {
+        if l.starts_with("// case:") {
+            break;
+        }
+        preamble.push_str(l);
+        preamble.push('\n');
+        lines.next();
+    }
+    let mut cases = Vec::new();
+    while let Some(l) = lines.next() {
+        let name = l.strip_prefix("// case:").expect("a case header").trim().to_string();
+        let (mut input, mut expected, mut in_expect) = (String::new(), String::new(), false);
+        while let Some(l) = lines.peek() {
+            if l.starts_with("// case:") {
+                break;
+            }
+            let l = lines.next().unwrap_or_default();
+            if l.trim() == "// expect:" {
+                in_expect = true;
+            } else if in_expect {
+                expected.push_str(l);
+                expected.push('\n');
+            } else {
+                input.push_str(l);
+                input.push('\n');
+            }
+        }
+        assert!(in_expect, "{}: case '{name}' has no `// expect:` line", path.display());
+        cases.push(Case {
+            name,
+            input,
+            expected: expected.trim_end().to_string(),
+        });
+    }
+    FileTest {
+        pass,
+        preamble,
+        cases,
+    }
+}
+
+fn render(ft: &FileTest, outputs: &[String]) -> String {
+    let mut s = format!("// test: {}\n{}", ft.pass, ft.preamble);
+    for (c, out) in ft.cases.iter().zip(outputs) {
+        s.push_str(&format!("// case: {}\n{}// expect:\n{}\n\n", c.name, c.input.trim_end().to_string() + "\n", out.trim_end()));
+    }
+    s.trim_end().to_string() + "\n"
+}
+
+fn filetest_paths() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests");
+    let mut paths = Vec::new();
+    for suite in fs::read_dir(&root).expect("tests/filetests exists") {
+        let suite = suite.expect("readable").path();
+        if suite.is_dir() {
+            for f in fs::read_dir(&suite).expect("readable") {
+                let f = f.expect("readable").path();
+                if f.extension().is_some_and(|e| e == "ir") {
+                    paths.push(f);
+                }
+            }
+        }
+    }
+    paths.sort();
+    paths
+}
+
+#[test]
+fn filetests() {
+    let update = std::env::var_os("UPDATE_EXPECT").is_some();
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for path in filetest_paths() {
+        let text = fs::read_to_string(&path).expect("readable filetest");
+        let ft = parse_filetest(&path, &text);
+        let mut outputs = Vec::new();
+        for case in &ft.cases {
+            count += 1;
+            let actual = run_pass(&ft.pass, &case.input)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if actual.trim_end() != case.expected {
+                failures.push(format!(
+                    "{} case '{}':\n--- expected\n{}\n--- actual\n{}\n",
+                    path.display(),
+                    case.name,
+                    case.expected,
+                    actual.trim_end()
+                ));
+            }
+            outputs.push(actual);
+        }
+        if update {
+            fs::write(&path, render(&ft, &outputs)).expect("writable filetest");
+        }
+    }
+    assert!(count > 0, "no filetest cases found");
+    if !update {
+        assert!(failures.is_empty(), "{} filetest case(s) failed (re-bless with UPDATE_EXPECT=1):\n{}", failures.len(), failures.join("\n"));
+    }
+}
+
+/// Every filetest input that parses prints to text that parses back to the same graph, and
+/// printing is a fixed point.
+#[test]
+fn filetest_inputs_round_trip() {
+    let mut checked = 0;
+    for path in filetest_paths() {
+        let text = fs::read_to_string(&path).expect("readable filetest");
+        for case in parse_filetest(&path, &text).cases {
+            let Ok(g) = parse(&case.input) else { continue };
+            let printed = print(&g);
+            let again = parse(&printed).unwrap_or_else(|e| panic!("{} '{}': printed text does not parse: {e}\n{printed}", path.display(), case.name));
+            assert!(again.structurally_eq(&g), "{} '{}': round trip changed the graph", path.display(), case.name);
+            assert_eq!(print(&again), printed);
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+}
