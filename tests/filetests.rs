@@ -61,7 +61,11 @@ fn parse_filetest(path: &Path, text: &str) -> FileTest {
     }
     let mut cases = Vec::new();
     while let Some(l) = lines.next() {
-        let name = l.strip_prefix("// case:").expect("a case header").trim().to_string();
+        let name = l
+            .strip_prefix("// case:")
+            .expect("a case header")
+            .trim()
+            .to_string();
         let (mut input, mut expected, mut in_expect) = (String::new(), String::new(), false);
         while let Some(l) = lines.peek() {
             if l.starts_with("// case:") {
@@ -78,7 +82,11 @@ fn parse_filetest(path: &Path, text: &str) -> FileTest {
                 input.push('\n');
             }
         }
-        assert!(in_expect, "{}: case '{name}' has no `// expect:` line", path.display());
+        assert!(
+            in_expect,
+            "{}: case '{name}' has no `// expect:` line",
+            path.display()
+        );
         cases.push(Case {
             name,
             input,
@@ -95,7 +103,12 @@ fn parse_filetest(path: &Path, text: &str) -> FileTest {
 fn render(ft: &FileTest, outputs: &[String]) -> String {
     let mut s = format!("// test: {}\n{}", ft.pass, ft.preamble);
     for (c, out) in ft.cases.iter().zip(outputs) {
-        s.push_str(&format!("// case: {}\n{}// expect:\n{}\n\n", c.name, c.input.trim_end().to_string() + "\n", out.trim_end()));
+        s.push_str(&format!(
+            "// case: {}\n{}// expect:\n{}\n\n",
+            c.name,
+            c.input.trim_end().to_string() + "\n",
+            out.trim_end()
+        ));
     }
     s.trim_end().to_string() + "\n"
 }
@@ -148,7 +161,12 @@ fn filetests() {
     }
     assert!(count > 0, "no filetest cases found");
     if !update {
-        assert!(failures.is_empty(), "{} filetest case(s) failed (re-bless with UPDATE_EXPECT=1):\n{}", failures.len(), failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{} filetest case(s) failed (re-bless with UPDATE_EXPECT=1):\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
     }
 }
 
@@ -162,8 +180,19 @@ fn filetest_inputs_round_trip() {
         for case in parse_filetest(&path, &text).cases {
             let Ok(g) = parse(&case.input) else { continue };
             let printed = print(&g);
-            let again = parse(&printed).unwrap_or_else(|e| panic!("{} '{}': printed text does not parse: {e}\n{printed}", path.display(), case.name));
-            assert!(again.structurally_eq(&g), "{} '{}': round trip changed the graph", path.display(), case.name);
+            let again = parse(&printed).unwrap_or_else(|e| {
+                panic!(
+                    "{} '{}': printed text does not parse: {e}\n{printed}",
+                    path.display(),
+                    case.name
+                )
+            });
+            assert!(
+                again.structurally_eq(&g),
+                "{} '{}': round trip changed the graph",
+                path.display(),
+                case.name
+            );
             assert_eq!(print(&again), printed);
             checked += 1;
         }

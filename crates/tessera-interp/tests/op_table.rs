@@ -62,7 +62,10 @@ fn narrow(d: DType, x: V) -> V {
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
     fn range(&mut self, lo: f64, hi: f64) -> f64 {
@@ -85,15 +88,46 @@ fn input(op: &Op, ty: &TensorType, rng: &mut Rng) -> Literal {
     let data = match ty.dtype {
         DType::F32 => Data::F32((0..n).map(|_| rng.range(lo, hi) as f32).collect()),
         DType::F64 => Data::F64((0..n).map(|_| rng.range(lo, hi)).collect()),
-        DType::I32 => Data::I32((0..n).map(|_| (rng.range(lo, hi) * 10.0).round() as i32 / if matches!(op, Op::Binary(BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical)) { 10 } else { 1 }).collect()),
+        DType::I32 => Data::I32(
+            (0..n)
+                .map(|_| {
+                    (rng.range(lo, hi) * 10.0).round() as i32
+                        / if matches!(
+                            op,
+                            Op::Binary(BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical)
+                        ) {
+                            10
+                        } else {
+                            1
+                        }
+                })
+                .collect(),
+        ),
         DType::U32 => Data::U32(
             (0..n)
-                .map(|i| if i % 5 == 4 { u32::MAX - i as u32 } else { (rng.range(0.0, hi.max(1.0)) * 10.0) as u32 / if matches!(op, Op::Binary(BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical)) { 10 } else { 1 } })
+                .map(|i| {
+                    if i % 5 == 4 {
+                        u32::MAX - i as u32
+                    } else {
+                        (rng.range(0.0, hi.max(1.0)) * 10.0) as u32
+                            / if matches!(
+                                op,
+                                Op::Binary(BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical)
+                            ) {
+                                10
+                            } else {
+                                1
+                            }
+                    }
+                })
                 .collect(),
         ),
         DType::Bool => Data::Bool((0..n).map(|_| rng.next() < 0.5).collect()),
     };
-    Literal { ty: ty.clone(), data }
+    Literal {
+        ty: ty.clone(),
+        data,
+    }
 }
 
 /// Every multi-index of `dims`, row-major.
@@ -116,7 +150,11 @@ fn erf_inv_bisect(y: f64) -> f64 {
     let (mut lo, mut hi) = (-6.0f64, 6.0f64);
     for _ in 0..200 {
         let mid = 0.5 * (lo + hi);
-        if libm::erf(mid) < y { lo = mid } else { hi = mid }
+        if libm::erf(mid) < y {
+            lo = mid
+        } else {
+            hi = mid
+        }
     }
     0.5 * (lo + hi)
 }
@@ -127,7 +165,15 @@ fn unary(u: UnaryOp, d: DType, x: V) -> V {
         return V::F(match u {
             UnaryOp::Neg => -x,
             UnaryOp::Abs => x.abs(),
-            UnaryOp::Sign => if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x },
+            UnaryOp::Sign => {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    x
+                }
+            }
             UnaryOp::Exp => x.exp(),
             UnaryOp::Log => x.ln(),
             UnaryOp::Log1p => (1.0 + x).ln(),
@@ -153,7 +199,13 @@ fn unary(u: UnaryOp, d: DType, x: V) -> V {
     let x = x.i();
     V::I(match u {
         UnaryOp::Neg => -x,
-        UnaryOp::Abs => if d == DType::U32 { x } else { x.abs() },
+        UnaryOp::Abs => {
+            if d == DType::U32 {
+                x
+            } else {
+                x.abs()
+            }
+        }
         UnaryOp::Sign => x.signum(),
         UnaryOp::Not => !x,
         _ => unreachable!("float op on integers"),
@@ -169,14 +221,28 @@ fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
             BinaryOp::Mul => x * y,
             BinaryOp::Div => x / y,
             BinaryOp::Rem => x - (x / y).trunc() * y,
-            BinaryOp::Max => if x >= y { x } else { y },
-            BinaryOp::Min => if x <= y { x } else { y },
+            BinaryOp::Max => {
+                if x >= y {
+                    x
+                } else {
+                    y
+                }
+            }
+            BinaryOp::Min => {
+                if x <= y {
+                    x
+                } else {
+                    y
+                }
+            }
             BinaryOp::Pow => x.powf(y),
             _ => unreachable!(),
         });
     }
     if d == DType::Bool {
-        let (V::B(x), V::B(y)) = (x, y) else { unreachable!() };
+        let (V::B(x), V::B(y)) = (x, y) else {
+            unreachable!()
+        };
         return V::B(match b {
             BinaryOp::And => x && y,
             BinaryOp::Or => x || y,
@@ -190,15 +256,39 @@ fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
         BinaryOp::Add => x + y,
         BinaryOp::Sub => x - y,
         BinaryOp::Mul => x.wrapping_mul(y),
-        BinaryOp::Div => if y == 0 { -1 } else { x / y },
-        BinaryOp::Rem => if y == 0 { x } else { x % y },
+        BinaryOp::Div => {
+            if y == 0 {
+                -1
+            } else {
+                x / y
+            }
+        }
+        BinaryOp::Rem => {
+            if y == 0 {
+                x
+            } else {
+                x % y
+            }
+        }
         BinaryOp::Max => x.max(y),
         BinaryOp::Min => x.min(y),
         BinaryOp::And => (bits(x) & bits(y)) as i64,
         BinaryOp::Or => (bits(x) | bits(y)) as i64,
         BinaryOp::Xor => (bits(x) ^ bits(y)) as i64,
-        BinaryOp::ShiftLeft => if bits(y) >= 32 { 0 } else { (bits(x) << bits(y)) as i64 },
-        BinaryOp::ShiftRightLogical => if bits(y) >= 32 { 0 } else { (bits(x) >> bits(y)) as i64 },
+        BinaryOp::ShiftLeft => {
+            if bits(y) >= 32 {
+                0
+            } else {
+                (bits(x) << bits(y)) as i64
+            }
+        }
+        BinaryOp::ShiftRightLogical => {
+            if bits(y) >= 32 {
+                0
+            } else {
+                (bits(x) >> bits(y)) as i64
+            }
+        }
         BinaryOp::Pow => unreachable!(),
     })
 }
@@ -226,16 +316,37 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
     let r: Vec<V> = match &op {
         Op::Parameter(_) => unreachable!(),
         Op::Constant(l) => to_vs(l),
-        Op::Iota { dim, .. } => indices(ty.dims()).iter().map(|ix| V::I(ix[*dim] as i64)).collect(),
+        Op::Iota { dim, .. } => indices(ty.dims())
+            .iter()
+            .map(|ix| V::I(ix[*dim] as i64))
+            .collect(),
         Op::Unary(u) => args[0].iter().map(|&x| unary(*u, ty.dtype, x)).collect(),
-        Op::Binary(b) => args[0].iter().zip(&args[1]).map(|(&x, &y)| binary(*b, ty.dtype, x, y)).collect(),
-        Op::Compare(c) => args[0].iter().zip(&args[1]).map(|(&x, &y)| V::B(compare(*c, x, y))).collect(),
-        Op::Select => (0..n).map(|i| if args[0][i] == V::B(true) { args[1][i] } else { args[2][i] }).collect(),
+        Op::Binary(b) => args[0]
+            .iter()
+            .zip(&args[1])
+            .map(|(&x, &y)| binary(*b, ty.dtype, x, y))
+            .collect(),
+        Op::Compare(c) => args[0]
+            .iter()
+            .zip(&args[1])
+            .map(|(&x, &y)| V::B(compare(*c, x, y)))
+            .collect(),
+        Op::Select => (0..n)
+            .map(|i| {
+                if args[0][i] == V::B(true) {
+                    args[1][i]
+                } else {
+                    args[2][i]
+                }
+            })
+            .collect(),
         Op::Convert(_) => args[0]
             .iter()
             .map(|&x| match (in_ty(0).dtype, ty.dtype, x) {
                 (_, DType::I32 | DType::U32, V::F(f)) if f.is_nan() => V::I(0),
-                (_, DType::I32, V::F(f)) => V::I(f.trunc().clamp(i32::MIN as f64, i32::MAX as f64) as i64),
+                (_, DType::I32, V::F(f)) => {
+                    V::I(f.trunc().clamp(i32::MIN as f64, i32::MAX as f64) as i64)
+                }
                 (_, DType::U32, V::F(f)) => V::I(f.trunc().clamp(0.0, u32::MAX as f64) as i64),
                 (_, DType::I32, V::I(i)) => V::I(i as i32 as i64),
                 (_, DType::U32, V::I(i)) => V::I(i as u32 as i64),
@@ -264,14 +375,27 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
             // Scatter: each operand element fills every result index that projects onto it.
             let mut out = vec![V::B(false); n];
             for ix in indices(ty.dims()) {
-                let src: Vec<usize> = dims.iter().enumerate().map(|(i, &d)| if in_ty(0).dims()[i] == 1 { 0 } else { ix[d] }).collect();
+                let src: Vec<usize> = dims
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| if in_ty(0).dims()[i] == 1 { 0 } else { ix[d] })
+                    .collect();
                 out[flat(&ix, ty.dims())] = args[0][flat(&src, in_ty(0).dims())];
             }
             out
         }
         Op::Reshape(_) | Op::ShardingConstraint(_) => args[0].clone(),
-        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } | Op::AllToAll { .. } => args[0].clone(),
-        Op::CollectivePermute { pairs, .. } => if pairs.is_empty() { vec![V::F(0.0); n] } else { args[0].clone() },
+        Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. } => args[0].clone(),
+        Op::CollectivePermute { pairs, .. } => {
+            if pairs.is_empty() {
+                vec![V::F(0.0); n]
+            } else {
+                args[0].clone()
+            }
+        }
         Op::AxisIndex { .. } => vec![V::I(0)],
         Op::Transpose(perm) => {
             let mut out = vec![V::B(false); n];
@@ -281,10 +405,16 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
             }
             out
         }
-        Op::Slice { start, limit, stride } => {
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => {
             let mut out = Vec::new();
             for ix in indices(in_ty(0).dims()) {
-                let keep = (0..ix.len()).all(|d| ix[d] >= start[d] && ix[d] < limit[d] && (ix[d] - start[d]) % stride[d] == 0);
+                let keep = (0..ix.len()).all(|d| {
+                    ix[d] >= start[d] && ix[d] < limit[d] && (ix[d] - start[d]) % stride[d] == 0
+                });
                 if keep {
                     out.push(args[0][flat(&ix, in_ty(0).dims())]);
                 }
@@ -307,8 +437,14 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
         Op::Pad { low, interior, .. } => {
             let mut out = vec![args[1][0]; n];
             for ix in indices(in_ty(0).dims()) {
-                let dst: Vec<i64> = (0..ix.len()).map(|d| low[d] + ix[d] as i64 * (interior[d] as i64 + 1)).collect();
-                if dst.iter().zip(ty.dims()).all(|(&p, &s)| p >= 0 && (p as usize) < s) {
+                let dst: Vec<i64> = (0..ix.len())
+                    .map(|d| low[d] + ix[d] as i64 * (interior[d] as i64 + 1))
+                    .collect();
+                if dst
+                    .iter()
+                    .zip(ty.dims())
+                    .all(|(&p, &s)| p >= 0 && (p as usize) < s)
+                {
                     let dst: Vec<usize> = dst.iter().map(|&p| p as usize).collect();
                     out[flat(&dst, ty.dims())] = args[0][flat(&ix, in_ty(0).dims())];
                 }
@@ -318,17 +454,40 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
         Op::Reduce { kind, axes } => {
             let mut acc: Vec<Option<V>> = vec![None; n];
             for ix in indices(in_ty(0).dims()) {
-                let kept: Vec<usize> = (0..ix.len()).filter(|d| !axes.contains(d)).map(|d| ix[d]).collect();
+                let kept: Vec<usize> = (0..ix.len())
+                    .filter(|d| !axes.contains(d))
+                    .map(|d| ix[d])
+                    .collect();
                 let t = flat(&kept, ty.dims());
                 let x = args[0][flat(&ix, in_ty(0).dims())];
                 acc[t] = Some(match (acc[t], kind) {
                     (None, _) => x,
-                    (Some(a), ReduceKind::Sum) => if ty.dtype.is_float() { V::F(a.f() + x.f()) } else { V::I(a.i() + x.i()) },
-                    (Some(a), ReduceKind::Max) => if x.f() > a.f() { x } else { a },
-                    (Some(a), ReduceKind::Min) => if x.f() < a.f() { x } else { a },
+                    (Some(a), ReduceKind::Sum) => {
+                        if ty.dtype.is_float() {
+                            V::F(a.f() + x.f())
+                        } else {
+                            V::I(a.i() + x.i())
+                        }
+                    }
+                    (Some(a), ReduceKind::Max) => {
+                        if x.f() > a.f() {
+                            x
+                        } else {
+                            a
+                        }
+                    }
+                    (Some(a), ReduceKind::Min) => {
+                        if x.f() < a.f() {
+                            x
+                        } else {
+                            a
+                        }
+                    }
                 });
             }
-            acc.into_iter().map(|a| a.expect("no empty reductions in the corpus")).collect()
+            acc.into_iter()
+                .map(|a| a.expect("no empty reductions in the corpus"))
+                .collect()
         }
         Op::ArgMax { axis } => indices(ty.dims())
             .iter()
@@ -352,7 +511,12 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
             // indices adds its product to the result element its free indices name.
             for li in indices(l.dims()) {
                 for ri in indices(r.dims()) {
-                    let agree = dd.lhs_batch.iter().zip(&dd.rhs_batch).chain(dd.lhs_contract.iter().zip(&dd.rhs_contract)).all(|(&a, &b)| li[a] == ri[b]);
+                    let agree = dd
+                        .lhs_batch
+                        .iter()
+                        .zip(&dd.rhs_batch)
+                        .chain(dd.lhs_contract.iter().zip(&dd.rhs_contract))
+                        .all(|(&a, &b)| li[a] == ri[b]);
                     if !agree {
                         continue;
                     }
@@ -365,7 +529,11 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
                     iacc[t] = iacc[t].wrapping_add(x.i().wrapping_mul(y.i()));
                 }
             }
-            if ty.dtype.is_float() { acc.into_iter().map(V::F).collect() } else { iacc.into_iter().map(V::I).collect() }
+            if ty.dtype.is_float() {
+                acc.into_iter().map(V::F).collect()
+            } else {
+                iacc.into_iter().map(V::I).collect()
+            }
         }
     };
     r.into_iter().map(|v| narrow(ty.dtype, v)).collect()
@@ -388,13 +556,21 @@ fn close(d: DType, got: V, want: V) -> bool {
 fn every_op_and_dtype_matches_the_reference() {
     let samples = op_samples();
     let covered = covered_op_names(&samples);
-    assert!(ALL_OP_NAMES.iter().all(|n| covered.contains(n)), "the corpus misses an op");
+    assert!(
+        ALL_OP_NAMES.iter().all(|n| covered.contains(n)),
+        "the corpus misses an op"
+    );
     let mut rng = Rng(42);
     let mut failures = Vec::new();
     for s in &samples {
         let out = s.graph.outputs()[0];
         let op = s.graph.op(out).clone();
-        let inputs: Vec<Literal> = s.graph.params().iter().map(|&p| input(&op, s.graph.ty(p), &mut rng)).collect();
+        let inputs: Vec<Literal> = s
+            .graph
+            .params()
+            .iter()
+            .map(|&p| input(&op, s.graph.ty(p), &mut rng))
+            .collect();
         let got = match run(&s.graph, &inputs) {
             Ok(v) => v,
             Err(e) => {
@@ -406,14 +582,33 @@ fn every_op_and_dtype_matches_the_reference() {
         let want = reference(&s.graph, &inputs);
         let dtype = s.graph.ty(out).dtype;
         if got.len() != want.len() {
-            failures.push(format!("{}: {} values, reference has {}", s.name, got.len(), want.len()));
+            failures.push(format!(
+                "{}: {} values, reference has {}",
+                s.name,
+                got.len(),
+                want.len()
+            ));
             continue;
         }
         if let Some(i) = (0..got.len()).find(|&i| !close(dtype, got[i], want[i])) {
-            failures.push(format!("{}: element {i}: got {:?}, reference {:?} (inputs {:?})", s.name, got[i], want[i], inputs.iter().map(|l| to_vs(l).get(i).copied()).collect::<Vec<_>>()));
+            failures.push(format!(
+                "{}: element {i}: got {:?}, reference {:?} (inputs {:?})",
+                s.name,
+                got[i],
+                want[i],
+                inputs
+                    .iter()
+                    .map(|l| to_vs(l).get(i).copied())
+                    .collect::<Vec<_>>()
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

@@ -38,26 +38,51 @@ pub fn op_samples() -> Vec<Sample> {
     let numeric = [F32, F64, I32, U32];
     for u in UnaryOp::ALL {
         for d in DType::ALL.into_iter().filter(|&d| u.accepts(d)) {
-            out.push(one(format!("{}.{d}", u.name()), Op::Unary(u), &[t(d, &[3, 5])], None));
+            out.push(one(
+                format!("{}.{d}", u.name()),
+                Op::Unary(u),
+                &[t(d, &[3, 5])],
+                None,
+            ));
         }
     }
     for b in BinaryOp::ALL {
         for d in DType::ALL.into_iter().filter(|&d| b.accepts(d)) {
             let ty = t(d, &[3, 5]);
-            out.push(one(format!("{}.{d}", b.name()), Op::Binary(b), &[ty.clone(), ty], None));
+            out.push(one(
+                format!("{}.{d}", b.name()),
+                Op::Binary(b),
+                &[ty.clone(), ty],
+                None,
+            ));
         }
     }
     for c in CompareOp::ALL {
         for d in DType::ALL {
             let ty = t(d, &[3, 5]);
-            out.push(one(format!("{}.{d}", c.name()), Op::Compare(c), &[ty.clone(), ty], None));
+            out.push(one(
+                format!("{}.{d}", c.name()),
+                Op::Compare(c),
+                &[ty.clone(), ty],
+                None,
+            ));
         }
     }
     for d in DType::ALL {
         let ty = t(d, &[3, 5]);
-        out.push(one(format!("select.{d}"), Op::Select, &[t(Bool, &[3, 5]), ty.clone(), ty], None));
+        out.push(one(
+            format!("select.{d}"),
+            Op::Select,
+            &[t(Bool, &[3, 5]), ty.clone(), ty],
+            None,
+        ));
         for to in DType::ALL {
-            out.push(one(format!("convert.{d}_to_{to}"), Op::Convert(to), &[t(d, &[7])], None));
+            out.push(one(
+                format!("convert.{d}_to_{to}"),
+                Op::Convert(to),
+                &[t(d, &[7])],
+                None,
+            ));
         }
         out.push(one(
             format!("broadcast_in_dim.{d}"),
@@ -68,8 +93,18 @@ pub fn op_samples() -> Vec<Sample> {
             &[t(d, &[2, 1])],
             None,
         ));
-        out.push(one(format!("reshape.{d}"), Op::Reshape([6, 2].into()), &[t(d, &[3, 4])], None));
-        out.push(one(format!("transpose.{d}"), Op::Transpose(vec![2, 0, 1]), &[t(d, &[2, 3, 4])], None));
+        out.push(one(
+            format!("reshape.{d}"),
+            Op::Reshape([6, 2].into()),
+            &[t(d, &[3, 4])],
+            None,
+        ));
+        out.push(one(
+            format!("transpose.{d}"),
+            Op::Transpose(vec![2, 0, 1]),
+            &[t(d, &[2, 3, 4])],
+            None,
+        ));
         out.push(one(
             format!("slice.{d}"),
             Op::Slice {
@@ -100,7 +135,10 @@ pub fn op_samples() -> Vec<Sample> {
         let xy = vec!["x".to_string(), "y".to_string()];
         out.push(one(
             format!("all_gather.{d}"),
-            Op::AllGather { dim: 1, axes: xy.clone() },
+            Op::AllGather {
+                dim: 1,
+                axes: xy.clone(),
+            },
             &[t(d, &[2, 3])],
             Some(mesh.clone()),
         ));
@@ -127,15 +165,31 @@ pub fn op_samples() -> Vec<Sample> {
             format!("sharding_constraint.{d}"),
             Op::ShardingConstraint(Sharding {
                 mesh: "mesh".into(),
-                dims: vec![DimSharding::closed(vec!["x".into()]), DimSharding::default()],
+                dims: vec![
+                    DimSharding::closed(vec!["x".into()]),
+                    DimSharding::default(),
+                ],
                 replicated: vec!["y".into()],
             }),
             &[t(d, &[2, 3])],
             Some(mesh),
         ));
     }
-    for (from, to) in [(F32, I32), (F32, U32), (I32, F32), (U32, F32), (I32, U32), (U32, I32), (F64, F64)] {
-        out.push(one(format!("bitcast.{from}_to_{to}"), Op::Bitcast(to), &[t(from, &[7])], None));
+    for (from, to) in [
+        (F32, I32),
+        (F32, U32),
+        (I32, F32),
+        (U32, F32),
+        (I32, U32),
+        (U32, I32),
+        (F64, F64),
+    ] {
+        out.push(one(
+            format!("bitcast.{from}_to_{to}"),
+            Op::Bitcast(to),
+            &[t(from, &[7])],
+            None,
+        ));
     }
     for d in numeric {
         out.push(one(
@@ -191,7 +245,12 @@ pub fn op_samples() -> Vec<Sample> {
                 Some(mesh),
             ));
         }
-        out.push(one(format!("argmax.{d}"), Op::ArgMax { axis: 1 }, &[t(d, &[3, 6, 2])], None));
+        out.push(one(
+            format!("argmax.{d}"),
+            Op::ArgMax { axis: 1 },
+            &[t(d, &[3, 6, 2])],
+            None,
+        ));
         out.push(one(
             format!("dot_general.{d}"),
             Op::DotGeneral(DotDims {
@@ -203,7 +262,12 @@ pub fn op_samples() -> Vec<Sample> {
             &[t(d, &[2, 3, 4]), t(d, &[4, 2, 5])],
             None,
         ));
-        out.push(one(format!("matmul.{d}"), Op::DotGeneral(DotDims::matmul()), &[t(d, &[5, 7]), t(d, &[7, 3])], None));
+        out.push(one(
+            format!("matmul.{d}"),
+            Op::DotGeneral(DotDims::matmul()),
+            &[t(d, &[5, 7]), t(d, &[7, 3])],
+            None,
+        ));
     }
     out.push(one(
         "constant.bool".into(),

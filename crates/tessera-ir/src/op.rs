@@ -873,7 +873,7 @@ impl Op {
                 if t.dtype == DType::Bool {
                     return Err(fail("reduction of bool".into()));
                 }
-                if t.dims()[*dim] % n != 0 {
+                if !t.dims()[*dim].is_multiple_of(n) {
                     return Err(fail(format!(
                         "dim {dim} of size {} is not divisible by the group size {n}",
                         t.dims()[*dim]
@@ -892,7 +892,7 @@ impl Op {
                 let t = operands[0];
                 check_dim(*split_dim, t.rank(), "split dim")?;
                 check_dim(*concat_dim, t.rank(), "concat dim")?;
-                if t.dims()[*split_dim] % n != 0 {
+                if !t.dims()[*split_dim].is_multiple_of(n) {
                     return Err(fail(format!(
                         "split dim {split_dim} of size {} is not divisible by the group size {n}",
                         t.dims()[*split_dim]

@@ -126,7 +126,7 @@ pub fn check_sharding(g: &Graph, s: &Sharding, ty: &TensorType) -> Result<(), St
     }
     for (d, dim) in s.dims.iter().enumerate() {
         let parts: usize = dim.axes.iter().filter_map(|a| mesh.axis_size(a)).product();
-        if ty.dims()[d] % parts != 0 {
+        if !ty.dims()[d].is_multiple_of(parts) {
             return Err(format!(
                 "dim {d} of {ty} (size {}) is not divisible by {parts}, the size of {:?}",
                 ty.dims()[d],

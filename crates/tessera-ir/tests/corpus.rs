@@ -8,9 +8,19 @@ use tessera_ir::*;
 fn corpus_covers_every_op() {
     let samples = op_samples();
     let covered = covered_op_names(&samples);
-    let missing: Vec<&&str> = ALL_OP_NAMES.iter().filter(|n| !covered.contains(**n)).collect();
-    assert!(missing.is_empty(), "ops without a corpus sample: {missing:?}");
-    assert_eq!(covered.len(), ALL_OP_NAMES.len(), "an op name is missing from ALL_OP_NAMES");
+    let missing: Vec<&&str> = ALL_OP_NAMES
+        .iter()
+        .filter(|n| !covered.contains(**n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ops without a corpus sample: {missing:?}"
+    );
+    assert_eq!(
+        covered.len(),
+        ALL_OP_NAMES.len(),
+        "an op name is missing from ALL_OP_NAMES"
+    );
 }
 
 #[test]
@@ -19,7 +29,11 @@ fn corpus_round_trips_through_text() {
         verify(&s.graph).unwrap_or_else(|e| panic!("{}: {e}", s.name));
         let text = print(&s.graph);
         let back = parse(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", s.name));
-        assert!(back.structurally_eq(&s.graph), "{}: round trip changed the graph\n{text}", s.name);
+        assert!(
+            back.structurally_eq(&s.graph),
+            "{}: round trip changed the graph\n{text}",
+            s.name
+        );
         assert_eq!(print(&back), text, "{}", s.name);
     }
 }
@@ -41,28 +55,115 @@ fn type_rules_reject_bad_operands() {
         (Op::Binary(BinaryOp::Add), vec![f.clone(), i.clone()]),
         (Op::Binary(BinaryOp::ShiftLeft), vec![f.clone(), f.clone()]),
         (Op::Binary(BinaryOp::Pow), vec![i.clone(), i.clone()]),
-        (Op::Compare(CompareOp::Lt), vec![f.clone(), ty(DType::F32, &[3, 2])]),
+        (
+            Op::Compare(CompareOp::Lt),
+            vec![f.clone(), ty(DType::F32, &[3, 2])],
+        ),
         (Op::Select, vec![f.clone(), f.clone(), f.clone()]),
         (Op::Bitcast(DType::F64), vec![f.clone()]),
-        (Op::BroadcastInDim { shape: [4, 3].into(), dims: vec![0, 1] }, vec![f.clone()]),
+        (
+            Op::BroadcastInDim {
+                shape: [4, 3].into(),
+                dims: vec![0, 1],
+            },
+            vec![f.clone()],
+        ),
         (Op::Reshape([7].into()), vec![f.clone()]),
         (Op::Transpose(vec![0, 0]), vec![f.clone()]),
-        (Op::Slice { start: vec![0, 2], limit: vec![2, 1], stride: vec![1, 1] }, vec![f.clone()]),
-        (Op::Concatenate { dim: 0 }, vec![f.clone(), ty(DType::F32, &[2, 4])]),
-        (Op::Pad { low: vec![0, 0], high: vec![0, 0], interior: vec![0, 0] }, vec![f.clone(), f.clone()]),
-        (Op::Reduce { kind: ReduceKind::Sum, axes: vec![2] }, vec![f.clone()]),
-        (Op::Reduce { kind: ReduceKind::Max, axes: vec![0] }, vec![b.clone()]),
+        (
+            Op::Slice {
+                start: vec![0, 2],
+                limit: vec![2, 1],
+                stride: vec![1, 1],
+            },
+            vec![f.clone()],
+        ),
+        (
+            Op::Concatenate { dim: 0 },
+            vec![f.clone(), ty(DType::F32, &[2, 4])],
+        ),
+        (
+            Op::Pad {
+                low: vec![0, 0],
+                high: vec![0, 0],
+                interior: vec![0, 0],
+            },
+            vec![f.clone(), f.clone()],
+        ),
+        (
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes: vec![2],
+            },
+            vec![f.clone()],
+        ),
+        (
+            Op::Reduce {
+                kind: ReduceKind::Max,
+                axes: vec![0],
+            },
+            vec![b.clone()],
+        ),
         (Op::ArgMax { axis: 0 }, vec![ty(DType::F32, &[0, 2])]),
-        (Op::DotGeneral(DotDims::matmul()), vec![f.clone(), f.clone()]),
-        (Op::Iota { dim: 2, ty: f.clone() }, vec![]),
+        (
+            Op::DotGeneral(DotDims::matmul()),
+            vec![f.clone(), f.clone()],
+        ),
+        (
+            Op::Iota {
+                dim: 2,
+                ty: f.clone(),
+            },
+            vec![],
+        ),
         (Op::Constant(Literal::scalar_f32(1.0)), vec![f.clone()]),
-        (Op::AllReduce { kind: ReduceKind::Sum, axes: vec!["y".into()] }, vec![f.clone()]),
-        (Op::AllGather { dim: 2, axes: vec!["x".into()] }, vec![f.clone()]),
-        (Op::ReduceScatter { kind: ReduceKind::Sum, dim: 1, axes: vec!["x".into()] }, vec![f.clone()]),
-        (Op::AllToAll { split_dim: 1, concat_dim: 0, axes: vec!["x".into()] }, vec![f.clone()]),
-        (Op::CollectivePermute { axes: vec!["x".into()], pairs: vec![(0, 1), (1, 1)] }, vec![f.clone()]),
-        (Op::AxisIndex { axes: vec!["x".into(), "x".into()] }, vec![]),
-        (Op::ShardingConstraint(Sharding::replicated("m", 3)), vec![f.clone()]),
+        (
+            Op::AllReduce {
+                kind: ReduceKind::Sum,
+                axes: vec!["y".into()],
+            },
+            vec![f.clone()],
+        ),
+        (
+            Op::AllGather {
+                dim: 2,
+                axes: vec!["x".into()],
+            },
+            vec![f.clone()],
+        ),
+        (
+            Op::ReduceScatter {
+                kind: ReduceKind::Sum,
+                dim: 1,
+                axes: vec!["x".into()],
+            },
+            vec![f.clone()],
+        ),
+        (
+            Op::AllToAll {
+                split_dim: 1,
+                concat_dim: 0,
+                axes: vec!["x".into()],
+            },
+            vec![f.clone()],
+        ),
+        (
+            Op::CollectivePermute {
+                axes: vec!["x".into()],
+                pairs: vec![(0, 1), (1, 1)],
+            },
+            vec![f.clone()],
+        ),
+        (
+            Op::AxisIndex {
+                axes: vec!["x".into(), "x".into()],
+            },
+            vec![],
+        ),
+        (
+            Op::ShardingConstraint(Sharding::replicated("m", 3)),
+            vec![f.clone()],
+        ),
         (Op::Convert(DType::F32), vec![]),
     ];
     for (op, operands) in cases {

@@ -216,7 +216,7 @@ impl Tensor {
         let mut shape = shape.into();
         if let Some(i) = shape.0.iter().position(|&d| d == usize::MAX) {
             let known: usize = shape.0.iter().filter(|&&d| d != usize::MAX).product();
-            if known == 0 || self.numel() % known != 0 {
+            if known == 0 || !self.numel().is_multiple_of(known) {
                 shape_error(
                     "reshape",
                     format!("cannot infer a dim of {shape:?} for {}", self.ty()),

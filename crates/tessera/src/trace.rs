@@ -245,3 +245,36 @@ impl Tracer {
         self.trace.id
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::DType;
+
+    /// A tracer of an enclosing trace used in an inner trace becomes a capture parameter of the
+    /// inner graph, once however often it is used; concrete values become constants.
+    #[test]
+    fn inner_trace_captures_outer_tracers() {
+        let ty = TensorType::new(DType::F32, vec![3]);
+        let (outer, xs) = begin("outer", std::slice::from_ref(&ty));
+        let x = &xs[0];
+        let (inner, ys) = begin("inner", std::slice::from_ref(&ty));
+        let y = &ys[0];
+        let a = y * x;
+        let b = &a + x;
+        let c = &b * 2.0;
+        let rec = finish(inner, &[c]);
+        assert_eq!(
+            rec.graph.params().len(),
+            2,
+            "the declared input and one capture"
+        );
+        assert_eq!(rec.captures.len(), 1);
+        assert!(matches!(&rec.captures[0].repr, Repr::Traced(t) if t.trace.id == outer.state.id));
+        let text = tessera_ir::print(&rec.graph);
+        assert!(text.contains("constant 2.0 : f32[]"), "{text}");
+        tessera_ir::verify(&rec.graph).unwrap();
+        let outer_rec = finish(outer, std::slice::from_ref(x));
+        assert_eq!(outer_rec.graph.node_count(), 1);
+    }
+}

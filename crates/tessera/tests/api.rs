@@ -1,0 +1,308 @@
+//! The user surface: eager and jitted execution agree, jit caches per signature, trees
+//! flatten and rebuild, and bad input gives errors that name the op, the types and the line.
+
+use std::collections::BTreeMap;
+
+use tessera::prelude::*;
+
+#[derive(Tree, Clone, Debug)]
+struct Mlp {
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+}
+
+fn forward(p: &Mlp, x: &Tensor) -> Tensor {
+    (x.matmul(&p.w1) + &p.b1).tanh().matmul(&p.w2) + &p.b2
+}
+
+fn loss(p: &Mlp, x: &Tensor, y: &Tensor) -> Tensor {
+    (forward(p, x) - y).square().mean()
+}
+
+fn filled(shape: [usize; 2], seed: usize, scale: f32) -> Tensor {
+    let n = shape[0] * shape[1];
+    Tensor::from_vec(
+        (0..n)
+            .map(|i| (((i + seed) * 7919 % 101) as f32 / 50.0 - 1.0) * scale)
+            .collect(),
+        shape,
+    )
+}
+
+fn seed_model() -> (Mlp, Tensor, Tensor) {
+    let p = Mlp {
+        w1: filled([10, 32], 1, 0.1),
+        b1: filled([1, 32], 2, 0.1).reshape([32]),
+        w2: filled([32, 1], 3, 0.1),
+        b2: Tensor::full([1], 0.05),
+    };
+    (p, filled([256, 10], 4, 1.0), filled([256, 1], 5, 1.0))
+}
+
+fn assert_close(a: &Tensor, b: &Tensor) {
+    assert_eq!(a.shape(), b.shape());
+    for (x, y) in a.to_vec::<f32>().iter().zip(b.to_vec::<f32>()) {
+        assert!((x - y).abs() <= 1e-6 * y.abs().max(1.0), "{x} vs {y}");
+    }
+}
+
+#[test]
+fn eager_and_jit_agree_on_the_seed_forward_and_loss() {
+    let (p, x, y) = seed_model();
+    let fwd = jit(|(p, x): (Mlp, Tensor)| forward(&p, &x));
+    assert_close(&fwd.call((p.clone(), x.clone())).unwrap(), &forward(&p, &x));
+    let l = jit(|(p, x, y): (Mlp, Tensor, Tensor)| loss(&p, &x, &y));
+    let (a, b) = (
+        l.call((p.clone(), x.clone(), y.clone())).unwrap(),
+        loss(&p, &x, &y),
+    );
+    assert_eq!(a.shape(), &[] as &[usize]);
+    assert_close(&a, &b);
+    // The eager loss against a hand-written loop.
+    let (xs, w1, b1, w2, b2, ys) = (
+        x.to_vec::<f32>(),
+        p.w1.to_vec::<f32>(),
+        p.b1.to_vec::<f32>(),
+        p.w2.to_vec::<f32>(),
+        p.b2.to_vec::<f32>(),
+        y.to_vec::<f32>(),
+    );
+    let mut total = 0.0f64;
+    for r in 0..256 {
+        let mut out = b2[0] as f64;
+        for j in 0..32 {
+            let mut h = b1[j] as f64;
+            for k in 0..10 {
+                h += xs[r * 10 + k] as f64 * w1[k * 32 + j] as f64;
+            }
+            out += h.tanh() * w2[j] as f64;
+        }
+        total += (out - ys[r] as f64).powi(2);
+    }
+    assert!((b.item::<f32>() as f64 - total / 256.0).abs() < 1e-5);
+}
+
+#[test]
+fn jit_traces_once_per_signature() {
+    let f = jit(|(a, b): (Tensor, Tensor)| (&a * &b).sum());
+    let (a, b) = (Tensor::ones([3]), Tensor::full([3], 2.0));
+    assert_eq!(f.call((a.clone(), b.clone())).unwrap().item::<f32>(), 6.0);
+    assert_eq!(f.call((b.clone(), a.clone())).unwrap().item::<f32>(), 6.0);
+    assert_eq!(f.trace_count(), 1, "same signature, no retrace");
+    f.call((Tensor::ones([4]), Tensor::ones([4]))).unwrap();
+    assert_eq!(f.trace_count(), 2, "new shape retraces");
+    f.call((Tensor::ones([4]), Tensor::ones([4]))).unwrap();
+    assert_eq!(f.trace_count(), 2);
+    let g = jit(|v: Vec<Tensor>| v.iter().fold(Tensor::zeros([2]), |acc, t| acc + t));
+    g.call(vec![Tensor::ones([2])]).unwrap();
+    g.call(vec![Tensor::ones([2]), Tensor::ones([2])]).unwrap();
+    assert_eq!(g.trace_count(), 2, "new tree structure retraces");
+}
+
+#[test]
+fn captured_concrete_tensors_become_constants() {
+    let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3]);
+    let f = jit(|x: Tensor| &x * &w + 1.0);
+    let out = f.call(Tensor::ones([3])).unwrap();
+    assert_eq!(out.to_vec::<f32>(), vec![2.0, 3.0, 4.0]);
+    let ir = f.lower(&Tensor::ones([3])).unwrap().ir();
+    assert!(ir.contains("constant [1.0, 2.0, 3.0] : f32[3]"), "{ir}");
+}
+
+#[test]
+fn jit_inside_jit_is_inlined() {
+    let inner = jit(|x: Tensor| x.exp());
+    let outer = jit(|x: Tensor| inner.call(x).unwrap() * 2.0);
+    let y = outer.call(Tensor::zeros([2])).unwrap();
+    assert_eq!(y.to_vec::<f32>(), vec![2.0, 2.0]);
+    assert_eq!(inner.trace_count(), 0);
+    let ir = outer.lower(&Tensor::zeros([2])).unwrap().ir();
+    assert!(ir.contains("exp"), "{ir}");
+}
+
+#[test]
+fn make_ir_prints_the_program() {
+    let ir = make_ir(|(x, y): (Tensor, Tensor)| x.matmul(&y).tanh().sum_axes(&[1]))(&(
+        Tensor::zeros([4, 3]),
+        Tensor::zeros([3, 2]),
+    ))
+    .unwrap()
+    .to_string();
+    for op in ["dot_general", "tanh", "reduce_sum"] {
+        assert!(ir.contains(op), "{ir}");
+    }
+    let g = tessera::ir::parse(&ir).unwrap();
+    assert_eq!(tessera::ir::print(&g), ir);
+}
+
+#[test]
+fn trees_flatten_and_rebuild() {
+    let (p, _, _) = seed_model();
+    let leaves = tree::leaves(&p);
+    assert_eq!(leaves.len(), 4);
+    assert_eq!(leaves[2].shape(), &[32, 1]);
+    let doubled = tree::map(&p, |t| t * 2.0);
+    assert_close(&doubled.w1, &(&p.w1 * 2.0));
+    let diff = tree::map2(&doubled, &p, |a, b| a - b);
+    assert_close(&diff.b1, &p.b1);
+
+    let mut m = BTreeMap::new();
+    m.insert("b".to_string(), Tensor::ones([1]));
+    m.insert("a".to_string(), Tensor::zeros([2]));
+    let v: (
+        Vec<Tensor>,
+        Option<Tensor>,
+        [Tensor; 2],
+        BTreeMap<String, Tensor>,
+    ) = (
+        vec![Tensor::ones([3])],
+        None,
+        [Tensor::ones([1]), Tensor::ones([5])],
+        m,
+    );
+    let (leaves, def) = tree::flatten(&v);
+    assert_eq!(leaves.len(), 5);
+    assert_eq!(leaves[3].shape(), &[2], "map leaves follow key order");
+    let back: (
+        Vec<Tensor>,
+        Option<Tensor>,
+        [Tensor; 2],
+        BTreeMap<String, Tensor>,
+    ) = tree::unflatten(&def, leaves).unwrap();
+    assert_eq!(back.2[1].shape(), &[5]);
+    assert!(back.1.is_none());
+    let err = tree::unflatten::<(Tensor, Tensor)>(&def, vec![]).unwrap_err();
+    assert!(err.to_string().contains("leaves"), "{err}");
+}
+
+#[test]
+fn a_shape_error_in_a_trace_is_an_err_naming_op_types_and_line() {
+    let f = jit(|(a, b): (Tensor, Tensor)| a.matmul(&b));
+    let err = f
+        .call((Tensor::zeros([2, 3]), Tensor::zeros([4, 5])))
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("dot_general"), "{msg}");
+    assert!(
+        msg.contains("f32[2,3]") && msg.contains("f32[4,5]"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!("{}:{}", file!(), line!() - 5)),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_dtype_error_in_a_trace_is_an_err() {
+    let f = jit(|(a, b): (Tensor, Tensor)| &a + &b);
+    let err = f.call((Tensor::zeros([2]), Tensor::arange(2))).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("add") && msg.contains("f32[2]") && msg.contains("i32[2]"),
+        "{msg}"
+    );
+    assert!(msg.contains(file!()), "{msg}");
+    // The failed signature is not cached; a good call afterwards works.
+    assert!(f.call((Tensor::zeros([2]), Tensor::ones([2]))).is_ok());
+}
+
+#[test]
+fn broadcasting_errors_name_the_op_and_shapes() {
+    let f = jit(|(a, b): (Tensor, Tensor)| &a * &b);
+    let err = f
+        .call((Tensor::zeros([3]), Tensor::zeros([4])))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("mul") && err.contains("[3]") && err.contains("[4]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn eager_errors_panic_with_the_same_message() {
+    let caught = std::panic::catch_unwind(|| Tensor::zeros([2, 3]).matmul(&Tensor::zeros([4, 5])));
+    let payload = caught.unwrap_err();
+    let msg = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        msg.contains("dot_general") && msg.contains("f32[2,3]") && msg.contains(file!()),
+        "{msg}"
+    );
+}
+
+#[test]
+fn reading_a_tracer_is_an_error() {
+    let f = jit(|x: Tensor| {
+        let v = x.to_vec::<f32>();
+        Tensor::full([1], v[0])
+    });
+    let err = f.call(Tensor::ones([1])).unwrap_err().to_string();
+    assert!(err.contains("tracer") && err.contains(file!()), "{err}");
+}
+
+#[test]
+fn an_escaped_tracer_is_an_error() {
+    let leaked = std::cell::RefCell::new(None);
+    let f = jit(|x: Tensor| {
+        *leaked.borrow_mut() = Some(x.clone());
+        x
+    });
+    f.call(Tensor::ones([2])).unwrap();
+    let stale = leaked.borrow().clone().unwrap();
+    let g = jit(|x: Tensor| &x + &stale);
+    let err = g.call(Tensor::ones([2])).unwrap_err().to_string();
+    assert!(err.contains("escaped"), "{err}");
+}
+
+#[test]
+fn tree_structure_mismatch_is_an_error() {
+    let f = jit(|(a, b): (Vec<Tensor>, Vec<Tensor>)| tree::map2(&a, &b, |x, y| x + y));
+    let err = f
+        .call((
+            vec![Tensor::ones([1])],
+            vec![Tensor::ones([1]), Tensor::ones([1])],
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tree structure mismatch"), "{err}");
+}
+
+#[test]
+fn constructors_and_read_back() {
+    let t = Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], [2, 3]);
+    assert_eq!(t.shape(), &[2, 3]);
+    assert_eq!(t.dtype(), DType::I32);
+    assert_eq!(t.sum().item::<i32>(), 21);
+    assert_eq!(Tensor::arange(4).to_vec::<i32>(), vec![0, 1, 2, 3]);
+    assert_eq!(Tensor::full([2], 3.5).to_vec::<f32>(), vec![3.5, 3.5]);
+    assert!(Tensor::ones([2]).try_to_vec::<i32>().is_err());
+    assert_eq!(format!("{}", Tensor::arange(3)), "i32[3] [0, 1, 2]");
+}
+
+#[test]
+fn composites_match_their_definitions() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, -1.0, 0.0, 4.0], [2, 3]);
+    let s = x.softmax(1).to_vec::<f32>();
+    let e: Vec<f32> = [1.0f32, 2.0, 3.0].iter().map(|v| v.exp()).collect();
+    let z: f32 = e.iter().sum();
+    assert!((s[0] - e[0] / z).abs() < 1e-6);
+    let lse = x.logsumexp(1).to_vec::<f32>();
+    assert!((lse[0] - z.ln()).abs() < 1e-6);
+    assert_eq!(x.relu().to_vec::<f32>(), vec![1.0, 2.0, 3.0, 0.0, 0.0, 4.0]);
+    assert_eq!(x.max_axes(&[1]).to_vec::<f32>(), vec![3.0, 4.0]);
+    assert_eq!(x.mean_axes(&[0]).to_vec::<f32>(), vec![0.0, 1.0, 3.5]);
+    assert!((x.sigmoid().to_vec::<f32>()[0] - 1.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-7);
+    assert_eq!(x.argmax(1).to_vec::<i32>(), vec![2, 2]);
+    assert_eq!((2.0 - &x).to_vec::<f32>()[0], 1.0);
+    assert_eq!((-&x).to_vec::<f32>()[3], 1.0);
+    let m = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], [3, 2]);
+    assert_eq!(x.matmul(&m).to_vec::<f32>(), vec![4.0, 5.0, 3.0, 4.0]);
+    let sel = Tensor::select(&x.gt(&Tensor::scalar(1.5f32)), &x, &Tensor::scalar(0.0f32));
+    assert_eq!(sel.to_vec::<f32>(), vec![0.0, 2.0, 3.0, 0.0, 0.0, 4.0]);
+}
