@@ -179,6 +179,7 @@ fn trees_flatten_and_rebuild() {
 
 #[test]
 fn a_shape_error_in_a_trace_is_an_err_naming_op_types_and_line() {
+    let line = line!() + 1;
     let f = jit(|(a, b): (Tensor, Tensor)| a.matmul(&b));
     let err = f
         .call((Tensor::zeros([2, 3]), Tensor::zeros([4, 5])))
@@ -189,10 +190,7 @@ fn a_shape_error_in_a_trace_is_an_err_naming_op_types_and_line() {
         msg.contains("f32[2,3]") && msg.contains("f32[4,5]"),
         "{msg}"
     );
-    assert!(
-        msg.contains(&format!("{}:{}", file!(), line!() - 5)),
-        "{msg}"
-    );
+    assert!(msg.contains(&format!("{}:{line}", file!())), "{msg}");
 }
 
 #[test]
