@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 
-use tessera_interp::run;
 use tessera_ir::{Graph, Literal, print, verify};
 
 use crate::error::{Error, Result};
@@ -62,10 +61,4 @@ pub(crate) fn compile(graph: Graph, dump: &Dump) -> Result<Executable> {
     dump.write(0, "trace", &graph)?;
     verify(&graph)?;
     Ok(Executable::Interpreted(graph))
-}
-
-/// Runs a graph once on the interpreter (used by eager transformations).
-#[allow(dead_code)]
-pub(crate) fn run_graph(g: &Graph, inputs: &[Literal]) -> Result<Vec<Literal>> {
-    Ok(run(g, inputs)?)
 }

@@ -1,0 +1,23 @@
+//! `TESSERA_DUMP=dir` writes the IR of every pass as numbered `.ir` files that parse back.
+//! (Its own test binary: it sets an environment variable for the whole process.)
+
+use tessera::prelude::*;
+
+#[test]
+fn dump_writes_parseable_numbered_ir() {
+    let dir = std::env::temp_dir().join(format!("tessera-dump-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // SAFETY: this binary's only test sets the variable before any other thread reads the
+    // environment.
+    unsafe { std::env::set_var("TESSERA_DUMP", &dir) };
+    let f = jit(|x: Tensor| x.tanh().sum()).named("dumped");
+    f.call(Tensor::ones([4])).unwrap();
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(name, "dumped-1.00-trace.ir");
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    let g = tessera::ir::parse(&text).unwrap();
+    assert_eq!(g.name, "dumped");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
