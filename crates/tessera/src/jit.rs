@@ -190,3 +190,23 @@ pub fn make_ir<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> impl Fn(&In) -> R
         trace_fn(&name, &f, &def, &types)
     }
 }
+
+/// Evaluates an IR program on tensors, like `jax.core.eval_jaxpr`: eagerly when the inputs are
+/// concrete, recorded into the enclosing trace when they are tracers.
+pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    if inputs.len() != graph.params().len() {
+        return Err(Error::Op {
+            op: "eval_graph".into(),
+            message: format!("{} inputs for {} parameters", inputs.len(), graph.params().len()),
+            location: graph.name.clone(),
+        });
+    }
+    catch(|| {
+        let mut env = std::collections::HashMap::new();
+        for (p, t) in graph.params().iter().zip(inputs) {
+            env.insert(*p, t.clone());
+        }
+        crate::grad::replay(graph, &graph.topo_order(), &mut env);
+        graph.outputs().iter().map(|o| env[o].clone()).collect()
+    })
+}

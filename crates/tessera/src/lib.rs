@@ -16,15 +16,18 @@
 extern crate self as tessera;
 
 pub mod error;
+pub mod grad;
 pub mod jit;
 pub mod ops;
 mod pipeline;
+pub mod random;
 pub mod tensor;
 mod trace;
 pub mod tree;
 
 pub use error::{Error, Result};
-pub use jit::{Jitted, Lowered, jit, make_ir};
+pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
+pub use jit::{Jitted, Lowered, eval_graph, jit, make_ir};
 pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
@@ -32,7 +35,11 @@ pub use tessera_ir::{DType, DotDims};
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
+    pub use crate::random::{self, Key};
     pub use crate::tree::{self, Tree};
-    pub use crate::{DType, DotDims, Error, Jitted, Lowered, Result, Tensor, jit, make_ir};
+    pub use crate::{
+        DType, DotDims, Error, Jitted, Lowered, Result, Tensor, grad, jit, make_ir,
+        value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp,
+    };
     pub use tessera_derive::Tree;
 }

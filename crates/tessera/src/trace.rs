@@ -193,16 +193,18 @@ pub(crate) fn join(operands: &[&Tensor]) -> Vec<Tensor> {
 /// when they are all concrete. A type error names the op, the operand types and the caller.
 #[track_caller]
 pub(crate) fn apply(op: Op, operands: &[&Tensor]) -> Tensor {
-    let location = Location::caller();
+    apply_at(op, operands, loc_text(Location::caller()))
+}
+
+/// `apply` with an explicit location (replaying a graph keeps each node's own).
+pub(crate) fn apply_at(op: Op, operands: &[&Tensor], location: String) -> Tensor {
     match innermost(operands) {
         None => {
             let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
-            let ty = op.infer_type(&types, None).unwrap_or_else(|error| {
-                raise(Error::Type {
-                    error,
-                    location: loc_text(location),
-                })
-            });
+            let ty = match op.infer_type(&types, None) {
+                Ok(ty) => ty,
+                Err(error) => raise(Error::Type { error, location }),
+            };
             let literals: Vec<&Literal> = operands
                 .iter()
                 .map(|t| match &t.repr {
@@ -210,14 +212,14 @@ pub(crate) fn apply(op: Op, operands: &[&Tensor]) -> Tensor {
                     Repr::Traced(_) => unreachable!("no tracer among eager operands"),
                 })
                 .collect();
-            let value = eval_op(&op, &literals, &ty).unwrap_or_else(|e| {
-                raise(Error::Op {
+            match eval_op(&op, &literals, &ty) {
+                Ok(value) => Tensor::from_array(Array::new(value)),
+                Err(e) => raise(Error::Op {
                     op: op.name().into(),
                     message: e.to_string(),
-                    location: loc_text(location),
-                })
-            });
-            Tensor::from_array(Array::new(value))
+                    location,
+                }),
+            }
         }
         Some(trace) => {
             let nodes: Vec<NodeId> = operands.iter().map(|t| lift(&trace, t)).collect();
@@ -226,13 +228,10 @@ pub(crate) fn apply(op: Op, operands: &[&Tensor]) -> Tensor {
                 Ok(node) => node,
                 Err(error) => {
                     drop(graph);
-                    raise(Error::Type {
-                        error,
-                        location: loc_text(location),
-                    })
+                    raise(Error::Type { error, location })
                 }
             };
-            graph.node_mut(node).loc = Some(loc_text(location));
+            graph.node_mut(node).loc = Some(location);
             let ty = graph.ty(node).clone();
             drop(graph);
             Tensor::traced(trace, node, ty)

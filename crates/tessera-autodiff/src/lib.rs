@@ -1,0 +1,602 @@
+//! Reverse-mode automatic differentiation as a graph-to-graph pass.
+//!
+//! Consumes a graph, the values to differentiate (`outputs`), a cotangent node for each, and the
+//! values to differentiate with respect to (`wrt`). Appends the backward graph to the same graph
+//! and returns, for each `wrt`, the node holding its cotangent (`None` when the outputs do not
+//! depend on it). Preserves every existing node: the forward program is untouched.
+//!
+//! One VJP rule per op, in `vjp_rule`, a `match` with no wildcard arm. The rules are written in
+//! ops that have rules themselves, so the backward graph can be differentiated again (`grad`
+//! of `grad`). Where JAX defines a gradient by a particular formula (tanh, max at ties), the rule
+//! follows that formula, so results match JAX's to the last bit where the arithmetic allows.
+
+use std::collections::{HashMap, HashSet};
+
+use tessera_ir::{
+    BinaryOp, CompareOp, DType, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape,
+    TensorType, TypeError, UnaryOp,
+};
+
+/// Why a graph could not be differentiated.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum AutodiffError {
+    /// Differentiating with respect to a value that is not floating point.
+    #[error(
+        "cannot differentiate with respect to a value of type {0}: gradients need f32 or f64 inputs"
+    )]
+    NonFloatInput(TensorType),
+    /// An op on the path from the inputs to the outputs has no gradient.
+    #[error("{op} is not differentiable{why}")]
+    NotDifferentiable { op: String, why: String },
+    /// A rule built an ill-typed node: a bug in the rule, reported instead of a panic.
+    #[error("internal error in the VJP of {op}: {error}")]
+    Rule { op: String, error: TypeError },
+}
+
+type Result<T> = std::result::Result<T, AutodiffError>;
+
+/// Appends the backward graph; see the module doc.
+pub fn vjp(
+    g: &mut Graph,
+    outputs: &[NodeId],
+    cotangents: &[NodeId],
+    wrt: &[NodeId],
+) -> Result<Vec<Option<NodeId>>> {
+    for &w in wrt {
+        if !g.ty(w).dtype.is_float() {
+            return Err(AutodiffError::NonFloatInput(g.ty(w).clone()));
+        }
+    }
+    let order = g.topo_order();
+    // Nodes that depend on some `wrt`: only they receive cotangents.
+    let mut active: HashSet<NodeId> = wrt.iter().copied().collect();
+    for &id in &order {
+        if g.ty(id).dtype.is_float() && g.operands(id).iter().any(|o| active.contains(o)) {
+            active.insert(id);
+        }
+    }
+    let mut ct: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut b = Builder { g, loc: None, op: String::new() };
+    for (&o, &c) in outputs.iter().zip(cotangents) {
+        if active.contains(&o) {
+            b.accumulate(&mut ct, o, c)?;
+        }
+    }
+    for &id in order.iter().rev() {
+        if !active.contains(&id) {
+            continue;
+        }
+        let Some(&g_ct) = ct.get(&id) else { continue };
+        let operands = b.g.operands(id);
+        let node = b.g.node(id).clone();
+        b.op = node.op.name().to_string();
+        b.loc = Some(match &node.loc {
+            Some(l) => format!("{l} (vjp of {})", node.op.name()),
+            None => format!("vjp of {}", node.op.name()),
+        });
+        let contributions = vjp_rule(&mut b, &node.op, id, &operands, g_ct)?;
+        for (pos, contribution) in contributions.into_iter().enumerate() {
+            if let Some(c) = contribution {
+                let operand = operands[pos];
+                if active.contains(&operand) {
+                    b.accumulate(&mut ct, operand, c)?;
+                }
+            }
+        }
+    }
+    Ok(wrt.iter().map(|w| ct.get(w).copied()).collect())
+}
+
+/// Emits backward nodes, tagging each with the forward op's location.
+struct Builder<'a> {
+    g: &'a mut Graph,
+    loc: Option<String>,
+    op: String,
+}
+
+impl Builder<'_> {
+    fn add(&mut self, op: Op, operands: &[NodeId]) -> Result<NodeId> {
+        let id = self.g.add(op, operands).map_err(|error| AutodiffError::Rule {
+            op: self.op.clone(),
+            error,
+        })?;
+        self.g.node_mut(id).loc = self.loc.clone();
+        Ok(id)
+    }
+
+    fn ty(&self, id: NodeId) -> TensorType {
+        self.g.ty(id).clone()
+    }
+
+    fn accumulate(&mut self, ct: &mut HashMap<NodeId, NodeId>, at: NodeId, c: NodeId) -> Result<()> {
+        let sum = match ct.get(&at) {
+            Some(&prev) => self.bin(BinaryOp::Add, prev, c)?,
+            None => c,
+        };
+        ct.insert(at, sum);
+        Ok(())
+    }
+
+    fn un(&mut self, op: UnaryOp, x: NodeId) -> Result<NodeId> {
+        self.add(Op::Unary(op), &[x])
+    }
+
+    fn bin(&mut self, op: BinaryOp, x: NodeId, y: NodeId) -> Result<NodeId> {
+        self.add(Op::Binary(op), &[x, y])
+    }
+
+    fn mul(&mut self, x: NodeId, y: NodeId) -> Result<NodeId> {
+        self.bin(BinaryOp::Mul, x, y)
+    }
+
+    /// A tensor shaped like `like` filled with `v`: a scalar constant broadcast to the shape.
+    fn full_like(&mut self, like: NodeId, v: f64) -> Result<NodeId> {
+        let ty = self.ty(like);
+        let c = self.add(Op::Constant(Literal::splat(&TensorType::scalar(ty.dtype), v)), &[])?;
+        if ty.rank() == 0 {
+            return Ok(c);
+        }
+        self.add(
+            Op::BroadcastInDim {
+                shape: ty.shape,
+                dims: vec![],
+            },
+            &[c],
+        )
+    }
+
+    fn select(&mut self, p: NodeId, t: NodeId, f: NodeId) -> Result<NodeId> {
+        self.add(Op::Select, &[p, t, f])
+    }
+
+    fn cmp(&mut self, op: CompareOp, x: NodeId, y: NodeId) -> Result<NodeId> {
+        self.add(Op::Compare(op), &[x, y])
+    }
+
+    fn broadcast(&mut self, x: NodeId, shape: &Shape, dims: Vec<usize>) -> Result<NodeId> {
+        if self.ty(x).shape == *shape {
+            return Ok(x);
+        }
+        self.add(
+            Op::BroadcastInDim {
+                shape: shape.clone(),
+                dims,
+            },
+            &[x],
+        )
+    }
+
+    fn reduce_sum(&mut self, x: NodeId, axes: Vec<usize>) -> Result<NodeId> {
+        if axes.is_empty() {
+            return Ok(x);
+        }
+        self.add(
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes,
+            },
+            &[x],
+        )
+    }
+
+    fn reshape(&mut self, x: NodeId, shape: &Shape) -> Result<NodeId> {
+        if self.ty(x).shape == *shape {
+            return Ok(x);
+        }
+        self.add(Op::Reshape(shape.clone()), &[x])
+    }
+
+    fn transpose(&mut self, x: NodeId, perm: Vec<usize>) -> Result<NodeId> {
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return Ok(x);
+        }
+        self.add(Op::Transpose(perm), &[x])
+    }
+
+    /// A scalar zero of `dtype`.
+    fn zero_scalar(&mut self, dtype: DType) -> Result<NodeId> {
+        self.add(Op::Constant(Literal::splat(&TensorType::scalar(dtype), 0.0)), &[])
+    }
+}
+
+/// The cotangent contribution of `g` (the cotangent of node `y = op(operands)`) to each operand.
+fn vjp_rule(
+    b: &mut Builder,
+    op: &Op,
+    y: NodeId,
+    xs: &[NodeId],
+    g: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
+    let not_diff = |why: &str| AutodiffError::NotDifferentiable {
+        op: op.name().into(),
+        why: why.into(),
+    };
+    Ok(match op {
+        Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } | Op::AxisIndex { .. } => vec![],
+        Op::Unary(u) => {
+            let x = xs[0];
+            let ct = match u {
+                UnaryOp::Neg => Some(b.un(UnaryOp::Neg, g)?),
+                UnaryOp::Abs => {
+                    let s = b.un(UnaryOp::Sign, x)?;
+                    Some(b.mul(g, s)?)
+                }
+                // Piecewise constant: zero almost everywhere, as in JAX.
+                UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => None,
+                UnaryOp::Exp => Some(b.mul(g, y)?),
+                UnaryOp::Log => Some(b.bin(BinaryOp::Div, g, x)?),
+                UnaryOp::Log1p => {
+                    let one = b.full_like(x, 1.0)?;
+                    let d = b.bin(BinaryOp::Add, x, one)?;
+                    Some(b.bin(BinaryOp::Div, g, d)?)
+                }
+                UnaryOp::Expm1 => {
+                    let one = b.full_like(y, 1.0)?;
+                    let d = b.bin(BinaryOp::Add, y, one)?;
+                    Some(b.mul(g, d)?)
+                }
+                // JAX: (g + g*ans) * (1 - ans), transposed: a = g*(1-ans); a + a*ans.
+                UnaryOp::Tanh => {
+                    let one = b.full_like(y, 1.0)?;
+                    let t = b.bin(BinaryOp::Sub, one, y)?;
+                    let a = b.mul(g, t)?;
+                    let ay = b.mul(a, y)?;
+                    Some(b.bin(BinaryOp::Add, a, ay)?)
+                }
+                UnaryOp::Logistic => {
+                    let one = b.full_like(y, 1.0)?;
+                    let t = b.bin(BinaryOp::Sub, one, y)?;
+                    let gy = b.mul(g, y)?;
+                    Some(b.mul(gy, t)?)
+                }
+                UnaryOp::Sin => {
+                    let c = b.un(UnaryOp::Cos, x)?;
+                    Some(b.mul(g, c)?)
+                }
+                UnaryOp::Cos => {
+                    let s = b.un(UnaryOp::Sin, x)?;
+                    let gs = b.mul(g, s)?;
+                    Some(b.un(UnaryOp::Neg, gs)?)
+                }
+                UnaryOp::Sqrt => {
+                    let half = b.full_like(y, 0.5)?;
+                    let d = b.bin(BinaryOp::Div, half, y)?;
+                    Some(b.mul(g, d)?)
+                }
+                UnaryOp::Rsqrt => {
+                    let c = b.full_like(y, -0.5)?;
+                    let q = b.bin(BinaryOp::Div, y, x)?;
+                    let d = b.mul(c, q)?;
+                    Some(b.mul(g, d)?)
+                }
+                UnaryOp::Erf => {
+                    let c = b.full_like(x, std::f64::consts::FRAC_2_SQRT_PI)?;
+                    let x2 = b.mul(x, x)?;
+                    let nx2 = b.un(UnaryOp::Neg, x2)?;
+                    let e = b.un(UnaryOp::Exp, nx2)?;
+                    let d = b.mul(c, e)?;
+                    Some(b.mul(g, d)?)
+                }
+                UnaryOp::ErfInv => {
+                    let c = b.full_like(y, std::f64::consts::PI.sqrt() / 2.0)?;
+                    let y2 = b.mul(y, y)?;
+                    let e = b.un(UnaryOp::Exp, y2)?;
+                    let d = b.mul(c, e)?;
+                    Some(b.mul(g, d)?)
+                }
+                UnaryOp::Not => None,
+            };
+            vec![ct]
+        }
+        Op::Binary(op2) => {
+            let (x, z) = (xs[0], xs[1]);
+            match op2 {
+                BinaryOp::Add => vec![Some(g), Some(g)],
+                BinaryOp::Sub => vec![Some(g), Some(b.un(UnaryOp::Neg, g)?)],
+                BinaryOp::Mul => vec![Some(b.mul(g, z)?), Some(b.mul(x, g)?)],
+                BinaryOp::Div => {
+                    let cx = b.bin(BinaryOp::Div, g, z)?;
+                    let ng = b.un(UnaryOp::Neg, g)?;
+                    let n = b.mul(ng, x)?;
+                    let zz = b.mul(z, z)?;
+                    vec![Some(cx), Some(b.bin(BinaryOp::Div, n, zz)?)]
+                }
+                // rem(x, z) = x - z * trunc(x / z).
+                BinaryOp::Rem => {
+                    let q = b.bin(BinaryOp::Div, x, z)?;
+                    let s = b.un(UnaryOp::Sign, q)?;
+                    let a = b.un(UnaryOp::Abs, q)?;
+                    let f = b.un(UnaryOp::Floor, a)?;
+                    let t = b.mul(s, f)?;
+                    let gt = b.mul(g, t)?;
+                    vec![Some(g), Some(b.un(UnaryOp::Neg, gt)?)]
+                }
+                // JAX's balanced rule: the whole cotangent to the larger operand, half each at
+                // a tie.
+                BinaryOp::Max | BinaryOp::Min => {
+                    let half = b.full_like(y, 0.5)?;
+                    let one = b.full_like(y, 1.0)?;
+                    let zero = b.full_like(y, 0.0)?;
+                    let mut side = |a: NodeId, other: NodeId| -> Result<NodeId> {
+                        let a_is = b.cmp(CompareOp::Eq, a, y)?;
+                        let o_is = b.cmp(CompareOp::Eq, other, y)?;
+                        let w = b.select(o_is, half, one)?;
+                        let w = b.select(a_is, w, zero)?;
+                        b.mul(g, w)
+                    };
+                    vec![Some(side(x, z)?), Some(side(z, x)?)]
+                }
+                BinaryOp::Pow => {
+                    let one = b.full_like(z, 1.0)?;
+                    let zm1 = b.bin(BinaryOp::Sub, z, one)?;
+                    let p = b.bin(BinaryOp::Pow, x, zm1)?;
+                    let d = b.mul(z, p)?;
+                    let cx = b.mul(g, d)?;
+                    let zero = b.full_like(x, 0.0)?;
+                    let is0 = b.cmp(CompareOp::Eq, x, zero)?;
+                    let one_x = b.full_like(x, 1.0)?;
+                    let safe = b.select(is0, one_x, x)?;
+                    let l = b.un(UnaryOp::Log, safe)?;
+                    let gy = b.mul(g, y)?;
+                    vec![Some(cx), Some(b.mul(gy, l)?)]
+                }
+                BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+                | BinaryOp::ShiftLeft
+                | BinaryOp::ShiftRightLogical => vec![],
+            }
+        }
+        Op::Compare(_) => vec![],
+        Op::Select => {
+            let p = xs[0];
+            let zero = b.full_like(g, 0.0)?;
+            vec![None, Some(b.select(p, g, zero)?), Some(b.select(p, zero, g)?)]
+        }
+        Op::Convert(_) => {
+            let from = b.ty(xs[0]).dtype;
+            if from.is_float() {
+                vec![Some(b.add(Op::Convert(from), &[g])?)]
+            } else {
+                vec![]
+            }
+        }
+        Op::Bitcast(_) => vec![],
+        Op::BroadcastInDim { shape, dims } => {
+            let from = b.ty(xs[0]);
+            let summed: Vec<usize> = (0..shape.rank())
+                .filter(|d| match dims.iter().position(|x| x == d) {
+                    None => true,
+                    Some(i) => from.dims()[i] == 1 && shape.dims()[*d] != 1,
+                })
+                .collect();
+            let s = b.reduce_sum(g, summed)?;
+            vec![Some(b.reshape(s, &from.shape)?)]
+        }
+        Op::Reshape(_) => {
+            let from = b.ty(xs[0]);
+            vec![Some(b.reshape(g, &from.shape)?)]
+        }
+        Op::Transpose(perm) => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            vec![Some(b.transpose(g, inv)?)]
+        }
+        Op::Slice { start, stride, .. } => {
+            let from = b.ty(xs[0]);
+            let out = b.ty(y);
+            let zero = b.zero_scalar(from.dtype)?;
+            let interior: Vec<usize> = stride.iter().map(|s| s - 1).collect();
+            let low: Vec<i64> = start.iter().map(|&s| s as i64).collect();
+            let high: Vec<i64> = (0..from.rank())
+                .map(|d| {
+                    let n = out.dims()[d] as i64;
+                    from.dims()[d] as i64 - low[d] - (n + (n - 1).max(0) * interior[d] as i64)
+                })
+                .collect();
+            vec![Some(b.add(Op::Pad { low, high, interior }, &[g, zero])?)]
+        }
+        Op::Concatenate { dim } => {
+            let gt = b.ty(g);
+            let mut offset = 0;
+            let mut cts = Vec::new();
+            for &x in xs {
+                let t = b.ty(x);
+                let mut start = vec![0; gt.rank()];
+                let mut limit = gt.dims().to_vec();
+                start[*dim] = offset;
+                limit[*dim] = offset + t.dims()[*dim];
+                offset += t.dims()[*dim];
+                cts.push(Some(b.add(
+                    Op::Slice {
+                        start,
+                        limit,
+                        stride: vec![1; gt.rank()],
+                    },
+                    &[g],
+                )?));
+            }
+            cts
+        }
+        Op::Pad { low, high, interior } => {
+            let gt = b.ty(g);
+            let zero = b.zero_scalar(gt.dtype)?;
+            let unpadded = b.add(
+                Op::Pad {
+                    low: low.iter().map(|l| -l).collect(),
+                    high: high.iter().map(|h| -h).collect(),
+                    interior: vec![0; gt.rank()],
+                },
+                &[g, zero],
+            )?;
+            let ut = b.ty(unpadded);
+            let ct_x = b.add(
+                Op::Slice {
+                    start: vec![0; gt.rank()],
+                    limit: ut.dims().to_vec(),
+                    stride: interior.iter().map(|i| i + 1).collect(),
+                },
+                &[unpadded],
+            )?;
+            let all: Vec<usize> = (0..gt.rank()).collect();
+            let total = b.reduce_sum(g, all.clone())?;
+            let inner = b.reduce_sum(ct_x, all)?;
+            let ct_v = b.bin(BinaryOp::Sub, total, inner)?;
+            vec![Some(ct_x), Some(ct_v)]
+        }
+        Op::Reduce { kind, axes } => {
+            let from = b.ty(xs[0]);
+            let kept: Vec<usize> = (0..from.rank()).filter(|d| !axes.contains(d)).collect();
+            match kind {
+                ReduceKind::Sum => vec![Some(b.broadcast(g, &from.shape, kept)?)],
+                // JAX's chooser rule: the cotangent is shared equally by every element that
+                // attains the extremum.
+                ReduceKind::Max | ReduceKind::Min => {
+                    let yb = b.broadcast(y, &from.shape, kept.clone())?;
+                    let eq = b.cmp(CompareOp::Eq, xs[0], yb)?;
+                    let mask = b.add(Op::Convert(from.dtype), &[eq])?;
+                    let counts = b.reduce_sum(mask, axes.clone())?;
+                    let share = b.bin(BinaryOp::Div, g, counts)?;
+                    let sb = b.broadcast(share, &from.shape, kept)?;
+                    vec![Some(b.mul(sb, mask)?)]
+                }
+            }
+        }
+        Op::ArgMax { .. } => vec![],
+        Op::DotGeneral(dd) => dot_general_vjp(b, dd, xs[0], xs[1], g)?,
+        Op::AllReduce { kind, axes } => match kind {
+            ReduceKind::Sum => vec![Some(b.add(
+                Op::AllReduce {
+                    kind: ReduceKind::Sum,
+                    axes: axes.clone(),
+                },
+                &[g],
+            )?)],
+            ReduceKind::Max | ReduceKind::Min => {
+                return Err(not_diff(" (only the sum all_reduce has a gradient, as in JAX)"));
+            }
+        },
+        Op::AllGather { dim, axes } => vec![Some(b.add(
+            Op::ReduceScatter {
+                kind: ReduceKind::Sum,
+                dim: *dim,
+                axes: axes.clone(),
+            },
+            &[g],
+        )?)],
+        Op::ReduceScatter { kind, dim, axes } => match kind {
+            ReduceKind::Sum => vec![Some(b.add(
+                Op::AllGather {
+                    dim: *dim,
+                    axes: axes.clone(),
+                },
+                &[g],
+            )?)],
+            ReduceKind::Max | ReduceKind::Min => {
+                return Err(not_diff(" (only the sum reduce_scatter has a gradient)"));
+            }
+        },
+        Op::AllToAll {
+            split_dim,
+            concat_dim,
+            axes,
+        } => vec![Some(b.add(
+            Op::AllToAll {
+                split_dim: *concat_dim,
+                concat_dim: *split_dim,
+                axes: axes.clone(),
+            },
+            &[g],
+        )?)],
+        Op::CollectivePermute { axes, pairs } => vec![Some(b.add(
+            Op::CollectivePermute {
+                axes: axes.clone(),
+                pairs: pairs.iter().map(|&(s, d)| (d, s)).collect(),
+            },
+            &[g],
+        )?)],
+        Op::ShardingConstraint(s) => vec![Some(b.add(Op::ShardingConstraint(s.clone()), &[g])?)],
+    })
+}
+
+/// `out = dot_general(l, r)`: each operand's cotangent is a `dot_general` of the output
+/// cotangent with the other operand over the other operand's free dims, then a transpose back
+/// into the operand's dim order.
+fn dot_general_vjp(
+    b: &mut Builder,
+    dd: &DotDims,
+    l: NodeId,
+    r: NodeId,
+    g: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
+    let (lt, rt) = (b.ty(l), b.ty(r));
+    let nb = dd.lhs_batch.len();
+    let lfree = dd.lhs_free(lt.rank());
+    let rfree = dd.rhs_free(rt.rank());
+    let batch: Vec<usize> = (0..nb).collect();
+
+    // Cotangent of one operand (`mine`) from the other (`other`); see the doc above.
+    let mut side = |mine_rank: usize,
+                    my_batch: &[usize],
+                    my_free: &[usize],
+                    my_contract: &[usize],
+                    other: NodeId,
+                    other_batch: &[usize],
+                    other_free: &[usize],
+                    other_contract: &[usize],
+                    g_other_free: Vec<usize>|
+     -> Result<NodeId> {
+        let d = b.add(
+            Op::DotGeneral(DotDims {
+                lhs_batch: batch.clone(),
+                rhs_batch: other_batch.to_vec(),
+                lhs_contract: g_other_free,
+                rhs_contract: other_free.to_vec(),
+            }),
+            &[g, other],
+        )?;
+        // The result is [batch, my free dims, the other's contracting dims in its dim order].
+        let mut sorted: Vec<usize> = other_contract.to_vec();
+        sorted.sort_unstable();
+        let mut perm = vec![0; mine_rank];
+        for (i, &dim) in my_batch.iter().enumerate() {
+            perm[dim] = i;
+        }
+        for (j, &dim) in my_free.iter().enumerate() {
+            perm[dim] = nb + j;
+        }
+        for (k, &dim) in my_contract.iter().enumerate() {
+            let rank = sorted.iter().position(|&s| s == other_contract[k]).unwrap_or(0);
+            perm[dim] = nb + my_free.len() + rank;
+        }
+        // `transpose` reads result dim `dim` from operand dim `perm[dim]`.
+        b.transpose(d, perm)
+    };
+    let g_rfree: Vec<usize> = (nb + lfree.len()..nb + lfree.len() + rfree.len()).collect();
+    let g_lfree: Vec<usize> = (nb..nb + lfree.len()).collect();
+    let ct_l = side(
+        lt.rank(),
+        &dd.lhs_batch,
+        &lfree,
+        &dd.lhs_contract,
+        r,
+        &dd.rhs_batch,
+        &rfree,
+        &dd.rhs_contract,
+        g_rfree,
+    )?;
+    let ct_r = side(
+        rt.rank(),
+        &dd.rhs_batch,
+        &rfree,
+        &dd.rhs_contract,
+        l,
+        &dd.lhs_batch,
+        &lfree,
+        &dd.lhs_contract,
+        g_lfree,
+    )?;
+    Ok(vec![Some(ct_l), Some(ct_r)])
+}

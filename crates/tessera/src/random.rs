@@ -1,0 +1,159 @@
+//! JAX's default PRNG, bit for bit: threefry2x32 (20 rounds) with `jax_threefry_partitionable`
+//! on, its default since JAX 0.5. Everything is built from u32 tensor ops, so random numbers are
+//! ordinary traced ops inside `jit` and run eagerly outside.
+//!
+//! With the partitionable variant, element `i` of a draw of any shape comes from the counter
+//! pair `(hi(i), lo(i))` of its flat index, so a row of a larger draw equals the same row of a
+//! smaller one.
+
+use tessera_ir::{DType, Shape};
+
+use crate::tensor::Tensor;
+use crate::tree::{Tree, TreeDef};
+
+/// A PRNG key: a `u32[2]` tensor, like `jax.random.PRNGKey`.
+#[derive(Clone, Debug)]
+pub struct Key(pub Tensor);
+
+impl Key {
+    /// `jax.random.PRNGKey(seed)`: the words `[seed >> 32, seed & 0xffffffff]`.
+    pub fn new(seed: u64) -> Key {
+        Key(Tensor::from_vec(vec![(seed >> 32) as u32, seed as u32], [2]))
+    }
+
+    /// A key from its two words.
+    pub fn from_words(k0: u32, k1: u32) -> Key {
+        Key(Tensor::from_vec(vec![k0, k1], [2]))
+    }
+
+    /// The key's `u32[2]` data, like `jax.random.key_data`.
+    pub fn data(&self) -> &Tensor {
+        &self.0
+    }
+
+    fn words(&self) -> (Tensor, Tensor) {
+        let k = &self.0;
+        (k.slice(&[0], &[1]).reshape([]), k.slice(&[1], &[2]).reshape([]))
+    }
+
+    /// `jax.random.split(key)` into two keys.
+    #[track_caller]
+    pub fn split(&self) -> [Key; 2] {
+        let mut v = self.split_n(2);
+        let b = v.pop().expect("two keys");
+        let a = v.pop().expect("two keys");
+        [a, b]
+    }
+
+    /// `jax.random.split(key, n)`.
+    #[track_caller]
+    pub fn split_n(&self, n: usize) -> Vec<Key> {
+        let (b1, b2) = threefry_counts(self, n);
+        let pairs = Tensor::concatenate(&[&b1.reshape([n, 1]), &b2.reshape([n, 1])], 1);
+        (0..n)
+            .map(|i| Key(pairs.slice(&[i, 0], &[i + 1, 2]).reshape([2])))
+            .collect()
+    }
+
+    /// `jax.random.fold_in(key, data)`.
+    #[track_caller]
+    pub fn fold_in(&self, data: u32) -> Key {
+        let (k0, k1) = self.words();
+        let (y0, y1) = threefry2x32(
+            &k0,
+            &k1,
+            &Tensor::from_vec(vec![0u32], [1]),
+            &Tensor::from_vec(vec![data], [1]),
+        );
+        Key(Tensor::concatenate(&[&y0, &y1], 0))
+    }
+}
+
+impl Tree for Key {
+    fn flatten_into(&self, leaves: &mut Vec<Tensor>) -> TreeDef {
+        leaves.push(self.0.clone());
+        TreeDef::node("key", vec![], vec![TreeDef::Leaf])
+    }
+    fn unflatten_from(
+        def: &TreeDef,
+        leaves: &mut std::vec::IntoIter<Tensor>,
+    ) -> crate::Result<Self> {
+        let c = def.children_of("key")?;
+        Ok(Key(Tensor::unflatten_from(
+            c.first().unwrap_or(&TreeDef::Leaf),
+            leaves,
+        )?))
+    }
+}
+
+#[track_caller]
+fn u32s(x: u32) -> Tensor {
+    Tensor::scalar(x)
+}
+
+#[track_caller]
+fn rotl(x: &Tensor, r: u32) -> Tensor {
+    x.shift_left(&u32s(r)).bitor(&x.shift_right_logical(&u32s(32 - r)))
+}
+
+/// Threefry-2x32 with 20 rounds (Random123's rotation constants) on counter words `x0`, `x1`.
+#[track_caller]
+fn threefry2x32(k0: &Tensor, k1: &Tensor, x0: &Tensor, x1: &Tensor) -> (Tensor, Tensor) {
+    let ks = [
+        k0.clone(),
+        k1.clone(),
+        k0.bitxor(k1).bitxor(&u32s(0x1BD1_1BDA)),
+    ];
+    const ROT: [[u32; 4]; 2] = [[13, 15, 26, 6], [17, 29, 16, 24]];
+    let mut x0 = x0.add(&ks[0]);
+    let mut x1 = x1.add(&ks[1]);
+    for i in 0..5 {
+        for &r in &ROT[i % 2] {
+            x0 = x0.add(&x1);
+            x1 = rotl(&x1, r);
+            x1 = x0.bitxor(&x1);
+        }
+        x0 = x0.add(&ks[(i + 1) % 3]);
+        x1 = x1.add(&ks[(i + 2) % 3]).add(&u32s(i as u32 + 1));
+    }
+    (x0, x1)
+}
+
+/// The two threefry output words for the counters `0..n` (flat indices, high word zero).
+#[track_caller]
+fn threefry_counts(key: &Key, n: usize) -> (Tensor, Tensor) {
+    let (k0, k1) = key.words();
+    let lo = Tensor::iota(DType::U32, [n], 0);
+    let hi = Tensor::full_dtype([n], 0.0, DType::U32);
+    threefry2x32(&k0, &k1, &hi, &lo)
+}
+
+/// `jax.random.bits(key, shape)`: uniformly random u32 words.
+#[track_caller]
+pub fn bits(key: &Key, shape: impl Into<Shape>) -> Tensor {
+    let shape = shape.into();
+    let (b1, b2) = threefry_counts(key, shape.numel());
+    b1.bitxor(&b2).reshape(shape)
+}
+
+/// `jax.random.uniform(key, shape, minval, maxval)`, f32 in `[minval, maxval)`.
+#[track_caller]
+pub fn uniform(key: &Key, shape: impl Into<Shape>, minval: f32, maxval: f32) -> Tensor {
+    let b = bits(key, shape);
+    // 23 random mantissa bits under the exponent of 1.0 give a float in [1, 2).
+    let fbits = b
+        .shift_right_logical(&u32s(32 - 23))
+        .bitor(&u32s(1.0f32.to_bits()));
+    let floats = fbits.bitcast(DType::F32) - 1.0;
+    let scaled = floats * (maxval - minval) + minval;
+    scaled.maximum(&Tensor::scalar(minval))
+}
+
+/// `jax.random.normal(key, shape)`: f32 standard normal, `sqrt(2) * erf_inv(u)` with `u`
+/// uniform in `(-1, 1)`, as JAX computes it.
+#[track_caller]
+pub fn normal(key: &Key, shape: impl Into<Shape>) -> Tensor {
+    let lo = f32::from_bits((-1.0f32).to_bits() - 1);
+    let u = uniform(key, shape, lo, 1.0);
+    u.erf_inv() * std::f32::consts::SQRT_2
+}
