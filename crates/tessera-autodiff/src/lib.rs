@@ -13,8 +13,8 @@
 use std::collections::{HashMap, HashSet};
 
 use tessera_ir::{
-    BinaryOp, CompareOp, DType, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape,
-    TensorType, TypeError, UnaryOp,
+    BinaryOp, CompareOp, DType, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape, TensorType,
+    TypeError, UnaryOp,
 };
 
 /// Why a graph could not be differentiated.
@@ -56,7 +56,11 @@ pub fn vjp(
         }
     }
     let mut ct: HashMap<NodeId, NodeId> = HashMap::new();
-    let mut b = Builder { g, loc: None, op: String::new() };
+    let mut b = Builder {
+        g,
+        loc: None,
+        op: String::new(),
+    };
     for (&o, &c) in outputs.iter().zip(cotangents) {
         if active.contains(&o) {
             b.accumulate(&mut ct, o, c)?;
@@ -74,7 +78,8 @@ pub fn vjp(
             Some(l) => format!("{l} (vjp of {})", node.op.name()),
             None => format!("vjp of {}", node.op.name()),
         });
-        let contributions = vjp_rule(&mut b, &node.op, id, &operands, g_ct)?;
+        let needed: Vec<bool> = operands.iter().map(|o| active.contains(o)).collect();
+        let contributions = vjp_rule(&mut b, &node.op, id, &operands, &needed, g_ct)?;
         for (pos, contribution) in contributions.into_iter().enumerate() {
             if let Some(c) = contribution {
                 let operand = operands[pos];
@@ -96,10 +101,13 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn add(&mut self, op: Op, operands: &[NodeId]) -> Result<NodeId> {
-        let id = self.g.add(op, operands).map_err(|error| AutodiffError::Rule {
-            op: self.op.clone(),
-            error,
-        })?;
+        let id = self
+            .g
+            .add(op, operands)
+            .map_err(|error| AutodiffError::Rule {
+                op: self.op.clone(),
+                error,
+            })?;
         self.g.node_mut(id).loc = self.loc.clone();
         Ok(id)
     }
@@ -108,7 +116,12 @@ impl Builder<'_> {
         self.g.ty(id).clone()
     }
 
-    fn accumulate(&mut self, ct: &mut HashMap<NodeId, NodeId>, at: NodeId, c: NodeId) -> Result<()> {
+    fn accumulate(
+        &mut self,
+        ct: &mut HashMap<NodeId, NodeId>,
+        at: NodeId,
+        c: NodeId,
+    ) -> Result<()> {
         let sum = match ct.get(&at) {
             Some(&prev) => self.bin(BinaryOp::Add, prev, c)?,
             None => c,
@@ -132,7 +145,10 @@ impl Builder<'_> {
     /// A tensor shaped like `like` filled with `v`: a scalar constant broadcast to the shape.
     fn full_like(&mut self, like: NodeId, v: f64) -> Result<NodeId> {
         let ty = self.ty(like);
-        let c = self.add(Op::Constant(Literal::splat(&TensorType::scalar(ty.dtype), v)), &[])?;
+        let c = self.add(
+            Op::Constant(Literal::splat(&TensorType::scalar(ty.dtype), v)),
+            &[],
+        )?;
         if ty.rank() == 0 {
             return Ok(c);
         }
@@ -195,18 +211,29 @@ impl Builder<'_> {
 
     /// A scalar zero of `dtype`.
     fn zero_scalar(&mut self, dtype: DType) -> Result<NodeId> {
-        self.add(Op::Constant(Literal::splat(&TensorType::scalar(dtype), 0.0)), &[])
+        self.add(
+            Op::Constant(Literal::splat(&TensorType::scalar(dtype), 0.0)),
+            &[],
+        )
     }
 }
 
-/// The cotangent contribution of `g` (the cotangent of node `y = op(operands)`) to each operand.
+/// The cotangent contribution of `g` (the cotangent of node `y = op(operands)`) to each operand
+/// that `needed` marks (the others do not depend on the inputs, so their share is not built).
 fn vjp_rule(
     b: &mut Builder,
     op: &Op,
     y: NodeId,
     xs: &[NodeId],
+    needed: &[bool],
     g: NodeId,
 ) -> Result<Vec<Option<NodeId>>> {
+    // Builds operand `i`'s contribution only when it is needed.
+    macro_rules! want {
+        ($i:expr, $e:expr) => {
+            if needed[$i] { Some($e) } else { None }
+        };
+    }
     let not_diff = |why: &str| AutodiffError::NotDifferentiable {
         op: op.name().into(),
         why: why.into(),
@@ -292,24 +319,30 @@ fn vjp_rule(
             let (x, z) = (xs[0], xs[1]);
             match op2 {
                 BinaryOp::Add => vec![Some(g), Some(g)],
-                BinaryOp::Sub => vec![Some(g), Some(b.un(UnaryOp::Neg, g)?)],
-                BinaryOp::Mul => vec![Some(b.mul(g, z)?), Some(b.mul(x, g)?)],
+                BinaryOp::Sub => vec![Some(g), want!(1, b.un(UnaryOp::Neg, g)?)],
+                BinaryOp::Mul => vec![want!(0, b.mul(g, z)?), want!(1, b.mul(x, g)?)],
                 BinaryOp::Div => {
-                    let cx = b.bin(BinaryOp::Div, g, z)?;
-                    let ng = b.un(UnaryOp::Neg, g)?;
-                    let n = b.mul(ng, x)?;
-                    let zz = b.mul(z, z)?;
-                    vec![Some(cx), Some(b.bin(BinaryOp::Div, n, zz)?)]
+                    let cx = want!(0, b.bin(BinaryOp::Div, g, z)?);
+                    let cz = want!(1, {
+                        let ng = b.un(UnaryOp::Neg, g)?;
+                        let n = b.mul(ng, x)?;
+                        let zz = b.mul(z, z)?;
+                        b.bin(BinaryOp::Div, n, zz)?
+                    });
+                    vec![cx, cz]
                 }
                 // rem(x, z) = x - z * trunc(x / z).
                 BinaryOp::Rem => {
-                    let q = b.bin(BinaryOp::Div, x, z)?;
-                    let s = b.un(UnaryOp::Sign, q)?;
-                    let a = b.un(UnaryOp::Abs, q)?;
-                    let f = b.un(UnaryOp::Floor, a)?;
-                    let t = b.mul(s, f)?;
-                    let gt = b.mul(g, t)?;
-                    vec![Some(g), Some(b.un(UnaryOp::Neg, gt)?)]
+                    let cz = want!(1, {
+                        let q = b.bin(BinaryOp::Div, x, z)?;
+                        let s = b.un(UnaryOp::Sign, q)?;
+                        let a = b.un(UnaryOp::Abs, q)?;
+                        let f = b.un(UnaryOp::Floor, a)?;
+                        let t = b.mul(s, f)?;
+                        let gt = b.mul(g, t)?;
+                        b.un(UnaryOp::Neg, gt)?
+                    });
+                    vec![Some(g), cz]
                 }
                 // JAX's balanced rule: the whole cotangent to the larger operand, half each at
                 // a tie.
@@ -324,21 +357,27 @@ fn vjp_rule(
                         let w = b.select(a_is, w, zero)?;
                         b.mul(g, w)
                     };
-                    vec![Some(side(x, z)?), Some(side(z, x)?)]
+                    vec![want!(0, side(x, z)?), want!(1, side(z, x)?)]
                 }
                 BinaryOp::Pow => {
-                    let one = b.full_like(z, 1.0)?;
-                    let zm1 = b.bin(BinaryOp::Sub, z, one)?;
-                    let p = b.bin(BinaryOp::Pow, x, zm1)?;
-                    let d = b.mul(z, p)?;
-                    let cx = b.mul(g, d)?;
-                    let zero = b.full_like(x, 0.0)?;
-                    let is0 = b.cmp(CompareOp::Eq, x, zero)?;
-                    let one_x = b.full_like(x, 1.0)?;
-                    let safe = b.select(is0, one_x, x)?;
-                    let l = b.un(UnaryOp::Log, safe)?;
-                    let gy = b.mul(g, y)?;
-                    vec![Some(cx), Some(b.mul(gy, l)?)]
+                    let cx = want!(0, {
+                        let one = b.full_like(z, 1.0)?;
+                        let zm1 = b.bin(BinaryOp::Sub, z, one)?;
+                        let p = b.bin(BinaryOp::Pow, x, zm1)?;
+                        let d = b.mul(z, p)?;
+                        b.mul(g, d)?
+                    });
+                    // log(x) * x^z, with x == 0 giving 0 rather than NaN, as JAX.
+                    let cz = want!(1, {
+                        let zero = b.full_like(x, 0.0)?;
+                        let is0 = b.cmp(CompareOp::Eq, x, zero)?;
+                        let one_x = b.full_like(x, 1.0)?;
+                        let safe = b.select(is0, one_x, x)?;
+                        let l = b.un(UnaryOp::Log, safe)?;
+                        let gy = b.mul(g, y)?;
+                        b.mul(gy, l)?
+                    });
+                    vec![cx, cz]
                 }
                 BinaryOp::And
                 | BinaryOp::Or
@@ -351,7 +390,11 @@ fn vjp_rule(
         Op::Select => {
             let p = xs[0];
             let zero = b.full_like(g, 0.0)?;
-            vec![None, Some(b.select(p, g, zero)?), Some(b.select(p, zero, g)?)]
+            vec![
+                None,
+                want!(1, b.select(p, g, zero)?),
+                want!(2, b.select(p, zero, g)?),
+            ]
         }
         Op::Convert(_) => {
             let from = b.ty(xs[0]).dtype;
@@ -396,31 +439,45 @@ fn vjp_rule(
                     from.dims()[d] as i64 - low[d] - (n + (n - 1).max(0) * interior[d] as i64)
                 })
                 .collect();
-            vec![Some(b.add(Op::Pad { low, high, interior }, &[g, zero])?)]
+            vec![Some(b.add(
+                Op::Pad {
+                    low,
+                    high,
+                    interior,
+                },
+                &[g, zero],
+            )?)]
         }
         Op::Concatenate { dim } => {
             let gt = b.ty(g);
             let mut offset = 0;
             let mut cts = Vec::new();
-            for &x in xs {
+            for (i, &x) in xs.iter().enumerate() {
                 let t = b.ty(x);
                 let mut start = vec![0; gt.rank()];
                 let mut limit = gt.dims().to_vec();
                 start[*dim] = offset;
                 limit[*dim] = offset + t.dims()[*dim];
                 offset += t.dims()[*dim];
-                cts.push(Some(b.add(
-                    Op::Slice {
-                        start,
-                        limit,
-                        stride: vec![1; gt.rank()],
-                    },
-                    &[g],
-                )?));
+                cts.push(want!(
+                    i,
+                    b.add(
+                        Op::Slice {
+                            start,
+                            limit,
+                            stride: vec![1; gt.rank()],
+                        },
+                        &[g],
+                    )?
+                ));
             }
             cts
         }
-        Op::Pad { low, high, interior } => {
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => {
             let gt = b.ty(g);
             let zero = b.zero_scalar(gt.dtype)?;
             let unpadded = b.add(
@@ -440,11 +497,13 @@ fn vjp_rule(
                 },
                 &[unpadded],
             )?;
-            let all: Vec<usize> = (0..gt.rank()).collect();
-            let total = b.reduce_sum(g, all.clone())?;
-            let inner = b.reduce_sum(ct_x, all)?;
-            let ct_v = b.bin(BinaryOp::Sub, total, inner)?;
-            vec![Some(ct_x), Some(ct_v)]
+            let ct_v = want!(1, {
+                let all: Vec<usize> = (0..gt.rank()).collect();
+                let total = b.reduce_sum(g, all.clone())?;
+                let inner = b.reduce_sum(ct_x, all)?;
+                b.bin(BinaryOp::Sub, total, inner)?
+            });
+            vec![Some(ct_x), ct_v]
         }
         Op::Reduce { kind, axes } => {
             let from = b.ty(xs[0]);
@@ -465,7 +524,7 @@ fn vjp_rule(
             }
         }
         Op::ArgMax { .. } => vec![],
-        Op::DotGeneral(dd) => dot_general_vjp(b, dd, xs[0], xs[1], g)?,
+        Op::DotGeneral(dd) => dot_general_vjp(b, dd, xs[0], xs[1], needed, g)?,
         Op::AllReduce { kind, axes } => match kind {
             ReduceKind::Sum => vec![Some(b.add(
                 Op::AllReduce {
@@ -475,7 +534,9 @@ fn vjp_rule(
                 &[g],
             )?)],
             ReduceKind::Max | ReduceKind::Min => {
-                return Err(not_diff(" (only the sum all_reduce has a gradient, as in JAX)"));
+                return Err(not_diff(
+                    " (only the sum all_reduce has a gradient, as in JAX)",
+                ));
             }
         },
         Op::AllGather { dim, axes } => vec![Some(b.add(
@@ -529,6 +590,7 @@ fn dot_general_vjp(
     dd: &DotDims,
     l: NodeId,
     r: NodeId,
+    needed: &[bool],
     g: NodeId,
 ) -> Result<Vec<Option<NodeId>>> {
     let (lt, rt) = (b.ty(l), b.ty(r));
@@ -568,7 +630,10 @@ fn dot_general_vjp(
             perm[dim] = nb + j;
         }
         for (k, &dim) in my_contract.iter().enumerate() {
-            let rank = sorted.iter().position(|&s| s == other_contract[k]).unwrap_or(0);
+            let rank = sorted
+                .iter()
+                .position(|&s| s == other_contract[k])
+                .unwrap_or(0);
             perm[dim] = nb + my_free.len() + rank;
         }
         // `transpose` reads result dim `dim` from operand dim `perm[dim]`.
@@ -576,27 +641,35 @@ fn dot_general_vjp(
     };
     let g_rfree: Vec<usize> = (nb + lfree.len()..nb + lfree.len() + rfree.len()).collect();
     let g_lfree: Vec<usize> = (nb..nb + lfree.len()).collect();
-    let ct_l = side(
-        lt.rank(),
-        &dd.lhs_batch,
-        &lfree,
-        &dd.lhs_contract,
-        r,
-        &dd.rhs_batch,
-        &rfree,
-        &dd.rhs_contract,
-        g_rfree,
-    )?;
-    let ct_r = side(
-        rt.rank(),
-        &dd.rhs_batch,
-        &rfree,
-        &dd.rhs_contract,
-        l,
-        &dd.lhs_batch,
-        &lfree,
-        &dd.lhs_contract,
-        g_lfree,
-    )?;
-    Ok(vec![Some(ct_l), Some(ct_r)])
+    let ct_l = if !needed[0] {
+        None
+    } else {
+        Some(side(
+            lt.rank(),
+            &dd.lhs_batch,
+            &lfree,
+            &dd.lhs_contract,
+            r,
+            &dd.rhs_batch,
+            &rfree,
+            &dd.rhs_contract,
+            g_rfree,
+        )?)
+    };
+    let ct_r = if !needed[1] {
+        None
+    } else {
+        Some(side(
+            rt.rank(),
+            &dd.rhs_batch,
+            &rfree,
+            &dd.rhs_contract,
+            l,
+            &dd.lhs_batch,
+            &lfree,
+            &dd.lhs_contract,
+            g_lfree,
+        )?)
+    };
+    Ok(vec![ct_l, ct_r])
 }

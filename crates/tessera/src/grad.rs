@@ -139,7 +139,11 @@ fn linearize<P: Tree, O: Tree>(
     }
     let order = graph.topo_order();
     let backward = backward_nodes(&graph, &order, &ct_params);
-    let forward: Vec<NodeId> = order.iter().copied().filter(|n| !backward.contains(n)).collect();
+    let forward: Vec<NodeId> = order
+        .iter()
+        .copied()
+        .filter(|n| !backward.contains(n))
+        .collect();
     replay(&graph, &forward, &mut env);
     let out_values: Vec<Tensor> = outputs.iter().map(|o| env[o].clone()).collect();
     let out = tree::unflatten(&odef, out_values).unwrap_or_else(|e| raise(e));

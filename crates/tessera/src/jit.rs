@@ -197,7 +197,11 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     if inputs.len() != graph.params().len() {
         return Err(Error::Op {
             op: "eval_graph".into(),
-            message: format!("{} inputs for {} parameters", inputs.len(), graph.params().len()),
+            message: format!(
+                "{} inputs for {} parameters",
+                inputs.len(),
+                graph.params().len()
+            ),
             location: graph.name.clone(),
         });
     }

@@ -18,7 +18,10 @@ pub struct Key(pub Tensor);
 impl Key {
     /// `jax.random.PRNGKey(seed)`: the words `[seed >> 32, seed & 0xffffffff]`.
     pub fn new(seed: u64) -> Key {
-        Key(Tensor::from_vec(vec![(seed >> 32) as u32, seed as u32], [2]))
+        Key(Tensor::from_vec(
+            vec![(seed >> 32) as u32, seed as u32],
+            [2],
+        ))
     }
 
     /// A key from its two words.
@@ -33,7 +36,10 @@ impl Key {
 
     fn words(&self) -> (Tensor, Tensor) {
         let k = &self.0;
-        (k.slice(&[0], &[1]).reshape([]), k.slice(&[1], &[2]).reshape([]))
+        (
+            k.slice(&[0], &[1]).reshape([]),
+            k.slice(&[1], &[2]).reshape([]),
+        )
     }
 
     /// `jax.random.split(key)` into two keys.
@@ -93,7 +99,8 @@ fn u32s(x: u32) -> Tensor {
 
 #[track_caller]
 fn rotl(x: &Tensor, r: u32) -> Tensor {
-    x.shift_left(&u32s(r)).bitor(&x.shift_right_logical(&u32s(32 - r)))
+    x.shift_left(&u32s(r))
+        .bitor(&x.shift_right_logical(&u32s(32 - r)))
 }
 
 /// Threefry-2x32 with 20 rounds (Random123's rotation constants) on counter words `x0`, `x1`.

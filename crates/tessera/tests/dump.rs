@@ -12,7 +12,10 @@ fn dump_writes_parseable_numbered_ir() {
     unsafe { std::env::set_var("TESSERA_DUMP", &dir) };
     let f = jit(|x: Tensor| x.tanh().sum()).named("dumped");
     f.call(Tensor::ones([4])).unwrap();
-    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
     assert_eq!(name, "dumped-1.00-trace.ir");
