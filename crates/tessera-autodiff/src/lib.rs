@@ -404,7 +404,14 @@ fn vjp_rule(
                 vec![]
             }
         }
-        Op::Bitcast(_) => vec![],
+        // Reinterpreting bits has no derivative, except the identity (a type to itself).
+        Op::Bitcast(to) => {
+            if b.ty(xs[0]).dtype == *to {
+                vec![Some(g)]
+            } else {
+                vec![]
+            }
+        }
         Op::BroadcastInDim { shape, dims } => {
             let from = b.ty(xs[0]);
             let summed: Vec<usize> = (0..shape.rank())

@@ -293,3 +293,75 @@ pub fn covered_op_names(samples: &[Sample]) -> std::collections::BTreeSet<&'stat
         .flat_map(|s| s.graph.node_ids().map(|id| s.graph.op(id).name()))
         .collect()
 }
+
+/// A small deterministic generator (an LCG), so table tests need no dependency and reproduce.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// Uniform in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.next_f64()
+    }
+}
+
+/// Random inputs for a sample, inside the domain of its op: positive for log and sqrt, inside
+/// (-1, 1) for erf_inv, shift amounts in 0..40 (some past the width), integers small with a few
+/// near u32::MAX to exercise wrapping.
+pub fn random_inputs(sample: &Sample, rng: &mut Lcg) -> Vec<Literal> {
+    let g = &sample.graph;
+    let op = g.op(g.outputs()[0]).clone();
+    let shift = matches!(
+        op,
+        Op::Binary(BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical)
+    );
+    let (lo, hi) = match op {
+        Op::Unary(UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt) | Op::Binary(BinaryOp::Pow) => {
+            (0.1, 3.0)
+        }
+        Op::Unary(UnaryOp::Log1p) => (-0.9, 3.0),
+        Op::Unary(UnaryOp::ErfInv) => (-0.99, 0.99),
+        _ if shift => (0.0, 40.0),
+        _ => (-4.0, 4.0),
+    };
+    g.params()
+        .iter()
+        .map(|&p| {
+            let ty = g.ty(p);
+            let n = ty.numel();
+            let data = match ty.dtype {
+                DType::F32 => Data::F32((0..n).map(|_| rng.range(lo, hi) as f32).collect()),
+                DType::F64 => Data::F64((0..n).map(|_| rng.range(lo, hi)).collect()),
+                DType::I32 if shift => {
+                    Data::I32((0..n).map(|_| rng.range(lo, hi) as i32).collect())
+                }
+                DType::I32 => Data::I32(
+                    (0..n)
+                        .map(|_| (rng.range(lo, hi) * 10.0).round() as i32)
+                        .collect(),
+                ),
+                DType::U32 => Data::U32(
+                    (0..n)
+                        .map(|i| match (shift, i % 5) {
+                            (true, _) => rng.range(lo, hi) as u32,
+                            (false, 4) => u32::MAX - i as u32,
+                            (false, _) => (rng.range(0.0, hi) * 10.0) as u32,
+                        })
+                        .collect(),
+                ),
+                DType::Bool => Data::Bool((0..n).map(|_| rng.next_f64() < 0.5).collect()),
+            };
+            Literal {
+                ty: ty.clone(),
+                data,
+            }
+        })
+        .collect()
+}

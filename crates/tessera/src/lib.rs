@@ -38,8 +38,8 @@ pub mod prelude {
     pub use crate::random::{self, Key};
     pub use crate::tree::{self, Tree};
     pub use crate::{
-        DType, DotDims, Error, Jitted, Lowered, Result, Tensor, grad, jit, make_ir, value_and_grad,
-        value_and_grad_argnums, value_and_grad_with_aux, vjp,
+        DType, DotDims, Error, Jitted, Lowered, Result, Tensor, eval_graph, grad, jit, make_ir,
+        value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp,
     };
     pub use tessera_derive::Tree;
 }
