@@ -32,7 +32,8 @@ fn loss(p: &Mlp, x: &Tensor, y: &Tensor) -> Tensor {
     (forward(p, x) - y).square().mean()
 }
 
-fn main() -> Result<()> {
+/// Trains for `steps` steps and returns the loss of every step.
+pub fn train(steps: usize) -> Result<Vec<f32>> {
     let mut params = init(Key::new(0), 10, 32, 1);
     let x = random::normal(&Key::new(1), [256, 10]);
     let y = random::normal(&Key::new(2), [256, 1]);
@@ -41,12 +42,18 @@ fn main() -> Result<()> {
         (tree::map2(&p, &g, |p, g| p - g * 0.01), l)
     })
     .named("train_step");
-    for i in 0..50 {
+    let mut losses = Vec::with_capacity(steps);
+    for _ in 0..steps {
         let (p, l) = step.call((params, x.clone(), y.clone()))?;
         params = p;
-        if i % 10 == 0 {
-            println!("Step {i}: Loss = {:.6}", l.item::<f32>());
-        }
+        losses.push(l.item::<f32>());
+    }
+    Ok(losses)
+}
+
+fn main() -> Result<()> {
+    for (i, l) in train(50)?.iter().enumerate().step_by(10) {
+        println!("Step {i}: Loss = {l:.6}");
     }
     Ok(())
 }
