@@ -111,6 +111,14 @@ fn trace_fn<In: Tree, Out: Tree>(
     types: &[TensorType],
 ) -> Result<Lowered> {
     let (guard, tracers) = trace::begin(name, types);
+    {
+        // Name each parameter by its place in the argument tree.
+        let mut g = guard.state.graph.borrow_mut();
+        let params = g.params().to_vec();
+        for (p, path) in params.into_iter().zip(def.leaf_paths()) {
+            g.node_mut(p).loc = Some(path);
+        }
+    }
     let args: In = tree::unflatten(def, tracers)?;
     let out = catch(|| f(args))?;
     let (leaves, out_def) = tree::flatten(&out);

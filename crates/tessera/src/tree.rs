@@ -60,6 +60,33 @@ impl TreeDef {
         }
     }
 
+    /// A readable path for every leaf, in order: `0.w1` is field `w1` of tuple element 0.
+    pub fn leaf_paths(&self) -> Vec<String> {
+        fn walk(def: &TreeDef, prefix: &str, out: &mut Vec<String>) {
+            match def {
+                TreeDef::Leaf => out.push(if prefix.is_empty() {
+                    "arg".into()
+                } else {
+                    prefix.into()
+                }),
+                TreeDef::Node { keys, children, .. } => {
+                    for (i, c) in children.iter().enumerate() {
+                        let part = keys.get(i).cloned().unwrap_or_else(|| i.to_string());
+                        let p = if prefix.is_empty() {
+                            part
+                        } else {
+                            format!("{prefix}.{part}")
+                        };
+                        walk(c, &p, out);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(self, "", &mut out);
+        out
+    }
+
     /// A short text of the structure, `(Mlp{w1: *, b1: *}, *)`.
     pub fn describe(&self) -> String {
         match self {
