@@ -1,0 +1,532 @@
+//! Inline approximations of the f32 elementwise functions, written once for scalars (`f32`) and
+//! vectors (`f32x4`): no call per element. The maximum errors stated here are measured by
+//! `tests/approx.rs` against f64 references over the ranges it names.
+//!
+//! | function | method | measured bound |
+//! | --- | --- | --- |
+//! | exp | n = round(x log2 e), Cody-Waite reduction, degree-7 Taylor, 2^n by exponent bits; x < -87.34 flushes to 0 | 3e-7 relative |
+//! | log | x = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh((m-1)/(m+1)) to s^9 | 3e-7 relative, 1e-7 absolute near 1 |
+//! | log1p, expm1 | Goldberg's and Kahan's corrections over log and exp | 5e-7 relative |
+//! | tanh | Eigen's rational 13/6 on clamped x | 5e-7 absolute |
+//! | logistic | 1 / (1 + exp(-x)) | 5e-7 relative |
+//! | sin, cos | round(x 2/pi), 3-part Cody-Waite, degree-9/8 Taylor per quadrant | 3e-7 absolute for abs(x) < 1e4 |
+//! | erf | Eigen's rational 13/8 on x clamped to [-4, 4] | 3e-7 absolute |
+//! | erf_inv | Giles (2010), XLA's f32 constants, over the log1p above | 3e-6 relative |
+//! | pow | exp(y log abs(x)), sign for integer y | 2e-6 relative for abs(y log x) < 10 |
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::types::{F32, F32X4, F64, I32, I32X4};
+use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_frontend::FunctionBuilder;
+use tessera_ir::{BinaryOp, UnaryOp};
+
+/// The float type being computed in (`f32`, `f32x4`, or `f64` for the exact functions), and
+/// whether `fma` is a native instruction.
+#[derive(Clone, Copy)]
+pub struct Fx {
+    pub ty: Type,
+    pub fma: bool,
+}
+
+fn le() -> MemFlagsData {
+    MemFlagsData::new().with_endianness(Endianness::Little)
+}
+
+impl Fx {
+    fn vector(self) -> bool {
+        self.ty == F32X4
+    }
+
+    fn ity(self) -> Type {
+        if self.vector() { I32X4 } else { I32 }
+    }
+
+    fn c(self, b: &mut FunctionBuilder, v: f64) -> Value {
+        match self.ty {
+            F64 => b.ins().f64const(v),
+            F32 => b.ins().f32const(v as f32),
+            _ => {
+                let s = b.ins().f32const(v as f32);
+                b.ins().splat(F32X4, s)
+            }
+        }
+    }
+
+    fn ci(self, b: &mut FunctionBuilder, v: i32) -> Value {
+        let s = b.ins().iconst(I32, v as i64);
+        if self.vector() {
+            b.ins().splat(I32X4, s)
+        } else {
+            s
+        }
+    }
+
+    /// `a * x + c`, one rounding when FMA is native.
+    fn fma(self, b: &mut FunctionBuilder, a: Value, x: Value, c: Value) -> Value {
+        if self.fma {
+            b.ins().fma(a, x, c)
+        } else {
+            let p = b.ins().fmul(a, x);
+            b.ins().fadd(p, c)
+        }
+    }
+
+    /// `mask ? a : o`, lane by lane.
+    fn sel(self, b: &mut FunctionBuilder, mask: Value, a: Value, o: Value) -> Value {
+        if self.vector() {
+            let m = if b.func.dfg.value_type(mask) == F32X4 {
+                mask
+            } else {
+                b.ins().bitcast(F32X4, le(), mask)
+            };
+            b.ins().bitselect(m, a, o)
+        } else {
+            b.ins().select(mask, a, o)
+        }
+    }
+
+    fn to_bits(self, b: &mut FunctionBuilder, x: Value) -> Value {
+        let flags = if self.vector() {
+            le()
+        } else {
+            MemFlagsData::new()
+        };
+        b.ins().bitcast(self.ity(), flags, x)
+    }
+
+    fn from_bits(self, b: &mut FunctionBuilder, x: Value) -> Value {
+        let flags = if self.vector() {
+            le()
+        } else {
+            MemFlagsData::new()
+        };
+        b.ins().bitcast(self.ty, flags, x)
+    }
+
+    /// Horner's scheme, coefficients from the highest power down.
+    fn horner(self, b: &mut FunctionBuilder, x: Value, coeffs: &[f64]) -> Value {
+        let mut p = self.c(b, coeffs[0]);
+        for &c in &coeffs[1..] {
+            let cv = self.c(b, c);
+            p = self.fma(b, p, x, cv);
+        }
+        p
+    }
+
+    fn fcmp(self, b: &mut FunctionBuilder, cc: FloatCC, x: Value, y: Value) -> Value {
+        b.ins().fcmp(cc, x, y)
+    }
+}
+
+/// `exp(x)` (see the module table).
+pub fn exp(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+    let lo = f.c(b, -87.336_54);
+    let hi = f.c(b, 88.376_26);
+    let xc = b.ins().fmax(x, lo);
+    let xc = b.ins().fmin(xc, hi);
+    let log2e = f.c(b, std::f64::consts::LOG2_E);
+    let t = b.ins().fmul(xc, log2e);
+    let n = b.ins().nearest(t);
+    let ln2_hi = f.c(b, -0.693_145_75);
+    let ln2_lo = f.c(b, -1.428_606_8e-6);
+    let r = f.fma(b, n, ln2_hi, xc);
+    let r = f.fma(b, n, ln2_lo, r);
+    let p = f.horner(
+        b,
+        r,
+        &[
+            1.0 / 5040.0,
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+            1.0,
+        ],
+    );
+    let ni = b.ins().fcvt_to_sint_sat(f.ity(), n);
+    let bias = f.ci(b, 127);
+    let e = b.ins().iadd(ni, bias);
+    let e = b.ins().ishl_imm_s(e, 23);
+    let scale = f.from_bits(b, e);
+    let res = b.ins().fmul(p, scale);
+    let inf = f.c(b, f64::INFINITY);
+    let limit = f.c(b, 88.722_84);
+    let over = f.fcmp(b, FloatCC::GreaterThan, x, limit);
+    let res = f.sel(b, over, inf, res);
+    let under = f.fcmp(b, FloatCC::LessThan, x, lo);
+    let zero = f.c(b, 0.0);
+    f.sel(b, under, zero, res)
+}
+
+/// `log(x)` (see the module table).
+pub fn log(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+    let min_normal = f.c(b, f32::MIN_POSITIVE as f64);
+    let small = f.fcmp(b, FloatCC::LessThan, x, min_normal);
+    let two23 = f.c(b, 8_388_608.0);
+    let scaled = b.ins().fmul(x, two23);
+    let xs = f.sel(b, small, scaled, x);
+    let bits = f.to_bits(b, xs);
+    let e = b.ins().ushr_imm_s(bits, 23);
+    let bias = f.ci(b, 127);
+    let e = b.ins().isub(e, bias);
+    let mant_mask = f.ci(b, 0x007f_ffff);
+    let one_bits = f.ci(b, 0x3f80_0000);
+    let mb = b.ins().band(bits, mant_mask);
+    let mb = b.ins().bor(mb, one_bits);
+    let m = f.from_bits(b, mb);
+    let sqrt2 = f.c(b, std::f64::consts::SQRT_2);
+    let big = f.fcmp(b, FloatCC::GreaterThan, m, sqrt2);
+    let half = f.c(b, 0.5);
+    let mh = b.ins().fmul(m, half);
+    let m = f.sel(b, big, mh, m);
+    let one_i = f.ci(b, 1);
+    let zero_i = f.ci(b, 0);
+    let big_i = if f.vector() {
+        let bm = b.ins().bitcast(I32X4, le(), big);
+        b.ins().band(bm, one_i)
+    } else {
+        b.ins().select(big, one_i, zero_i)
+    };
+    let e = b.ins().iadd(e, big_i);
+    let ef = b.ins().fcvt_from_sint(f.ty, e);
+    let adj = f.c(b, -23.0);
+    let zero = f.c(b, 0.0);
+    let adj = f.sel(b, small, adj, zero);
+    let ef = b.ins().fadd(ef, adj);
+    let one = f.c(b, 1.0);
+    let two = f.c(b, 2.0);
+    let fm = b.ins().fsub(m, one);
+    let den = b.ins().fadd(fm, two);
+    let s = b.ins().fdiv(fm, den);
+    let s2 = b.ins().fmul(s, s);
+    let p = f.horner(b, s2, &[2.0 / 9.0, 2.0 / 7.0, 2.0 / 5.0, 2.0 / 3.0, 2.0]);
+    let logm = b.ins().fmul(s, p);
+    let ln2_hi = f.c(b, 0.693_145_75);
+    let ln2_lo = f.c(b, 1.428_606_8e-6);
+    let lo_part = f.fma(b, ef, ln2_lo, logm);
+    let res = f.fma(b, ef, ln2_hi, lo_part);
+    // Special values: +inf, 0, negatives, NaN.
+    let inf = f.c(b, f64::INFINITY);
+    let ninf = f.c(b, f64::NEG_INFINITY);
+    let nan = f.c(b, f64::NAN);
+    let is_inf = f.fcmp(b, FloatCC::Equal, x, inf);
+    let res = f.sel(b, is_inf, inf, res);
+    let is_zero = f.fcmp(b, FloatCC::Equal, x, zero);
+    let res = f.sel(b, is_zero, ninf, res);
+    let neg = f.fcmp(b, FloatCC::LessThan, x, zero);
+    let res = f.sel(b, neg, nan, res);
+    let is_nan = f.fcmp(b, FloatCC::Unordered, x, x);
+    f.sel(b, is_nan, x, res)
+}
+
+/// `log1p(x) = log(u) * x / (u - 1)` with `u = 1 + x` (Goldberg), `x` where `u == 1`.
+pub fn log1p(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+    let one = f.c(b, 1.0);
+    let u = b.ins().fadd(one, x);
+    let d = b.ins().fsub(u, one);
+    let l = log(b, f, u);
+    let q = b.ins().fdiv(x, d);
+    let r = b.ins().fmul(l, q);
+    let tiny = f.fcmp(b, FloatCC::Equal, u, one);
+    f.sel(b, tiny, x, r)
+}
+
+/// `expm1(x) = (u - 1) * x / log(u)` with `u = exp(x)` (Kahan).
+pub fn expm1(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+    let u = exp(b, f, x);
+    let one = f.c(b, 1.0);
+    let d = b.ins().fsub(u, one);
+    let l = log(b, f, u);
+    let t = b.ins().fmul(d, x);
+    let r = b.ins().fdiv(t, l);
+    let m1 = f.c(b, -1.0);
+    let is_m1 = f.fcmp(b, FloatCC::Equal, d, m1);
+    let r = f.sel(b, is_m1, m1, r);
+    let inf = f.c(b, f64::INFINITY);
+    let is_inf = f.fcmp(b, FloatCC::Equal, u, inf);
+    let r = f.sel(b, is_inf, inf, r);
+    let tiny = f.fcmp(b, FloatCC::Equal, u, one);
+    f.sel(b, tiny, x, r)
+}
+
+/// `tanh(x)`: Eigen's rational approximation.
+pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+    let lim = f.c(b, 7.905_311_107_635_498);
+    let nlim = f.c(b, -7.905_311_107_635_498);
+    let xc = b.ins().fmin(x, lim);
+    let xc = b.ins().fmax(xc, nlim);
+    let x2 = b.ins().fmul(xc, xc);
+    let p = f.horner(
+        b,
+        x2,
+        &[
+            -2.760_768_477_423_55e-16,
+            2.000_187_904_824_77e-13,
+            -8.604_671_522_137_35e-11,
+            5.122_297_090_371_14e-8,
+            1.485_722_357_179_79e-5,
+            6.372_619_288_754_36e-4,
+            4.893_524_558_917_86e-3,
+        ],
+    );
+    let p = b.ins().fmul(p, xc);
+    let q = f.horner(
+        b,
+        x2,
+        &[
+            1.198_258_394_667_02e-6,
+            1.185_347_056_866_54e-4,
+            2.268_434_632_439e-3,
+            4.893_525_185_543_85e-3,
+        ],
+    );
+    let r = b.ins().fdiv(p, q);
+    let ax = b.ins().fabs(x);
+    let tiny_lim = f.c(b, 0.0004);
+    let tiny = f.fcmp(b, FloatCC::LessThan, ax, tiny_lim);
+    f.sel(b, tiny, x, r)
+}
+
+/// `1 / (1 + exp(-x))`.
+pub fn logistic(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+    let nx = b.ins().fneg(x);
+    let e = exp(b, f, nx);
+    let one = f.c(b, 1.0);
+    let den = b.ins().fadd(one, e);
+    b.ins().fdiv(one, den)
+}
+
+/// `sin(x)` (`cos` when `cos` is set): reduction by pi/2, a polynomial per quadrant.
+pub fn sin_cos(b: &mut FunctionBuilder, f: Fx, x: Value, cos: bool) -> Value {
+    let two_over_pi = f.c(b, std::f64::consts::FRAC_2_PI);
+    let t = b.ins().fmul(x, two_over_pi);
+    let j = b.ins().nearest(t);
+    let p1 = f.c(b, -1.570_796_370_506_286_6);
+    let p2 = f.c(b, 4.371_139_000_186_24e-8);
+    let p3 = f.c(b, 1.715_124_5e-15);
+    let r = f.fma(b, j, p1, x);
+    let r = f.fma(b, j, p2, r);
+    let r = f.fma(b, j, p3, r);
+    let r2 = b.ins().fmul(r, r);
+    let sp = f.horner(
+        b,
+        r2,
+        &[1.0 / 362_880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0],
+    );
+    let r3 = b.ins().fmul(r, r2);
+    let s = f.fma(b, r3, sp, r);
+    let c = f.horner(b, r2, &[1.0 / 40320.0, -1.0 / 720.0, 1.0 / 24.0, -0.5, 1.0]);
+    let q = b.ins().fcvt_to_sint_sat(f.ity(), j);
+    let q = if cos {
+        let one = f.ci(b, 1);
+        b.ins().iadd(q, one)
+    } else {
+        q
+    };
+    let one = f.ci(b, 1);
+    let two = f.ci(b, 2);
+    let zero = f.ci(b, 0);
+    let q1 = b.ins().band(q, one);
+    let q2 = b.ins().band(q, two);
+    let swap = b.ins().icmp(IntCC::NotEqual, q1, zero);
+    let neg = b.ins().icmp(IntCC::NotEqual, q2, zero);
+    let v = f.sel(b, swap, c, s);
+    let nv = b.ins().fneg(v);
+    f.sel(b, neg, nv, v)
+}
+
+/// `erf(x)`: Eigen's rational approximation on x clamped to [-4, 4].
+pub fn erf(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+    let lim = f.c(b, 4.0);
+    let nlim = f.c(b, -4.0);
+    let xc = b.ins().fmin(x, lim);
+    let xc = b.ins().fmax(xc, nlim);
+    let x2 = b.ins().fmul(xc, xc);
+    let p = f.horner(
+        b,
+        x2,
+        &[
+            -2.726_142_258_013_06e-10,
+            2.770_681_424_959_02e-8,
+            -2.101_024_020_825_08e-6,
+            -5.692_506_394_623_46e-5,
+            -7.349_906_303_268_55e-4,
+            -2.954_599_808_540_25e-3,
+            -1.609_603_332_624_15e-2,
+        ],
+    );
+    let p = b.ins().fmul(p, xc);
+    let q = f.horner(
+        b,
+        x2,
+        &[
+            -1.456_607_184_649_96e-5,
+            -2.133_740_552_789_05e-4,
+            -1.682_826_974_382_03e-3,
+            -7.373_329_167_204_68e-3,
+            -1.426_473_905_141_89e-2,
+        ],
+    );
+    b.ins().fdiv(p, q)
+}
+
+/// `erf_inv(x)`: Giles (2010) with XLA's f32 constants, both branches computed and selected.
+pub fn erf_inv(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+    #[allow(clippy::excessive_precision)]
+    const LT_5: [f64; 9] = [
+        2.81022636e-08,
+        3.43273939e-07,
+        -3.5233877e-06,
+        -4.39150654e-06,
+        0.00021858087,
+        -0.00125372503,
+        -0.00417768164,
+        0.246640727,
+        1.50140941,
+    ];
+    #[allow(clippy::excessive_precision)]
+    const GE_5: [f64; 9] = [
+        -0.000200214257,
+        0.000100950558,
+        0.00134934322,
+        -0.00367342844,
+        0.00573950773,
+        -0.0076224613,
+        0.00943887047,
+        1.00167406,
+        2.83297682,
+    ];
+    let nx = b.ins().fneg(x);
+    let xx = b.ins().fmul(x, nx);
+    let l = log1p(b, f, xx);
+    let w = b.ins().fneg(l);
+    let five = f.c(b, 5.0);
+    let lt = f.fcmp(b, FloatCC::LessThan, w, five);
+    let two5 = f.c(b, 2.5);
+    let three = f.c(b, 3.0);
+    let w1 = b.ins().fsub(w, two5);
+    let sw = b.ins().sqrt(w);
+    let w2 = b.ins().fsub(sw, three);
+    let wv = f.sel(b, lt, w1, w2);
+    let c0a = f.c(b, LT_5[0]);
+    let c0b = f.c(b, GE_5[0]);
+    let mut p = f.sel(b, lt, c0a, c0b);
+    for i in 1..9 {
+        let ca = f.c(b, LT_5[i]);
+        let cb = f.c(b, GE_5[i]);
+        let c = f.sel(b, lt, ca, cb);
+        p = f.fma(b, p, wv, c);
+    }
+    let r = b.ins().fmul(p, x);
+    let ax = b.ins().fabs(x);
+    let one = f.c(b, 1.0);
+    let edge = f.fcmp(b, FloatCC::Equal, ax, one);
+    let inf = f.c(b, f64::INFINITY);
+    let xi = b.ins().fmul(x, inf);
+    f.sel(b, edge, xi, r)
+}
+
+/// `round` (half away from zero) and `sign`, exact for any float type.
+pub fn unary_exact(b: &mut FunctionBuilder, f: Fx, u: UnaryOp, x: Value) -> Value {
+    let zero = f.c(b, 0.0);
+    let one = f.c(b, 1.0);
+    match u {
+        UnaryOp::Round => {
+            let t = b.ins().trunc(x);
+            let d = b.ins().fsub(x, t);
+            let ad = b.ins().fabs(d);
+            let half = f.c(b, 0.5);
+            let up = f.fcmp(b, FloatCC::GreaterThanOrEqual, ad, half);
+            let m1 = f.c(b, -1.0);
+            let neg = f.fcmp(b, FloatCC::LessThan, x, zero);
+            let s = f.sel(b, neg, m1, one);
+            let adj = f.sel(b, up, s, zero);
+            b.ins().fadd(t, adj)
+        }
+        _ => {
+            let m1 = f.c(b, -1.0);
+            let pos = f.fcmp(b, FloatCC::GreaterThan, x, zero);
+            let neg = f.fcmp(b, FloatCC::LessThan, x, zero);
+            let r = f.sel(b, neg, m1, x);
+            f.sel(b, pos, one, r)
+        }
+    }
+}
+
+/// Every f32 unary op, scalar or vector.
+pub fn unary_f32(b: &mut FunctionBuilder, f: Fx, u: UnaryOp, x: Value) -> Value {
+    match u {
+        UnaryOp::Neg => b.ins().fneg(x),
+        UnaryOp::Abs => b.ins().fabs(x),
+        UnaryOp::Sign | UnaryOp::Round => unary_exact(b, f, u, x),
+        UnaryOp::Exp => exp(b, f, x),
+        UnaryOp::Log => log(b, f, x),
+        UnaryOp::Log1p => log1p(b, f, x),
+        UnaryOp::Expm1 => expm1(b, f, x),
+        UnaryOp::Tanh => tanh(b, f, x),
+        UnaryOp::Logistic => logistic(b, f, x),
+        UnaryOp::Sin => sin_cos(b, f, x, false),
+        UnaryOp::Cos => sin_cos(b, f, x, true),
+        UnaryOp::Sqrt => b.ins().sqrt(x),
+        UnaryOp::Rsqrt => {
+            let s = b.ins().sqrt(x);
+            let one = f.c(b, 1.0);
+            b.ins().fdiv(one, s)
+        }
+        UnaryOp::Floor => b.ins().floor(x),
+        UnaryOp::Ceil => b.ins().ceil(x),
+        UnaryOp::Erf => erf(b, f, x),
+        UnaryOp::ErfInv => erf_inv(b, f, x),
+        // The type rule admits `not` for integers and bool only.
+        UnaryOp::Not => x,
+    }
+}
+
+/// `x ** y` for f32 (see the module table).
+pub fn pow(b: &mut FunctionBuilder, f: Fx, x: Value, y: Value) -> Value {
+    let ax = b.ins().fabs(x);
+    let l = log(b, f, ax);
+    let yl = b.ins().fmul(y, l);
+    let r = exp(b, f, yl);
+    let ty = b.ins().trunc(y);
+    let yi = f.fcmp(b, FloatCC::Equal, ty, y);
+    let half = f.c(b, 0.5);
+    let hy = b.ins().fmul(y, half);
+    let thy = b.ins().trunc(hy);
+    let odd_h = f.fcmp(b, FloatCC::NotEqual, thy, hy);
+    let odd = b.ins().band(yi, odd_h);
+    let nr = b.ins().fneg(r);
+    let signed = f.sel(b, odd, nr, r);
+    let nan = f.c(b, f64::NAN);
+    let neg_case = f.sel(b, yi, signed, nan);
+    let zero = f.c(b, 0.0);
+    let neg = f.fcmp(b, FloatCC::LessThan, x, zero);
+    let r = f.sel(b, neg, neg_case, r);
+    let one = f.c(b, 1.0);
+    let y0 = f.fcmp(b, FloatCC::Equal, y, zero);
+    let r = f.sel(b, y0, one, r);
+    let x1 = f.fcmp(b, FloatCC::Equal, x, one);
+    f.sel(b, x1, one, r)
+}
+
+/// The f32 binary ops, scalar or vector (`rem` goes through a call, see `lower.rs`).
+pub fn binary_f32(b: &mut FunctionBuilder, f: Fx, op: BinaryOp, x: Value, y: Value) -> Value {
+    match op {
+        BinaryOp::Add => b.ins().fadd(x, y),
+        BinaryOp::Sub => b.ins().fsub(x, y),
+        BinaryOp::Mul => b.ins().fmul(x, y),
+        BinaryOp::Div => b.ins().fdiv(x, y),
+        BinaryOp::Max => b.ins().fmax(x, y),
+        BinaryOp::Min => b.ins().fmin(x, y),
+        BinaryOp::Pow => pow(b, f, x, y),
+        // Not reachable for floats (the type rule), and `rem` is lowered before this.
+        BinaryOp::Rem
+        | BinaryOp::And
+        | BinaryOp::Or
+        | BinaryOp::Xor
+        | BinaryOp::ShiftLeft
+        | BinaryOp::ShiftRightLogical => x,
+    }
+}

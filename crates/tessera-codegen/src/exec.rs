@@ -1,0 +1,279 @@
+//! The executable: a schedule of steps (native kernels, GEMM calls, collectives) over buffers
+//! in one arena, with inputs and outputs bound at launch.
+
+use std::cell::RefCell;
+use std::fmt::Write;
+
+use tessera_interp::{Collectives, InterpError};
+use tessera_ir::{DType, Data, Literal, Mesh, TensorType};
+
+use crate::fusion::{BufKind, GemmSpec, Schedule, StepKind};
+use crate::lower::{Compiled, KernelFn};
+use crate::plan::Plan;
+
+/// A compiled program. `run` may be called from one thread at a time per executable (each
+/// device of the sharded runtime owns its own).
+pub struct Executable {
+    schedule: Schedule,
+    /// The compiled kernel of each step that has one.
+    kernels: Vec<Option<KernelFn>>,
+    _code: Compiled,
+    plan: Plan,
+    mesh: Option<Mesh>,
+    /// The arena, kept between runs so a step allocates nothing.
+    arena: RefCell<Vec<u64>>,
+    /// Use both cores for GEMMs this large (m*n*k), when running alone on the machine.
+    parallel_gemm_from: usize,
+}
+
+fn data_ptr(d: &Data) -> *const u8 {
+    match d {
+        Data::F32(v) => v.as_ptr() as *const u8,
+        Data::F64(v) => v.as_ptr() as *const u8,
+        Data::I32(v) => v.as_ptr() as *const u8,
+        Data::U32(v) => v.as_ptr() as *const u8,
+        Data::Bool(v) => v.as_ptr() as *const u8,
+    }
+}
+
+/// Copies `ty.numel()` elements of type `ty.dtype` from `p` into a new literal.
+///
+/// # Safety
+/// `p` must point to that many initialized elements of that type (bools as bytes 0 or 1).
+unsafe fn literal_from(ty: &TensorType, p: *const u8) -> Literal {
+    let n = ty.numel();
+    // SAFETY: the caller guarantees `n` valid elements at `p`; each slice is copied at once.
+    let data = unsafe {
+        match ty.dtype {
+            DType::F32 => Data::F32(std::slice::from_raw_parts(p as *const f32, n).to_vec()),
+            DType::F64 => Data::F64(std::slice::from_raw_parts(p as *const f64, n).to_vec()),
+            DType::I32 => Data::I32(std::slice::from_raw_parts(p as *const i32, n).to_vec()),
+            DType::U32 => Data::U32(std::slice::from_raw_parts(p as *const u32, n).to_vec()),
+            DType::Bool => Data::Bool(std::slice::from_raw_parts(p as *const bool, n).to_vec()),
+        }
+    };
+    Literal {
+        ty: ty.clone(),
+        data,
+    }
+}
+
+impl Executable {
+    pub(crate) fn new(
+        schedule: Schedule,
+        code: Compiled,
+        kernel_steps: Vec<Option<usize>>,
+        mesh: Option<Mesh>,
+    ) -> Executable {
+        let kernels = kernel_steps
+            .iter()
+            .map(|k| k.map(|i| code.functions[i]))
+            .collect();
+        let plan = Plan::new(&schedule);
+        Executable {
+            arena: RefCell::new(vec![0u64; plan.arena_bytes.div_ceil(8)]),
+            schedule,
+            kernels,
+            _code: code,
+            plan,
+            mesh,
+            parallel_gemm_from: 64 * 64 * 64,
+        }
+    }
+
+    /// Never split a GEMM over threads (each device thread of the sharded runtime runs its own).
+    pub fn single_threaded(mut self) -> Executable {
+        self.parallel_gemm_from = usize::MAX;
+        self
+    }
+
+    /// The steps, one per line: for dumps and tests.
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        for (i, step) in self.schedule.steps.iter().enumerate() {
+            let what = match &step.kind {
+                StepKind::Kernel(k) => format!("kernel {}", k.summary()),
+                StepKind::Gemm(g) => format!(
+                    "gemm {} m={} n={} k={} batch={}",
+                    g.dtype,
+                    g.m,
+                    g.n,
+                    g.k,
+                    g.batch.len()
+                ),
+                StepKind::Collective(op) => format!("collective {}", op.name()),
+            };
+            writeln!(
+                s,
+                "{i:3}: buf{} <- {what} (reads {:?})",
+                step.output, step.inputs
+            )
+            .unwrap();
+        }
+        writeln!(s, "arena: {} bytes", self.plan.arena_bytes).unwrap();
+        s
+    }
+
+    /// The number of fused kernels.
+    pub fn kernel_count(&self) -> usize {
+        self.kernels.iter().flatten().count()
+    }
+
+    /// Runs the program on `inputs`, its collectives through `collectives`.
+    pub fn run(
+        &self,
+        inputs: &[&Literal],
+        collectives: &dyn Collectives,
+    ) -> Result<Vec<Literal>, InterpError> {
+        let mut arena = self.arena.borrow_mut();
+        let base = arena.as_mut_ptr() as *mut u8;
+        let bufs = &self.schedule.bufs;
+        let mut ptrs: Vec<*mut u8> = Vec::with_capacity(bufs.len());
+        for (i, b) in bufs.iter().enumerate() {
+            let p = match &b.kind {
+                BufKind::Input(k) => {
+                    let lit = inputs.get(*k).ok_or(InterpError::InputCount {
+                        expected: k + 1,
+                        got: inputs.len(),
+                    })?;
+                    if lit.ty != b.ty {
+                        return Err(InterpError::InputType {
+                            index: *k,
+                            expected: b.ty.clone(),
+                            got: lit.ty.clone(),
+                        });
+                    }
+                    // Kernels only read input buffers, so handing out `*mut` is sound.
+                    data_ptr(&lit.data) as *mut u8
+                }
+                BufKind::Constant(lit) => data_ptr(&lit.data) as *mut u8,
+                // SAFETY: the plan places every temporary inside the arena, which holds
+                // `arena_bytes` bytes.
+                BufKind::Temp => unsafe { base.add(self.plan.offsets[i]) },
+            };
+            ptrs.push(p);
+        }
+        let mut args: Vec<*mut u8> = Vec::new();
+        for (step, kernel) in self.schedule.steps.iter().zip(&self.kernels) {
+            match &step.kind {
+                StepKind::Kernel(_) => {
+                    args.clear();
+                    args.extend(step.inputs.iter().map(|&b| ptrs[b]));
+                    args.push(ptrs[step.output]);
+                    let f = kernel.expect("a kernel step has a compiled kernel");
+                    // SAFETY: the kernel was compiled for exactly these buffers: inputs in this
+                    // order, then the output, each sized by its type, and it accesses nothing
+                    // outside them (see lower.rs).
+                    unsafe { f(args.as_ptr()) };
+                }
+                StepKind::Gemm(g) => {
+                    // SAFETY: the spec's extents and strides describe views inside the operand
+                    // and result buffers (fusion.rs builds them from the buffer shapes).
+                    unsafe {
+                        self.gemm(
+                            g,
+                            ptrs[step.inputs[0]],
+                            ptrs[step.inputs[1]],
+                            ptrs[step.output],
+                        )
+                    };
+                }
+                StepKind::Collective(op) => {
+                    let mesh = self.mesh.as_ref().ok_or_else(|| InterpError::Op {
+                        op: op.name().into(),
+                        message: "collective in a program without a mesh".into(),
+                    })?;
+                    // SAFETY: the input buffer holds a value of its type (written by an earlier
+                    // step, or bound at launch).
+                    let input = step
+                        .inputs
+                        .first()
+                        .map(|&b| unsafe { literal_from(&bufs[b].ty, ptrs[b]) });
+                    let out_ty = &bufs[step.output].ty;
+                    let r = collectives.run(op, mesh, input.as_ref(), out_ty)?;
+                    let n = out_ty.byte_size();
+                    // SAFETY: the result has the output's type, so `n` bytes fit the buffer.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(data_ptr(&r.data), ptrs[step.output], n)
+                    };
+                }
+            }
+        }
+        Ok(self
+            .schedule
+            .outputs
+            .iter()
+            // SAFETY: every output buffer was written by its step or bound at launch.
+            .map(|&b| unsafe { literal_from(&bufs[b].ty, ptrs[b]) })
+            .collect())
+    }
+
+    /// # Safety
+    /// `l`, `r` and `o` must hold the views `g` describes.
+    unsafe fn gemm(&self, g: &GemmSpec, l: *mut u8, r: *mut u8, o: *mut u8) {
+        let par = if g.m * g.n * g.k >= self.parallel_gemm_from {
+            gemm::Parallelism::Rayon(0)
+        } else {
+            gemm::Parallelism::None
+        };
+        let nbatch: usize = g.batch.iter().map(|(e, _)| e).product();
+        for bi in 0..nbatch {
+            let (mut lo, mut ro, mut oo) = (0isize, 0isize, 0isize);
+            let mut rest = bi;
+            for (extent, [ls, rs, os]) in g.batch.iter().rev() {
+                let i = (rest % extent) as isize;
+                rest /= extent;
+                lo += i * ls;
+                ro += i * rs;
+                oo += i * os;
+            }
+            // SAFETY: offsets stay inside the buffers (the caller's contract).
+            unsafe {
+                match g.dtype {
+                    DType::F32 => {
+                        let (l, r, o) = (
+                            (l as *const f32).offset(lo),
+                            (r as *const f32).offset(ro),
+                            (o as *mut f32).offset(oo),
+                        );
+                        if g.k == 0 {
+                            zero_view(o, g.m, g.n, g.out);
+                        } else {
+                            gemm::gemm(
+                                g.m, g.n, g.k, o, g.out[1], g.out[0], false, l, g.lhs[1], g.lhs[0],
+                                r, g.rhs[1], g.rhs[0], 0.0f32, 1.0f32, false, false, false, par,
+                            );
+                        }
+                    }
+                    DType::F64 => {
+                        let (l, r, o) = (
+                            (l as *const f64).offset(lo),
+                            (r as *const f64).offset(ro),
+                            (o as *mut f64).offset(oo),
+                        );
+                        if g.k == 0 {
+                            zero_view(o, g.m, g.n, g.out);
+                        } else {
+                            gemm::gemm(
+                                g.m, g.n, g.k, o, g.out[1], g.out[0], false, l, g.lhs[1], g.lhs[0],
+                                r, g.rhs[1], g.rhs[0], 0.0f64, 1.0f64, false, false, false, par,
+                            );
+                        }
+                    }
+                    _ => unreachable!("fusion sends only float dots to GEMM"),
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// `o` must hold an `m x n` view with strides `s`.
+unsafe fn zero_view<T: Default>(o: *mut T, m: usize, n: usize, s: [isize; 2]) {
+    for i in 0..m as isize {
+        for j in 0..n as isize {
+            // SAFETY: inside the view (the caller's contract).
+            unsafe { *o.offset(i * s[0] + j * s[1]) = T::default() };
+        }
+    }
+}

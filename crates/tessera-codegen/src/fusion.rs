@@ -1,0 +1,656 @@
+//! Fusion: turns a per-device graph into a schedule of steps over buffers.
+//!
+//! Consumes a verified graph; produces a `Schedule`: the buffers (inputs, constants,
+//! temporaries) and the steps that fill them, in order. A node is materialized into a buffer
+//! when it is a parameter, an output, a non-splat constant, a dot, a reduction, an argmax, a
+//! collective, an operand of reshape/pad/concatenate/dot, or used more than once and not free to
+//! recompute. Every other node (elementwise ops, broadcasts, transposes, slices, splat constants,
+//! iota) is inlined into the kernel of each materialized node that uses it, as index arithmetic
+//! and scalar expressions: one loop nest per materialized node.
+
+use std::collections::HashMap;
+
+use tessera_ir::{DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, TensorType};
+
+use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar};
+
+/// Where a buffer's contents come from.
+#[derive(Clone, Debug)]
+pub enum BufKind {
+    /// The `i`-th input of the program.
+    Input(usize),
+    /// A constant baked into the executable.
+    Constant(Literal),
+    /// Written by a step; its memory is planned in the arena.
+    Temp,
+}
+
+#[derive(Clone, Debug)]
+pub struct Buf {
+    pub ty: TensorType,
+    pub kind: BufKind,
+}
+
+/// A matrix product on strided views, for the GEMM library: for every batch index,
+/// `out[m, n] = sum_k lhs[m, k] * rhs[k, n]`. Strides are in elements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmSpec {
+    pub dtype: DType,
+    /// Extent and (lhs, rhs, out) strides of each batch dim.
+    pub batch: Vec<(usize, [isize; 3])>,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// (row, col) strides: lhs is m x k, rhs k x n, out m x n.
+    pub lhs: [isize; 2],
+    pub rhs: [isize; 2],
+    pub out: [isize; 2],
+}
+
+#[derive(Clone, Debug)]
+pub enum StepKind {
+    Kernel(Kernel),
+    Gemm(GemmSpec),
+    /// A collective op, run through the program's transport.
+    Collective(Op),
+}
+
+/// One step: reads `inputs`, writes `output`.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub kind: StepKind,
+    pub inputs: Vec<usize>,
+    pub output: usize,
+}
+
+/// The schedule of a program.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    pub bufs: Vec<Buf>,
+    pub steps: Vec<Step>,
+    /// The buffer of each program output.
+    pub outputs: Vec<usize>,
+}
+
+fn row_major(dims: &[usize]) -> Vec<i64> {
+    let mut s = vec![1i64; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * dims[i + 1] as i64;
+    }
+    s
+}
+
+struct Fuser<'a> {
+    g: &'a Graph,
+    materialized: HashMap<NodeId, usize>,
+    sched: Schedule,
+}
+
+/// Builds the schedule of `g` (see the module doc).
+pub fn fuse(g: &Graph) -> Schedule {
+    let order = g.topo_order();
+    let mut users: HashMap<NodeId, usize> = HashMap::new();
+    let mut forced: Vec<NodeId> = Vec::new();
+    for &id in &order {
+        for o in g.operands(id) {
+            *users.entry(o).or_default() += 1;
+        }
+        match g.op(id) {
+            Op::Reshape(_) | Op::Pad { .. } | Op::Concatenate { .. } | Op::DotGeneral(_) => {
+                forced.extend(g.operands(id));
+            }
+            _ => {}
+        }
+    }
+    for &o in g.outputs() {
+        *users.entry(o).or_default() += 1;
+    }
+    let mut f = Fuser {
+        g,
+        materialized: HashMap::new(),
+        sched: Schedule {
+            bufs: Vec::new(),
+            steps: Vec::new(),
+            outputs: Vec::new(),
+        },
+    };
+    // Free to recompute in every user: splat constants, iota, and views of such or of buffers.
+    let mut cheap: HashMap<NodeId, bool> = HashMap::new();
+    for &id in &order {
+        let op = g.op(id);
+        let decide = match op {
+            Op::Parameter(i) => {
+                f.add_buf(id, BufKind::Input(*i));
+                continue;
+            }
+            Op::Constant(lit) if !lit.data.is_splat() || lit.data.is_empty() => {
+                f.add_buf(id, BufKind::Constant(lit.clone()));
+                continue;
+            }
+            Op::DotGeneral(_)
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::AllReduce { .. }
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllToAll { .. }
+            | Op::CollectivePermute { .. }
+            | Op::AxisIndex { .. } => true,
+            _ => {
+                let is_cheap = match op {
+                    Op::Constant(_) | Op::Iota { .. } => true,
+                    Op::BroadcastInDim { .. }
+                    | Op::Transpose(_)
+                    | Op::Slice { .. }
+                    | Op::ShardingConstraint(_) => {
+                        let o = g.operands(id)[0];
+                        f.materialized.contains_key(&o) || cheap.get(&o).copied().unwrap_or(false)
+                    }
+                    _ => false,
+                };
+                cheap.insert(id, is_cheap);
+                forced.contains(&id)
+                    || g.outputs().contains(&id)
+                    || (users.get(&id).copied().unwrap_or(0) > 1 && !is_cheap)
+            }
+        };
+        if decide {
+            f.materialize(id);
+        }
+    }
+    f.sched.outputs = g.outputs().iter().map(|o| f.materialized[o]).collect();
+    f.sched
+}
+
+impl Fuser<'_> {
+    fn add_buf(&mut self, id: NodeId, kind: BufKind) -> usize {
+        let b = self.sched.bufs.len();
+        self.sched.bufs.push(Buf {
+            ty: self.g.ty(id).clone(),
+            kind,
+        });
+        self.materialized.insert(id, b);
+        b
+    }
+
+    /// Emits the step that computes `id` into a new buffer.
+    fn materialize(&mut self, id: NodeId) {
+        let g = self.g;
+        let ty = g.ty(id).clone();
+        let operands = g.operands(id);
+        let op = g.op(id).clone();
+        let name = format!("{}_{}", op.name(), self.sched.steps.len());
+        let (kind, inputs) = match &op {
+            Op::AllReduce { .. }
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllToAll { .. }
+            | Op::CollectivePermute { .. }
+            | Op::AxisIndex { .. } => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                (StepKind::Collective(op.clone()), inputs)
+            }
+            Op::DotGeneral(dd) => {
+                let (l, r) = (
+                    self.materialized_buf(operands[0]),
+                    self.materialized_buf(operands[1]),
+                );
+                match gemm_spec(dd, g.ty(operands[0]), g.ty(operands[1]), &ty) {
+                    Some(spec) => (StepKind::Gemm(spec), vec![l, r]),
+                    None => {
+                        let mut inputs = Vec::new();
+                        let k =
+                            self.dot_kernel(name, dd, operands[0], operands[1], &ty, &mut inputs);
+                        (StepKind::Kernel(k), inputs)
+                    }
+                }
+            }
+            Op::Reduce { kind, axes } => {
+                let mut inputs = Vec::new();
+                let k =
+                    self.reduce_kernel(name, operands[0], axes, combine(*kind), &ty, &mut inputs);
+                (StepKind::Kernel(k), inputs)
+            }
+            Op::ArgMax { axis } => {
+                let mut inputs = Vec::new();
+                let k = self.reduce_kernel(
+                    name,
+                    operands[0],
+                    &[*axis],
+                    Combine::ArgMax,
+                    &ty,
+                    &mut inputs,
+                );
+                (StepKind::Kernel(k), inputs)
+            }
+            _ => {
+                let n = ty.rank();
+                let map: Vec<Lin> = (0..n).map(|j| Lin::var(n, j)).collect();
+                let mut inputs = Vec::new();
+                let body = self.expr_inner(id, &map, n, &mut inputs);
+                let k = Kernel {
+                    name,
+                    out_dtype: ty.dtype,
+                    out_dims: ty.dims().to_vec(),
+                    reduce: None,
+                    body,
+                    n_inputs: inputs.len(),
+                };
+                (StepKind::Kernel(k), inputs)
+            }
+        };
+        let output = self.add_buf(id, BufKind::Temp);
+        self.sched.steps.push(Step {
+            kind,
+            inputs,
+            output,
+        });
+    }
+
+    fn materialized_buf(&self, id: NodeId) -> usize {
+        self.materialized[&id]
+    }
+
+    /// The kernel input slot of buffer `b`, adding it on first use.
+    fn slot(inputs: &mut Vec<usize>, b: usize) -> usize {
+        match inputs.iter().position(|&x| x == b) {
+            Some(i) => i,
+            None => {
+                inputs.push(b);
+                inputs.len() - 1
+            }
+        }
+    }
+
+    /// The value of node `id` at the index whose coordinates are `map`, over `nvars` loop
+    /// variables: a load when `id` has a buffer, else its op inlined.
+    fn expr(&mut self, id: NodeId, map: &[Lin], nvars: usize, inputs: &mut Vec<usize>) -> Expr {
+        if let Some(&b) = self.materialized.get(&id) {
+            let ty = self.g.ty(id);
+            return Expr::Load {
+                buf: Self::slot(inputs, b),
+                dtype: ty.dtype,
+                strides: row_major(ty.dims()),
+                coords: map
+                    .iter()
+                    .map(|l| Coord {
+                        lin: l.clone(),
+                        div: 1,
+                        clamp: None,
+                    })
+                    .collect(),
+            };
+        }
+        self.expr_inner(id, map, nvars, inputs)
+    }
+
+    /// Node `id`'s own op applied to its operands' expressions.
+    fn expr_inner(
+        &mut self,
+        id: NodeId,
+        map: &[Lin],
+        nvars: usize,
+        inputs: &mut Vec<usize>,
+    ) -> Expr {
+        let g = self.g;
+        let ty = g.ty(id).clone();
+        let ops = g.operands(id);
+        let dt = ty.dtype;
+        match g.op(id).clone() {
+            Op::Constant(lit) => Expr::Const(dt, scalar_of(&lit.data)),
+            Op::Iota { dim, .. } => Expr::Index(dt, map[dim].clone()),
+            Op::Unary(u) => Expr::Unary(u, dt, Box::new(self.expr(ops[0], map, nvars, inputs))),
+            Op::Binary(b) => {
+                let x = self.expr(ops[0], map, nvars, inputs);
+                let y = self.expr(ops[1], map, nvars, inputs);
+                Expr::Binary(b, dt, Box::new(x), Box::new(y))
+            }
+            Op::Compare(c) => {
+                let x = self.expr(ops[0], map, nvars, inputs);
+                let y = self.expr(ops[1], map, nvars, inputs);
+                Expr::Compare(c, g.ty(ops[0]).dtype, Box::new(x), Box::new(y))
+            }
+            Op::Select => {
+                let p = self.expr(ops[0], map, nvars, inputs);
+                let t = self.expr(ops[1], map, nvars, inputs);
+                let f = self.expr(ops[2], map, nvars, inputs);
+                Expr::Select(dt, Box::new(p), Box::new(t), Box::new(f))
+            }
+            Op::Convert(to) => Expr::Convert {
+                from: g.ty(ops[0]).dtype,
+                to,
+                x: Box::new(self.expr(ops[0], map, nvars, inputs)),
+            },
+            Op::Bitcast(to) => Expr::Bitcast {
+                from: g.ty(ops[0]).dtype,
+                to,
+                x: Box::new(self.expr(ops[0], map, nvars, inputs)),
+            },
+            Op::BroadcastInDim { dims, .. } => {
+                let from = g.ty(ops[0]).dims().to_vec();
+                let m: Vec<Lin> = dims
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| {
+                        if from[i] == 1 {
+                            Lin::zero(nvars)
+                        } else {
+                            map[d].clone()
+                        }
+                    })
+                    .collect();
+                self.expr(ops[0], &m, nvars, inputs)
+            }
+            Op::Transpose(perm) => {
+                let mut m = vec![Lin::zero(nvars); perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    m[p] = map[i].clone();
+                }
+                self.expr(ops[0], &m, nvars, inputs)
+            }
+            Op::Slice { start, stride, .. } => {
+                let m: Vec<Lin> = map
+                    .iter()
+                    .enumerate()
+                    .map(|(d, l)| l.scale(stride[d] as i64).offset(start[d] as i64))
+                    .collect();
+                self.expr(ops[0], &m, nvars, inputs)
+            }
+            Op::ShardingConstraint(_) => self.expr(ops[0], map, nvars, inputs),
+            // The operand is a buffer (fusion forces it): the reshape reads it at the row-major
+            // offset of the reshaped index.
+            Op::Reshape(shape) => {
+                let b = self.materialized_buf(ops[0]);
+                let src = g.ty(ops[0]);
+                Expr::Load {
+                    buf: Self::slot(inputs, b),
+                    dtype: src.dtype,
+                    strides: row_major(shape.dims()),
+                    coords: map
+                        .iter()
+                        .map(|l| Coord {
+                            lin: l.clone(),
+                            div: 1,
+                            clamp: None,
+                        })
+                        .collect(),
+                }
+            }
+            Op::Pad { low, interior, .. } => {
+                let src = g.ty(ops[0]).clone();
+                let b = self.materialized_buf(ops[0]);
+                let mut conds = Vec::new();
+                let mut coords = Vec::new();
+                for d in 0..src.rank() {
+                    let lin = map[d].offset(-low[d]);
+                    let div = interior[d] as i64 + 1;
+                    let extent = src.dims()[d] as i64;
+                    conds.push(Cond {
+                        lin: lin.clone(),
+                        div,
+                        extent,
+                    });
+                    coords.push(Coord {
+                        lin,
+                        div,
+                        clamp: Some(extent),
+                    });
+                }
+                let then = Expr::Load {
+                    buf: Self::slot(inputs, b),
+                    dtype: src.dtype,
+                    strides: row_major(src.dims()),
+                    coords,
+                };
+                let value = self.expr(ops[1], &[], nvars, inputs);
+                Expr::Guard {
+                    dtype: dt,
+                    conds,
+                    then: Box::new(then),
+                    otherwise: Box::new(value),
+                }
+            }
+            Op::Concatenate { dim } => {
+                // Nested guards, last operand innermost: operand k where its range holds.
+                let mut offsets = Vec::new();
+                let mut acc = 0i64;
+                for &o in &ops {
+                    offsets.push(acc);
+                    acc += g.ty(o).dims()[dim] as i64;
+                }
+                let mut e: Option<Expr> = None;
+                for (k, &o) in ops.iter().enumerate().rev() {
+                    let src = g.ty(o).clone();
+                    let b = self.materialized_buf(o);
+                    let extent = src.dims()[dim] as i64;
+                    let coords: Vec<Coord> = (0..src.rank())
+                        .map(|d| {
+                            if d == dim {
+                                Coord {
+                                    lin: map[d].offset(-offsets[k]),
+                                    div: 1,
+                                    clamp: Some(extent),
+                                }
+                            } else {
+                                Coord {
+                                    lin: map[d].clone(),
+                                    div: 1,
+                                    clamp: None,
+                                }
+                            }
+                        })
+                        .collect();
+                    let load = Expr::Load {
+                        buf: Self::slot(inputs, b),
+                        dtype: src.dtype,
+                        strides: row_major(src.dims()),
+                        coords,
+                    };
+                    e = Some(match e {
+                        None => load,
+                        Some(rest) => Expr::Guard {
+                            dtype: dt,
+                            conds: vec![Cond {
+                                lin: map[dim].offset(-offsets[k]),
+                                div: 1,
+                                extent,
+                            }],
+                            then: Box::new(load),
+                            otherwise: Box::new(rest),
+                        },
+                    });
+                }
+                e.expect("concatenate has operands")
+            }
+            Op::Parameter(_)
+            | Op::DotGeneral(_)
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::AllReduce { .. }
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllToAll { .. }
+            | Op::CollectivePermute { .. }
+            | Op::AxisIndex { .. } => {
+                let b = self.materialized_buf(id);
+                let ty = g.ty(id);
+                Expr::Load {
+                    buf: Self::slot(inputs, b),
+                    dtype: ty.dtype,
+                    strides: row_major(ty.dims()),
+                    coords: map
+                        .iter()
+                        .map(|l| Coord {
+                            lin: l.clone(),
+                            div: 1,
+                            clamp: None,
+                        })
+                        .collect(),
+                }
+            }
+        }
+    }
+
+    /// A reduction over `axes` of `operand`, its elementwise producers fused into the body.
+    fn reduce_kernel(
+        &mut self,
+        name: String,
+        operand: NodeId,
+        axes: &[usize],
+        how: Combine,
+        ty: &TensorType,
+        inputs: &mut Vec<usize>,
+    ) -> Kernel {
+        let src = self.g.ty(operand).clone();
+        let kept: Vec<usize> = (0..src.rank()).filter(|d| !axes.contains(d)).collect();
+        let nvars = kept.len() + axes.len();
+        let mut map = vec![Lin::zero(nvars); src.rank()];
+        for (j, &d) in kept.iter().enumerate() {
+            map[d] = Lin::var(nvars, j);
+        }
+        for (j, &d) in axes.iter().enumerate() {
+            map[d] = Lin::var(nvars, kept.len() + j);
+        }
+        let body = self.expr(operand, &map, nvars, inputs);
+        Kernel {
+            name,
+            out_dtype: ty.dtype,
+            out_dims: ty.dims().to_vec(),
+            reduce: Some((how, axes.iter().map(|&a| src.dims()[a]).collect())),
+            body,
+            n_inputs: inputs.len(),
+        }
+    }
+
+    /// A `dot_general` as a loop nest: the result's indices, then the contracting ones.
+    fn dot_kernel(
+        &mut self,
+        name: String,
+        dd: &DotDims,
+        l: NodeId,
+        r: NodeId,
+        ty: &TensorType,
+        inputs: &mut Vec<usize>,
+    ) -> Kernel {
+        let (lt, rt) = (self.g.ty(l).clone(), self.g.ty(r).clone());
+        let nb = dd.lhs_batch.len();
+        let lfree = dd.lhs_free(lt.rank());
+        let rfree = dd.rhs_free(rt.rank());
+        let nout = ty.rank();
+        let nvars = nout + dd.lhs_contract.len();
+        let mut lmap = vec![Lin::zero(nvars); lt.rank()];
+        let mut rmap = vec![Lin::zero(nvars); rt.rank()];
+        for (i, (&a, &b)) in dd.lhs_batch.iter().zip(&dd.rhs_batch).enumerate() {
+            lmap[a] = Lin::var(nvars, i);
+            rmap[b] = Lin::var(nvars, i);
+        }
+        for (j, &a) in lfree.iter().enumerate() {
+            lmap[a] = Lin::var(nvars, nb + j);
+        }
+        for (j, &b) in rfree.iter().enumerate() {
+            rmap[b] = Lin::var(nvars, nb + lfree.len() + j);
+        }
+        for (k, (&a, &b)) in dd.lhs_contract.iter().zip(&dd.rhs_contract).enumerate() {
+            lmap[a] = Lin::var(nvars, nout + k);
+            rmap[b] = Lin::var(nvars, nout + k);
+        }
+        let x = self.expr(l, &lmap, nvars, inputs);
+        let y = self.expr(r, &rmap, nvars, inputs);
+        Kernel {
+            name,
+            out_dtype: ty.dtype,
+            out_dims: ty.dims().to_vec(),
+            reduce: Some((
+                Combine::Sum,
+                dd.lhs_contract.iter().map(|&a| lt.dims()[a]).collect(),
+            )),
+            body: Expr::Binary(
+                tessera_ir::BinaryOp::Mul,
+                ty.dtype,
+                Box::new(x),
+                Box::new(y),
+            ),
+            n_inputs: inputs.len(),
+        }
+    }
+}
+
+fn combine(k: ReduceKind) -> Combine {
+    match k {
+        ReduceKind::Sum => Combine::Sum,
+        ReduceKind::Max => Combine::Max,
+        ReduceKind::Min => Combine::Min,
+    }
+}
+
+fn scalar_of(d: &Data) -> Scalar {
+    match d {
+        Data::F32(v) => Scalar::F(v[0] as f64),
+        Data::F64(v) => Scalar::F(v[0]),
+        Data::I32(v) => Scalar::I(v[0] as i64),
+        Data::U32(v) => Scalar::I(v[0] as i64),
+        Data::Bool(v) => Scalar::B(v[0]),
+    }
+}
+
+/// Merges dims into one strided axis when they are contiguous in the given order (size-1 dims
+/// are skipped). Returns (extent, stride), or `None` when they cannot merge.
+fn merge(dims: &[usize], sizes: &[usize], strides: &[i64]) -> Option<(usize, isize)> {
+    let live: Vec<usize> = dims.iter().copied().filter(|&d| sizes[d] != 1).collect();
+    let extent: usize = live.iter().map(|&d| sizes[d]).product();
+    match live.last() {
+        None => Some((extent, 0)),
+        Some(&last) => {
+            for w in live.windows(2) {
+                if strides[w[0]] != strides[w[1]] * sizes[w[1]] as i64 {
+                    return None;
+                }
+            }
+            Some((extent, strides[last] as isize))
+        }
+    }
+}
+
+/// The GEMM form of a float `dot_general`, when its free and contracting dims each merge into
+/// one strided axis (always so for a matmul and its transposes).
+fn gemm_spec(dd: &DotDims, lt: &TensorType, rt: &TensorType, out: &TensorType) -> Option<GemmSpec> {
+    if !lt.dtype.is_float() {
+        return None;
+    }
+    let (ls, rs) = (row_major(lt.dims()), row_major(rt.dims()));
+    let os = row_major(out.dims());
+    let nb = dd.lhs_batch.len();
+    let lfree = dd.lhs_free(lt.rank());
+    let rfree = dd.rhs_free(rt.rank());
+    let (m, lm) = merge(&lfree, lt.dims(), &ls)?;
+    let (n, rn) = merge(&rfree, rt.dims(), &rs)?;
+    let (k, lk) = merge(&dd.lhs_contract, lt.dims(), &ls)?;
+    let (k2, rk) = merge(&dd.rhs_contract, rt.dims(), &rs)?;
+    if k != k2 {
+        return None;
+    }
+    // Both operands' contracting dims must merge in the same pairing order.
+    let out_m_dims: Vec<usize> = (nb..nb + lfree.len()).collect();
+    let out_n_dims: Vec<usize> = (nb + lfree.len()..out.rank()).collect();
+    let (_, om) = merge(&out_m_dims, out.dims(), &os)?;
+    let (_, on) = merge(&out_n_dims, out.dims(), &os)?;
+    let batch = (0..nb)
+        .map(|i| {
+            let (a, b) = (dd.lhs_batch[i], dd.rhs_batch[i]);
+            (
+                lt.dims()[a],
+                [ls[a] as isize, rs[b] as isize, os[i] as isize],
+            )
+        })
+        .collect();
+    Some(GemmSpec {
+        dtype: lt.dtype,
+        batch,
+        m,
+        n,
+        k,
+        lhs: [lm, lk],
+        rhs: [rk, rn],
+        out: [om, on],
+    })
+}

@@ -1,0 +1,202 @@
+//! The kernel IR: one loop nest computing one tensor. Fusion (`fusion.rs`) builds it from graph
+//! nodes; lowering (`lower.rs`) turns it into a Cranelift function.
+//!
+//! A kernel iterates over its loop variables: first the result's dimensions, then (for a
+//! reduction) the reduced ones. Its body is a scalar expression tree over the loop variables.
+//! Every index a body computes is linear in the loop variables, except the division of a padded
+//! coordinate, so loads need no gathers and the innermost loop can be vectorized when every load
+//! is contiguous or constant along it.
+
+use std::fmt::Write;
+
+use tessera_ir::{BinaryOp, CompareOp, DType, UnaryOp};
+
+/// `sum_j coef[j] * var[j] + c` over the kernel's loop variables.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lin {
+    pub coef: Vec<i64>,
+    pub c: i64,
+}
+
+impl Lin {
+    pub fn zero(nvars: usize) -> Lin {
+        Lin {
+            coef: vec![0; nvars],
+            c: 0,
+        }
+    }
+
+    pub fn var(nvars: usize, j: usize) -> Lin {
+        let mut l = Lin::zero(nvars);
+        l.coef[j] = 1;
+        l
+    }
+
+    pub fn scale(&self, k: i64) -> Lin {
+        Lin {
+            coef: self.coef.iter().map(|c| c * k).collect(),
+            c: self.c * k,
+        }
+    }
+
+    pub fn offset(&self, k: i64) -> Lin {
+        Lin {
+            coef: self.coef.clone(),
+            c: self.c + k,
+        }
+    }
+
+    pub fn add(&self, o: &Lin) -> Lin {
+        Lin {
+            coef: self.coef.iter().zip(&o.coef).map(|(a, b)| a + b).collect(),
+            c: self.c + o.c,
+        }
+    }
+
+    pub fn is_const(&self) -> bool {
+        self.coef.iter().all(|&c| c == 0)
+    }
+}
+
+/// One coordinate of a load: `lin / div`. With `extent`, the load is guarded: the coordinate is
+/// clamped into `0..extent` so the access stays inside the buffer whatever the guard decides.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Coord {
+    pub lin: Lin,
+    pub div: i64,
+    pub clamp: Option<i64>,
+}
+
+/// A condition on the loop variables: `lin >= 0 && lin % div == 0 && lin / div < extent`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cond {
+    pub lin: Lin,
+    pub div: i64,
+    pub extent: i64,
+}
+
+/// A scalar constant of some dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    F(f64),
+    I(i64),
+    B(bool),
+}
+
+/// A scalar expression of the loop variables.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// Element `sum_d strides[d] * coord_d` of buffer `buf`.
+    Load {
+        buf: usize,
+        dtype: DType,
+        strides: Vec<i64>,
+        coords: Vec<Coord>,
+    },
+    Const(DType, Scalar),
+    /// The value of a linear index (`iota`), converted to `dtype`.
+    Index(DType, Lin),
+    Unary(UnaryOp, DType, Box<Expr>),
+    Binary(BinaryOp, DType, Box<Expr>, Box<Expr>),
+    /// Compares two values of the given dtype; the result is bool.
+    Compare(CompareOp, DType, Box<Expr>, Box<Expr>),
+    Select(DType, Box<Expr>, Box<Expr>, Box<Expr>),
+    Convert {
+        from: DType,
+        to: DType,
+        x: Box<Expr>,
+    },
+    Bitcast {
+        from: DType,
+        to: DType,
+        x: Box<Expr>,
+    },
+    /// `then` where every condition holds, else `otherwise` (pad and concatenate).
+    Guard {
+        dtype: DType,
+        conds: Vec<Cond>,
+        then: Box<Expr>,
+        otherwise: Box<Expr>,
+    },
+}
+
+impl Expr {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Expr::Load { dtype, .. }
+            | Expr::Const(dtype, _)
+            | Expr::Index(dtype, _)
+            | Expr::Unary(_, dtype, _)
+            | Expr::Binary(_, dtype, _, _)
+            | Expr::Select(dtype, ..)
+            | Expr::Guard { dtype, .. } => *dtype,
+            Expr::Compare(..) => DType::Bool,
+            Expr::Convert { to, .. } | Expr::Bitcast { to, .. } => *to,
+        }
+    }
+
+    /// Visits this expression and every subexpression.
+    pub fn walk(&self, f: &mut impl FnMut(&Expr)) {
+        f(self);
+        match self {
+            Expr::Load { .. } | Expr::Const(..) | Expr::Index(..) => {}
+            Expr::Unary(_, _, x) | Expr::Convert { x, .. } | Expr::Bitcast { x, .. } => x.walk(f),
+            Expr::Binary(_, _, a, b) | Expr::Compare(_, _, a, b) => {
+                a.walk(f);
+                b.walk(f);
+            }
+            Expr::Select(_, p, a, b) => {
+                p.walk(f);
+                a.walk(f);
+                b.walk(f);
+            }
+            Expr::Guard {
+                then, otherwise, ..
+            } => {
+                then.walk(f);
+                otherwise.walk(f);
+            }
+        }
+    }
+}
+
+/// How a kernel combines the values of its reduced loop variables.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Combine {
+    Sum,
+    Max,
+    Min,
+    /// Index (i32) of the first maximum over the single reduced variable; NaN is the maximum.
+    ArgMax,
+}
+
+/// One loop nest writing buffer `n_inputs` (the output) from buffers `0..n_inputs`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub name: String,
+    pub out_dtype: DType,
+    /// Extents of the result's loop variables (row-major: the last is innermost).
+    pub out_dims: Vec<usize>,
+    /// Extents of the reduced loop variables, and how they combine.
+    pub reduce: Option<(Combine, Vec<usize>)>,
+    pub body: Expr,
+    pub n_inputs: usize,
+}
+
+impl Kernel {
+    pub fn nvars(&self) -> usize {
+        self.out_dims.len() + self.reduce.as_ref().map_or(0, |(_, d)| d.len())
+    }
+
+    /// A one-line summary for dumps: name, loop extents, reduction.
+    pub fn summary(&self) -> String {
+        let mut s = format!("{} {}{:?}", self.name, self.out_dtype, self.out_dims);
+        if let Some((c, dims)) = &self.reduce {
+            write!(s, " reduce {c:?} over {dims:?}").unwrap();
+        }
+        let mut ops = 0;
+        self.body.walk(&mut |_| ops += 1);
+        write!(s, " ({ops} expression nodes, {} inputs)", self.n_inputs).unwrap();
+        s
+    }
+}

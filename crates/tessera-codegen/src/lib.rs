@@ -1,0 +1,48 @@
+//! Tessera's native backend: from a per-device IR program to an executable.
+//!
+//! Consumes a verified graph; produces an `Executable`: a schedule of steps over one arena of
+//! buffers. The passes, in order:
+//! 1. `fusion`: group nodes into loop-nest kernels, GEMM calls and collective calls;
+//! 2. `plan`: liveness and arena offsets for the temporaries;
+//! 3. `lower`: each kernel to a Cranelift function (f32x4 where it pays, inline approximations
+//!    of the transcendental functions from `approx`).
+//!
+//! Architecture invariant: the executable sees buffers and steps, never the graph; it computes
+//! what `tessera-interp` computes, within the approximation bounds stated in `approx.rs`.
+
+pub mod approx;
+pub mod exec;
+pub mod fusion;
+pub mod kernel;
+pub mod lower;
+pub mod plan;
+
+pub use exec::Executable;
+pub use lower::LowerError;
+
+use tessera_ir::Graph;
+
+use crate::fusion::StepKind;
+
+/// Compiles a graph to native code.
+pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
+    let schedule = fusion::fuse(g);
+    let mut kernels = Vec::new();
+    let mut kernel_steps = Vec::new();
+    for step in &schedule.steps {
+        match &step.kind {
+            StepKind::Kernel(k) => {
+                kernel_steps.push(Some(kernels.len()));
+                kernels.push(k.clone());
+            }
+            StepKind::Gemm(_) | StepKind::Collective(_) => kernel_steps.push(None),
+        }
+    }
+    let code = lower::compile(&kernels)?;
+    Ok(Executable::new(
+        schedule,
+        code,
+        kernel_steps,
+        g.mesh.clone(),
+    ))
+}

@@ -1,0 +1,917 @@
+//! Cranelift lowering: one native function per kernel.
+//!
+//! Consumes `Kernel`s; produces finalized functions `extern "C" fn(*const *mut u8)` taking the
+//! array of buffer pointers (inputs, then the output). The innermost loop of an elementwise f32
+//! kernel runs on f32x4 vectors with a scalar tail when every load is contiguous or constant
+//! along it; everything else runs scalar. Transcendental f32 functions are inline polynomial
+//! approximations (`approx.rs`); f64 ones call Rust's libm through registered symbols.
+//!
+//! Safety of generated code: every load and store is inside its buffer. Loop bounds are the
+//! buffer shapes, guarded coordinates (pad, concatenate) are clamped into range before the
+//! address is formed, integer division never traps (division by zero and `MIN / -1` are
+//! handled before the divide), and shifts by the width or more are selected to zero.
+
+use cranelift_codegen::Context;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::types::{F32, F32X4, F64, I8, I32, I32X4, I64};
+use cranelift_codegen::ir::{
+    AbiParam, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName, Value,
+};
+use cranelift_codegen::isa::CallConv;
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
+use tessera_ir::{BinaryOp, CompareOp, DType, UnaryOp};
+
+use crate::approx::{self, Fx};
+use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar};
+
+/// A compiled kernel: takes the pointer array of its buffers.
+pub type KernelFn = unsafe extern "C" fn(*const *mut u8);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LowerError {
+    #[error("cranelift: {0}")]
+    Cranelift(String),
+}
+
+fn cl<E: std::fmt::Display>(e: E) -> LowerError {
+    LowerError::Cranelift(e.to_string())
+}
+
+/// Rust implementations of the f64 functions that have no inline approximation, called per
+/// element (f64 is not a hot path here).
+macro_rules! libcalls {
+    ($($name:ident: $f:expr),* $(,)?) => {
+        $(
+            extern "C" fn $name(x: f64) -> f64 {
+                let f: fn(f64) -> f64 = $f;
+                f(x)
+            }
+        )*
+        const UNARY_LIBCALLS: &[(&str, extern "C" fn(f64) -> f64)] = &[$((stringify!($name), $name)),*];
+    };
+}
+
+libcalls! {
+    tessera_exp_f64: f64::exp,
+    tessera_log_f64: f64::ln,
+    tessera_log1p_f64: f64::ln_1p,
+    tessera_expm1_f64: f64::exp_m1,
+    tessera_tanh_f64: f64::tanh,
+    tessera_sin_f64: f64::sin,
+    tessera_cos_f64: f64::cos,
+    tessera_erf_f64: libm::erf,
+    tessera_erf_inv_f64: tessera_interp::scalar::erf_inv_f64,
+}
+
+extern "C" fn tessera_pow_f64(x: f64, y: f64) -> f64 {
+    x.powf(y)
+}
+extern "C" fn tessera_fmod_f64(x: f64, y: f64) -> f64 {
+    x % y
+}
+extern "C" fn tessera_fmod_f32(x: f32, y: f32) -> f32 {
+    x % y
+}
+
+/// A module holding compiled kernels. Dropping it frees their code.
+pub struct Compiled {
+    module: Option<JITModule>,
+    pub functions: Vec<KernelFn>,
+}
+
+impl Drop for Compiled {
+    fn drop(&mut self) {
+        if let Some(m) = self.module.take() {
+            // SAFETY: the kernels' function pointers live in `self.functions` only, which is
+            // dropped with `self`; the executable that owns this never calls them afterwards.
+            unsafe { m.free_memory() };
+        }
+    }
+}
+
+/// Whether the host has AVX and FMA, so that `fma` is one instruction (else it is emitted as a
+/// multiply and an add).
+pub fn host_has_fma() -> bool {
+    std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("avx")
+}
+
+/// Compiles every kernel into one module.
+pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
+    let mut builder =
+        JITBuilder::with_flags(&[("opt_level", "speed")], default_libcall_names()).map_err(cl)?;
+    for (name, f) in UNARY_LIBCALLS {
+        builder.symbol(*name, *f as *const u8);
+    }
+    builder.symbol("tessera_pow_f64", tessera_pow_f64 as *const u8);
+    builder.symbol("tessera_fmod_f64", tessera_fmod_f64 as *const u8);
+    builder.symbol("tessera_fmod_f32", tessera_fmod_f32 as *const u8);
+    let mut module = JITModule::new(builder);
+    let ptr = module.target_config().pointer_type();
+    let mut ids = Vec::new();
+    let mut ctx = module.make_context();
+    let mut fctx = FunctionBuilderContext::new();
+    for (i, k) in kernels.iter().enumerate() {
+        let mut sig = Signature::new(CallConv::SystemV);
+        sig.params.push(AbiParam::new(ptr));
+        let id = module
+            .declare_function(&format!("k{i}_{}", k.name), Linkage::Local, &sig)
+            .map_err(cl)?;
+        ctx.func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
+        build(&mut module, &mut ctx, &mut fctx, k)?;
+        module.define_function(id, &mut ctx).map_err(cl)?;
+        module.clear_context(&mut ctx);
+        ids.push(id);
+    }
+    module.finalize_definitions().map_err(cl)?;
+    let functions = ids
+        .iter()
+        .map(|&id| {
+            let p = module.get_finalized_function(id);
+            // SAFETY: `p` is the finalized code of a function declared with the signature
+            // `fn(ptr)` and the SystemV convention, which is `KernelFn`'s.
+            unsafe { std::mem::transmute::<*const u8, KernelFn>(p) }
+        })
+        .collect();
+    Ok(Compiled {
+        module: Some(module),
+        functions,
+    })
+}
+
+/// Lanes: 1 (scalar) or 4 (f32x4).
+#[derive(Clone, Copy, PartialEq)]
+enum Lanes {
+    One,
+    Four,
+}
+
+struct Lower<'a, 'b> {
+    b: FunctionBuilder<'b>,
+    module: &'a mut JITModule,
+    bufs: Vec<Value>,
+    vars: Vec<Variable>,
+    fma: bool,
+    /// In vector mode, the loop variable the lanes run along.
+    lane_var: Option<usize>,
+}
+
+fn clif_type(d: DType) -> Type {
+    match d {
+        DType::F32 => F32,
+        DType::F64 => F64,
+        DType::I32 | DType::U32 => I32,
+        DType::Bool => I8,
+    }
+}
+
+fn mem() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+fn build(
+    module: &mut JITModule,
+    ctx: &mut Context,
+    fctx: &mut FunctionBuilderContext,
+    k: &Kernel,
+) -> Result<(), LowerError> {
+    let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    b.seal_block(entry);
+    let args = b.block_params(entry)[0];
+    let bufs: Vec<Value> = (0..=k.n_inputs)
+        .map(|i| {
+            b.ins()
+                .load(I64, mem().with_aligned(), args, (8 * i) as i32)
+        })
+        .collect();
+    let vars: Vec<Variable> = (0..k.nvars()).map(|_| b.declare_var(I64)).collect();
+    let mut l = Lower {
+        b,
+        module,
+        bufs,
+        vars,
+        fma: host_has_fma(),
+        lane_var: None,
+    };
+    l.kernel(k);
+    l.b.ins().return_(&[]);
+    let config = l.module.target_config();
+    l.b.finalize(config);
+    Ok(())
+}
+
+impl Lower<'_, '_> {
+    /// `for var in start..end step step { body }`.
+    fn for_loop(
+        &mut self,
+        var: usize,
+        start: Value,
+        end: Value,
+        step: i64,
+        body: &mut dyn FnMut(&mut Self),
+    ) {
+        let header = self.b.create_block();
+        let body_block = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.def_var(self.vars[var], start);
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let v = self.b.use_var(self.vars[var]);
+        let next = self.b.ins().iadd_imm_s(v, step);
+        let ok = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, end);
+        let ok = if step == 1 {
+            self.b.ins().icmp(IntCC::SignedLessThan, v, end)
+        } else {
+            ok
+        };
+        self.b.ins().brif(ok, body_block, &[], exit, &[]);
+        self.b.switch_to_block(body_block);
+        self.b.seal_block(body_block);
+        body(self);
+        let v = self.b.use_var(self.vars[var]);
+        let next = self.b.ins().iadd_imm_s(v, step);
+        self.b.def_var(self.vars[var], next);
+        self.b.ins().jump(header, &[]);
+        self.b.seal_block(header);
+        self.b.switch_to_block(exit);
+        self.b.seal_block(exit);
+    }
+
+    fn iconst(&mut self, v: i64) -> Value {
+        self.b.ins().iconst(I64, v)
+    }
+
+    fn kernel(&mut self, k: &Kernel) {
+        let nout = k.out_dims.len();
+        let out_strides: Vec<i64> = {
+            let mut s = vec![1i64; nout];
+            for i in (0..nout.saturating_sub(1)).rev() {
+                s[i] = s[i + 1] * k.out_dims[i + 1] as i64;
+            }
+            s
+        };
+        if k.out_dims.contains(&0) {
+            return;
+        }
+        let vector = k.reduce.is_none()
+            && nout > 0
+            && k.out_dims[nout - 1] >= 4
+            && vectorizable(&k.body, nout - 1);
+        self.loops(k, 0, &out_strides, vector);
+    }
+
+    /// The loops over the result's variables from `level` inward.
+    fn loops(&mut self, k: &Kernel, level: usize, out_strides: &[i64], vector: bool) {
+        let nout = k.out_dims.len();
+        if level == nout {
+            self.element(k, out_strides);
+            return;
+        }
+        let extent = k.out_dims[level] as i64;
+        let zero = self.iconst(0);
+        if level == nout - 1 && vector {
+            let main = extent - extent % 4;
+            let end = self.iconst(main);
+            self.for_loop(level, zero, end, 4, &mut |s| {
+                s.lane_var = Some(level);
+                let v = s.expr(&k.body, Lanes::Four);
+                let off = s.out_offset(out_strides);
+                s.store(k.out_dtype, v, off, Lanes::Four);
+                s.lane_var = None;
+            });
+            if main < extent {
+                let start = self.iconst(main);
+                let end = self.iconst(extent);
+                self.for_loop(level, start, end, 1, &mut |s| s.element(k, out_strides));
+            }
+            return;
+        }
+        let end = self.iconst(extent);
+        self.for_loop(level, zero, end, 1, &mut |s| {
+            s.loops(k, level + 1, out_strides, vector)
+        });
+    }
+
+    fn out_offset(&mut self, out_strides: &[i64]) -> Value {
+        let lin = Lin {
+            coef: out_strides.to_vec(),
+            c: 0,
+        };
+        self.lin(&lin)
+    }
+
+    /// One result element: the body, or the reduction of the body over the reduced variables.
+    fn element(&mut self, k: &Kernel, out_strides: &[i64]) {
+        let nout = k.out_dims.len();
+        let value = match &k.reduce {
+            None => self.expr(&k.body, Lanes::One),
+            Some((how, dims)) => {
+                let body_ty = k.body.dtype();
+                let acc = self.b.declare_var(clif_type(if *how == Combine::ArgMax {
+                    body_ty
+                } else {
+                    k.out_dtype
+                }));
+                let idx = self.b.declare_var(I64);
+                let init = match how {
+                    Combine::Sum => self.const_of(body_ty, Scalar::F(0.0), Scalar::I(0)),
+                    Combine::Max | Combine::ArgMax => self.const_of(
+                        body_ty,
+                        Scalar::F(f64::NEG_INFINITY),
+                        Scalar::I(if body_ty == DType::U32 {
+                            0
+                        } else {
+                            i32::MIN as i64
+                        }),
+                    ),
+                    Combine::Min => self.const_of(
+                        body_ty,
+                        Scalar::F(f64::INFINITY),
+                        Scalar::I(if body_ty == DType::U32 {
+                            u32::MAX as i64
+                        } else {
+                            i32::MAX as i64
+                        }),
+                    ),
+                };
+                self.b.def_var(acc, init);
+                let z = self.iconst(0);
+                self.b.def_var(idx, z);
+                // The flat index of the reduced variables, for argmax.
+                let flat = self.b.declare_var(I64);
+                self.b.def_var(flat, z);
+                self.reduce_loops(k, nout, dims, &mut |s| {
+                    let v = s.expr(&k.body, Lanes::One);
+                    let a = s.b.use_var(acc);
+                    let f = s.b.use_var(flat);
+                    let next = match how {
+                        Combine::Sum => s.binary(BinaryOp::Add, body_ty, a, v),
+                        Combine::Max => s.binary(BinaryOp::Max, body_ty, a, v),
+                        Combine::Min => s.binary(BinaryOp::Min, body_ty, a, v),
+                        Combine::ArgMax => {
+                            let take = s.argmax_take(body_ty, a, v, f);
+                            let i = s.b.use_var(idx);
+                            let ni = s.b.ins().select(take, f, i);
+                            s.b.def_var(idx, ni);
+                            s.b.ins().select(take, v, a)
+                        }
+                    };
+                    s.b.def_var(acc, next);
+                    let f1 = s.b.ins().iadd_imm_s(f, 1);
+                    s.b.def_var(flat, f1);
+                });
+                if *how == Combine::ArgMax {
+                    let i = self.b.use_var(idx);
+                    self.b.ins().ireduce(I32, i)
+                } else {
+                    self.b.use_var(acc)
+                }
+            }
+        };
+        let off = self.out_offset(out_strides);
+        self.store(k.out_dtype, value, off, Lanes::One);
+    }
+
+    /// Whether `v` replaces the best `a` so far: at the first index, when `a` is not NaN and
+    /// `v` is NaN or larger.
+    fn argmax_take(&mut self, d: DType, a: Value, v: Value, flat: Value) -> Value {
+        let first = self.b.ins().icmp_imm_s(IntCC::Equal, flat, 0);
+        let better = match d {
+            DType::F32 | DType::F64 => {
+                let a_ok = self.b.ins().fcmp(FloatCC::Ordered, a, a);
+                let v_nan = self.b.ins().fcmp(FloatCC::Unordered, v, v);
+                let gt = self.b.ins().fcmp(FloatCC::GreaterThan, v, a);
+                let up = self.b.ins().bor(v_nan, gt);
+                self.b.ins().band(a_ok, up)
+            }
+            DType::U32 => self.b.ins().icmp(IntCC::UnsignedGreaterThan, v, a),
+            _ => self.b.ins().icmp(IntCC::SignedGreaterThan, v, a),
+        };
+        self.b.ins().bor(first, better)
+    }
+
+    fn reduce_loops(
+        &mut self,
+        k: &Kernel,
+        level: usize,
+        dims: &[usize],
+        body: &mut dyn FnMut(&mut Self),
+    ) {
+        let nout = k.out_dims.len();
+        if level == nout + dims.len() {
+            body(self);
+            return;
+        }
+        let zero = self.iconst(0);
+        let end = self.iconst(dims[level - nout] as i64);
+        self.for_loop(level, zero, end, 1, &mut |s| {
+            s.reduce_loops(k, level + 1, dims, body)
+        });
+    }
+
+    fn const_of(&mut self, d: DType, f: Scalar, i: Scalar) -> Value {
+        match (d, f, i) {
+            (DType::F32, Scalar::F(x), _) => self.b.ins().f32const(x as f32),
+            (DType::F64, Scalar::F(x), _) => self.b.ins().f64const(x),
+            (DType::I32 | DType::U32, _, Scalar::I(x)) => self.b.ins().iconst(I32, x as i32 as i64),
+            _ => self.b.ins().iconst(I8, 0),
+        }
+    }
+
+    /// The value of a linear form of the loop variables, as i64.
+    fn lin(&mut self, l: &Lin) -> Value {
+        let mut acc = self.iconst(l.c);
+        for (j, &c) in l.coef.iter().enumerate() {
+            if c != 0 {
+                let v = self.b.use_var(self.vars[j]);
+                let t = if c == 1 {
+                    v
+                } else {
+                    self.b.ins().imul_imm_s(v, c)
+                };
+                acc = self.b.ins().iadd(acc, t);
+            }
+        }
+        acc
+    }
+
+    /// `lin / div`, clamped into `0..clamp` when asked (the division rounds toward zero; a
+    /// negative coordinate clamps to 0 anyway).
+    fn coord(&mut self, c: &Coord) -> Value {
+        let mut v = self.lin(&c.lin);
+        if c.div != 1 {
+            v = self.b.ins().sdiv_imm_s(v, c.div);
+        }
+        if let Some(ext) = c.clamp {
+            let zero = self.iconst(0);
+            let hi = self.iconst(ext - 1);
+            v = self.b.ins().smax(v, zero);
+            v = self.b.ins().smin(v, hi);
+        }
+        v
+    }
+
+    fn cond(&mut self, c: &Cond) -> Value {
+        let v = self.lin(&c.lin);
+        let nonneg = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::SignedGreaterThanOrEqual, v, 0);
+        let q = if c.div != 1 {
+            self.b.ins().sdiv_imm_s(v, c.div)
+        } else {
+            v
+        };
+        let in_range = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, q, c.extent);
+        let mut ok = self.b.ins().band(nonneg, in_range);
+        if c.div != 1 {
+            let r = self.b.ins().srem_imm_s(v, c.div);
+            let exact = self.b.ins().icmp_imm_s(IntCC::Equal, r, 0);
+            ok = self.b.ins().band(ok, exact);
+        }
+        ok
+    }
+
+    fn address(&mut self, buf: usize, offset: Value, d: DType) -> Value {
+        let bytes = self.b.ins().imul_imm_s(offset, d.byte_width() as i64);
+        self.b.ins().iadd(self.bufs[buf], bytes)
+    }
+
+    fn store(&mut self, d: DType, v: Value, offset: Value, lanes: Lanes) {
+        let out = self.bufs.len() - 1;
+        let addr = self.address(out, offset, d);
+        let _ = lanes;
+        self.b.ins().store(mem(), v, addr, 0);
+    }
+
+    fn expr(&mut self, e: &Expr, lanes: Lanes) -> Value {
+        match e {
+            Expr::Load {
+                buf,
+                dtype,
+                strides,
+                coords,
+            } => {
+                let mut off = self.iconst(0);
+                for (s, c) in strides.iter().zip(coords) {
+                    let v = self.coord(c);
+                    let t = self.b.ins().imul_imm_s(v, *s);
+                    off = self.b.ins().iadd(off, t);
+                }
+                let addr = self.address(*buf, off, *dtype);
+                if lanes == Lanes::Four {
+                    // Contiguous along the lanes: one vector load; constant: a splat.
+                    if self.inner_stride(strides, coords) == 1 {
+                        return self.b.ins().load(F32X4, mem(), addr, 0);
+                    }
+                    let s = self.b.ins().load(F32, mem(), addr, 0);
+                    return self.b.ins().splat(F32X4, s);
+                }
+                self.b.ins().load(clif_type(*dtype), mem(), addr, 0)
+            }
+            Expr::Const(d, s) => {
+                let v = match (d, s) {
+                    (DType::F32, Scalar::F(x)) => self.b.ins().f32const(*x as f32),
+                    (DType::F64, Scalar::F(x)) => self.b.ins().f64const(*x),
+                    (DType::I32 | DType::U32, Scalar::I(x)) => {
+                        self.b.ins().iconst(I32, *x as i32 as i64)
+                    }
+                    (DType::Bool, Scalar::B(x)) => self.b.ins().iconst(I8, *x as i64),
+                    (_, _) => self.b.ins().iconst(I8, 0),
+                };
+                if lanes == Lanes::Four {
+                    return match d {
+                        DType::Bool => {
+                            let m = self
+                                .b
+                                .ins()
+                                .iconst(I32, if matches!(s, Scalar::B(true)) { -1 } else { 0 });
+                            self.b.ins().splat(I32X4, m)
+                        }
+                        _ => self.b.ins().splat(F32X4, v),
+                    };
+                }
+                v
+            }
+            Expr::Index(d, l) => {
+                let v = self.lin(l);
+                match d {
+                    DType::F32 => self.b.ins().fcvt_from_sint(F32, v),
+                    DType::F64 => self.b.ins().fcvt_from_sint(F64, v),
+                    _ => self.b.ins().ireduce(I32, v),
+                }
+            }
+            Expr::Unary(u, d, x) => {
+                let x = self.expr(x, lanes);
+                self.unary(*u, *d, x, lanes)
+            }
+            Expr::Binary(op, d, x, y) => {
+                let x = self.expr(x, lanes);
+                let y = self.expr(y, lanes);
+                if lanes == Lanes::Four {
+                    return self.binary_vec(*op, x, y);
+                }
+                self.binary(*op, *d, x, y)
+            }
+            Expr::Compare(c, d, x, y) => {
+                let x = self.expr(x, lanes);
+                let y = self.expr(y, lanes);
+                self.compare(*c, *d, x, y)
+            }
+            Expr::Select(_, p, t, f) => {
+                let p = self.expr(p, lanes);
+                let t = self.expr(t, lanes);
+                let f = self.expr(f, lanes);
+                if lanes == Lanes::Four {
+                    let m = self.b.ins().bitcast(
+                        F32X4,
+                        MemFlagsData::new()
+                            .with_endianness(cranelift_codegen::ir::Endianness::Little),
+                        p,
+                    );
+                    return self.b.ins().bitselect(m, t, f);
+                }
+                self.b.ins().select(p, t, f)
+            }
+            Expr::Convert { from, to, x } => {
+                let x = self.expr(x, lanes);
+                self.convert(*from, *to, x)
+            }
+            Expr::Bitcast { from, to, x } => {
+                let x = self.expr(x, lanes);
+                if clif_type(*from) == clif_type(*to) {
+                    x
+                } else {
+                    self.b.ins().bitcast(clif_type(*to), MemFlagsData::new(), x)
+                }
+            }
+            Expr::Guard {
+                conds,
+                then,
+                otherwise,
+                ..
+            } => {
+                let mut ok = self.b.ins().iconst(I8, 1);
+                for c in conds {
+                    let v = self.cond(c);
+                    ok = self.b.ins().band(ok, v);
+                }
+                let t = self.expr(then, lanes);
+                let f = self.expr(otherwise, lanes);
+                self.b.ins().select(ok, t, f)
+            }
+        }
+    }
+
+    /// The stride of a load along the lane variable, in elements.
+    fn inner_stride(&self, strides: &[i64], coords: &[Coord]) -> i64 {
+        let j = self.lane_var.expect("vector mode has a lane variable");
+        strides
+            .iter()
+            .zip(coords)
+            .map(|(s, c)| s * c.lin.coef[j])
+            .sum()
+    }
+
+    fn fx(&mut self, lanes: Lanes) -> Fx {
+        Fx {
+            ty: if lanes == Lanes::Four { F32X4 } else { F32 },
+            fma: self.fma,
+        }
+    }
+
+    fn call_libcall(&mut self, name: &str, ty: Type, args: &[Value]) -> Value {
+        let mut sig = self.module.make_signature();
+        for _ in args {
+            sig.params.push(AbiParam::new(ty));
+        }
+        sig.returns.push(AbiParam::new(ty));
+        let id: FuncId = self
+            .module
+            .declare_function(name, Linkage::Import, &sig)
+            .expect("libcall signatures are consistent");
+        let fref = self.module.declare_func_in_func(id, self.b.func);
+        let call = self.b.ins().call(fref, args);
+        self.b.inst_results(call)[0]
+    }
+
+    fn unary(&mut self, u: UnaryOp, d: DType, x: Value, lanes: Lanes) -> Value {
+        match d {
+            DType::F32 => {
+                let fx = self.fx(lanes);
+                approx::unary_f32(&mut self.b, fx, u, x)
+            }
+            DType::F64 => {
+                let f = match u {
+                    UnaryOp::Neg => return self.b.ins().fneg(x),
+                    UnaryOp::Abs => return self.b.ins().fabs(x),
+                    UnaryOp::Sqrt => return self.b.ins().sqrt(x),
+                    UnaryOp::Rsqrt => {
+                        let s = self.b.ins().sqrt(x);
+                        let one = self.b.ins().f64const(1.0);
+                        return self.b.ins().fdiv(one, s);
+                    }
+                    UnaryOp::Floor => return self.b.ins().floor(x),
+                    UnaryOp::Ceil => return self.b.ins().ceil(x),
+                    UnaryOp::Round | UnaryOp::Sign => {
+                        let fx = Fx {
+                            ty: F64,
+                            fma: self.fma,
+                        };
+                        return approx::unary_exact(&mut self.b, fx, u, x);
+                    }
+                    UnaryOp::Logistic => {
+                        let n = self.b.ins().fneg(x);
+                        let e = self.call_libcall("tessera_exp_f64", F64, &[n]);
+                        let one = self.b.ins().f64const(1.0);
+                        let den = self.b.ins().fadd(one, e);
+                        return self.b.ins().fdiv(one, den);
+                    }
+                    UnaryOp::Exp => "tessera_exp_f64",
+                    UnaryOp::Log => "tessera_log_f64",
+                    UnaryOp::Log1p => "tessera_log1p_f64",
+                    UnaryOp::Expm1 => "tessera_expm1_f64",
+                    UnaryOp::Tanh => "tessera_tanh_f64",
+                    UnaryOp::Sin => "tessera_sin_f64",
+                    UnaryOp::Cos => "tessera_cos_f64",
+                    UnaryOp::Erf => "tessera_erf_f64",
+                    UnaryOp::ErfInv => "tessera_erf_inv_f64",
+                    UnaryOp::Not => return x,
+                };
+                self.call_libcall(f, F64, &[x])
+            }
+            DType::I32 | DType::U32 => match u {
+                UnaryOp::Neg => self.b.ins().ineg(x),
+                UnaryOp::Abs if d == DType::I32 => {
+                    let n = self.b.ins().ineg(x);
+                    self.b.ins().smax(x, n)
+                }
+                UnaryOp::Abs => x,
+                UnaryOp::Sign if d == DType::I32 => {
+                    let pos = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, x, 0);
+                    let neg = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, 0);
+                    let p = self.b.ins().uextend(I32, pos);
+                    let n = self.b.ins().uextend(I32, neg);
+                    self.b.ins().isub(p, n)
+                }
+                UnaryOp::Sign => {
+                    let pos = self.b.ins().icmp_imm_s(IntCC::NotEqual, x, 0);
+                    self.b.ins().uextend(I32, pos)
+                }
+                UnaryOp::Not => self.b.ins().bnot(x),
+                // The type rule admits only the ops above for integers.
+                _ => x,
+            },
+            DType::Bool => {
+                // not: 1 - x on 0/1 bytes.
+                self.b.ins().bxor_imm_s(x, 1)
+            }
+        }
+    }
+
+    fn binary_vec(&mut self, op: BinaryOp, x: Value, y: Value) -> Value {
+        let fx = self.fx(Lanes::Four);
+        approx::binary_f32(&mut self.b, fx, op, x, y)
+    }
+
+    fn binary(&mut self, op: BinaryOp, d: DType, x: Value, y: Value) -> Value {
+        match d {
+            DType::F32 if op == BinaryOp::Rem => {
+                self.call_libcall("tessera_fmod_f32", F32, &[x, y])
+            }
+            DType::F32 => {
+                let fx = self.fx(Lanes::One);
+                approx::binary_f32(&mut self.b, fx, op, x, y)
+            }
+            DType::F64 => match op {
+                BinaryOp::Add => self.b.ins().fadd(x, y),
+                BinaryOp::Sub => self.b.ins().fsub(x, y),
+                BinaryOp::Mul => self.b.ins().fmul(x, y),
+                BinaryOp::Div => self.b.ins().fdiv(x, y),
+                BinaryOp::Max => self.b.ins().fmax(x, y),
+                BinaryOp::Min => self.b.ins().fmin(x, y),
+                BinaryOp::Pow => self.call_libcall("tessera_pow_f64", F64, &[x, y]),
+                BinaryOp::Rem => self.call_libcall("tessera_fmod_f64", F64, &[x, y]),
+                _ => x,
+            },
+            DType::I32 | DType::U32 => self.int_binary(op, d == DType::I32, x, y),
+            DType::Bool => match op {
+                BinaryOp::And => self.b.ins().band(x, y),
+                BinaryOp::Or => self.b.ins().bor(x, y),
+                BinaryOp::Xor => self.b.ins().bxor(x, y),
+                _ => x,
+            },
+        }
+    }
+
+    /// Integer arithmetic with XLA's total semantics: no op traps.
+    fn int_binary(&mut self, op: BinaryOp, signed: bool, x: Value, y: Value) -> Value {
+        let i = &mut self.b;
+        match op {
+            BinaryOp::Add => i.ins().iadd(x, y),
+            BinaryOp::Sub => i.ins().isub(x, y),
+            BinaryOp::Mul => i.ins().imul(x, y),
+            BinaryOp::Div | BinaryOp::Rem => {
+                let zero = i.ins().icmp_imm_s(IntCC::Equal, y, 0);
+                // A divisor of 0 (and, signed, of -1) is replaced by 1 so the divide cannot trap;
+                // the true result is selected afterwards.
+                let minus1 = i.ins().icmp_imm_s(IntCC::Equal, y, -1);
+                let unsafe_div = if signed {
+                    i.ins().bor(zero, minus1)
+                } else {
+                    zero
+                };
+                let one = i.ins().iconst(I32, 1);
+                let safe_y = i.ins().select(unsafe_div, one, y);
+                let q = if signed {
+                    i.ins().sdiv(x, safe_y)
+                } else {
+                    i.ins().udiv(x, safe_y)
+                };
+                if op == BinaryOp::Div {
+                    let all_ones = i.ins().iconst(I32, -1);
+                    let neg_x = i.ins().ineg(x);
+                    let r = if signed {
+                        i.ins().select(minus1, neg_x, q)
+                    } else {
+                        q
+                    };
+                    i.ins().select(zero, all_ones, r)
+                } else {
+                    let prod = i.ins().imul(q, safe_y);
+                    let r = i.ins().isub(x, prod);
+                    let zero_v = i.ins().iconst(I32, 0);
+                    let r = if signed {
+                        i.ins().select(minus1, zero_v, r)
+                    } else {
+                        r
+                    };
+                    i.ins().select(zero, x, r)
+                }
+            }
+            BinaryOp::Max => {
+                if signed {
+                    i.ins().smax(x, y)
+                } else {
+                    i.ins().umax(x, y)
+                }
+            }
+            BinaryOp::Min => {
+                if signed {
+                    i.ins().smin(x, y)
+                } else {
+                    i.ins().umin(x, y)
+                }
+            }
+            BinaryOp::And => i.ins().band(x, y),
+            BinaryOp::Or => i.ins().bor(x, y),
+            BinaryOp::Xor => i.ins().bxor(x, y),
+            BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical => {
+                let big = i.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, y, 32);
+                let s = if op == BinaryOp::ShiftLeft {
+                    i.ins().ishl(x, y)
+                } else {
+                    i.ins().ushr(x, y)
+                };
+                let zero = i.ins().iconst(I32, 0);
+                i.ins().select(big, zero, s)
+            }
+            BinaryOp::Pow => x,
+        }
+    }
+
+    fn compare(&mut self, c: CompareOp, d: DType, x: Value, y: Value) -> Value {
+        if d.is_float() {
+            let cc = match c {
+                CompareOp::Eq => FloatCC::Equal,
+                CompareOp::Ne => FloatCC::NotEqual,
+                CompareOp::Lt => FloatCC::LessThan,
+                CompareOp::Le => FloatCC::LessThanOrEqual,
+                CompareOp::Gt => FloatCC::GreaterThan,
+                CompareOp::Ge => FloatCC::GreaterThanOrEqual,
+            };
+            return self.b.ins().fcmp(cc, x, y);
+        }
+        let signed = d == DType::I32;
+        let cc = match (c, signed) {
+            (CompareOp::Eq, _) => IntCC::Equal,
+            (CompareOp::Ne, _) => IntCC::NotEqual,
+            (CompareOp::Lt, true) => IntCC::SignedLessThan,
+            (CompareOp::Le, true) => IntCC::SignedLessThanOrEqual,
+            (CompareOp::Gt, true) => IntCC::SignedGreaterThan,
+            (CompareOp::Ge, true) => IntCC::SignedGreaterThanOrEqual,
+            (CompareOp::Lt, false) => IntCC::UnsignedLessThan,
+            (CompareOp::Le, false) => IntCC::UnsignedLessThanOrEqual,
+            (CompareOp::Gt, false) => IntCC::UnsignedGreaterThan,
+            (CompareOp::Ge, false) => IntCC::UnsignedGreaterThanOrEqual,
+        };
+        self.b.ins().icmp(cc, x, y)
+    }
+
+    fn convert(&mut self, from: DType, to: DType, x: Value) -> Value {
+        let i = &mut self.b;
+        match (from, to) {
+            (a, b) if a == b => x,
+            (DType::F32, DType::F64) => i.ins().fpromote(F64, x),
+            (DType::F64, DType::F32) => i.ins().fdemote(F32, x),
+            (DType::F32 | DType::F64, DType::I32) => i.ins().fcvt_to_sint_sat(I32, x),
+            (DType::F32 | DType::F64, DType::U32) => i.ins().fcvt_to_uint_sat(I32, x),
+            (DType::I32, DType::F32 | DType::F64) => i.ins().fcvt_from_sint(clif_type(to), x),
+            (DType::U32, DType::F32 | DType::F64) => {
+                let w = i.ins().uextend(I64, x);
+                i.ins().fcvt_from_sint(clif_type(to), w)
+            }
+            (DType::I32, DType::U32) | (DType::U32, DType::I32) => x,
+            (DType::F32, DType::Bool) => {
+                let z = i.ins().f32const(0.0);
+                i.ins().fcmp(FloatCC::NotEqual, x, z)
+            }
+            (DType::F64, DType::Bool) => {
+                let z = i.ins().f64const(0.0);
+                i.ins().fcmp(FloatCC::NotEqual, x, z)
+            }
+            (DType::I32 | DType::U32, DType::Bool) => i.ins().icmp_imm_s(IntCC::NotEqual, x, 0),
+            (DType::Bool, DType::I32 | DType::U32) => i.ins().uextend(I32, x),
+            (DType::Bool, DType::F32 | DType::F64) => {
+                let w = i.ins().uextend(I32, x);
+                i.ins().fcvt_from_sint(clif_type(to), w)
+            }
+            _ => x,
+        }
+    }
+}
+
+/// Whether the innermost result loop (variable `lane`) can run on f32x4: an f32 kernel whose
+/// loads are contiguous or constant along it, with no index values, guards or conversions.
+fn vectorizable(body: &Expr, lane: usize) -> bool {
+    let mut ok = body.dtype() == DType::F32;
+    body.walk(&mut |e| match e {
+        Expr::Load {
+            dtype,
+            strides,
+            coords,
+            ..
+        } => {
+            let s: i64 = strides
+                .iter()
+                .zip(coords)
+                .map(|(s, c)| s * c.lin.coef[lane])
+                .sum();
+            let plain = coords.iter().all(|c| c.div == 1 && c.clamp.is_none());
+            ok &= *dtype == DType::F32 && (s == 0 || s == 1) && plain;
+        }
+        Expr::Const(d, _) => ok &= matches!(d, DType::F32 | DType::Bool),
+        Expr::Unary(_, d, _) => ok &= *d == DType::F32,
+        Expr::Binary(op, d, _, _) => ok &= *d == DType::F32 && *op != BinaryOp::Rem,
+        Expr::Compare(_, d, _, _) => ok &= *d == DType::F32,
+        Expr::Select(d, ..) => ok &= *d == DType::F32,
+        Expr::Index(..) | Expr::Guard { .. } | Expr::Convert { .. } | Expr::Bitcast { .. } => {
+            ok = false
+        }
+    });
+    ok
+}

@@ -1,0 +1,82 @@
+//! Buffer planning: liveness over the schedule, temporaries packed into one arena.
+//!
+//! Consumes a `Schedule`; produces each temporary buffer's byte offset in the arena and the
+//! arena's size. A temporary lives from the step that writes it to its last reader (outputs to
+//! the end); a freed range is reused first-fit. A step's output never shares memory with that
+//! step's inputs, since it is placed before they are freed.
+
+use crate::fusion::{BufKind, Schedule};
+
+/// Every offset is a multiple of this, so vector accesses stay within cache lines.
+const ALIGN: usize = 64;
+
+pub struct Plan {
+    /// Byte offset of each buffer in the arena (meaningful for temporaries only).
+    pub offsets: Vec<usize>,
+    pub arena_bytes: usize,
+}
+
+impl Plan {
+    pub fn new(s: &Schedule) -> Plan {
+        let n = s.bufs.len();
+        let mut last_use = vec![0usize; n];
+        for (i, step) in s.steps.iter().enumerate() {
+            for &b in &step.inputs {
+                last_use[b] = i;
+            }
+            last_use[step.output] = last_use[step.output].max(i);
+        }
+        for &o in &s.outputs {
+            last_use[o] = usize::MAX;
+        }
+        let mut offsets = vec![0usize; n];
+        // Free ranges (offset, size), and the end of the used arena.
+        let mut free: Vec<(usize, usize)> = Vec::new();
+        let mut end = 0usize;
+        for (i, step) in s.steps.iter().enumerate() {
+            let b = step.output;
+            if let BufKind::Temp = s.bufs[b].kind {
+                let size = s.bufs[b].ty.byte_size().max(1).next_multiple_of(ALIGN);
+                match free.iter().position(|&(_, sz)| sz >= size) {
+                    Some(k) => {
+                        let (off, sz) = free[k];
+                        offsets[b] = off;
+                        if sz == size {
+                            free.remove(k);
+                        } else {
+                            free[k] = (off + size, sz - size);
+                        }
+                    }
+                    None => {
+                        offsets[b] = end;
+                        end += size;
+                    }
+                }
+            }
+            let mut dead: Vec<usize> = step.inputs.clone();
+            dead.push(b);
+            dead.sort_unstable();
+            dead.dedup();
+            for d in dead {
+                if last_use[d] == i && matches!(s.bufs[d].kind, BufKind::Temp) {
+                    let size = s.bufs[d].ty.byte_size().max(1).next_multiple_of(ALIGN);
+                    free.push((offsets[d], size));
+                }
+            }
+            free.sort_unstable();
+            // Merge neighbours so large buffers can reuse the space of several small ones.
+            let mut merged: Vec<(usize, usize)> = Vec::new();
+            for (off, sz) in free.drain(..) {
+                match merged.last_mut() {
+                    Some((o, s2)) if *o + *s2 == off => *s2 += sz,
+                    _ => merged.push((off, sz)),
+                }
+            }
+            free = merged;
+        }
+        Plan {
+            offsets,
+            arena_bytes: end,
+        }
+    }
+}
