@@ -28,6 +28,8 @@ pub enum Error {
     Verify(#[from] VerifyError),
     #[error("execution: {0}")]
     Interp(#[from] InterpError),
+    #[error("native code generation: {0}")]
+    Codegen(String),
     #[error("{0}")]
     Io(String),
 }

@@ -13,7 +13,7 @@ use hashbrown::HashMap;
 use tessera_ir::{Graph, Literal, TensorType, print};
 
 use crate::error::{Error, Result, catch};
-use crate::pipeline::{Dump, Executable, compile};
+use crate::pipeline::{Backend, Dump, Executable, compile};
 use crate::tensor::Tensor;
 use crate::trace;
 use crate::tree::{self, Tree, TreeDef};
@@ -35,6 +35,7 @@ pub struct Jitted<F, In, Out> {
     name: String,
     cache: RefCell<HashMap<Signature, Rc<Compiled>>>,
     traces: Cell<usize>,
+    backend: Backend,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -45,6 +46,7 @@ pub fn jit<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> Jitted<F, In, Out> {
         f,
         cache: RefCell::new(HashMap::new()),
         traces: Cell::new(0),
+        backend: Backend::default(),
         _types: PhantomData,
     }
 }
@@ -143,6 +145,13 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self
     }
 
+    /// Chooses the backend (Cranelift by default; the interpreter runs the very same program).
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self.cache.borrow_mut().clear();
+        self
+    }
+
     /// How many times the closure has been traced (once per new signature).
     pub fn trace_count(&self) -> usize {
         self.traces.get()
@@ -173,7 +182,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 let dump = Dump::from_env(&self.name, self.traces.get());
                 let compiled = Rc::new(Compiled {
                     out_def: lowered.out_def,
-                    executable: compile(lowered.graph, &dump)?,
+                    executable: compile(lowered.graph, self.backend, &dump)?,
                 });
                 self.cache.borrow_mut().insert(sig, compiled.clone());
                 compiled

@@ -19,7 +19,7 @@ pub mod error;
 pub mod grad;
 pub mod jit;
 pub mod ops;
-mod pipeline;
+pub mod pipeline;
 pub mod random;
 pub mod tensor;
 mod trace;
@@ -28,6 +28,7 @@ pub mod tree;
 pub use error::{Error, Result};
 pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
 pub use jit::{Jitted, Lowered, eval_graph, jit, make_ir};
+pub use pipeline::Backend;
 pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
@@ -38,7 +39,8 @@ pub mod prelude {
     pub use crate::random::{self, Key};
     pub use crate::tree::{self, Tree};
     pub use crate::{
-        DType, DotDims, Error, Jitted, Lowered, Result, Tensor, eval_graph, grad, jit, make_ir,
+        Backend, DType, DotDims, Error, Jitted, Lowered, Result, Tensor, eval_graph, grad, jit,
+        make_ir,
         value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp,
     };
     pub use tessera_derive::Tree;

@@ -1,7 +1,8 @@
 //! The compilation pipeline, one pass per line, and the dump of each pass's output.
 //!
 //! Consumes a traced global graph; produces an `Executable`. `TESSERA_DUMP=dir` writes the IR
-//! after every pass as `dir/<function>-<trace>.<NN>-<pass>.ir`, in the filetest syntax.
+//! after every pass as `dir/<function>-<trace>.<NN>-<pass>.ir`, in the filetest syntax, and the
+//! native schedule as `.txt` beside them.
 
 use std::path::PathBuf;
 
@@ -24,41 +25,69 @@ impl Dump {
     }
 
     fn write(&self, index: usize, pass: &str, g: &Graph) -> Result<()> {
-        let Some(dir) = &self.dir else { return Ok(()) };
-        let path = dir.join(format!("{}.{index:02}-{pass}.ir", self.prefix));
-        std::fs::create_dir_all(dir)
-            .and_then(|_| std::fs::write(&path, print(g)))
-            .map_err(|e| {
-                Error::Io(format!(
-                    "TESSERA_DUMP: cannot write {}: {e}",
-                    path.display()
-                ))
-            })
+        if self.dir.is_some() {
+            self.write_file(&format!("{index:02}-{pass}.ir"), &print(g))?;
+        }
+        Ok(())
     }
+
+    /// Writes a non-IR artifact (the native schedule) beside the IR dumps.
+    fn write_text(&self, index: usize, what: &str, text: &str) -> Result<()> {
+        if self.dir.is_some() {
+            self.write_file(&format!("{index:02}-{what}.txt"), text)?;
+        }
+        Ok(())
+    }
+
+    fn write_file(&self, name: &str, text: &str) -> Result<()> {
+        let Some(dir) = &self.dir else { return Ok(()) };
+        let path = dir.join(format!("{}.{name}", self.prefix));
+        std::fs::create_dir_all(dir)
+            .and_then(|_| std::fs::write(&path, text))
+            .map_err(|e| Error::Io(format!("TESSERA_DUMP: cannot write {}: {e}", path.display())))
+    }
+}
+
+/// Which backend runs a jitted function. Both run the same IR through the same entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Backend {
+    /// Native code from Cranelift (the default).
+    #[default]
+    Cranelift,
+    /// The reference interpreter.
+    Interpreter,
 }
 
 /// A compiled program, ready to run on input buffers.
 pub(crate) enum Executable {
     /// The reference interpreter runs the graph.
     Interpreted(Graph),
+    /// Native kernels, GEMM calls and collectives over one arena.
+    Native(tessera_codegen::Executable),
 }
 
 impl Executable {
     pub(crate) fn run(&self, inputs: &[&Literal]) -> Result<Vec<Literal>> {
+        let single = tessera_interp::SingleDevice;
         match self {
-            Executable::Interpreted(g) => Ok(tessera_interp::run_with(
-                g,
-                inputs,
-                &tessera_interp::SingleDevice,
-            )?),
+            Executable::Interpreted(g) => Ok(tessera_interp::run_with(g, inputs, &single)?),
+            Executable::Native(e) => Ok(e.run(inputs, &single)?),
         }
     }
 }
 
-/// Runs the passes in order on a traced graph.
-pub(crate) fn compile(graph: Graph, dump: &Dump) -> Result<Executable> {
-    // 00: the program as traced.
+/// Runs the passes in order on a traced graph, then hands it to the backend.
+pub(crate) fn compile(graph: Graph, backend: Backend, dump: &Dump) -> Result<Executable> {
+    // 00: the program as traced (with its gradient, when it takes one).
     dump.write(0, "trace", &graph)?;
     verify(&graph)?;
-    Ok(Executable::Interpreted(graph))
+    Ok(match backend {
+        Backend::Interpreter => Executable::Interpreted(graph),
+        Backend::Cranelift => {
+            // Fusion, buffer planning and Cranelift lowering (tessera-codegen).
+            let exe = tessera_codegen::compile(&graph).map_err(|e| Error::Codegen(e.to_string()))?;
+            dump.write_text(1, "schedule", &exe.describe())?;
+            Executable::Native(exe)
+        }
+    })
 }

@@ -1,4 +1,5 @@
-//! `TESSERA_DUMP=dir` writes the IR of every pass as numbered `.ir` files that parse back.
+//! `TESSERA_DUMP=dir` writes the IR of every pass as numbered `.ir` files that parse back, and
+//! the native schedule beside them.
 //! (Its own test binary: it sets an environment variable for the whole process.)
 
 use tessera::prelude::*;
@@ -12,14 +13,15 @@ fn dump_writes_parseable_numbered_ir() {
     unsafe { std::env::set_var("TESSERA_DUMP", &dir) };
     let f = jit(|x: Tensor| x.tanh().sum()).named("dumped");
     f.call(Tensor::ones([4])).unwrap();
-    let files: Vec<_> = std::fs::read_dir(&dir)
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
-        .map(|e| e.unwrap().path())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
-    assert_eq!(name, "dumped-1.00-trace.ir");
-    let text = std::fs::read_to_string(&files[0]).unwrap();
+    names.sort();
+    assert_eq!(names, ["dumped-1.00-trace.ir", "dumped-1.01-schedule.txt"]);
+    let schedule = std::fs::read_to_string(dir.join(&names[1])).unwrap();
+    assert!(schedule.contains("kernel"), "{schedule}");
+    let text = std::fs::read_to_string(dir.join(&names[0])).unwrap();
     let g = tessera::ir::parse(&text).unwrap();
     assert_eq!(g.name, "dumped");
     std::fs::remove_dir_all(&dir).unwrap();
