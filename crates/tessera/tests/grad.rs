@@ -132,8 +132,12 @@ fn grad_inside_jit_appends_the_backward_graph() {
     let x = Tensor::from_vec(vec![0.1f32, 0.2, 0.3], [3]);
     let (l, g) = f.call(x.clone()).unwrap();
     let (le, ge) = value_and_grad(|x: &Tensor| (x * &w).tanh().sum())(&x);
-    assert_eq!(l.to_vec::<f32>(), le.to_vec::<f32>());
-    assert_eq!(g.to_vec::<f32>(), ge.to_vec::<f32>());
+    // Compiled (jit) and eager (interpreted) agree within the tanh approximation's bound.
+    for (a, b) in [(&l, &le), (&g, &ge)] {
+        for (x, y) in a.to_vec::<f32>().iter().zip(b.to_vec::<f32>()) {
+            assert!((x - y).abs() <= 1e-6, "{x} vs {y}");
+        }
+    }
     let ir = f.lower(&x).unwrap().ir();
     assert!(ir.contains("vjp of tanh"), "{ir}");
     let gd = g.to_vec::<f32>();
