@@ -40,8 +40,7 @@ pub mod prelude {
     pub use crate::tree::{self, Tree};
     pub use crate::{
         Backend, DType, DotDims, Error, Jitted, Lowered, Result, Tensor, eval_graph, grad, jit,
-        make_ir,
-        value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp,
+        make_ir, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp,
     };
     pub use tessera_derive::Tree;
 }

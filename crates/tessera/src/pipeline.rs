@@ -44,7 +44,12 @@ impl Dump {
         let path = dir.join(format!("{}.{name}", self.prefix));
         std::fs::create_dir_all(dir)
             .and_then(|_| std::fs::write(&path, text))
-            .map_err(|e| Error::Io(format!("TESSERA_DUMP: cannot write {}: {e}", path.display())))
+            .map_err(|e| {
+                Error::Io(format!(
+                    "TESSERA_DUMP: cannot write {}: {e}",
+                    path.display()
+                ))
+            })
     }
 }
 
@@ -85,7 +90,8 @@ pub(crate) fn compile(graph: Graph, backend: Backend, dump: &Dump) -> Result<Exe
         Backend::Interpreter => Executable::Interpreted(graph),
         Backend::Cranelift => {
             // Fusion, buffer planning and Cranelift lowering (tessera-codegen).
-            let exe = tessera_codegen::compile(&graph).map_err(|e| Error::Codegen(e.to_string()))?;
+            let exe =
+                tessera_codegen::compile(&graph).map_err(|e| Error::Codegen(e.to_string()))?;
             dump.write_text(1, "schedule", &exe.describe())?;
             Executable::Native(exe)
         }
