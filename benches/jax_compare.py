@@ -1,0 +1,86 @@
+"""JAX 0.10.2 on this machine, the same workloads as benches/train_step.rs, for the side-by-side
+table in docs/PERFORMANCE.md.
+
+Run (needs `pip install jax==0.10.2`; the Rust benches never need Python):
+  python3 benches/jax_compare.py
+"""
+import os
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def seed_init(key):
+    k1, k2 = jax.random.split(key)
+    return {"w1": jax.random.normal(k1, (10, 32)) * 0.1, "b1": jnp.zeros((32,)),
+            "w2": jax.random.normal(k2, (32, 1)) * 0.1, "b2": jnp.zeros((1,))}
+
+
+def seed_loss(p, x, y):
+    h = jnp.tanh(x @ p["w1"] + p["b1"])
+    return jnp.mean((h @ p["w2"] + p["b2"] - y) ** 2)
+
+
+def deep_init(key, widths):
+    keys = jax.random.split(key, len(widths) - 1)
+    return [{"w": jax.random.normal(k, (a, b)) * (1.0 / np.sqrt(a)), "b": jnp.zeros((b,))}
+            for k, a, b in zip(keys, widths[:-1], widths[1:])]
+
+
+def deep_loss(layers, x, y):
+    h = x
+    for i, l in enumerate(layers):
+        h = h @ l["w"] + l["b"]
+        if i + 1 < len(layers):
+            h = jnp.tanh(h)
+    return jnp.mean((h - y) ** 2)
+
+
+def make_step(loss):
+    def step(p, x, y):
+        l, g = jax.value_and_grad(loss)(p, x, y)
+        return jax.tree_util.tree_map(lambda a, b: a - 0.01 * b, p, g), l
+    return step
+
+
+def per_step(step, p, x, y, n):
+    p, l = step(p, x, y)
+    jax.block_until_ready((p, l))
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        p, l = step(p, x, y)
+        jax.block_until_ready((p, l))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3
+
+
+def first_call(loss, p, x, y):
+    step = jax.jit(make_step(loss))
+    t = time.perf_counter()
+    jax.block_until_ready(step(p, x, y))
+    return (time.perf_counter() - t) * 1e3
+
+
+def main():
+    print(f"jax {jax.__version__}, devices {jax.device_count()}")
+    p = seed_init(jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (256, 10))
+    y = jax.random.normal(jax.random.PRNGKey(2), (256, 1))
+    print(f"seed first call: {first_call(seed_loss, p, x, y):.1f} ms")
+    step = jax.jit(make_step(seed_loss))
+    print(f"seed step (median, blocked): {per_step(step, p, x, y, 2000):.4f} ms")
+    bp = deep_init(jax.random.PRNGKey(0), [784, 1024, 1024, 10])
+    bx = jax.random.normal(jax.random.PRNGKey(1), (512, 784))
+    by = jax.random.normal(jax.random.PRNGKey(2), (512, 10))
+    print(f"big MLP first call: {first_call(deep_loss, bp, bx, by):.1f} ms")
+    bstep = jax.jit(make_step(deep_loss))
+    print(f"big MLP step (median, blocked): {per_step(bstep, bp, bx, by, 20):.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

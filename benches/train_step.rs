@@ -1,0 +1,77 @@
+//! Compiled against interpreted, in one process: the seed train step (10-32-1, batch 256), the
+//! big MLP step (784-1024-1024-10 tanh, batch 512, MSE, SGD), and first-call times (trace,
+//! passes, compile, run). Run with `cargo bench --bench train_step`; figures are recorded in
+//! docs/PERFORMANCE.md.
+
+use std::time::Duration;
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use tessera::prelude::*;
+
+#[path = "../examples/common/mlp.rs"]
+mod mlp;
+use mlp::{Layer, Mlp, deep_sgd_step, init, init_deep, seed_data, sgd_step};
+
+fn seed_step(c: &mut Criterion) {
+    let mut g = c.benchmark_group("seed_step");
+    let (x, y) = seed_data(256);
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)).backend(backend);
+        let mut p = init(Key::new(0), 10, 32, 1);
+        p = step.call((p, x.clone(), y.clone())).unwrap().0;
+        g.bench_function(format!("{backend:?}"), |b| {
+            b.iter(|| {
+                let (np, _) = step.call((p.clone(), x.clone(), y.clone())).unwrap();
+                np
+            })
+        });
+    }
+    g.finish();
+}
+
+fn big_data() -> (Vec<Layer>, Tensor, Tensor) {
+    let p = init_deep(Key::new(0), &[784, 1024, 1024, 10]);
+    let x = random::normal(&Key::new(1), [512, 784]);
+    let y = random::normal(&Key::new(2), [512, 10]);
+    (p, x, y)
+}
+
+fn big_mlp_step(c: &mut Criterion) {
+    let mut g = c.benchmark_group("big_mlp_step");
+    g.sample_size(10).measurement_time(Duration::from_secs(10));
+    let (p, x, y) = big_data();
+    let step = jit(|(p, x, y): (Vec<Layer>, Tensor, Tensor)| deep_sgd_step(p, x, y));
+    step.call((p.clone(), x.clone(), y.clone())).unwrap();
+    g.bench_function("Cranelift", |b| {
+        b.iter(|| step.call((p.clone(), x.clone(), y.clone())).unwrap())
+    });
+    g.finish();
+}
+
+fn first_call(c: &mut Criterion) {
+    let mut g = c.benchmark_group("first_call");
+    g.sample_size(10);
+    let (x, y) = seed_data(256);
+    let p = init(Key::new(0), 10, 32, 1);
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        g.bench_function(format!("seed_{backend:?}"), |b| {
+            b.iter_batched(
+                || jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)).backend(backend),
+                |step| step.call((p.clone(), x.clone(), y.clone())).unwrap(),
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    let (bp, bx, by) = big_data();
+    g.bench_function("big_Cranelift", |b| {
+        b.iter_batched(
+            || jit(|(p, x, y): (Vec<Layer>, Tensor, Tensor)| deep_sgd_step(p, x, y)),
+            |step| step.call((bp.clone(), bx.clone(), by.clone())).unwrap(),
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, seed_step, big_mlp_step, first_call);
+criterion_main!(benches);
