@@ -43,7 +43,11 @@ fn time_per_step(backend: Backend, steps: usize) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
-    for (i, l) in train(50, Backend::Cranelift)?.iter().enumerate().step_by(10) {
+    for (i, l) in train(50, Backend::Cranelift)?
+        .iter()
+        .enumerate()
+        .step_by(10)
+    {
         println!("Step {i}: Loss = {l:.6}");
     }
     let compiled = time_per_step(Backend::Cranelift, 2000)?;

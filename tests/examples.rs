@@ -12,7 +12,11 @@ const JAX_SEED_LOSSES: [&str; 5] = ["1.070808", "1.050034", "1.034792", "1.02335
 fn train_single_prints_jax_losses_on_both_backends() {
     for backend in [tessera::Backend::Cranelift, tessera::Backend::Interpreter] {
         let losses = train_single::train(41, backend).unwrap();
-        let printed: Vec<String> = losses.iter().step_by(10).map(|l| format!("{l:.6}")).collect();
+        let printed: Vec<String> = losses
+            .iter()
+            .step_by(10)
+            .map(|l| format!("{l:.6}"))
+            .collect();
         assert_eq!(printed, JAX_SEED_LOSSES, "{backend:?}");
     }
 }

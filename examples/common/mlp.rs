@@ -34,7 +34,10 @@ pub fn loss(p: &Mlp, x: &Tensor, y: &Tensor) -> Tensor {
 
 /// The seed's data: `X = normal(Key(1), [n, 10])`, `y = normal(Key(2), [n, 1])`.
 pub fn seed_data(n: usize) -> (Tensor, Tensor) {
-    (random::normal(&Key::new(1), [n, 10]), random::normal(&Key::new(2), [n, 1]))
+    (
+        random::normal(&Key::new(1), [n, 10]),
+        random::normal(&Key::new(2), [n, 1]),
+    )
 }
 
 /// One SGD step with learning rate 0.01, returning the new parameters and the loss.

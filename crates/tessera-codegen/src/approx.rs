@@ -8,7 +8,7 @@
 //! | log | x = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh((m-1)/(m+1)) to s^9 | 3e-7 relative, absolute below 0.3 (1.9e-7) |
 //! | log1p | Goldberg: log(u) x / (u - 1), u = 1 + x | 3e-7 relative (2.1e-7) on [-0.99, 10] |
 //! | expm1 | Kahan: (u - 1) x / log(u), u = exp(x) | 3e-7 relative (2.1e-7) on [-20, 20] |
-//! | tanh | Eigen's rational 13/6 on clamped x, +-1 past 9.1 | 3e-7 absolute (2.3e-7) |
+//! | tanh | Eigen's rational 13/6 on x clamped to 7.9 (so abs(tanh) <= 1 - 2.4e-7) | 3e-7 absolute (2.4e-7) |
 //! | logistic | 1 / (1 + exp(-x)) | 2e-7 relative (1.4e-7) on [-80, 80] |
 //! | sin, cos | round(x 2/pi), 3-part Cody-Waite, degree-9/8 Taylor per quadrant | 1e-7 absolute (7.6e-8) on [-100, 100] |
 //! | erf | Eigen's rational 13/8 on x clamped to [-4, 4] | 4e-7 absolute (3.3e-7) |
@@ -117,14 +117,30 @@ impl Fx {
     fn fcmp(self, b: &mut FunctionBuilder, cc: FloatCC, x: Value, y: Value) -> Value {
         b.ins().fcmp(cc, x, y)
     }
+
+    /// `x` limited to `[lo, hi]` with compare-and-select, which x86 does in one `minps` and
+    /// one `maxps` (Cranelift's `fmin`/`fmax` are NaN-correct sequences several times longer).
+    /// A NaN `x` comes out as `hi`: callers restore NaN with `keep_nan`.
+    fn clamp(self, b: &mut FunctionBuilder, x: Value, lo: f64, hi: f64) -> Value {
+        let hi = self.c(b, hi);
+        let lo = self.c(b, lo);
+        let below = self.fcmp(b, FloatCC::LessThan, x, hi);
+        let x = self.sel(b, below, x, hi);
+        let above = self.fcmp(b, FloatCC::GreaterThan, x, lo);
+        self.sel(b, above, x, lo)
+    }
+
+    /// `r`, or `x` itself where `x` is NaN.
+    fn keep_nan(self, b: &mut FunctionBuilder, x: Value, r: Value) -> Value {
+        let nan = self.fcmp(b, FloatCC::Unordered, x, x);
+        self.sel(b, nan, x, r)
+    }
 }
 
 /// `exp(x)` (see the module table).
 pub fn exp(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let lo = f.c(b, -87.336_54);
-    let hi = f.c(b, 88.376_26);
-    let xc = b.ins().fmax(x, lo);
-    let xc = b.ins().fmin(xc, hi);
+    let xc = f.clamp(b, x, -87.336_54, 88.376_26);
     let log2e = f.c(b, std::f64::consts::LOG2_E);
     let t = b.ins().fmul(xc, log2e);
     let n = b.ins().nearest(t);
@@ -158,7 +174,8 @@ pub fn exp(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let res = f.sel(b, over, inf, res);
     let under = f.fcmp(b, FloatCC::LessThan, x, lo);
     let zero = f.c(b, 0.0);
-    f.sel(b, under, zero, res)
+    let res = f.sel(b, under, zero, res);
+    f.keep_nan(b, x, res)
 }
 
 /// `log(x)` (see the module table).
@@ -254,10 +271,7 @@ pub fn expm1(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
 
 /// `tanh(x)`: Eigen's rational approximation.
 pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
-    let lim = f.c(b, 7.905_311_107_635_498);
-    let nlim = f.c(b, -7.905_311_107_635_498);
-    let xc = b.ins().fmin(x, lim);
-    let xc = b.ins().fmax(xc, nlim);
+    let xc = f.clamp(b, x, -7.905_311_107_635_498, 7.905_311_107_635_498);
     let x2 = b.ins().fmul(xc, xc);
     let p = f.horner(
         b,
@@ -284,19 +298,7 @@ pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
         ],
     );
     let r = b.ins().fdiv(p, q);
-    let ax = b.ins().fabs(x);
-    let tiny_lim = f.c(b, 0.0004);
-    let tiny = f.fcmp(b, FloatCC::LessThan, ax, tiny_lim);
-    let r = f.sel(b, tiny, x, r);
-    // Past 9.1, tanh rounds to +-1 in f32; the rational stops just short of it.
-    let sat = f.c(b, 9.1);
-    let nsat = f.c(b, -9.1);
-    let one = f.c(b, 1.0);
-    let m1 = f.c(b, -1.0);
-    let hi = f.fcmp(b, FloatCC::GreaterThan, x, sat);
-    let lo = f.fcmp(b, FloatCC::LessThan, x, nsat);
-    let r = f.sel(b, hi, one, r);
-    f.sel(b, lo, m1, r)
+    f.keep_nan(b, x, r)
 }
 
 /// `1 / (1 + exp(-x))`.
@@ -349,10 +351,7 @@ pub fn sin_cos(b: &mut FunctionBuilder, f: Fx, x: Value, cos: bool) -> Value {
 
 /// `erf(x)`: Eigen's rational approximation on x clamped to [-4, 4].
 pub fn erf(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
-    let lim = f.c(b, 4.0);
-    let nlim = f.c(b, -4.0);
-    let xc = b.ins().fmin(x, lim);
-    let xc = b.ins().fmax(xc, nlim);
+    let xc = f.clamp(b, x, -4.0, 4.0);
     let x2 = b.ins().fmul(xc, xc);
     let p = f.horner(
         b,
@@ -379,7 +378,8 @@ pub fn erf(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
             -1.426_473_905_141_89e-2,
         ],
     );
-    b.ins().fdiv(p, q)
+    let r = b.ins().fdiv(p, q);
+    f.keep_nan(b, x, r)
 }
 
 /// `erf_inv(x)`: Giles (2010) with XLA's f32 constants, both branches computed and selected.

@@ -96,6 +96,7 @@ pub fn fuse(g: &Graph) -> Schedule {
             *users.entry(o).or_default() += 1;
         }
         match g.op(id) {
+            Op::DotGeneral(dd) if is_outer_product(dd, g.ty(g.operands(id)[0])) => {}
             Op::Reshape(_) | Op::Pad { .. } | Op::Concatenate { .. } | Op::DotGeneral(_) => {
                 forced.extend(g.operands(id));
             }
@@ -114,8 +115,13 @@ pub fn fuse(g: &Graph) -> Schedule {
             outputs: Vec::new(),
         },
     };
-    // Free to recompute in every user: splat constants, iota, and views of such or of buffers.
+    // Free to recompute in every user: splat constants, iota, views of such or of buffers, and
+    // small arithmetic without transcendental functions (as XLA duplicates cheap producers
+    // rather than writing them out).
     let mut cheap: HashMap<NodeId, bool> = HashMap::new();
+    // For a node that would be inlined: its expression size, and whether it calls a
+    // transcendental function somewhere inside.
+    let mut size: HashMap<NodeId, (usize, bool)> = HashMap::new();
     for &id in &order {
         let op = g.op(id);
         let decide = match op {
@@ -127,8 +133,8 @@ pub fn fuse(g: &Graph) -> Schedule {
                 f.add_buf(id, BufKind::Constant(lit.clone()));
                 continue;
             }
-            Op::DotGeneral(_)
-            | Op::Reduce { .. }
+            Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
+            Op::Reduce { .. }
             | Op::ArgMax { .. }
             | Op::AllReduce { .. }
             | Op::AllGather { .. }
@@ -137,6 +143,15 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::CollectivePermute { .. }
             | Op::AxisIndex { .. } => true,
             _ => {
+                let (mut n, mut heavy) = (1, is_transcendental(op));
+                for o in g.operands(id) {
+                    if !f.materialized.contains_key(&o) {
+                        let (on, oh) = size.get(&o).copied().unwrap_or((1, false));
+                        n += on;
+                        heavy |= oh;
+                    }
+                }
+                size.insert(id, (n, heavy));
                 let is_cheap = match op {
                     Op::Constant(_) | Op::Iota { .. } => true,
                     Op::BroadcastInDim { .. }
@@ -146,6 +161,12 @@ pub fn fuse(g: &Graph) -> Schedule {
                         let o = g.operands(id)[0];
                         f.materialized.contains_key(&o) || cheap.get(&o).copied().unwrap_or(false)
                     }
+                    Op::Unary(_)
+                    | Op::Binary(_)
+                    | Op::Compare(_)
+                    | Op::Select
+                    | Op::Convert(_)
+                    | Op::DotGeneral(_) => !heavy && n <= 8,
                     _ => false,
                 };
                 cheap.insert(id, is_cheap);
@@ -190,7 +211,7 @@ impl Fuser<'_> {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Collective(op.clone()), inputs)
             }
-            Op::DotGeneral(dd) => {
+            Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(operands[0])) => {
                 let (l, r) = (
                     self.materialized_buf(operands[0]),
                     self.materialized_buf(operands[1]),
@@ -357,6 +378,28 @@ impl Fuser<'_> {
                 self.expr(ops[0], &m, nvars, inputs)
             }
             Op::ShardingConstraint(_) => self.expr(ops[0], map, nvars, inputs),
+            // Every contracting dim has size 1: a broadcast product, fused like elementwise ops.
+            Op::DotGeneral(dd) if is_outer_product(&dd, g.ty(ops[0])) => {
+                let (lt, rt) = (g.ty(ops[0]).clone(), g.ty(ops[1]).clone());
+                let nb = dd.lhs_batch.len();
+                let lfree = dd.lhs_free(lt.rank());
+                let rfree = dd.rhs_free(rt.rank());
+                let mut lmap = vec![Lin::zero(nvars); lt.rank()];
+                let mut rmap = vec![Lin::zero(nvars); rt.rank()];
+                for (i, (&a, &b)) in dd.lhs_batch.iter().zip(&dd.rhs_batch).enumerate() {
+                    lmap[a] = map[i].clone();
+                    rmap[b] = map[i].clone();
+                }
+                for (j, &a) in lfree.iter().enumerate() {
+                    lmap[a] = map[nb + j].clone();
+                }
+                for (j, &b) in rfree.iter().enumerate() {
+                    rmap[b] = map[nb + lfree.len() + j].clone();
+                }
+                let x = self.expr(ops[0], &lmap, nvars, inputs);
+                let y = self.expr(ops[1], &rmap, nvars, inputs);
+                Expr::Binary(tessera_ir::BinaryOp::Mul, dt, Box::new(x), Box::new(y))
+            }
             // The operand is a buffer (fusion forces it): the reshape reads it at the row-major
             // offset of the reshaped index.
             Op::Reshape(shape) => {
@@ -572,6 +615,30 @@ impl Fuser<'_> {
             ),
             n_inputs: inputs.len(),
         }
+    }
+}
+
+/// A `dot_general` that contracts nothing but size-1 dims: an elementwise product.
+fn is_outer_product(dd: &DotDims, lhs: &TensorType) -> bool {
+    dd.lhs_contract.iter().all(|&d| lhs.dims()[d] == 1)
+}
+
+/// Ops whose inline code is long (polynomial approximations or calls): never duplicated.
+fn is_transcendental(op: &Op) -> bool {
+    use tessera_ir::{BinaryOp, UnaryOp};
+    match op {
+        Op::Unary(u) => !matches!(
+            u,
+            UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Sign
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Not
+        ),
+        Op::Binary(b) => matches!(b, BinaryOp::Pow | BinaryOp::Rem),
+        _ => false,
     }
 }
 

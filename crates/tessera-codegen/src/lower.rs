@@ -120,7 +120,17 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
             .map_err(cl)?;
         ctx.func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
         build(&mut module, &mut ctx, &mut fctx, k)?;
+        let disasm = std::env::var_os("TESSERA_DISASM").is_some();
+        ctx.set_disasm(disasm);
         module.define_function(id, &mut ctx).map_err(cl)?;
+        if let Some(code) = ctx.compiled_code().filter(|_| disasm) {
+            // A debugging aid for kernel performance work: the machine code of every kernel.
+            eprintln!(
+                "; kernel {}\n{}",
+                k.summary(),
+                code.vcode.as_deref().unwrap_or("")
+            );
+        }
         module.clear_context(&mut ctx);
         ids.push(id);
     }
@@ -221,12 +231,12 @@ impl Lower<'_, '_> {
         self.b.ins().jump(header, &[]);
         self.b.switch_to_block(header);
         let v = self.b.use_var(self.vars[var]);
-        let next = self.b.ins().iadd_imm_s(v, step);
-        let ok = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, end);
+        // Runs while a whole step fits: `v + step <= end`, which is `v < end` for step 1.
         let ok = if step == 1 {
             self.b.ins().icmp(IntCC::SignedLessThan, v, end)
         } else {
-            ok
+            let next = self.b.ins().iadd_imm_s(v, step);
+            self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, end)
         };
         self.b.ins().brif(ok, body_block, &[], exit, &[]);
         self.b.switch_to_block(body_block);
@@ -257,11 +267,17 @@ impl Lower<'_, '_> {
         if k.out_dims.contains(&0) {
             return;
         }
-        let vector = k.reduce.is_none()
-            && nout > 0
+        let vector = nout > 0
             && k.out_dims[nout - 1] >= 4
+            && k.out_dtype == DType::F32
             && vectorizable(&k.body, nout - 1);
-        self.loops(k, 0, &out_strides, vector);
+        match &k.reduce {
+            None => self.loops(k, 0, &out_strides, vector),
+            Some((how, dims)) if vector && *how != Combine::ArgMax => {
+                self.accumulate(k, *how, dims, &out_strides)
+            }
+            Some(_) => self.loops(k, 0, &out_strides, false),
+        }
     }
 
     /// The loops over the result's variables from `level` inward.
@@ -272,28 +288,107 @@ impl Lower<'_, '_> {
             return;
         }
         let extent = k.out_dims[level] as i64;
-        let zero = self.iconst(0);
         if level == nout - 1 && vector {
-            let main = extent - extent % 4;
-            let end = self.iconst(main);
-            self.for_loop(level, zero, end, 4, &mut |s| {
-                s.lane_var = Some(level);
-                let v = s.expr(&k.body, Lanes::Four);
+            self.vector_loop(level, extent, &mut |s, lanes| {
+                let v = s.expr(&k.body, lanes);
                 let off = s.out_offset(out_strides);
-                s.store(k.out_dtype, v, off, Lanes::Four);
-                s.lane_var = None;
+                s.store(k.out_dtype, v, off, lanes);
             });
-            if main < extent {
-                let start = self.iconst(main);
-                let end = self.iconst(extent);
-                self.for_loop(level, start, end, 1, &mut |s| s.element(k, out_strides));
-            }
             return;
         }
+        let zero = self.iconst(0);
         let end = self.iconst(extent);
         self.for_loop(level, zero, end, 1, &mut |s| {
             s.loops(k, level + 1, out_strides, vector)
         });
+    }
+
+    /// `for var in 0..extent` with `body` on f32x4 vectors: two vectors per iteration, then one,
+    /// then scalars for the last `extent % 4`.
+    fn vector_loop(&mut self, var: usize, extent: i64, body: &mut dyn FnMut(&mut Self, Lanes)) {
+        let main = extent - extent % 8;
+        if main > 0 {
+            let zero = self.iconst(0);
+            let end = self.iconst(main);
+            self.for_loop(var, zero, end, 8, &mut |s| {
+                s.lane_var = Some(var);
+                let v = s.b.use_var(s.vars[var]);
+                body(s, Lanes::Four);
+                let v4 = s.b.ins().iadd_imm_s(v, 4);
+                s.b.def_var(s.vars[var], v4);
+                body(s, Lanes::Four);
+                s.b.def_var(s.vars[var], v);
+                s.lane_var = None;
+            });
+        }
+        let mut done = main;
+        if extent - main >= 4 {
+            let at = self.iconst(main);
+            self.b.def_var(self.vars[var], at);
+            self.lane_var = Some(var);
+            body(self, Lanes::Four);
+            self.lane_var = None;
+            done += 4;
+        }
+        if done < extent {
+            let start = self.iconst(done);
+            let end = self.iconst(extent);
+            self.for_loop(var, start, end, 1, &mut |s| body(s, Lanes::One));
+        }
+    }
+
+    /// A reduction whose innermost result dimension is contiguous: the result is set to the
+    /// identity, then every reduced index adds into it, the innermost result dimension
+    /// innermost and vectorized. Each result element still combines its inputs in the order of
+    /// the reduced indices, as the interpreter does.
+    fn accumulate(&mut self, k: &Kernel, how: Combine, dims: &[usize], out_strides: &[i64]) {
+        let nout = k.out_dims.len();
+        let total: i64 = k.out_dims.iter().product::<usize>() as i64;
+        let identity = match how {
+            Combine::Sum => 0.0,
+            Combine::Max | Combine::ArgMax => f64::NEG_INFINITY,
+            Combine::Min => f64::INFINITY,
+        };
+        // Fill the result with the identity, through the first result variable as a flat index.
+        let zero = self.iconst(0);
+        let end = self.iconst(total);
+        self.for_loop(0, zero, end, 1, &mut |s| {
+            let v = s.b.ins().f32const(identity as f32);
+            let flat = s.b.use_var(s.vars[0]);
+            s.store(DType::F32, v, flat, Lanes::One);
+        });
+        let mut order: Vec<(usize, i64)> =
+            (0..nout - 1).map(|j| (j, k.out_dims[j] as i64)).collect();
+        order.extend(dims.iter().enumerate().map(|(j, &d)| (nout + j, d as i64)));
+        let lane = nout - 1;
+        self.nest(&order, &mut |s| {
+            s.vector_loop(lane, k.out_dims[lane] as i64, &mut |s, lanes| {
+                let v = s.expr(&k.body, lanes);
+                let off = s.out_offset(out_strides);
+                let out = s.bufs.len() - 1;
+                let addr = s.address(out, off, DType::F32);
+                let ty = if lanes == Lanes::Four { F32X4 } else { F32 };
+                let cur = s.b.ins().load(ty, mem(), addr, 0);
+                let next = match how {
+                    Combine::Sum => s.b.ins().fadd(cur, v),
+                    Combine::Max | Combine::ArgMax => s.b.ins().fmax(cur, v),
+                    Combine::Min => s.b.ins().fmin(cur, v),
+                };
+                s.b.ins().store(mem(), next, addr, 0);
+            });
+        });
+    }
+
+    /// Nested loops over `(var, extent)` pairs, outermost first, around `body`.
+    fn nest(&mut self, order: &[(usize, i64)], body: &mut dyn FnMut(&mut Self)) {
+        match order.split_first() {
+            None => body(self),
+            Some((&(var, extent), rest)) => {
+                let zero = self.iconst(0);
+                let end = self.iconst(extent);
+                self.for_loop(var, zero, end, 1, &mut |s| s.nest(rest, body));
+            }
+        }
     }
 
     fn out_offset(&mut self, out_strides: &[i64]) -> Value {

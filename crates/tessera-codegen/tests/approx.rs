@@ -119,7 +119,12 @@ fn special_values() {
             && log[6].is_nan()
     );
     let tanh = compiled(Op::Unary(UnaryOp::Tanh), &[xs.clone()]);
-    assert!(tanh[0].is_nan() && tanh[1] == 1.0 && tanh[2] == -1.0 && tanh[3] == 0.0);
+    assert!(
+        tanh[0].is_nan()
+            && (tanh[1] - 1.0).abs() < 3e-7
+            && (tanh[2] + 1.0).abs() < 3e-7
+            && tanh[3] == 0.0
+    );
     let ei = compiled(Op::Unary(UnaryOp::ErfInv), &[xs.clone()]);
     assert!(ei[5] == f32::INFINITY && ei[6] == f32::NEG_INFINITY && ei[7].is_nan());
     let round = compiled(

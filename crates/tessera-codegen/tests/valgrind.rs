@@ -6,8 +6,8 @@
 use std::process::Command;
 
 use tessera_interp::{SingleDevice, run};
-use tessera_ir::corpus::{Lcg, op_samples, random_inputs};
 use tessera_ir::Literal;
+use tessera_ir::corpus::{Lcg, op_samples, random_inputs};
 
 const CHILD: &str = "TESSERA_UNDER_VALGRIND";
 
@@ -38,10 +38,18 @@ fn compiled_programs_run_clean_under_valgrind() {
     let out = Command::new("valgrind")
         .args(["--tool=memcheck", "--error-exitcode=99", "--quiet"])
         .arg(&exe)
-        .args(["--exact", "compiled_programs_run_clean_under_valgrind", "--test-threads=1"])
+        .args([
+            "--exact",
+            "compiled_programs_run_clean_under_valgrind",
+            "--test-threads=1",
+        ])
         .env(CHILD, "1")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "valgrind reported errors (exit {:?}):\n{stderr}", out.status.code());
+    assert!(
+        out.status.success(),
+        "valgrind reported errors (exit {:?}):\n{stderr}",
+        out.status.code()
+    );
 }
