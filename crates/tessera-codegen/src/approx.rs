@@ -95,7 +95,7 @@ impl Fx {
         b.ins().bitcast(self.ity(), flags, x)
     }
 
-    fn from_bits(self, b: &mut FunctionBuilder, x: Value) -> Value {
+    fn bits_to_float(self, b: &mut FunctionBuilder, x: Value) -> Value {
         let flags = if self.vector() {
             le()
         } else {
@@ -166,7 +166,7 @@ pub fn exp(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let bias = f.ci(b, 127);
     let e = b.ins().iadd(ni, bias);
     let e = b.ins().ishl_imm_s(e, 23);
-    let scale = f.from_bits(b, e);
+    let scale = f.bits_to_float(b, e);
     let res = b.ins().fmul(p, scale);
     let inf = f.c(b, f64::INFINITY);
     let limit = f.c(b, 88.722_84);
@@ -193,7 +193,7 @@ pub fn log(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let one_bits = f.ci(b, 0x3f80_0000);
     let mb = b.ins().band(bits, mant_mask);
     let mb = b.ins().bor(mb, one_bits);
-    let m = f.from_bits(b, mb);
+    let m = f.bits_to_float(b, mb);
     let sqrt2 = f.c(b, std::f64::consts::SQRT_2);
     let big = f.fcmp(b, FloatCC::GreaterThan, m, sqrt2);
     let half = f.c(b, 0.5);

@@ -24,6 +24,85 @@ pub struct Executable {
     arena: RefCell<Vec<u64>>,
     /// Use both cores for GEMMs this large (m*n*k), when running alone on the machine.
     parallel_gemm_from: usize,
+    /// Split elementwise kernels with this many elements over two threads.
+    parallel_kernel_from: usize,
+}
+
+/// The kernel argument array, shared by the two halves of a split kernel.
+#[derive(Clone, Copy)]
+struct SendArgs(*const *mut u8);
+
+impl SendArgs {
+    fn get(self) -> *const *mut u8 {
+        self.0
+    }
+}
+
+// SAFETY: the array outlives both halves (`rayon::join` returns after both), and the buffers
+// it points to are read by both and written at disjoint indices.
+unsafe impl Send for SendArgs {}
+unsafe impl Sync for SendArgs {}
+
+/// A result vector, allocated for the run and written by the step that computes it.
+enum OutVec {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I32(Vec<i32>),
+    U32(Vec<u32>),
+    Bool(Vec<bool>),
+}
+
+impl OutVec {
+    fn with_capacity(ty: &TensorType) -> OutVec {
+        let n = ty.numel();
+        match ty.dtype {
+            DType::F32 => OutVec::F32(Vec::with_capacity(n)),
+            DType::F64 => OutVec::F64(Vec::with_capacity(n)),
+            DType::I32 => OutVec::I32(Vec::with_capacity(n)),
+            DType::U32 => OutVec::U32(Vec::with_capacity(n)),
+            DType::Bool => OutVec::Bool(Vec::with_capacity(n)),
+        }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            OutVec::F32(v) => v.as_mut_ptr() as *mut u8,
+            OutVec::F64(v) => v.as_mut_ptr() as *mut u8,
+            OutVec::I32(v) => v.as_mut_ptr() as *mut u8,
+            OutVec::U32(v) => v.as_mut_ptr() as *mut u8,
+            OutVec::Bool(v) => v.as_mut_ptr() as *mut u8,
+        }
+    }
+
+    /// # Safety
+    /// The first `n` elements must have been written (bools as bytes 0 or 1).
+    unsafe fn into_data(self, n: usize) -> Data {
+        // SAFETY: the capacity is `n` and the caller guarantees the elements are initialized.
+        unsafe {
+            match self {
+                OutVec::F32(mut v) => {
+                    v.set_len(n);
+                    Data::F32(v)
+                }
+                OutVec::F64(mut v) => {
+                    v.set_len(n);
+                    Data::F64(v)
+                }
+                OutVec::I32(mut v) => {
+                    v.set_len(n);
+                    Data::I32(v)
+                }
+                OutVec::U32(mut v) => {
+                    v.set_len(n);
+                    Data::U32(v)
+                }
+                OutVec::Bool(mut v) => {
+                    v.set_len(n);
+                    Data::Bool(v)
+                }
+            }
+        }
+    }
 }
 
 fn data_ptr(d: &Data) -> *const u8 {
@@ -78,12 +157,15 @@ impl Executable {
             plan,
             mesh,
             parallel_gemm_from: 64 * 64 * 64,
+            parallel_kernel_from: 1 << 16,
         }
     }
 
-    /// Never split a GEMM over threads (each device thread of the sharded runtime runs its own).
+    /// Never split a GEMM or a kernel over threads (each device thread of the sharded runtime
+    /// runs its own executable).
     pub fn single_threaded(mut self) -> Executable {
         self.parallel_gemm_from = usize::MAX;
+        self.parallel_kernel_from = usize::MAX;
         self
     }
 
@@ -128,6 +210,7 @@ impl Executable {
         let mut arena = self.arena.borrow_mut();
         let base = arena.as_mut_ptr() as *mut u8;
         let bufs = &self.schedule.bufs;
+        let mut outs: Vec<(usize, OutVec)> = Vec::new();
         let mut ptrs: Vec<*mut u8> = Vec::with_capacity(bufs.len());
         for (i, b) in bufs.iter().enumerate() {
             let p = match &b.kind {
@@ -147,6 +230,12 @@ impl Executable {
                     data_ptr(&lit.data) as *mut u8
                 }
                 BufKind::Constant(lit) => data_ptr(&lit.data) as *mut u8,
+                BufKind::Temp if self.schedule.outputs.contains(&i) => {
+                    let mut v = OutVec::with_capacity(&b.ty);
+                    let p = v.as_mut_ptr();
+                    outs.push((i, v));
+                    p
+                }
                 // SAFETY: the plan places every temporary inside the arena, which holds
                 // `arena_bytes` bytes.
                 BufKind::Temp => unsafe { base.add(self.plan.offsets[i]) },
@@ -156,15 +245,34 @@ impl Executable {
         let mut args: Vec<*mut u8> = Vec::new();
         for (step, kernel) in self.schedule.steps.iter().zip(&self.kernels) {
             match &step.kind {
-                StepKind::Kernel(_) => {
+                StepKind::Kernel(k) => {
                     args.clear();
                     args.extend(step.inputs.iter().map(|&b| ptrs[b]));
                     args.push(ptrs[step.output]);
                     let f = kernel.expect("a kernel step has a compiled kernel");
-                    // SAFETY: the kernel was compiled for exactly these buffers: inputs in this
-                    // order, then the output, each sized by its type, and it accesses nothing
-                    // outside them (see lower.rs).
-                    unsafe { f(args.as_ptr()) };
+                    let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
+                    let n: usize = k.out_dims.iter().product();
+                    if k.reduce.is_none() && n >= self.parallel_kernel_from && outer >= 2 {
+                        // Two halves of the outermost index on two threads; a rank-1 split falls
+                        // on a multiple of 8 so both halves keep whole vector iterations.
+                        let mid = if k.out_dims.len() == 1 {
+                            (outer / 2) & !7
+                        } else {
+                            outer / 2
+                        };
+                        let a = SendArgs(args.as_ptr());
+                        // SAFETY: as below; the halves write disjoint parts of the output and
+                        // only read the inputs.
+                        rayon::join(
+                            || unsafe { f(a.get(), 0, mid) },
+                            || unsafe { f(a.get(), mid, outer) },
+                        );
+                    } else {
+                        // SAFETY: the kernel was compiled for exactly these buffers: inputs in
+                        // this order, then the output, each sized by its type, and it accesses
+                        // nothing outside them (see lower.rs).
+                        unsafe { f(args.as_ptr(), 0, outer) };
+                    }
                 }
                 StepKind::Gemm(g) => {
                     // SAFETY: the spec's extents and strides describe views inside the operand
@@ -199,12 +307,30 @@ impl Executable {
                 }
             }
         }
+        let mut owned: Vec<(usize, Option<Data>)> = outs
+            .into_iter()
+            // SAFETY: the step that writes each output buffer ran and wrote every element.
+            .map(|(b, v)| (b, Some(unsafe { v.into_data(bufs[b].ty.numel()) })))
+            .collect();
         Ok(self
             .schedule
             .outputs
             .iter()
-            // SAFETY: every output buffer was written by its step or bound at launch.
-            .map(|&b| unsafe { literal_from(&bufs[b].ty, ptrs[b]) })
+            .map(|&b| {
+                match owned
+                    .iter_mut()
+                    .find(|(o, _)| *o == b)
+                    .and_then(|(_, d)| d.take())
+                {
+                    Some(data) => Literal {
+                        ty: bufs[b].ty.clone(),
+                        data,
+                    },
+                    // An input or constant returned as is, or an output returned twice.
+                    // SAFETY: the buffer holds a value of its type.
+                    None => unsafe { literal_from(&bufs[b].ty, ptrs[b]) },
+                }
+            })
             .collect())
     }
 

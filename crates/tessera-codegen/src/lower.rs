@@ -26,8 +26,9 @@ use tessera_ir::{BinaryOp, CompareOp, DType, UnaryOp};
 use crate::approx::{self, Fx};
 use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar};
 
-/// A compiled kernel: takes the pointer array of its buffers.
-pub type KernelFn = unsafe extern "C" fn(*const *mut u8);
+/// A compiled kernel: takes the pointer array of its buffers, and the range `lo..hi` of its
+/// outermost result index to compute (elementwise kernels; reductions always compute all).
+pub type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LowerError {
@@ -115,6 +116,8 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
     for (i, k) in kernels.iter().enumerate() {
         let mut sig = Signature::new(CallConv::SystemV);
         sig.params.push(AbiParam::new(ptr));
+        sig.params.push(AbiParam::new(I64));
+        sig.params.push(AbiParam::new(I64));
         let id = module
             .declare_function(&format!("k{i}_{}", k.name), Linkage::Local, &sig)
             .map_err(cl)?;
@@ -140,7 +143,7 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
         .map(|&id| {
             let p = module.get_finalized_function(id);
             // SAFETY: `p` is the finalized code of a function declared with the signature
-            // `fn(ptr)` and the SystemV convention, which is `KernelFn`'s.
+            // `fn(ptr, i64, i64)` and the SystemV convention, which is `KernelFn`'s.
             unsafe { std::mem::transmute::<*const u8, KernelFn>(p) }
         })
         .collect();
@@ -165,6 +168,8 @@ struct Lower<'a, 'b> {
     fma: bool,
     /// In vector mode, the loop variable the lanes run along.
     lane_var: Option<usize>,
+    /// The `lo..hi` parameters: the range of the outermost result index.
+    range: (Value, Value),
 }
 
 fn clif_type(d: DType) -> Type {
@@ -192,6 +197,7 @@ fn build(
     b.switch_to_block(entry);
     b.seal_block(entry);
     let args = b.block_params(entry)[0];
+    let range = (b.block_params(entry)[1], b.block_params(entry)[2]);
     let bufs: Vec<Value> = (0..=k.n_inputs)
         .map(|i| {
             b.ins()
@@ -206,6 +212,7 @@ fn build(
         vars,
         fma: host_has_fma(),
         lane_var: None,
+        range,
     };
     l.kernel(k);
     l.b.ins().return_(&[]);
@@ -288,53 +295,51 @@ impl Lower<'_, '_> {
             return;
         }
         let extent = k.out_dims[level] as i64;
+        let (start, end) = if level == 0 {
+            self.range
+        } else {
+            (self.iconst(0), self.iconst(extent))
+        };
         if level == nout - 1 && vector {
-            self.vector_loop(level, extent, &mut |s, lanes| {
+            self.vector_loop(level, start, end, &mut |s, lanes| {
                 let v = s.expr(&k.body, lanes);
                 let off = s.out_offset(out_strides);
                 s.store(k.out_dtype, v, off, lanes);
             });
             return;
         }
-        let zero = self.iconst(0);
-        let end = self.iconst(extent);
-        self.for_loop(level, zero, end, 1, &mut |s| {
+        self.for_loop(level, start, end, 1, &mut |s| {
             s.loops(k, level + 1, out_strides, vector)
         });
     }
 
-    /// `for var in 0..extent` with `body` on f32x4 vectors: two vectors per iteration, then one,
-    /// then scalars for the last `extent % 4`.
-    fn vector_loop(&mut self, var: usize, extent: i64, body: &mut dyn FnMut(&mut Self, Lanes)) {
-        let main = extent - extent % 8;
-        if main > 0 {
-            let zero = self.iconst(0);
-            let end = self.iconst(main);
-            self.for_loop(var, zero, end, 8, &mut |s| {
-                s.lane_var = Some(var);
-                let v = s.b.use_var(s.vars[var]);
-                body(s, Lanes::Four);
-                let v4 = s.b.ins().iadd_imm_s(v, 4);
-                s.b.def_var(s.vars[var], v4);
-                body(s, Lanes::Four);
-                s.b.def_var(s.vars[var], v);
-                s.lane_var = None;
-            });
-        }
-        let mut done = main;
-        if extent - main >= 4 {
-            let at = self.iconst(main);
-            self.b.def_var(self.vars[var], at);
-            self.lane_var = Some(var);
-            body(self, Lanes::Four);
-            self.lane_var = None;
-            done += 4;
-        }
-        if done < extent {
-            let start = self.iconst(done);
-            let end = self.iconst(extent);
-            self.for_loop(var, start, end, 1, &mut |s| body(s, Lanes::One));
-        }
+    /// `for var in start..end` with `body` on f32x4 vectors: two vectors per iteration while
+    /// eight fit, then one while four fit, then scalars.
+    fn vector_loop(
+        &mut self,
+        var: usize,
+        start: Value,
+        end: Value,
+        body: &mut dyn FnMut(&mut Self, Lanes),
+    ) {
+        self.for_loop(var, start, end, 8, &mut |s| {
+            s.lane_var = Some(var);
+            let v = s.b.use_var(s.vars[var]);
+            body(s, Lanes::Four);
+            let v4 = s.b.ins().iadd_imm_s(v, 4);
+            s.b.def_var(s.vars[var], v4);
+            body(s, Lanes::Four);
+            s.b.def_var(s.vars[var], v);
+            s.lane_var = None;
+        });
+        let at = self.b.use_var(self.vars[var]);
+        self.for_loop(var, at, end, 4, &mut |s| {
+            s.lane_var = Some(var);
+            body(s, Lanes::Four);
+            s.lane_var = None;
+        });
+        let at = self.b.use_var(self.vars[var]);
+        self.for_loop(var, at, end, 1, &mut |s| body(s, Lanes::One));
     }
 
     /// A reduction whose innermost result dimension is contiguous: the result is set to the
@@ -362,7 +367,9 @@ impl Lower<'_, '_> {
         order.extend(dims.iter().enumerate().map(|(j, &d)| (nout + j, d as i64)));
         let lane = nout - 1;
         self.nest(&order, &mut |s| {
-            s.vector_loop(lane, k.out_dims[lane] as i64, &mut |s, lanes| {
+            let zero = s.iconst(0);
+            let end = s.iconst(k.out_dims[lane] as i64);
+            s.vector_loop(lane, zero, end, &mut |s, lanes| {
                 let v = s.expr(&k.body, lanes);
                 let off = s.out_offset(out_strides);
                 let out = s.bufs.len() - 1;

@@ -3,7 +3,9 @@
 //! Consumes a `Schedule`; produces each temporary buffer's byte offset in the arena and the
 //! arena's size. A temporary lives from the step that writes it to its last reader (outputs to
 //! the end); a freed range is reused first-fit. A step's output never shares memory with that
-//! step's inputs, since it is placed before they are freed.
+//! step's inputs, since it is placed before they are freed. The program's outputs are not in
+//! the arena: each run writes them into fresh vectors that become the result literals, so no
+//! output is copied.
 
 use crate::fusion::{BufKind, Schedule};
 
@@ -35,7 +37,7 @@ impl Plan {
         let mut end = 0usize;
         for (i, step) in s.steps.iter().enumerate() {
             let b = step.output;
-            if let BufKind::Temp = s.bufs[b].kind {
+            if matches!(s.bufs[b].kind, BufKind::Temp) && !s.outputs.contains(&b) {
                 let size = s.bufs[b].ty.byte_size().max(1).next_multiple_of(ALIGN);
                 match free.iter().position(|&(_, sz)| sz >= size) {
                     Some(k) => {
@@ -58,7 +60,10 @@ impl Plan {
             dead.sort_unstable();
             dead.dedup();
             for d in dead {
-                if last_use[d] == i && matches!(s.bufs[d].kind, BufKind::Temp) {
+                if last_use[d] == i
+                    && matches!(s.bufs[d].kind, BufKind::Temp)
+                    && !s.outputs.contains(&d)
+                {
                     let size = s.bufs[d].ty.byte_size().max(1).next_multiple_of(ALIGN);
                     free.push((offsets[d], size));
                 }

@@ -68,7 +68,7 @@ pub(crate) enum Executable {
     /// The reference interpreter runs the graph.
     Interpreted(Graph),
     /// Native kernels, GEMM calls and collectives over one arena.
-    Native(tessera_codegen::Executable),
+    Native(Box<tessera_codegen::Executable>),
 }
 
 impl Executable {
@@ -93,7 +93,7 @@ pub(crate) fn compile(graph: Graph, backend: Backend, dump: &Dump) -> Result<Exe
             let exe =
                 tessera_codegen::compile(&graph).map_err(|e| Error::Codegen(e.to_string()))?;
             dump.write_text(1, "schedule", &exe.describe())?;
-            Executable::Native(exe)
+            Executable::Native(Box::new(exe))
         }
     })
 }
