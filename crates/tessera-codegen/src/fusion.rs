@@ -100,6 +100,8 @@ pub fn fuse(g: &Graph) -> Schedule {
             Op::Reshape(_) | Op::Pad { .. } | Op::Concatenate { .. } | Op::DotGeneral(_) => {
                 forced.extend(g.operands(id));
             }
+            // The transport reads and writes whole buffers.
+            op if op.is_collective() => forced.extend(g.operands(id)),
             _ => {}
         }
     }

@@ -1,43 +1,13 @@
-//! Tessera's runtime: the `Array` type that concrete tensors hold, and (with the sharding work)
-//! devices as threads, collectives and executable launch.
+//! Tessera's runtime: devices as long-lived worker threads, global arrays split into one shard
+//! per device, and collectives over shared memory.
 //!
-//! Architecture invariant: the runtime sees executables and buffers, never graphs.
+//! Architecture invariant: the runtime sees executables (closures run on device threads) and
+//! buffers, never graphs.
 
-use std::sync::Arc;
+pub mod array;
+pub mod collectives;
+pub mod device;
 
-use tessera_ir::{Literal, TensorType};
-
-/// A global array: its type, and the buffer that holds its elements. Buffers are shared and
-/// immutable, so cloning an `Array` is cheap and no kernel ever writes into an input.
-#[derive(Clone, Debug)]
-pub struct Array {
-    buffer: Arc<Literal>,
-}
-
-impl Array {
-    pub fn new(literal: Literal) -> Array {
-        Array {
-            buffer: Arc::new(literal),
-        }
-    }
-
-    pub fn ty(&self) -> &TensorType {
-        &self.buffer.ty
-    }
-
-    /// The whole array's elements on the host.
-    pub fn literal(&self) -> &Literal {
-        &self.buffer
-    }
-
-    /// A stable identity of the buffer, for de-duplicating captured constants.
-    pub fn buffer_id(&self) -> usize {
-        Arc::as_ptr(&self.buffer) as usize
-    }
-}
-
-impl From<Literal> for Array {
-    fn from(literal: Literal) -> Array {
-        Array::new(literal)
-    }
-}
+pub use array::{Array, ShardSpec};
+pub use collectives::{Rendezvous, SharedCollectives};
+pub use device::{device_count, run_on_devices};

@@ -13,20 +13,73 @@ use hashbrown::HashMap;
 use tessera_ir::{Graph, Literal, TensorType, print};
 
 use crate::error::{Error, Result, catch};
+use std::sync::Arc;
+
+use tessera_runtime::{Array, ShardSpec};
+use tessera_shard::Spec;
+
 use crate::pipeline::{Backend, Dump, Executable, compile};
+use crate::spmd::DeviceProgram;
 use crate::tensor::Tensor;
 use crate::trace;
 use crate::tree::{self, Tree, TreeDef};
 
+/// What a compiled program is specialized to: the input tree, each leaf's type, and each
+/// leaf's placement (mesh and per-dim axes) when it lives on devices.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Signature {
     def: TreeDef,
     types: Vec<TensorType>,
+    placements: Vec<Option<ShardSpec>>,
 }
 
-struct Compiled {
-    out_def: TreeDef,
-    executable: Executable,
+enum Compiled {
+    /// One device: the program runs on the calling thread.
+    Single {
+        out_def: TreeDef,
+        executable: Executable,
+    },
+    /// Sharded inputs: the per-device program runs on every device of the mesh.
+    Sharded {
+        out_def: TreeDef,
+        program: DeviceProgram,
+        out_types: Vec<TensorType>,
+        out_specs: Vec<Spec>,
+    },
+}
+
+/// The mesh the placed leaves share (with its device list), or an error when they disagree.
+fn common_mesh(placements: &[Option<ShardSpec>], name: &str) -> Result<Option<ShardSpec>> {
+    let mut mesh: Option<&ShardSpec> = None;
+    for p in placements.iter().flatten() {
+        match mesh {
+            None => mesh = Some(p),
+            Some(m) if m.mesh == p.mesh && m.devices == p.devices => {}
+            Some(m) => {
+                return Err(Error::Op {
+                    op: "jit".into(),
+                    message: format!(
+                        "inputs live on different meshes ({:?} and {:?}); device_put them on one",
+                        m.mesh.axes, p.mesh.axes
+                    ),
+                    location: name.into(),
+                });
+            }
+        }
+    }
+    Ok(mesh.cloned())
+}
+
+/// Each leaf's per-dim axes on the common mesh (replicated for host values).
+fn in_specs(types: &[TensorType], placements: &[Option<ShardSpec>]) -> Vec<Spec> {
+    types
+        .iter()
+        .zip(placements)
+        .map(|(t, p)| match p {
+            Some(p) => p.dims.clone(),
+            None => vec![Vec::new(); t.rank()],
+        })
+        .collect()
 }
 
 /// A jitted closure. `call` compiles on the first call with each new input signature.
@@ -72,16 +125,28 @@ fn closure_name<F>() -> String {
     if clean.is_empty() { "f".into() } else { clean }
 }
 
-/// A traced program: the graph with its output structure. Printing it gives the IR text.
+/// A traced program: the graph with its output structure. Printing it gives the IR text. For
+/// inputs placed on a mesh it also holds the shardings and the per-device program.
 pub struct Lowered {
     graph: Graph,
     out_def: TreeDef,
+    per_device: Option<Graph>,
 }
 
 impl Lowered {
-    /// The program in the IR text format.
+    /// The program in the IR text format (with each value's sharding when inputs are placed).
     pub fn ir(&self) -> String {
         print(&self.graph)
+    }
+
+    /// After partitioning: the program every device runs, with local shapes and collectives
+    /// (the global program itself when no input is placed on a mesh).
+    pub fn per_device_ir(&self) -> String {
+        print(self.per_device.as_ref().unwrap_or(&self.graph))
+    }
+
+    pub fn per_device_graph(&self) -> Option<&Graph> {
+        self.per_device.as_ref()
     }
 
     pub fn graph(&self) -> &Graph {
@@ -135,7 +200,33 @@ fn trace_fn<In: Tree, Out: Tree>(
     Ok(Lowered {
         graph: recorded.graph,
         out_def,
+        per_device: None,
     })
+}
+
+/// Partitions a traced program for inputs placed on `mesh`.
+fn partition_lowered(
+    lowered: Lowered,
+    mesh: &ShardSpec,
+    specs: &[Spec],
+    name: &str,
+) -> Result<(Lowered, Vec<Spec>)> {
+    let fail = |e: tessera_shard::ShardError| Error::Op {
+        op: "sharding".into(),
+        message: e.to_string(),
+        location: name.into(),
+    };
+    let mut p = tessera_shard::partition(&lowered.graph, &mesh.mesh, specs).map_err(fail)?;
+    // One rendezvous per step for the reductions that can wait for each other.
+    tessera_shard::combine_all_reduces(&mut p.local).map_err(fail)?;
+    Ok((
+        Lowered {
+            graph: p.annotated,
+            out_def: lowered.out_def,
+            per_device: Some(p.local),
+        },
+        p.out_specs,
+    ))
 }
 
 impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
@@ -157,44 +248,148 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self.traces.get()
     }
 
-    /// Traces the closure for `args`' signature without running it.
+    /// Traces the closure for `args`' signature without running it (and partitions it when
+    /// the arguments are placed on a mesh).
     pub fn lower(&self, args: &In) -> Result<Lowered> {
         let (leaves, def) = tree::flatten(args);
         let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();
-        trace_fn(&self.name, &self.f, &def, &types)
+        let placements: Vec<Option<ShardSpec>> = leaves.iter().map(|t| t.placement()).collect();
+        let lowered = trace_fn(&self.name, &self.f, &def, &types)?;
+        match common_mesh(&placements, &self.name)? {
+            None => Ok(lowered),
+            Some(mesh) => {
+                Ok(
+                    partition_lowered(lowered, &mesh, &in_specs(&types, &placements), &self.name)?
+                        .0,
+                )
+            }
+        }
     }
 
     /// Runs the closure compiled. Inside another trace (a `jit` in a `jit`, a `grad`), it is
-    /// inlined into that trace instead.
+    /// inlined into that trace instead. Inputs placed on a mesh run the partitioned program on
+    /// every device of the mesh, and the outputs come back placed as propagation decided.
     pub fn call(&self, args: In) -> Result<Out> {
         if trace::any_active() {
             return Ok((self.f)(args));
         }
         let (leaves, def) = tree::flatten(&args);
         let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();
-        let sig = Signature { def, types };
+        let placements: Vec<Option<ShardSpec>> = leaves.iter().map(|t| t.placement()).collect();
+        let sig = Signature {
+            def,
+            types,
+            placements,
+        };
         let cached = self.cache.borrow().get(&sig).cloned();
         let compiled = match cached {
             Some(c) => c,
             None => {
-                let lowered = trace_fn(&self.name, &self.f, &sig.def, &sig.types)?;
-                self.traces.set(self.traces.get() + 1);
-                let dump = Dump::from_env(&self.name, self.traces.get());
-                let compiled = Rc::new(Compiled {
-                    out_def: lowered.out_def,
-                    executable: compile(lowered.graph, self.backend, &dump)?,
-                });
-                self.cache.borrow_mut().insert(sig, compiled.clone());
-                compiled
+                let c = Rc::new(self.compile(&sig)?);
+                self.cache.borrow_mut().insert(sig.clone(), c.clone());
+                c
             }
         };
-        let inputs: Vec<&Literal> = leaves
-            .iter()
-            .map(|t| t.try_array().map(|a| a.literal()))
-            .collect::<Result<_>>()?;
-        let outputs = compiled.executable.run(&inputs)?;
-        let tensors: Vec<Tensor> = outputs.into_iter().map(Tensor::from_literal).collect();
-        tree::unflatten(&compiled.out_def, tensors)
+        match compiled.as_ref() {
+            Compiled::Single {
+                out_def,
+                executable,
+            } => {
+                let inputs: Vec<&Literal> = leaves
+                    .iter()
+                    .map(|t| t.try_array().map(|a| a.literal()))
+                    .collect::<Result<_>>()?;
+                let outputs = executable.run(&inputs)?;
+                let tensors: Vec<Tensor> = outputs.into_iter().map(Tensor::from_literal).collect();
+                tree::unflatten(out_def, tensors)
+            }
+            Compiled::Sharded {
+                out_def,
+                program,
+                out_types,
+                out_specs,
+            } => {
+                let arrays: Vec<&Array> = leaves
+                    .iter()
+                    .map(|t| t.try_array())
+                    .collect::<Result<_>>()?;
+                let inputs: Vec<Vec<Arc<Literal>>> = (0..program.devices.len())
+                    .map(|pos| {
+                        arrays
+                            .iter()
+                            .map(|a| match a.shards() {
+                                Some(s) => s[pos].clone(),
+                                None => a.literal_arc(),
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let mut per_device = program.run(inputs)?;
+                let n_out = out_types.len();
+                let tensors: Vec<Tensor> = (0..n_out)
+                    .rev()
+                    .map(|o| {
+                        let shards: Vec<Arc<Literal>> = per_device
+                            .iter_mut()
+                            .map(|outs| Arc::new(outs.pop().expect("one value per output")))
+                            .collect();
+                        Tensor::from_array(Array::from_shards(
+                            out_types[o].clone(),
+                            ShardSpec {
+                                mesh: program.mesh.clone(),
+                                devices: program.devices.clone(),
+                                dims: out_specs[o].clone(),
+                            },
+                            shards,
+                        ))
+                    })
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                tree::unflatten(out_def, tensors)
+            }
+        }
+    }
+
+    /// Traces and compiles for one signature.
+    fn compile(&self, sig: &Signature) -> Result<Compiled> {
+        let lowered = trace_fn(&self.name, &self.f, &sig.def, &sig.types)?;
+        self.traces.set(self.traces.get() + 1);
+        let dump = Dump::from_env(&self.name, self.traces.get());
+        match common_mesh(&sig.placements, &self.name)? {
+            None => Ok(Compiled::Single {
+                out_def: lowered.out_def,
+                executable: compile(lowered.graph, self.backend, &dump)?,
+            }),
+            Some(mesh) => {
+                dump.write(0, "trace", &lowered.graph)?;
+                let specs = in_specs(&sig.types, &sig.placements);
+                let (lowered, out_specs) = partition_lowered(lowered, &mesh, &specs, &self.name)?;
+                // 01: every value's sharding; 02: the program each device runs.
+                dump.write(1, "sharded", &lowered.graph)?;
+                let local = lowered.per_device.expect("partitioned");
+                dump.write(2, "per-device", &local)?;
+                let out_types = lowered
+                    .graph
+                    .outputs()
+                    .iter()
+                    .map(|&o| lowered.graph.ty(o).clone())
+                    .collect();
+                let program = DeviceProgram::compile(
+                    &local,
+                    mesh.mesh.clone(),
+                    mesh.devices.clone(),
+                    self.backend,
+                )?;
+                Ok(Compiled::Sharded {
+                    out_def: lowered.out_def,
+                    program,
+                    out_types,
+                    out_specs,
+                })
+            }
+        }
     }
 }
 

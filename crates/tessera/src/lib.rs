@@ -21,6 +21,8 @@ pub mod jit;
 pub mod ops;
 pub mod pipeline;
 pub mod random;
+pub mod sharding;
+mod spmd;
 pub mod tensor;
 mod trace;
 pub mod tree;
@@ -29,18 +31,24 @@ pub use error::{Error, Result};
 pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
 pub use jit::{Jitted, Lowered, eval_graph, jit, make_ir};
 pub use pipeline::Backend;
+pub use sharding::{Mesh, NamedSharding, PartitionSpec, device_put, visualize_array_sharding};
 pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
 pub use tessera_ir::{DType, DotDims};
+pub use tessera_runtime::device_count;
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
     pub use crate::random::{self, Key};
+    pub use crate::sharding::{
+        Mesh, NamedSharding, PartitionSpec, device_put, sharding_table, visualize_array_sharding,
+    };
     pub use crate::tree::{self, Tree};
     pub use crate::{
         Backend, DType, DotDims, Error, Jitted, Lowered, Result, Tensor, eval_graph, grad, jit,
         make_ir, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp,
     };
+    pub use crate::{P, device_count};
     pub use tessera_derive::Tree;
 }

@@ -24,7 +24,7 @@ impl Dump {
         }
     }
 
-    fn write(&self, index: usize, pass: &str, g: &Graph) -> Result<()> {
+    pub(crate) fn write(&self, index: usize, pass: &str, g: &Graph) -> Result<()> {
         if self.dir.is_some() {
             self.write_file(&format!("{index:02}-{pass}.ir"), &print(g))?;
         }
@@ -32,7 +32,7 @@ impl Dump {
     }
 
     /// Writes a non-IR artifact (the native schedule) beside the IR dumps.
-    fn write_text(&self, index: usize, what: &str, text: &str) -> Result<()> {
+    pub(crate) fn write_text(&self, index: usize, what: &str, text: &str) -> Result<()> {
         if self.dir.is_some() {
             self.write_file(&format!("{index:02}-{what}.txt"), text)?;
         }
@@ -73,12 +73,33 @@ pub(crate) enum Executable {
 
 impl Executable {
     pub(crate) fn run(&self, inputs: &[&Literal]) -> Result<Vec<Literal>> {
-        let single = tessera_interp::SingleDevice;
+        self.run_with(inputs, &tessera_interp::SingleDevice)
+    }
+
+    /// Runs with the given transport for the program's collectives.
+    pub(crate) fn run_with(
+        &self,
+        inputs: &[&Literal],
+        collectives: &dyn tessera_interp::Collectives,
+    ) -> Result<Vec<Literal>> {
         match self {
-            Executable::Interpreted(g) => Ok(tessera_interp::run_with(g, inputs, &single)?),
-            Executable::Native(e) => Ok(e.run(inputs, &single)?),
+            Executable::Interpreted(g) => Ok(tessera_interp::run_with(g, inputs, collectives)?),
+            Executable::Native(e) => Ok(e.run(inputs, collectives)?),
         }
     }
+}
+
+/// Compiles a per-device program (already partitioned) for one device of several: the same
+/// backends, with no kernel split over threads (every core runs a device).
+pub(crate) fn compile_device_program(graph: &Graph, backend: Backend) -> Result<Executable> {
+    verify(graph)?;
+    Ok(match backend {
+        Backend::Interpreter => Executable::Interpreted(graph.clone()),
+        Backend::Cranelift => {
+            let exe = tessera_codegen::compile(graph).map_err(|e| Error::Codegen(e.to_string()))?;
+            Executable::Native(Box::new(exe.single_threaded()))
+        }
+    })
 }
 
 /// Runs the passes in order on a traced graph, then hands it to the backend.

@@ -165,6 +165,14 @@ impl Tensor {
         self.ty().numel()
     }
 
+    /// The placement of a concrete array that lives on a mesh.
+    pub(crate) fn placement(&self) -> Option<tessera_runtime::ShardSpec> {
+        match &self.repr {
+            Repr::Concrete(a) => a.spec().cloned(),
+            Repr::Traced(_) => None,
+        }
+    }
+
     pub fn is_tracer(&self) -> bool {
         matches!(self.repr, Repr::Traced(_))
     }

@@ -12,7 +12,7 @@ use std::panic::Location;
 use std::rc::Rc;
 
 use tessera_interp::eval_op;
-use tessera_ir::{Graph, Literal, NodeId, Op, TensorType};
+use tessera_ir::{Graph, Literal, Mesh, NodeId, Op, TensorType};
 use tessera_runtime::Array;
 
 use crate::error::{Error, loc_text, raise};
@@ -61,15 +61,34 @@ impl Drop for TraceGuard {
     }
 }
 
+/// The mesh of the innermost live trace: collectives by axis name are typed against it.
+pub(crate) fn current_mesh() -> Option<Mesh> {
+    STACK.with(|s| {
+        s.borrow()
+            .last()
+            .and_then(|t| t.graph.borrow().mesh.clone())
+    })
+}
+
 /// Starts a trace of a function with parameters of the given types, returning the guard and
-/// one tracer per parameter.
+/// one tracer per parameter. The trace inherits the mesh of the trace it is nested in.
 pub(crate) fn begin(name: &str, params: &[TensorType]) -> (TraceGuard, Vec<Tensor>) {
+    begin_on(name, params, current_mesh())
+}
+
+/// `begin` with an explicit mesh (pmap's).
+pub(crate) fn begin_on(
+    name: &str,
+    params: &[TensorType],
+    mesh: Option<Mesh>,
+) -> (TraceGuard, Vec<Tensor>) {
     let id = NEXT_ID.with(|n| {
         let id = n.get();
         n.set(id + 1);
         id
     });
     let mut graph = Graph::new(name);
+    graph.mesh = mesh;
     let nodes: Vec<NodeId> = params.iter().map(|t| graph.add_param(t.clone())).collect();
     let state = Rc::new(TraceState {
         id,

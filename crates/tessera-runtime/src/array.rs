@@ -1,0 +1,220 @@
+//! `Array`: a global value, held on the host or split into one shard per device of a mesh.
+
+use std::sync::{Arc, OnceLock};
+
+use tessera_interp::unravel;
+use tessera_ir::{Data, Literal, Mesh, TensorType};
+
+/// How an array is laid over a mesh: for each dimension, the mesh axes it is split over (major
+/// first), and which device holds each mesh position.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ShardSpec {
+    pub mesh: Mesh,
+    pub devices: Vec<usize>,
+    pub dims: Vec<Vec<String>>,
+}
+
+impl ShardSpec {
+    /// The shard of mesh position `pos`: for each dim, (offset, size) in the global array.
+    pub fn shard_range(&self, ty: &TensorType, pos: usize) -> Vec<(usize, usize)> {
+        let sizes: Vec<usize> = self.mesh.axes.iter().map(|(_, s)| *s).collect();
+        let mut coords = vec![0; sizes.len()];
+        let mut rest = pos;
+        for i in (0..sizes.len()).rev() {
+            coords[i] = rest % sizes[i];
+            rest /= sizes[i];
+        }
+        ty.dims()
+            .iter()
+            .zip(&self.dims)
+            .map(|(&d, axes)| {
+                let mut n = 1;
+                let mut k = 0;
+                for a in axes {
+                    let i = self
+                        .mesh
+                        .axes
+                        .iter()
+                        .position(|(m, _)| m == a)
+                        .expect("axis of the mesh");
+                    k = k * sizes[i] + coords[i];
+                    n *= sizes[i];
+                }
+                (k * d / n, d / n)
+            })
+            .collect()
+    }
+
+    /// The type of one shard.
+    pub fn local_type(&self, ty: &TensorType) -> TensorType {
+        TensorType::new(
+            ty.dtype,
+            self.shard_range(ty, 0)
+                .iter()
+                .map(|&(_, s)| s)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    pub fn is_replicated(&self) -> bool {
+        self.dims.iter().all(|d| d.is_empty())
+    }
+}
+
+/// A global array: its type, and its elements on the host or as one shard per device.
+/// Buffers are shared and immutable, so cloning is cheap.
+#[derive(Clone, Debug)]
+pub struct Array {
+    ty: TensorType,
+    host: Arc<OnceLock<Arc<Literal>>>,
+    shards: Option<(ShardSpec, Vec<Arc<Literal>>)>,
+}
+
+fn copy_block(
+    src: &Literal,
+    dst: &mut Data,
+    dst_dims: &[usize],
+    offsets: &[(usize, usize)],
+    to_global: bool,
+) {
+    // Copies between a shard (`src` or the destination, per `to_global`) and the global array.
+    let n = if to_global { src.ty.numel() } else { dst.len() };
+    let local_dims: Vec<usize> = offsets.iter().map(|&(_, s)| s).collect();
+    for f in 0..n {
+        let idx = unravel(f, &local_dims);
+        let g: usize = idx
+            .iter()
+            .zip(offsets)
+            .zip(global_strides(if to_global {
+                dst_dims
+            } else {
+                src.ty.dims()
+            }))
+            .map(|((i, (o, _)), s)| (i + o) * s)
+            .sum();
+        let (from, to) = if to_global { (f, g) } else { (g, f) };
+        match (&src.data, &mut *dst) {
+            (Data::F32(s), Data::F32(d)) => d[to] = s[from],
+            (Data::F64(s), Data::F64(d)) => d[to] = s[from],
+            (Data::I32(s), Data::I32(d)) => d[to] = s[from],
+            (Data::U32(s), Data::U32(d)) => d[to] = s[from],
+            (Data::Bool(s), Data::Bool(d)) => d[to] = s[from],
+            _ => {}
+        }
+    }
+}
+
+fn global_strides(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * dims[i + 1];
+    }
+    s
+}
+
+impl Array {
+    pub fn new(literal: Literal) -> Array {
+        let cell = OnceLock::new();
+        let ty = literal.ty.clone();
+        let _ = cell.set(Arc::new(literal));
+        Array {
+            ty,
+            host: Arc::new(cell),
+            shards: None,
+        }
+    }
+
+    /// An array from its shards (one per mesh position, each of the spec's local type).
+    pub fn from_shards(ty: TensorType, spec: ShardSpec, shards: Vec<Arc<Literal>>) -> Array {
+        Array {
+            ty,
+            host: Arc::new(OnceLock::new()),
+            shards: Some((spec, shards)),
+        }
+    }
+
+    /// Splits this array's value over the mesh as `spec` says.
+    pub fn shard(&self, spec: ShardSpec) -> Array {
+        let global = self.literal();
+        let local = spec.local_type(&self.ty);
+        let shards = (0..spec.devices.len())
+            .map(|pos| {
+                let mut data = Data::zeros(local.dtype, local.numel());
+                copy_block(
+                    global,
+                    &mut data,
+                    self.ty.dims(),
+                    &spec.shard_range(&self.ty, pos),
+                    false,
+                );
+                Arc::new(Literal {
+                    ty: local.clone(),
+                    data,
+                })
+            })
+            .collect();
+        Array {
+            ty: self.ty.clone(),
+            host: self.host.clone(),
+            shards: Some((spec, shards)),
+        }
+    }
+
+    pub fn ty(&self) -> &TensorType {
+        &self.ty
+    }
+
+    /// The sharding, when the array lives on a mesh.
+    pub fn spec(&self) -> Option<&ShardSpec> {
+        self.shards.as_ref().map(|(s, _)| s)
+    }
+
+    /// The shard of each mesh position.
+    pub fn shards(&self) -> Option<&[Arc<Literal>]> {
+        self.shards.as_ref().map(|(_, v)| v.as_slice())
+    }
+
+    /// The whole array's elements on the host, assembled from the shards on first use.
+    pub fn literal(&self) -> &Literal {
+        self.host.get_or_init(|| {
+            let (spec, shards) = self
+                .shards
+                .as_ref()
+                .expect("an array has a host value or shards");
+            if spec.is_replicated() {
+                return shards[0].clone();
+            }
+            let mut data = Data::zeros(self.ty.dtype, self.ty.numel());
+            for (pos, s) in shards.iter().enumerate() {
+                copy_block(
+                    s,
+                    &mut data,
+                    self.ty.dims(),
+                    &spec.shard_range(&self.ty, pos),
+                    true,
+                );
+            }
+            Arc::new(Literal {
+                ty: self.ty.clone(),
+                data,
+            })
+        })
+    }
+
+    /// The host value, shared.
+    pub fn literal_arc(&self) -> Arc<Literal> {
+        self.literal();
+        self.host.get().expect("assembled above").clone()
+    }
+
+    /// A stable identity of the value, for de-duplicating captured constants.
+    pub fn buffer_id(&self) -> usize {
+        Arc::as_ptr(&self.host) as usize
+    }
+}
+
+impl From<Literal> for Array {
+    fn from(literal: Literal) -> Array {
+        Array::new(literal)
+    }
+}

@@ -1,0 +1,86 @@
+//! Host devices: `TESSERA_DEVICES=N` worker threads (default: the number of cores), each owning
+//! what runs on it. Work is handed to a device as a closure; a launch waits for all of them.
+
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex, OnceLock};
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Devices {
+    senders: Vec<Mutex<Sender<Job>>>,
+}
+
+fn devices() -> &'static Devices {
+    static DEVICES: OnceLock<Devices> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let n = device_count();
+        let senders = (0..n)
+            .map(|d| {
+                let (tx, rx) = channel::<Job>();
+                std::thread::Builder::new()
+                    .name(format!("tessera-device-{d}"))
+                    .spawn(move || {
+                        // Parks in `recv` between launches.
+                        while let Ok(job) = rx.recv() {
+                            job();
+                        }
+                    })
+                    .expect("spawn a device thread");
+                Mutex::new(tx)
+            })
+            .collect();
+        Devices { senders }
+    })
+}
+
+/// The number of host devices: `TESSERA_DEVICES`, or the number of cores.
+pub fn device_count() -> usize {
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        std::env::var("TESSERA_DEVICES")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
+}
+
+/// Runs `f(i)` for every `i` in `0..devices.len()` on device `devices[i]`'s thread, all at
+/// once, and returns the results in order. Blocks until every device is done. A panic on a
+/// device becomes an `Err` with its message; the device thread lives on.
+pub fn run_on_devices<T: Send + 'static>(
+    devices_used: &[usize],
+    f: Arc<dyn Fn(usize) -> T + Send + Sync>,
+) -> Result<Vec<T>, String> {
+    let d = devices();
+    let (tx, rx) = channel::<(usize, Result<T, String>)>();
+    for (i, &dev) in devices_used.iter().enumerate() {
+        let f = f.clone();
+        let tx = tx.clone();
+        let job: Job = Box::new(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).map_err(|p| {
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a device panicked".into())
+            });
+            let _ = tx.send((i, r));
+        });
+        d.senders[dev]
+            .lock()
+            .expect("device queue lock")
+            .send(job)
+            .expect("device thread alive");
+    }
+    drop(tx);
+    let mut out: Vec<Option<Result<T, String>>> = (0..devices_used.len()).map(|_| None).collect();
+    for (i, r) in rx {
+        out[i] = Some(r);
+    }
+    out.into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.unwrap_or_else(|| Err(format!("device {} did not answer", devices_used[i])))
+        })
+        .collect()
+}

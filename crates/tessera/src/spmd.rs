@@ -1,0 +1,63 @@
+//! Running one per-device program on several devices at once (sharded `jit` and `pmap`): an
+//! executable per device, launched together on the device threads, with the shared-memory
+//! collectives connecting them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tessera_ir::{Graph, Literal, Mesh};
+use tessera_runtime::{Rendezvous, SharedCollectives, run_on_devices};
+
+use crate::error::{Error, Result};
+use crate::pipeline::{Backend, Executable, compile_device_program};
+
+/// A per-device program compiled for every device of a mesh.
+pub(crate) struct DeviceProgram {
+    pub(crate) mesh: Mesh,
+    pub(crate) devices: Vec<usize>,
+    executables: Arc<Vec<Mutex<Executable>>>,
+}
+
+static LAUNCH: AtomicU64 = AtomicU64::new(0);
+
+impl DeviceProgram {
+    pub(crate) fn compile(
+        local: &Graph,
+        mesh: Mesh,
+        devices: Vec<usize>,
+        backend: Backend,
+    ) -> Result<DeviceProgram> {
+        let executables = devices
+            .iter()
+            .map(|_| compile_device_program(local, backend).map(Mutex::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DeviceProgram {
+            mesh,
+            devices,
+            executables: Arc::new(executables),
+        })
+    }
+
+    /// Runs the program on every device; `inputs[p]` are mesh position `p`'s inputs. Returns
+    /// each position's outputs.
+    pub(crate) fn run(&self, inputs: Vec<Vec<Arc<Literal>>>) -> Result<Vec<Vec<Literal>>> {
+        let launch = LAUNCH.fetch_add(1, Ordering::Relaxed);
+        let rendezvous = Arc::new(Rendezvous::default());
+        let exes = self.executables.clone();
+        let devices = Arc::new(self.devices.clone());
+        let inputs = Arc::new(inputs);
+        let results = run_on_devices(
+            &self.devices,
+            Arc::new(move |pos: usize| -> Result<Vec<Literal>> {
+                let exe = exes[pos]
+                    .lock()
+                    .expect("one launch at a time per executable");
+                let coll = SharedCollectives::new(&rendezvous, launch, pos, &devices);
+                let refs: Vec<&Literal> = inputs[pos].iter().map(|l| l.as_ref()).collect();
+                exe.run_with(&refs, &coll)
+            }),
+        )
+        .map_err(|m| Error::Io(format!("a device failed: {m}")))?;
+        results.into_iter().collect()
+    }
+}
