@@ -53,6 +53,12 @@ pub fn run_on_devices<T: Send + 'static>(
     f: Arc<dyn Fn(usize) -> T + Send + Sync>,
 ) -> Result<Vec<T>, String> {
     let d = devices();
+    // One launch at a time: two launches whose jobs queue on the devices in different orders
+    // would each hold a device the other waits for in a collective (the deadlock XLA's CPU
+    // client runs into with many steps in flight). The lock is held until every device of
+    // this launch is done.
+    static LAUNCH: Mutex<()> = Mutex::new(());
+    let _launch = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
     let (tx, rx) = channel::<(usize, Result<T, String>)>();
     for (i, &dev) in devices_used.iter().enumerate() {
         let f = f.clone();

@@ -20,6 +20,7 @@ pub mod grad;
 pub mod jit;
 pub mod ops;
 pub mod pipeline;
+pub mod pmap;
 pub mod random;
 pub mod sharding;
 mod spmd;
@@ -31,6 +32,7 @@ pub use error::{Error, Result};
 pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
 pub use jit::{Jitted, Lowered, eval_graph, jit, make_ir};
 pub use pipeline::Backend;
+pub use pmap::{Pmapped, all_gather, axis_index, pmap, pmax, pmean, pmin, ppermute, psum};
 pub use sharding::{Mesh, NamedSharding, PartitionSpec, device_put, visualize_array_sharding};
 pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
@@ -40,6 +42,9 @@ pub use tessera_runtime::device_count;
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
+    pub use crate::pmap::{
+        Pmapped, all_gather, axis_index, pmap, pmax, pmean, pmin, ppermute, psum,
+    };
     pub use crate::random::{self, Key};
     pub use crate::sharding::{
         Mesh, NamedSharding, PartitionSpec, device_put, sharding_table, visualize_array_sharding,

@@ -217,7 +217,16 @@ pub(crate) fn apply(op: Op, operands: &[&Tensor]) -> Tensor {
 
 /// `apply` with an explicit location (replaying a graph keeps each node's own).
 pub(crate) fn apply_at(op: Op, operands: &[&Tensor], location: String) -> Tensor {
-    match innermost(operands) {
+    // A collective always belongs to the innermost trace (the pmap it is written in), even on
+    // constants or (axis_index) with no operands at all.
+    let trace = innermost(operands).or_else(|| {
+        if op.is_collective() {
+            STACK.with(|s| s.borrow().last().cloned())
+        } else {
+            None
+        }
+    });
+    match trace {
         None => {
             let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
             let ty = match op.infer_type(&types, None) {

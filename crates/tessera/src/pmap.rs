@@ -1,0 +1,310 @@
+//! `pmap` and the collectives by axis name (`psum`, `pmean`, `pmax`, `pmin`, `all_gather`,
+//! `ppermute`, `axis_index`), as JAX's.
+//!
+//! `pmap(axis, f)` maps the leading axis of every input over that many devices: `f` is traced
+//! once on one device's slice, in a graph whose mesh has the one axis, so the collectives the
+//! user writes are typed against it; the program runs on every device at once, and the outputs
+//! are stacked back along a new leading axis.
+
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+use std::panic::Location;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use tessera_ir::{Data, Literal, Mesh, Op, ReduceKind, TensorType};
+use tessera_runtime::device_count;
+
+use crate::error::{Error, Result, catch, loc_text, raise};
+use crate::pipeline::{Backend, Dump};
+use crate::spmd::DeviceProgram;
+use crate::tensor::Tensor;
+use crate::trace::{self, apply, current_mesh};
+use crate::tree::{self, Tree, TreeDef};
+
+struct Compiled {
+    out_def: TreeDef,
+    program: DeviceProgram,
+}
+
+/// A pmapped closure.
+pub struct Pmapped<F, In, Out> {
+    f: F,
+    axis: String,
+    name: String,
+    backend: Backend,
+    cache: RefCell<HashMap<(TreeDef, Vec<TensorType>), Rc<Compiled>>>,
+    traces: Cell<usize>,
+    _types: PhantomData<fn(In) -> Out>,
+}
+
+/// Like `jax.pmap(f, axis_name=axis)`.
+pub fn pmap<In: Tree, Out: Tree, F: Fn(In) -> Out>(axis: &str, f: F) -> Pmapped<F, In, Out> {
+    Pmapped {
+        f,
+        axis: axis.to_string(),
+        name: "pmap".into(),
+        backend: Backend::default(),
+        cache: RefCell::new(HashMap::new()),
+        traces: Cell::new(0),
+        _types: PhantomData,
+    }
+}
+
+/// Host-side slice `p` of `n` along the leading axis (row-major: one contiguous run).
+fn leading_slice(lit: &Literal, p: usize, n: usize) -> Literal {
+    let m = lit.ty.numel() / n;
+    let data = match &lit.data {
+        Data::F32(v) => Data::F32(v[p * m..(p + 1) * m].to_vec()),
+        Data::F64(v) => Data::F64(v[p * m..(p + 1) * m].to_vec()),
+        Data::I32(v) => Data::I32(v[p * m..(p + 1) * m].to_vec()),
+        Data::U32(v) => Data::U32(v[p * m..(p + 1) * m].to_vec()),
+        Data::Bool(v) => Data::Bool(v[p * m..(p + 1) * m].to_vec()),
+    };
+    Literal {
+        ty: TensorType::new(lit.ty.dtype, lit.ty.dims()[1..].to_vec()),
+        data,
+    }
+}
+
+/// Stacks equal-typed values along a new leading axis.
+fn stack(parts: Vec<Literal>) -> Literal {
+    let n = parts.len();
+    let ty = parts[0].ty.clone();
+    let mut dims = vec![n];
+    dims.extend_from_slice(ty.dims());
+    let mut data = Data::zeros(ty.dtype, 0);
+    for p in parts {
+        match (&mut data, p.data) {
+            (Data::F32(d), Data::F32(v)) => d.extend(v),
+            (Data::F64(d), Data::F64(v)) => d.extend(v),
+            (Data::I32(d), Data::I32(v)) => d.extend(v),
+            (Data::U32(d), Data::U32(v)) => d.extend(v),
+            (Data::Bool(d), Data::Bool(v)) => d.extend(v),
+            _ => {}
+        }
+    }
+    Literal {
+        ty: TensorType::new(ty.dtype, dims),
+        data,
+    }
+}
+
+impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self.cache.borrow_mut().clear();
+        self
+    }
+
+    pub fn trace_count(&self) -> usize {
+        self.traces.get()
+    }
+
+    /// Runs `f` on every slice of the leading axis, one device each.
+    #[track_caller]
+    pub fn call(&self, args: In) -> Result<Out> {
+        let location = loc_text(Location::caller());
+        let fail = |message: String| Error::Op {
+            op: "pmap".into(),
+            message,
+            location: location.clone(),
+        };
+        let (leaves, def) = tree::flatten(&args);
+        let Some(first) = leaves.first() else {
+            return Err(fail("no inputs to map over".into()));
+        };
+        let n = *first.shape().first().ok_or_else(|| {
+            fail(format!(
+                "input 0 ({}) has no leading axis to map",
+                first.ty()
+            ))
+        })?;
+        for (i, t) in leaves.iter().enumerate() {
+            if t.shape().first() != Some(&n) {
+                return Err(fail(format!(
+                    "input {i} ({}) does not have the leading size {n} of input 0",
+                    t.ty()
+                )));
+            }
+        }
+        if n == 0 || n > device_count() {
+            return Err(fail(format!(
+                "the leading axis has size {n}, there are {} devices (set TESSERA_DEVICES)",
+                device_count()
+            )));
+        }
+        let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();
+        let key = (def.clone(), types.clone());
+        let cached = self.cache.borrow().get(&key).cloned();
+        let compiled = match cached {
+            Some(c) => c,
+            None => {
+                let c = Rc::new(self.compile(&def, &types, n)?);
+                self.cache.borrow_mut().insert(key, c.clone());
+                c
+            }
+        };
+        let hosts: Vec<Arc<Literal>> = leaves
+            .iter()
+            .map(|t| t.try_array().map(|a| a.literal_arc()))
+            .collect::<Result<_>>()?;
+        let inputs: Vec<Vec<Arc<Literal>>> = (0..n)
+            .map(|p| {
+                hosts
+                    .iter()
+                    .map(|h| Arc::new(leading_slice(h, p, n)))
+                    .collect()
+            })
+            .collect();
+        let per_device = compiled.program.run(inputs)?;
+        let n_out = per_device[0].len();
+        let mut columns: Vec<Vec<Literal>> = (0..n_out).map(|_| Vec::with_capacity(n)).collect();
+        for outs in per_device {
+            for (o, l) in outs.into_iter().enumerate() {
+                columns[o].push(l);
+            }
+        }
+        let tensors: Vec<Tensor> = columns
+            .into_iter()
+            .map(|c| Tensor::from_literal(stack(c)))
+            .collect();
+        tree::unflatten(&compiled.out_def, tensors)
+    }
+
+    fn compile(&self, def: &TreeDef, types: &[TensorType], n: usize) -> Result<Compiled> {
+        let mesh = Mesh::new("pmap", vec![(self.axis.clone(), n)]);
+        let local: Vec<TensorType> = types
+            .iter()
+            .map(|t| TensorType::new(t.dtype, t.dims()[1..].to_vec()))
+            .collect();
+        let (guard, tracers) = trace::begin_on(&self.name, &local, Some(mesh.clone()));
+        let args: In = tree::unflatten(def, tracers)?;
+        let out = match catch(|| (self.f)(args)) {
+            Ok(o) => o,
+            Err(e) => {
+                drop(guard);
+                return Err(e);
+            }
+        };
+        let (out_leaves, out_def) = tree::flatten(&out);
+        let rec = catch(|| trace::finish(guard, &out_leaves))?;
+        self.traces.set(self.traces.get() + 1);
+        let dump = Dump::from_env(&self.name, self.traces.get());
+        dump.write(0, "trace", &rec.graph)?;
+        let program = DeviceProgram::compile(&rec.graph, mesh, (0..n).collect(), self.backend)?;
+        Ok(Compiled { out_def, program })
+    }
+}
+
+/// The size of a named axis of the enclosing pmap, or an error naming the caller.
+#[track_caller]
+fn axis_size(op: &str, axis: &str) -> usize {
+    let location = loc_text(Location::caller());
+    match current_mesh().and_then(|m| m.axis_size(axis)) {
+        Some(n) => n,
+        None => raise(Error::Op {
+            op: op.into(),
+            message: format!(
+                "axis \"{axis}\" is not in scope: collectives by axis name run inside pmap over that axis"
+            ),
+            location,
+        }),
+    }
+}
+
+/// `lax.psum`: the sum over the devices of `axis`.
+#[track_caller]
+pub fn psum(x: &Tensor, axis: &str) -> Tensor {
+    axis_size("psum", axis);
+    apply(
+        Op::AllReduce {
+            kind: ReduceKind::Sum,
+            axes: vec![axis.into()],
+        },
+        &[x],
+    )
+}
+
+/// `lax.pmean`: the mean over the devices of `axis`.
+#[track_caller]
+pub fn pmean(x: &Tensor, axis: &str) -> Tensor {
+    let n = axis_size("pmean", axis);
+    let s = psum(x, axis);
+    let d = s.scalar_like(n as f64);
+    Tensor::div(&s, &d)
+}
+
+/// `lax.pmax`.
+#[track_caller]
+pub fn pmax(x: &Tensor, axis: &str) -> Tensor {
+    axis_size("pmax", axis);
+    apply(
+        Op::AllReduce {
+            kind: ReduceKind::Max,
+            axes: vec![axis.into()],
+        },
+        &[x],
+    )
+}
+
+/// `lax.pmin`.
+#[track_caller]
+pub fn pmin(x: &Tensor, axis: &str) -> Tensor {
+    axis_size("pmin", axis);
+    apply(
+        Op::AllReduce {
+            kind: ReduceKind::Min,
+            axes: vec![axis.into()],
+        },
+        &[x],
+    )
+}
+
+/// `lax.all_gather`: every device's value, stacked along a new leading axis.
+#[track_caller]
+pub fn all_gather(x: &Tensor, axis: &str) -> Tensor {
+    axis_size("all_gather", axis);
+    let mut dims = vec![1];
+    dims.extend_from_slice(x.shape());
+    let x1 = x.reshape(dims);
+    apply(
+        Op::AllGather {
+            dim: 0,
+            axes: vec![axis.into()],
+        },
+        &[&x1],
+    )
+}
+
+/// `lax.ppermute`: device `src` sends its value to device `dst` for each pair; devices that
+/// receive nothing get zeros.
+#[track_caller]
+pub fn ppermute(x: &Tensor, axis: &str, perm: &[(usize, usize)]) -> Tensor {
+    axis_size("ppermute", axis);
+    apply(
+        Op::CollectivePermute {
+            axes: vec![axis.into()],
+            pairs: perm.to_vec(),
+        },
+        &[x],
+    )
+}
+
+/// `lax.axis_index`: this device's index along `axis` (i32).
+#[track_caller]
+pub fn axis_index(axis: &str) -> Tensor {
+    axis_size("axis_index", axis);
+    apply(
+        Op::AxisIndex {
+            axes: vec![axis.into()],
+        },
+        &[],
+    )
+}
