@@ -23,17 +23,11 @@ fn replicate(p: &Mlp, n: usize) -> Mlp {
     })
 }
 
-fn make_step(
-    backend: Backend,
-) -> Pmapped<impl Fn((Mlp, Tensor, Tensor)) -> (Mlp, Tensor), (Mlp, Tensor, Tensor), (Mlp, Tensor)>
-{
-    pmap("i", |(p, x, y): (Mlp, Tensor, Tensor)| {
-        let (l, g) = value_and_grad(|p: &Mlp| loss(p, &x, &y))(&p);
-        let g = tree::map(&g, |g| pmean(g, "i"));
-        (tree::map2(&p, &g, |p, g| p - g * 0.01), pmean(&l, "i"))
-    })
-    .named("train_step_pmap")
-    .backend(backend)
+/// The per-device step: local gradients, averaged over the devices with `pmean`.
+fn train_step((p, x, y): (Mlp, Tensor, Tensor)) -> (Mlp, Tensor) {
+    let (l, g) = value_and_grad(|p: &Mlp| loss(p, &x, &y))(&p);
+    let g = tree::map(&g, |g| pmean(g, "i"));
+    (tree::map2(&p, &g, |p, g| p - g * 0.01), pmean(&l, "i"))
 }
 
 /// Trains for `steps` steps on `n` devices and returns each step's loss (device 0's).
@@ -41,7 +35,9 @@ pub fn train(n: usize, steps: usize, backend: Backend) -> Result<Vec<f32>> {
     let mut params = replicate(&init(Key::new(0), 10, 32, 1), n);
     let x = random::normal(&Key::new(1), [n * 64, 10]).reshape([n, 64, 10]);
     let y = random::normal(&Key::new(2), [n * 64, 1]).reshape([n, 64, 1]);
-    let step = make_step(backend);
+    let step = pmap("i", train_step)
+        .named("train_step_pmap")
+        .backend(backend);
     let mut losses = Vec::with_capacity(steps);
     for _ in 0..steps {
         let (p, l) = step.call((params, x.clone(), y.clone()))?;
@@ -55,7 +51,9 @@ fn time_per_step(n: usize, backend: Backend, steps: usize) -> Result<f64> {
     let mut params = replicate(&init(Key::new(0), 10, 32, 1), n);
     let x = random::normal(&Key::new(1), [n * 64, 10]).reshape([n, 64, 10]);
     let y = random::normal(&Key::new(2), [n * 64, 1]).reshape([n, 64, 1]);
-    let step = make_step(backend);
+    let step = pmap("i", train_step)
+        .named("train_step_pmap")
+        .backend(backend);
     params = step.call((params, x.clone(), y.clone()))?.0;
     let t = Instant::now();
     for _ in 0..steps {

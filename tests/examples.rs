@@ -2,6 +2,8 @@
 //! entry point checked against the reference numbers (JAX 0.10.2's, from
 //! `shared/anchors/jax/seed_outputs.txt`). This binary sets `TESSERA_DEVICES=8` before any
 //! device starts, so the data-parallel programs run on 8 devices as the anchors did.
+// Every example includes the shared `examples/common/mlp.rs`.
+#![allow(clippy::duplicate_mod)]
 
 #[allow(dead_code)]
 #[path = "../examples/train_single.rs"]

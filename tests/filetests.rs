@@ -26,6 +26,39 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
             },
             Err(e) => format!("parse error: {e}"),
         }),
+        // Sharding: parameters' annotations are the input shardings; prints every value's
+        // sharding, then the per-device program after all-reduce combining.
+        "partition" => Ok(match parse(input) {
+            Ok(g) => {
+                let Some(mesh) = g.mesh.clone() else {
+                    return Ok("error: a partition test needs a mesh".into());
+                };
+                let specs: Vec<tessera_shard::Spec> = g
+                    .params()
+                    .iter()
+                    .map(|&p| match &g.node(p).sharding {
+                        Some(s) => s.dims.iter().map(|d| d.axes.clone()).collect(),
+                        None => vec![Vec::new(); g.ty(p).rank()],
+                    })
+                    .collect();
+                match tessera_shard::partition(&g, &mesh, &specs) {
+                    Ok(mut p) => {
+                        let combined = tessera_shard::combine_all_reduces(&mut p.local);
+                        match (combined, verify(&p.local)) {
+                            (Ok(_), Ok(())) => format!(
+                                "{}// per device:\n{}",
+                                print(&p.annotated),
+                                print(&p.local)
+                            ),
+                            (Err(e), _) => format!("error: {e}"),
+                            (_, Err(e)) => format!("error: per-device program: {e}"),
+                        }
+                    }
+                    Err(e) => format!("error: {e}"),
+                }
+            }
+            Err(e) => format!("error: {e}"),
+        }),
         other => Err(format!("unknown pass '{other}'")),
     }
 }

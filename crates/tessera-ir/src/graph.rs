@@ -183,6 +183,29 @@ impl Graph {
         self.graph.remove_node(id).is_some()
     }
 
+    /// Removes every node that no output depends on (parameters stay): dead code elimination.
+    /// Returns how many nodes it removed.
+    pub fn remove_dead(&mut self) -> usize {
+        let mut live: std::collections::HashSet<NodeId> = self.outputs.iter().copied().collect();
+        let mut stack: Vec<NodeId> = self.outputs.clone();
+        while let Some(n) = stack.pop() {
+            for o in self.operands(n) {
+                if live.insert(o) {
+                    stack.push(o);
+                }
+            }
+        }
+        let dead: Vec<NodeId> = self
+            .graph
+            .node_indices()
+            .filter(|n| !live.contains(n) && !self.params.contains(n))
+            .collect();
+        for &n in &dead {
+            self.graph.remove_node(n);
+        }
+        dead.len()
+    }
+
     /// All nodes in the canonical order: parameters in parameter order, then every other node
     /// after its operands, ties broken by id, so the order is deterministic and survives a print
     /// and parse. Returns `None` when the graph has a cycle.

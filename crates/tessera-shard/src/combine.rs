@@ -13,6 +13,9 @@ use tessera_ir::{Graph, NodeId, Op, ReduceKind, Shape};
 
 use crate::ShardError;
 
+/// What all-reduces must share to combine: the reduction, the axes and the element type.
+type GroupKey = (ReduceKind, Vec<String>, tessera_ir::DType);
+
 /// Combines the graph's all-reduces (see the module doc); returns how many it removed.
 pub fn combine_all_reduces(g: &mut Graph) -> Result<usize, ShardError> {
     let order = g.topo_order();
@@ -32,7 +35,7 @@ pub fn combine_all_reduces(g: &mut Graph) -> Result<usize, ShardError> {
     }
     // Groups by (kind, axes, dtype), in order; a member joins the open batch of its group
     // unless it depends on one of its members.
-    let mut batches: Vec<((ReduceKind, Vec<String>, tessera_ir::DType), Vec<NodeId>)> = Vec::new();
+    let mut batches: Vec<(GroupKey, Vec<NodeId>)> = Vec::new();
     for &id in &order {
         let Op::AllReduce { kind, axes } = g.op(id).clone() else {
             continue;

@@ -175,6 +175,12 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
             };
             args.push(moved);
         }
+        // A sharding constraint has done its work once its operand is resharded.
+        if let Op::ShardingConstraint(_) = op {
+            annotated.node_mut(id).sharding = Some(sharding_of(mesh, &d.out));
+            local.insert(id, (args[0], d.out));
+            continue;
+        }
         let lop = localize(&op, mesh, g.ty(id), &d.out);
         let mut n = p.add(lop, &args)?;
         p.lg.node_mut(n).loc = g.node(id).loc.clone();
@@ -188,6 +194,8 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
     let outs: Vec<NodeId> = g.outputs().iter().map(|o| local[o].0).collect();
     let out_specs = g.outputs().iter().map(|o| local[o].1.clone()).collect();
     p.lg.set_outputs(outs);
+    // Values resharded by rebuilding leave their first local version unused.
+    p.lg.remove_dead();
     Ok(Partitioned {
         annotated,
         local: p.lg,
@@ -205,6 +213,21 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         },
         Op::Reshape(_) => Op::Reshape(lty.shape),
         Op::Iota { dim, .. } => Op::Iota { dim: *dim, ty: lty },
+        // A split dim is only ever sliced whole (the rule gathers it otherwise).
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => Op::Slice {
+            start: start.clone(),
+            limit: limit
+                .iter()
+                .zip(lty.dims())
+                .zip(out)
+                .map(|((&l, &local), axes)| if axes.is_empty() { l } else { local })
+                .collect(),
+            stride: stride.clone(),
+        },
         other => other.clone(),
     }
 }
@@ -214,15 +237,14 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
 fn merge(specs: &[&Spec], rank: usize) -> Spec {
     let mut out = replicated(rank);
     let mut used: Vec<String> = Vec::new();
-    for d in 0..rank {
-        for s in specs {
-            if let Some(axes) = s.get(d).filter(|a| !a.is_empty()) {
-                if axes.iter().all(|a| !used.contains(a)) {
-                    used.extend(axes.iter().cloned());
-                    out[d] = axes.clone();
-                    break;
-                }
-            }
+    for (d, slot) in out.iter_mut().enumerate() {
+        let pick = specs.iter().find_map(|s| {
+            s.get(d)
+                .filter(|a| !a.is_empty() && a.iter().all(|x| !used.contains(x)))
+        });
+        if let Some(axes) = pick {
+            used.extend(axes.iter().cloned());
+            *slot = axes.clone();
         }
     }
     out

@@ -28,13 +28,16 @@ struct Compiled {
     program: DeviceProgram,
 }
 
+/// What a compiled pmap is specialized to: the input tree and the leaves' global types.
+type Signature = (TreeDef, Vec<TensorType>);
+
 /// A pmapped closure.
 pub struct Pmapped<F, In, Out> {
     f: F,
     axis: String,
     name: String,
     backend: Backend,
-    cache: RefCell<HashMap<(TreeDef, Vec<TensorType>), Rc<Compiled>>>,
+    cache: RefCell<HashMap<Signature, Rc<Compiled>>>,
     traces: Cell<usize>,
     _types: PhantomData<fn(In) -> Out>,
 }

@@ -276,9 +276,7 @@ pub fn sharding_table(t: &Tensor) -> String {
             let mut labels = vec![vec![Vec::<usize>::new(); cols]; rows];
             for pos in 0..spec.devices.len() {
                 let r = spec.shard_range(ty, pos);
-                let row = r
-                    .first()
-                    .map_or(0, |&(o, s)| if s == 0 { 0 } else { o / s });
+                let row = r.first().map_or(0, |&(o, s)| o.checked_div(s).unwrap_or(0));
                 let col = if ty.rank() > 1 {
                     r[1].0 / r[1].1.max(1)
                 } else {
