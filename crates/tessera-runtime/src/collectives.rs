@@ -11,16 +11,18 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tessera_interp::{Collectives, InterpError, eval_op};
-use tessera_ir::{BinaryOp, Literal, Mesh, Op, ReduceKind, TensorType};
+use tessera_ir::{BinaryOp, Data, Literal, Mesh, Op, ReduceKind, TensorType};
 
 type Key = (u64, u64, Vec<usize>);
 
 struct Slot {
-    values: Vec<Option<Literal>>,
+    values: Vec<Option<Arc<Literal>>>,
+    /// For an all-reduce: each member's reduced chunk of the result.
+    chunks: Vec<Option<Literal>>,
     taken: usize,
 }
 
@@ -174,10 +176,18 @@ impl Collectives for SharedCollectives<'_> {
             op: op.name().into(),
             message: "missing operand".into(),
         })?;
-        let values = if n == 1 {
+        if let Op::AllReduce { kind, .. } = op {
+            if n > 1 {
+                return self.all_reduce(op, *kind, &members, me, input, out);
+            }
+        }
+        let values: Vec<Literal> = if n == 1 {
             vec![input.clone()]
         } else {
-            self.exchange(op, &members, me, input)?
+            let mut slots = self.deposit(op, &members, me, input)?;
+            let vals = slots.1.iter().map(|v| (**v).clone()).collect();
+            self.leave(&mut slots.0, &slots.2, members.len());
+            vals
         };
         let r = match op {
             Op::AllReduce { kind, .. } => combine(*kind, &values)?,
@@ -212,39 +222,136 @@ impl Collectives for SharedCollectives<'_> {
     }
 }
 
+/// The element range of chunk `k` of `n` over `len` elements.
+fn chunk_range(len: usize, k: usize, n: usize) -> std::ops::Range<usize> {
+    let per = len.div_ceil(n);
+    (k * per).min(len)..((k + 1) * per).min(len)
+}
+
+/// Reduces elements `range` of every value, in member order, into a literal of that length.
+fn reduce_range(kind: ReduceKind, values: &[Arc<Literal>], range: std::ops::Range<usize>) -> Data {
+    macro_rules! fold {
+        ($variant:ident, $add:expr, $max:expr, $min:expr) => {{
+            let first = match &values[0].data {
+                Data::$variant(v) => v[range.clone()].to_vec(),
+                _ => unreachable!("all-reduce operands share a type"),
+            };
+            let mut acc = first;
+            for v in &values[1..] {
+                let Data::$variant(v) = &v.data else {
+                    unreachable!("all-reduce operands share a type")
+                };
+                for (a, &b) in acc.iter_mut().zip(&v[range.clone()]) {
+                    *a = match kind {
+                        ReduceKind::Sum => $add(*a, b),
+                        ReduceKind::Max => $max(*a, b),
+                        ReduceKind::Min => $min(*a, b),
+                    };
+                }
+            }
+            Data::$variant(acc)
+        }};
+    }
+    use tessera_interp::scalar::{fmax, fmin};
+    match &values[0].data {
+        Data::F32(_) => fold!(F32, |a: f32, b| a + b, fmax, fmin),
+        Data::F64(_) => fold!(F64, |a: f64, b| a + b, fmax, fmin),
+        Data::I32(_) => fold!(
+            I32,
+            |a: i32, b| a.wrapping_add(b),
+            |a: i32, b| a.max(b),
+            |a: i32, b| a.min(b)
+        ),
+        Data::U32(_) => fold!(
+            U32,
+            |a: u32, b| a.wrapping_add(b),
+            |a: u32, b| a.max(b),
+            |a: u32, b| a.min(b)
+        ),
+        Data::Bool(v) => Data::Bool(v[range].to_vec()),
+    }
+}
+
+type Held<'a> = (MutexGuard<'a, HashMap<Key, Slot>>, Vec<Arc<Literal>>, Key);
+
 impl SharedCollectives<'_> {
-    /// Deposits `input` and waits for the whole group; returns every member's value in order.
-    fn exchange(
+    /// An all-reduce in two phases: every member reduces its own chunk of the elements over all
+    /// the values (in member order, so every device gets the same bits), then every member
+    /// assembles the chunks. Each device does 1/n of the arithmetic and no value is copied
+    /// before it is needed.
+    fn all_reduce(
         &self,
         op: &Op,
+        kind: ReduceKind,
         members: &[usize],
         me: usize,
         input: &Literal,
-    ) -> Result<Vec<Literal>, InterpError> {
-        let seq = self.seq.get();
-        self.seq.set(seq + 1);
-        let key: Key = (self.launch, seq, members.to_vec());
+        out: &TensorType,
+    ) -> Result<Literal, InterpError> {
+        let n = members.len();
+        let (guard, values, key) = self.deposit(op, members, me, input)?;
+        drop(guard);
+        let len = input.data.len();
+        let mine = reduce_range(kind, &values, chunk_range(len, me, n));
         let r = self.rendezvous;
         let mut slots = r.slots.lock().expect("rendezvous lock");
-        let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
-            values: vec![None; members.len()],
-            taken: 0,
+        slots
+            .get_mut(&key)
+            .expect("slot stays until all took")
+            .chunks[me] = Some(Literal {
+            ty: TensorType::new(input.ty.dtype, vec![mine.len()]),
+            data: mine,
         });
-        slot.values[me] = Some(input.clone());
         r.arrived.notify_all();
+        slots = self.wait_for(op, slots, &key, members, |s| {
+            s.chunks.iter().all(|c| c.is_some())
+        })?;
+        let slot = slots.get(&key).expect("slot present");
+        let mut data = Data::zeros(input.ty.dtype, 0);
+        for c in &slot.chunks {
+            let c = c.as_ref().expect("complete");
+            match (&mut data, &c.data) {
+                (Data::F32(d), Data::F32(v)) => d.extend_from_slice(v),
+                (Data::F64(d), Data::F64(v)) => d.extend_from_slice(v),
+                (Data::I32(d), Data::I32(v)) => d.extend_from_slice(v),
+                (Data::U32(d), Data::U32(v)) => d.extend_from_slice(v),
+                (Data::Bool(d), Data::Bool(v)) => d.extend_from_slice(v),
+                _ => {}
+            }
+        }
+        self.leave(&mut slots, &key, n);
+        Ok(Literal {
+            ty: out.clone(),
+            data,
+        })
+    }
+
+    /// Waits (parked) until `done` holds for the slot, or the timeout names who is missing.
+    fn wait_for<'a>(
+        &self,
+        op: &Op,
+        mut slots: MutexGuard<'a, HashMap<Key, Slot>>,
+        key: &Key,
+        members: &[usize],
+        done: impl Fn(&Slot) -> bool,
+    ) -> Result<MutexGuard<'a, HashMap<Key, Slot>>, InterpError> {
+        let r = self.rendezvous;
         let start = Instant::now();
         loop {
-            let slot = slots.get(&key).expect("slot stays until all took");
-            if slot.values.iter().all(|v| v.is_some()) {
-                break;
+            let slot = slots.get(key).expect("slot stays until all took");
+            if done(slot) {
+                return Ok(slots);
             }
             let waited = start.elapsed();
             if waited >= r.timeout {
                 let missing: Vec<usize> = slot
                     .values
                     .iter()
+                    .zip(&slot.chunks)
                     .enumerate()
-                    .filter(|(_, v)| v.is_none())
+                    .filter(|(_, (v, c))| {
+                        v.is_none() || (slot.values.iter().all(|v| v.is_some()) && c.is_none())
+                    })
                     .map(|(k, _)| {
                         self.device_ids
                             .get(members[k])
@@ -267,16 +374,46 @@ impl SharedCollectives<'_> {
                 .expect("rendezvous lock")
                 .0;
         }
-        let slot = slots.get_mut(&key).expect("slot present");
-        let values: Vec<Literal> = slot
+    }
+
+    /// Deposits `input` and waits for the whole group; returns the lock, every member's value
+    /// in order, and the slot's key.
+    fn deposit(
+        &self,
+        op: &Op,
+        members: &[usize],
+        me: usize,
+        input: &Literal,
+    ) -> Result<Held<'_>, InterpError> {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let key: Key = (self.launch, seq, members.to_vec());
+        let r = self.rendezvous;
+        let mut slots = r.slots.lock().expect("rendezvous lock");
+        let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
+            values: vec![None; members.len()],
+            chunks: vec![None; members.len()],
+            taken: 0,
+        });
+        slot.values[me] = Some(Arc::new(input.clone()));
+        r.arrived.notify_all();
+        let slots = self.wait_for(op, slots, &key, members, |s| {
+            s.values.iter().all(|v| v.is_some())
+        })?;
+        let values = slots[&key]
             .values
             .iter()
             .map(|v| v.clone().expect("complete"))
             .collect();
+        Ok((slots, values, key))
+    }
+
+    /// Marks this member done with the slot; the last one removes it.
+    fn leave(&self, slots: &mut MutexGuard<'_, HashMap<Key, Slot>>, key: &Key, n: usize) {
+        let slot = slots.get_mut(key).expect("slot present");
         slot.taken += 1;
-        if slot.taken == members.len() {
-            slots.remove(&key);
+        if slot.taken == n {
+            slots.remove(key);
         }
-        Ok(values)
     }
 }

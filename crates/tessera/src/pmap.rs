@@ -197,10 +197,17 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             }
         };
         let (out_leaves, out_def) = tree::flatten(&out);
-        let rec = catch(|| trace::finish(guard, &out_leaves))?;
+        let mut rec = catch(|| trace::finish(guard, &out_leaves))?;
         self.traces.set(self.traces.get() + 1);
         let dump = Dump::from_env(&self.name, self.traces.get());
         dump.write(0, "trace", &rec.graph)?;
+        // The user's pmeans of the gradients and the loss meet once per step, as one.
+        tessera_shard::combine_all_reduces(&mut rec.graph).map_err(|e| Error::Op {
+            op: "pmap".into(),
+            message: e.to_string(),
+            location: self.name.clone(),
+        })?;
+        dump.write(1, "combined", &rec.graph)?;
         let program = DeviceProgram::compile(&rec.graph, mesh, (0..n).collect(), self.backend)?;
         Ok(Compiled { out_def, program })
     }
