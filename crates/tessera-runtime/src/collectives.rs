@@ -176,10 +176,8 @@ impl Collectives for SharedCollectives<'_> {
             op: op.name().into(),
             message: "missing operand".into(),
         })?;
-        if let Op::AllReduce { kind, .. } = op {
-            if n > 1 {
-                return self.all_reduce(op, *kind, &members, me, input, out);
-            }
+        if let (Op::AllReduce { kind, .. }, true) = (op, n > 1) {
+            return self.all_reduce(op, *kind, &members, me, input, out);
         }
         let values: Vec<Literal> = if n == 1 {
             vec![input.clone()]
