@@ -47,6 +47,16 @@ impl Default for Rendezvous {
     }
 }
 
+impl Rendezvous {
+    /// A rendezvous whose waits give up after `timeout`.
+    pub fn with_timeout(timeout: Duration) -> Rendezvous {
+        Rendezvous {
+            timeout,
+            ..Rendezvous::default()
+        }
+    }
+}
+
 /// One device's view of the collectives of a launch.
 pub struct SharedCollectives<'a> {
     pub rendezvous: &'a Rendezvous,
@@ -412,6 +422,77 @@ impl SharedCollectives<'_> {
         slot.taken += 1;
         if slot.taken == n {
             slots.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mesh() -> Mesh {
+        Mesh::new("m", vec![("x".into(), 2), ("y".into(), 2)])
+    }
+
+    #[test]
+    fn groups_follow_the_axes() {
+        let m = mesh();
+        assert_eq!(group(&m, &["x".into()], 3), (vec![1, 3], 1));
+        assert_eq!(group(&m, &["y".into()], 2), (vec![2, 3], 0));
+        assert_eq!(
+            group(&m, &["x".into(), "y".into()], 2),
+            (vec![0, 1, 2, 3], 2)
+        );
+        assert_eq!(
+            group(&m, &["y".into(), "x".into()], 1),
+            (vec![0, 2, 1, 3], 2)
+        );
+    }
+
+    #[test]
+    fn a_device_that_never_arrives_is_an_error_naming_it() {
+        let r = Rendezvous::with_timeout(Duration::from_millis(50));
+        let ids = [10, 11, 12, 13];
+        let c = SharedCollectives::new(&r, 0, 0, &ids);
+        let op = Op::AllReduce {
+            kind: ReduceKind::Sum,
+            axes: vec!["x".into()],
+        };
+        let x = Literal::scalar_f32(1.0);
+        let err = c
+            .run(&op, &mesh(), Some(&x), &x.ty)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("all_reduce") && err.contains("[12]") && err.contains("did not arrive"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn all_reduce_between_threads() {
+        let r = Rendezvous::default();
+        let ids = [0, 1, 2, 3];
+        let op = Op::AllReduce {
+            kind: ReduceKind::Sum,
+            axes: vec!["x".into(), "y".into()],
+        };
+        let results: Vec<Literal> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|p| {
+                    let (r, ids, op) = (&r, &ids, &op);
+                    s.spawn(move || {
+                        let c = SharedCollectives::new(r, 7, p, ids);
+                        let x = Literal::new([3], Data::F32(vec![p as f32, 1.0, 2.0])).unwrap();
+                        c.run(op, &mesh(), Some(&x), &x.ty).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for l in results {
+            assert_eq!(l.data.get_f64(0), 6.0);
+            assert_eq!(l.data.get_f64(2), 8.0);
         }
     }
 }

@@ -177,6 +177,12 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
         }
         // A sharding constraint has done its work once its operand is resharded.
         if let Op::ShardingConstraint(_) = op {
+            check_spec(mesh, g.ty(id), &d.out).map_err(|e| {
+                ShardError::Invalid(format!(
+                    "sharding_constraint at {}: {e}",
+                    g.node(id).loc.clone().unwrap_or_default()
+                ))
+            })?;
             annotated.node_mut(id).sharding = Some(sharding_of(mesh, &d.out));
             local.insert(id, (args[0], d.out));
             continue;

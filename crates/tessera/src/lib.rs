@@ -48,6 +48,7 @@ pub mod prelude {
     pub use crate::random::{self, Key};
     pub use crate::sharding::{
         Mesh, NamedSharding, PartitionSpec, device_put, sharding_table, visualize_array_sharding,
+        with_sharding_constraint,
     };
     pub use crate::tree::{self, Tree};
     pub use crate::{

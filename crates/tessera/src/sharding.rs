@@ -229,6 +229,33 @@ pub fn device_put<T: Tree>(value: T, sharding: &NamedSharding) -> T {
     tree::unflatten(&def, placed).unwrap_or_else(|e| raise(e))
 }
 
+/// `jax.lax.with_sharding_constraint`: inside `jit`, a hint that propagation must respect (the
+/// value is resharded to it); on a concrete tensor, `device_put`.
+#[track_caller]
+pub fn with_sharding_constraint(x: &Tensor, sharding: &NamedSharding) -> Tensor {
+    if !x.is_tracer() {
+        return device_put(x.clone(), sharding);
+    }
+    let dims = sharding.dims(x.rank()).unwrap_or_else(|message| {
+        raise(Error::Op {
+            op: "sharding_constraint".into(),
+            message,
+            location: loc_text(Location::caller()),
+        })
+    });
+    crate::trace::apply(
+        tessera_ir::Op::ShardingConstraint(tessera_ir::Sharding {
+            mesh: sharding.mesh.ir.name.clone(),
+            dims: dims
+                .into_iter()
+                .map(tessera_ir::DimSharding::closed)
+                .collect(),
+            replicated: Vec::new(),
+        }),
+        &[x],
+    )
+}
+
 impl Tensor {
     /// Where the tensor lives: its mesh and partition spec, or `None` for a host value.
     pub fn sharding(&self) -> Option<NamedSharding> {

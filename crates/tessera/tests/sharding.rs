@@ -342,6 +342,31 @@ fn bad_input_gives_clear_errors() {
 }
 
 #[test]
+fn sharding_constraints_reshard_and_conflicts_are_errors() {
+    eight_devices();
+    let mesh = Mesh::new([4, 2], ["dp", "mp"]);
+    let x = device_put(
+        Tensor::from_vec((0..32).map(|i| i as f32).collect::<Vec<_>>(), [8, 4]),
+        &NamedSharding::new(&mesh, P!["dp"]),
+    );
+    let want = NamedSharding::new(&mesh, P![None, "mp"]);
+    let f = jit(|x: Tensor| with_sharding_constraint(&(x * 2.0), &want));
+    let y = f.call(x.clone()).unwrap();
+    assert_eq!(y.sharding().unwrap().spec, P![None, "mp"]);
+    assert_eq!(
+        y.to_vec::<f32>(),
+        (0..32).map(|i| i as f32 * 2.0).collect::<Vec<_>>()
+    );
+    let bad = NamedSharding::new(&mesh, P!["mp", "mp"]);
+    let g = jit(|x: Tensor| with_sharding_constraint(&x, &bad));
+    let e = g.call(x).unwrap_err().to_string();
+    assert!(
+        e.contains("sharding_constraint") && e.contains("used twice"),
+        "{e}"
+    );
+}
+
+#[test]
 fn many_steps_back_to_back_never_deadlock() {
     eight_devices();
     let mesh = Mesh::new([8], ["dp"]);
