@@ -59,6 +59,14 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
             }
             Err(e) => format!("error: {e}"),
         }),
+        // Simplification (egg rules, CSE, DCE): the simplified program.
+        "simplify" => Ok(match parse(input) {
+            Ok(g) => match tessera_opt::simplify(&g, tessera_opt::Limits::default()) {
+                Ok((s, _)) => print(&s),
+                Err(e) => format!("error: {e}"),
+            },
+            Err(e) => format!("error: {e}"),
+        }),
         other => Err(format!("unknown pass '{other}'")),
     }
 }

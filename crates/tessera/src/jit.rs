@@ -89,6 +89,7 @@ pub struct Jitted<F, In, Out> {
     cache: RefCell<HashMap<Signature, Rc<Compiled>>>,
     traces: Cell<usize>,
     backend: Backend,
+    simplify: bool,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -100,6 +101,7 @@ pub fn jit<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> Jitted<F, In, Out> {
         cache: RefCell::new(HashMap::new()),
         traces: Cell::new(0),
         backend: Backend::default(),
+        simplify: crate::pipeline::simplify_enabled(),
         _types: PhantomData,
     }
 }
@@ -243,6 +245,14 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self
     }
 
+    /// Turns the simplification pass (egg rewrites, CSE, DCE) on or off; on by default unless
+    /// `TESSERA_SIMPLIFY=0`.
+    pub fn simplify(mut self, on: bool) -> Self {
+        self.simplify = on;
+        self.cache.borrow_mut().clear();
+        self
+    }
+
     /// How many times the closure has been traced (once per new signature).
     pub fn trace_count(&self) -> usize {
         self.traces.get()
@@ -354,22 +364,24 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
 
     /// Traces and compiles for one signature.
     fn compile(&self, sig: &Signature) -> Result<Compiled> {
-        let lowered = trace_fn(&self.name, &self.f, &sig.def, &sig.types)?;
+        let mut lowered = trace_fn(&self.name, &self.f, &sig.def, &sig.types)?;
         self.traces.set(self.traces.get() + 1);
         let dump = Dump::from_env(&self.name, self.traces.get());
+        // 00: the program as traced; 01: simplified (egg rewrites, CSE, DCE).
+        dump.write(0, "trace", &lowered.graph)?;
+        lowered.graph = crate::pipeline::simplify(lowered.graph, self.simplify, &dump, 1)?;
         match common_mesh(&sig.placements, &self.name)? {
             None => Ok(Compiled::Single {
                 out_def: lowered.out_def,
                 executable: compile(lowered.graph, self.backend, &dump)?,
             }),
             Some(mesh) => {
-                dump.write(0, "trace", &lowered.graph)?;
                 let specs = in_specs(&sig.types, &sig.placements);
                 let (lowered, out_specs) = partition_lowered(lowered, &mesh, &specs, &self.name)?;
-                // 01: every value's sharding; 02: the program each device runs.
-                dump.write(1, "sharded", &lowered.graph)?;
+                // 02: every value's sharding; 03: the program each device runs.
+                dump.write(2, "sharded", &lowered.graph)?;
                 let local = lowered.per_device.expect("partitioned");
-                dump.write(2, "per-device", &local)?;
+                dump.write(3, "per-device", &local)?;
                 let out_types = lowered
                     .graph
                     .outputs()

@@ -31,6 +31,18 @@ impl Dump {
         Ok(())
     }
 
+    pub(crate) fn enabled(&self) -> bool {
+        self.dir.is_some()
+    }
+
+    /// Writes IR text that carries a comment header (the parser skips `//` lines).
+    pub(crate) fn write_text_ir(&self, index: usize, pass: &str, text: &str) -> Result<()> {
+        if self.dir.is_some() {
+            self.write_file(&format!("{index:02}-{pass}.ir"), text)?;
+        }
+        Ok(())
+    }
+
     /// Writes a non-IR artifact (the native schedule) beside the IR dumps.
     pub(crate) fn write_text(&self, index: usize, what: &str, text: &str) -> Result<()> {
         if self.dir.is_some() {
@@ -102,10 +114,27 @@ pub(crate) fn compile_device_program(graph: &Graph, backend: Backend) -> Result<
     })
 }
 
+/// Whether the simplification pass runs: on unless `TESSERA_SIMPLIFY=0`.
+pub(crate) fn simplify_enabled() -> bool {
+    std::env::var("TESSERA_SIMPLIFY").map_or(true, |v| v != "0")
+}
+
+/// Algebraic simplification, CSE and DCE (tessera-opt), dumped with its report as `index`.
+pub(crate) fn simplify(graph: Graph, enabled: bool, dump: &Dump, index: usize) -> Result<Graph> {
+    verify(&graph)?;
+    if !enabled {
+        return Ok(graph);
+    }
+    let (g, report) = tessera_opt::simplify(&graph, tessera_opt::Limits::default())
+        .map_err(|m| Error::Io(format!("simplification: {m}")))?;
+    if dump.enabled() {
+        dump.write_text_ir(index, "simplified", &format!("// {report}\n{}", print(&g)))?;
+    }
+    Ok(g)
+}
+
 /// Runs the passes in order on a traced graph, then hands it to the backend.
 pub(crate) fn compile(graph: Graph, backend: Backend, dump: &Dump) -> Result<Executable> {
-    // 00: the program as traced (with its gradient, when it takes one).
-    dump.write(0, "trace", &graph)?;
     verify(&graph)?;
     Ok(match backend {
         Backend::Interpreter => Executable::Interpreted(graph),
@@ -113,7 +142,7 @@ pub(crate) fn compile(graph: Graph, backend: Backend, dump: &Dump) -> Result<Exe
             // Fusion, buffer planning and Cranelift lowering (tessera-codegen).
             let exe =
                 tessera_codegen::compile(&graph).map_err(|e| Error::Codegen(e.to_string()))?;
-            dump.write_text(1, "schedule", &exe.describe())?;
+            dump.write_text(2, "schedule", &exe.describe())?;
             Executable::Native(Box::new(exe))
         }
     })

@@ -72,3 +72,36 @@ fn seed_loss_gradients_match_jax() {
         p = tree::map2(&p, &g, |p, g| p - g * 0.01);
     }
 }
+
+/// The simplification pass changes no loss: 41 training steps with and without it agree.
+#[test]
+fn simplification_changes_no_loss() {
+    let [k1, k2] = Key::new(0).split();
+    let p0 = Mlp {
+        w1: random::normal(&k1, [10, 32]) * 0.1,
+        b1: Tensor::zeros([32]),
+        w2: random::normal(&k2, [32, 1]) * 0.1,
+        b2: Tensor::zeros([1]),
+    };
+    let x = random::normal(&Key::new(1), [256, 10]);
+    let y = random::normal(&Key::new(2), [256, 1]);
+    let run = |on: bool| -> Vec<f32> {
+        let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| {
+            let (l, g) = value_and_grad(|p: &Mlp| loss(p, &x, &y))(&p);
+            (tree::map2(&p, &g, |p, g| p - g * 0.01), l)
+        })
+        .simplify(on);
+        let mut p = p0.clone();
+        (0..41)
+            .map(|_| {
+                let (np, l) = step.call((p.clone(), x.clone(), y.clone())).unwrap();
+                p = np;
+                l.item::<f32>()
+            })
+            .collect()
+    };
+    let (on, off) = (run(true), run(false));
+    for (a, b) in on.iter().zip(&off) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} vs {b}");
+    }
+}

@@ -1,0 +1,220 @@
+//! The e-graph language: one node per IR op (with its attributes), and the e-class analysis
+//! that knows each class's type, its value when it is a small constant, and its value when
+//! every element is the same (a splat).
+
+use std::cmp::Ordering;
+use std::hash::{Hash, Hasher};
+
+use egg::{DidMerge, EGraph, FromOp, Id, Language};
+use tessera_interp::eval_op;
+use tessera_ir::{BinaryOp, CompareOp, Data, Literal, Mesh, Op, TensorType, UnaryOp};
+
+/// An IR op applied to e-classes. Equality, order and hash use the op with all its attributes
+/// and, for parameters, their type.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub op: Op,
+    key: String,
+    pub children: Vec<Id>,
+    /// A parameter's type (other nodes' types come from the type rules).
+    pub param_ty: Option<TensorType>,
+}
+
+impl Node {
+    pub fn new(op: Op, children: Vec<Id>, param_ty: Option<TensorType>) -> Node {
+        // Every attribute counts, including those the text format leaves to the result type
+        // (a broadcast's shape): two broadcasts of one value to different shapes differ.
+        let mut key = format!("{op:?}");
+        if let Some(t) = &param_ty {
+            key.push_str(&format!(" : {t}"));
+        }
+        Node {
+            op,
+            key,
+            children,
+            param_ty,
+        }
+    }
+}
+
+impl PartialEq for Node {
+    fn eq(&self, o: &Node) -> bool {
+        self.key == o.key && self.children == o.children
+    }
+}
+impl Eq for Node {}
+impl Hash for Node {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.key.hash(h);
+        self.children.hash(h);
+    }
+}
+impl PartialOrd for Node {
+    fn partial_cmp(&self, o: &Node) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Node {
+    fn cmp(&self, o: &Node) -> Ordering {
+        (&self.key, &self.children).cmp(&(&o.key, &o.children))
+    }
+}
+
+impl Language for Node {
+    type Discriminant = &'static str;
+    fn discriminant(&self) -> &'static str {
+        self.op.name()
+    }
+    /// Patterns match by mnemonic: a rule's condition or applier reads the attributes.
+    fn matches(&self, other: &Node) -> bool {
+        self.op.name() == other.op.name() && self.children.len() == other.children.len()
+    }
+    fn children(&self) -> &[Id] {
+        &self.children
+    }
+    fn children_mut(&mut self) -> &mut [Id] {
+        &mut self.children
+    }
+}
+
+impl std::fmt::Display for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.op.name())
+    }
+}
+
+/// Rule patterns name attribute-free ops by mnemonic.
+impl FromOp for Node {
+    type Error = String;
+    fn from_op(op: &str, children: Vec<Id>) -> Result<Node, String> {
+        let o = if let Some(u) = UnaryOp::ALL.into_iter().find(|u| u.name() == op) {
+            Op::Unary(u)
+        } else if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == op) {
+            Op::Binary(b)
+        } else if let Some(c) = CompareOp::ALL.into_iter().find(|c| c.name() == op) {
+            Op::Compare(c)
+        } else {
+            match op {
+                "select" => Op::Select,
+                // Matched by mnemonic only; attributes come from the e-graph.
+                "transpose" => Op::Transpose(vec![]),
+                "reshape" => Op::Reshape(Default::default()),
+                "broadcast_in_dim" => Op::BroadcastInDim {
+                    shape: Default::default(),
+                    dims: vec![],
+                },
+                "reduce_sum" => Op::Reduce {
+                    kind: tessera_ir::ReduceKind::Sum,
+                    axes: vec![],
+                },
+                "dot_general" => Op::DotGeneral(Default::default()),
+                other => return Err(format!("no pattern op '{other}'")),
+            }
+        };
+        Ok(Node::new(o, children, None))
+    }
+}
+
+/// What the analysis knows of a class.
+#[derive(Clone, Debug, Default)]
+pub struct ClassData {
+    pub ty: Option<TensorType>,
+    /// The class's value, when it is a constant of at most one element.
+    pub constant: Option<Literal>,
+    /// The value of every element, when they are all equal and known.
+    pub splat: Option<f64>,
+}
+
+/// The analysis: types from the type rules, constant folding of scalar subgraphs.
+pub struct TensorAnalysis {
+    mesh: Option<Mesh>,
+}
+
+impl TensorAnalysis {
+    pub fn new(mesh: Option<Mesh>) -> Self {
+        TensorAnalysis { mesh }
+    }
+}
+
+impl egg::Analysis<Node> for TensorAnalysis {
+    type Data = ClassData;
+
+    fn make(egraph: &mut EGraph<Node, Self>, enode: &Node, _id: Id) -> ClassData {
+        let kids: Vec<&ClassData> = enode.children.iter().map(|&c| &egraph[c].data).collect();
+        let ty = match &enode.op {
+            Op::Parameter(_) => enode.param_ty.clone(),
+            op => {
+                let types: Option<Vec<&TensorType>> = kids.iter().map(|k| k.ty.as_ref()).collect();
+                types.and_then(|t| op.infer_type(&t, egraph.analysis.mesh.as_ref()).ok())
+            }
+        };
+        // Scalar constant folding: every operand a known one-element constant.
+        let constant = match (&enode.op, &ty) {
+            (Op::Constant(l), _) if l.ty.numel() <= 1 => Some(l.clone()),
+            (op, Some(t))
+                if t.numel() == 1 && !enode.children.is_empty() && !op.is_collective() =>
+            {
+                let args: Option<Vec<&Literal>> =
+                    kids.iter().map(|k| k.constant.as_ref()).collect();
+                args.and_then(|a| eval_op(op, &a, t).ok())
+            }
+            _ => None,
+        };
+        let splat = match &enode.op {
+            Op::Constant(l) if l.data.is_splat() && !l.data.is_empty() => Some(l.data.get_f64(0)),
+            Op::BroadcastInDim { .. } | Op::Reshape(_) | Op::Transpose(_) => {
+                kids.first().and_then(|k| k.splat)
+            }
+            _ => constant
+                .as_ref()
+                .filter(|l| l.data.len() == 1)
+                .map(|l| l.data.get_f64(0)),
+        };
+        ClassData {
+            ty,
+            constant,
+            splat,
+        }
+    }
+
+    fn merge(&mut self, a: &mut ClassData, b: ClassData) -> DidMerge {
+        let mut changed_a = false;
+        if a.ty.is_none() && b.ty.is_some() {
+            a.ty = b.ty.clone();
+            changed_a = true;
+        }
+        if a.constant.is_none() && b.constant.is_some() {
+            a.constant = b.constant.clone();
+            changed_a = true;
+        }
+        if a.splat.is_none() && b.splat.is_some() {
+            a.splat = b.splat;
+            changed_a = true;
+        }
+        DidMerge(changed_a, true)
+    }
+
+    /// A class with a known scalar value gets that constant as a member, which extraction
+    /// prefers to any computation of it.
+    fn modify(egraph: &mut EGraph<Node, Self>, id: Id) {
+        let Some(c) = egraph[id].data.constant.clone() else {
+            return;
+        };
+        let has_constant = egraph[id]
+            .nodes
+            .iter()
+            .any(|n| matches!(n.op, Op::Constant(_)));
+        if !has_constant {
+            let k = egraph.add(Node::new(Op::Constant(c), vec![], None));
+            egraph.union(id, k);
+        }
+    }
+}
+
+/// A constant of `ty` with every element `v`.
+pub fn splat_literal(ty: &TensorType, v: f64) -> Literal {
+    Literal {
+        ty: ty.clone(),
+        data: Data::splat(ty.dtype, v, ty.numel()),
+    }
+}

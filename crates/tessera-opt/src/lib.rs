@@ -1,0 +1,200 @@
+//! Algebraic simplification by equality saturation (egg), common subexpressions, and dead code
+//! elimination.
+//!
+//! Consumes a verified graph; produces an equivalent graph that is never worse under the cost
+//! model (bytes written plus flops): the graph goes into an e-graph (hash-consing merges equal
+//! subexpressions, which is CSE), the rules in `rules.rs` run under node and iteration limits
+//! (never a wall-clock limit, so the output does not depend on machine load), and the cheapest
+//! program is extracted. Preserves parameters, outputs and each kept node's location.
+
+pub mod lang;
+pub mod rules;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use egg::{CostFunction, EGraph, Extractor, Id, Language, Runner};
+use tessera_ir::{Graph, NodeId, Op};
+
+pub use lang::{Node, TensorAnalysis};
+
+/// The limits of one run.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub iterations: usize,
+    pub nodes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            iterations: 12,
+            nodes: 20_000,
+        }
+    }
+}
+
+/// What a run did, for the dump.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub nodes_before: usize,
+    pub nodes_after: usize,
+    pub iterations: usize,
+    pub egraph_nodes: usize,
+    pub stop_reason: String,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "simplify: {} -> {} nodes; {} iterations, e-graph of {} nodes; stopped: {}",
+            self.nodes_before,
+            self.nodes_after,
+            self.iterations,
+            self.egraph_nodes,
+            self.stop_reason
+        )
+    }
+}
+
+/// Removes the nodes no output depends on; returns how many.
+pub fn dce(g: &mut Graph) -> usize {
+    g.remove_dead()
+}
+
+/// Bytes written plus flops: what a node costs to compute.
+struct Cost<'a> {
+    egraph: &'a EGraph<Node, TensorAnalysis>,
+}
+
+impl CostFunction<Node> for Cost<'_> {
+    type Cost = f64;
+    fn cost<C>(&mut self, enode: &Node, mut costs: C) -> f64
+    where
+        C: FnMut(Id) -> f64,
+    {
+        let children: f64 = enode.children().iter().map(|&c| costs(c)).sum();
+        let class = self.egraph.lookup(enode.clone());
+        let ty = class.and_then(|c| self.egraph[c].data.ty.clone());
+        let numel = ty.as_ref().map_or(1, |t| t.numel()) as f64;
+        let bytes = ty.as_ref().map_or(4, |t| t.byte_size().max(1)) as f64;
+        let own = match &enode.op {
+            Op::Parameter(_) => 0.0,
+            // A splat is free to recompute; a constant array is read.
+            Op::Constant(l) if l.data.is_splat() => 1.0,
+            Op::Constant(_) => bytes,
+            Op::DotGeneral(dd) => {
+                let k: f64 = enode
+                    .children()
+                    .first()
+                    .and_then(|&c| self.egraph[c].data.ty.clone())
+                    .map_or(1.0, |t| {
+                        dd.lhs_contract
+                            .iter()
+                            .map(|&d| t.dims()[d] as f64)
+                            .product()
+                    });
+                bytes + 2.0 * numel * k
+            }
+            // Views cost what the data they move costs.
+            _ => bytes + numel,
+        };
+        own + children
+    }
+}
+
+/// Simplifies `g` (see the module doc).
+pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
+    let mut egraph = EGraph::new(TensorAnalysis::new(g.mesh.clone()));
+    let mut class_of: HashMap<NodeId, Id> = HashMap::new();
+    let mut locs: HashMap<Node, String> = HashMap::new();
+    for id in g.topo_order() {
+        let node = g.node(id);
+        let children: Vec<Id> = g.operands(id).iter().map(|o| class_of[o]).collect();
+        let n = Node::new(
+            node.op.clone(),
+            children,
+            matches!(node.op, Op::Parameter(_)).then(|| node.ty.clone()),
+        );
+        if let Some(l) = &node.loc {
+            locs.insert(n.clone(), l.clone());
+        }
+        class_of.insert(id, egraph.add(n));
+    }
+    let roots: Vec<Id> = g.outputs().iter().map(|o| class_of[o]).collect();
+    let runner: Runner<Node, TensorAnalysis, ()> = Runner::new(TensorAnalysis::new(g.mesh.clone()))
+        .with_egraph(egraph)
+        .with_iter_limit(limits.iterations)
+        .with_node_limit(limits.nodes)
+        // Limits are counts only: a wall clock would make the output depend on machine load.
+        .with_time_limit(Duration::from_secs(u64::MAX / 4))
+        .run(&rules::rules());
+    let stop = runner
+        .stop_reason
+        .as_ref()
+        .map_or("none".to_string(), |r| format!("{r:?}"));
+    let egraph = runner.egraph;
+    let extractor = Extractor::new(&egraph, Cost { egraph: &egraph });
+    let mut out = Graph::new(g.name.clone());
+    out.mesh = g.mesh.clone();
+    let mut built: HashMap<Id, NodeId> = HashMap::new();
+    for &p in g.params() {
+        let np = out.add_param(g.ty(p).clone());
+        out.node_mut(np).loc = g.node(p).loc.clone();
+        out.node_mut(np).sharding = g.node(p).sharding.clone();
+        built.insert(egraph.find(class_of[&p]), np);
+    }
+    // Rebuild the cheapest program, sharing each class's node (a DAG, not a tree).
+    fn build(
+        class: Id,
+        egraph: &EGraph<Node, TensorAnalysis>,
+        ex: &Extractor<Cost, Node, TensorAnalysis>,
+        out: &mut Graph,
+        built: &mut HashMap<Id, NodeId>,
+        locs: &HashMap<Node, String>,
+    ) -> Result<NodeId, String> {
+        let class = egraph.find(class);
+        if let Some(&n) = built.get(&class) {
+            return Ok(n);
+        }
+        let node = ex.find_best_node(class).clone();
+        let mut args = Vec::new();
+        for &c in node.children() {
+            args.push(build(c, egraph, ex, out, built, locs)?);
+        }
+        let id = out
+            .add(node.op.clone(), &args)
+            .map_err(|e| format!("extraction built an ill-typed node: {e}"))?;
+        out.node_mut(id).loc = locs.get(&node).cloned();
+        built.insert(class, id);
+        Ok(id)
+    }
+    // Locations were recorded under the original children ids; map them to canonical ones.
+    let locs_canon: HashMap<Node, String> = locs
+        .into_iter()
+        .map(|(n, l)| (n.map_children(|c| egraph.find(c)), l))
+        .collect();
+    let mut outputs = Vec::new();
+    for r in roots {
+        outputs.push(build(
+            r,
+            &egraph,
+            &extractor,
+            &mut out,
+            &mut built,
+            &locs_canon,
+        )?);
+    }
+    out.set_outputs(outputs);
+    out.remove_dead();
+    tessera_ir::verify(&out).map_err(|e| format!("simplified program: {e}"))?;
+    let report = Report {
+        nodes_before: g.node_count(),
+        nodes_after: out.node_count(),
+        iterations: runner.iterations.len(),
+        egraph_nodes: egraph.total_number_of_nodes(),
+        stop_reason: stop,
+    };
+    Ok((out, report))
+}
