@@ -18,8 +18,14 @@ fn dump_writes_parseable_numbered_ir() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["dumped-1.00-trace.ir", "dumped-1.01-schedule.txt"]);
-    let schedule = std::fs::read_to_string(dir.join(&names[1])).unwrap();
+    assert_eq!(
+        names,
+        ["dumped-1.00-trace.ir", "dumped-1.01-simplified.ir", "dumped-1.02-schedule.txt"]
+    );
+    let simplified = std::fs::read_to_string(dir.join(&names[1])).unwrap();
+    assert!(simplified.starts_with("// simplify:"), "{simplified}");
+    tessera::ir::parse(&simplified).unwrap();
+    let schedule = std::fs::read_to_string(dir.join(&names[2])).unwrap();
     assert!(schedule.contains("kernel"), "{schedule}");
     let text = std::fs::read_to_string(dir.join(&names[0])).unwrap();
     let g = tessera::ir::parse(&text).unwrap();
