@@ -15,11 +15,22 @@ use mlp::{Layer, Mlp, deep_sgd_step, init, init_deep, seed_data, sgd_step};
 fn seed_step(c: &mut Criterion) {
     let mut g = c.benchmark_group("seed_step");
     let (x, y) = seed_data(256);
-    for backend in [Backend::Cranelift, Backend::Interpreter] {
-        let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)).backend(backend);
+    for (backend, simplify) in [
+        (Backend::Cranelift, true),
+        (Backend::Interpreter, true),
+        (Backend::Cranelift, false),
+    ] {
+        let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y))
+            .backend(backend)
+            .simplify(simplify);
         let mut p = init(Key::new(0), 10, 32, 1);
         p = step.call((p, x.clone(), y.clone())).unwrap().0;
-        g.bench_function(format!("{backend:?}"), |b| {
+        let name = if simplify {
+            format!("{backend:?}")
+        } else {
+            format!("{backend:?}_unsimplified")
+        };
+        g.bench_function(name, |b| {
             b.iter(|| {
                 let (np, _) = step.call((p.clone(), x.clone(), y.clone())).unwrap();
                 np
@@ -62,14 +73,31 @@ fn first_call(c: &mut Criterion) {
             )
         });
     }
-    let (bp, bx, by) = big_data();
-    g.bench_function("big_Cranelift", |b| {
+    g.bench_function("seed_Cranelift_unsimplified", |b| {
         b.iter_batched(
-            || jit(|(p, x, y): (Vec<Layer>, Tensor, Tensor)| deep_sgd_step(p, x, y)),
-            |step| step.call((bp.clone(), bx.clone(), by.clone())).unwrap(),
+            || jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)).simplify(false),
+            |step| step.call((p.clone(), x.clone(), y.clone())).unwrap(),
             BatchSize::PerIteration,
         )
     });
+    let (bp, bx, by) = big_data();
+    for simplify in [true, false] {
+        let name = if simplify {
+            "big_Cranelift"
+        } else {
+            "big_Cranelift_unsimplified"
+        };
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    jit(|(p, x, y): (Vec<Layer>, Tensor, Tensor)| deep_sgd_step(p, x, y))
+                        .simplify(simplify)
+                },
+                |step| step.call((bp.clone(), bx.clone(), by.clone())).unwrap(),
+                BatchSize::PerIteration,
+            )
+        });
+    }
     g.finish();
 }
 

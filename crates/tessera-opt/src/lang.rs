@@ -4,6 +4,7 @@
 
 use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 
 use egg::{DidMerge, EGraph, FromOp, Id, Language};
 use tessera_interp::eval_op;
@@ -24,7 +25,24 @@ impl Node {
     pub fn new(op: Op, children: Vec<Id>, param_ty: Option<TensorType>) -> Node {
         // Every attribute counts, including those the text format leaves to the result type
         // (a broadcast's shape): two broadcasts of one value to different shapes differ.
-        let mut key = format!("{op:?}");
+        // Constants are keyed by type and value: a splat by its one element, a small array by
+        // its elements, a large one by identity (never merged; printing it would cost more
+        // than merging could save).
+        let mut key = match &op {
+            Op::Constant(l) if l.data.is_splat() && !l.data.is_empty() => {
+                format!("constant {} splat {}", l.ty, l.data.element_text(0))
+            }
+            Op::Constant(l) if l.data.len() <= 64 => format!("{op:?}"),
+            Op::Constant(l) => {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                format!(
+                    "constant {} #{}",
+                    l.ty,
+                    NEXT.fetch_add(1, AtomicOrdering::Relaxed)
+                )
+            }
+            _ => format!("{op:?}"),
+        };
         if let Some(t) = &param_ty {
             key.push_str(&format!(" : {t}"));
         }

@@ -20,7 +20,11 @@ fn dump_writes_parseable_numbered_ir() {
     names.sort();
     assert_eq!(
         names,
-        ["dumped-1.00-trace.ir", "dumped-1.01-simplified.ir", "dumped-1.02-schedule.txt"]
+        [
+            "dumped-1.00-trace.ir",
+            "dumped-1.01-simplified.ir",
+            "dumped-1.02-schedule.txt"
+        ]
     );
     let simplified = std::fs::read_to_string(dir.join(&names[1])).unwrap();
     assert!(simplified.starts_with("// simplify:"), "{simplified}");
