@@ -384,30 +384,7 @@ pub fn erf(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
 
 /// `erf_inv(x)`: Giles (2010) with XLA's f32 constants, both branches computed and selected.
 pub fn erf_inv(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
-    #[allow(clippy::excessive_precision)]
-    const LT_5: [f64; 9] = [
-        2.81022636e-08,
-        3.43273939e-07,
-        -3.5233877e-06,
-        -4.39150654e-06,
-        0.00021858087,
-        -0.00125372503,
-        -0.00417768164,
-        0.246640727,
-        1.50140941,
-    ];
-    #[allow(clippy::excessive_precision)]
-    const GE_5: [f64; 9] = [
-        -0.000200214257,
-        0.000100950558,
-        0.00134934322,
-        -0.00367342844,
-        0.00573950773,
-        -0.0076224613,
-        0.00943887047,
-        1.00167406,
-        2.83297682,
-    ];
+    use tessera_interp::scalar::{GILES_GE_5 as GE_5, GILES_LT_5 as LT_5};
     let nx = b.ins().fneg(x);
     let xx = b.ins().fmul(x, nx);
     let l = log1p(b, f, xx);
@@ -420,12 +397,12 @@ pub fn erf_inv(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let sw = b.ins().sqrt(w);
     let w2 = b.ins().fsub(sw, three);
     let wv = f.sel(b, lt, w1, w2);
-    let c0a = f.c(b, LT_5[0]);
-    let c0b = f.c(b, GE_5[0]);
+    let c0a = f.c(b, LT_5[0] as f64);
+    let c0b = f.c(b, GE_5[0] as f64);
     let mut p = f.sel(b, lt, c0a, c0b);
     for i in 1..9 {
-        let ca = f.c(b, LT_5[i]);
-        let cb = f.c(b, GE_5[i]);
+        let ca = f.c(b, LT_5[i] as f64);
+        let cb = f.c(b, GE_5[i] as f64);
         let c = f.sel(b, lt, ca, cb);
         p = f.fma(b, p, wv, c);
     }

@@ -290,19 +290,7 @@ impl Fuser<'_> {
     fn expr(&mut self, id: NodeId, map: &[Lin], nvars: usize, inputs: &mut Vec<usize>) -> Expr {
         if let Some(&b) = self.materialized.get(&id) {
             let ty = self.g.ty(id);
-            return Expr::Load {
-                buf: Self::slot(inputs, b),
-                dtype: ty.dtype,
-                strides: row_major(ty.dims()),
-                coords: map
-                    .iter()
-                    .map(|l| Coord {
-                        lin: l.clone(),
-                        div: 1,
-                        clamp: None,
-                    })
-                    .collect(),
-            };
+            return load(Self::slot(inputs, b), ty.dtype, row_major(ty.dims()), map);
         }
         self.expr_inner(id, map, nvars, inputs)
     }
@@ -406,20 +394,12 @@ impl Fuser<'_> {
             // offset of the reshaped index.
             Op::Reshape(shape) => {
                 let b = self.materialized_buf(ops[0]);
-                let src = g.ty(ops[0]);
-                Expr::Load {
-                    buf: Self::slot(inputs, b),
-                    dtype: src.dtype,
-                    strides: row_major(shape.dims()),
-                    coords: map
-                        .iter()
-                        .map(|l| Coord {
-                            lin: l.clone(),
-                            div: 1,
-                            clamp: None,
-                        })
-                        .collect(),
-                }
+                load(
+                    Self::slot(inputs, b),
+                    g.ty(ops[0]).dtype,
+                    row_major(shape.dims()),
+                    map,
+                )
             }
             Op::Pad { low, interior, .. } => {
                 let src = g.ty(ops[0]).clone();
@@ -519,19 +499,7 @@ impl Fuser<'_> {
             | Op::AxisIndex { .. } => {
                 let b = self.materialized_buf(id);
                 let ty = g.ty(id);
-                Expr::Load {
-                    buf: Self::slot(inputs, b),
-                    dtype: ty.dtype,
-                    strides: row_major(ty.dims()),
-                    coords: map
-                        .iter()
-                        .map(|l| Coord {
-                            lin: l.clone(),
-                            div: 1,
-                            clamp: None,
-                        })
-                        .collect(),
-                }
+                load(Self::slot(inputs, b), ty.dtype, row_major(ty.dims()), map)
             }
         }
     }
@@ -659,6 +627,23 @@ fn scalar_of(d: &Data) -> Scalar {
         Data::I32(v) => Scalar::I(v[0] as i64),
         Data::U32(v) => Scalar::I(v[0] as i64),
         Data::Bool(v) => Scalar::B(v[0]),
+    }
+}
+
+/// A plain load of buffer slot `buf` at the coordinates `map` (no division, no clamp).
+fn load(buf: usize, dtype: tessera_ir::DType, strides: Vec<i64>, map: &[Lin]) -> Expr {
+    Expr::Load {
+        buf,
+        dtype,
+        strides,
+        coords: map
+            .iter()
+            .map(|l| Coord {
+                lin: l.clone(),
+                div: 1,
+                clamp: None,
+            })
+            .collect(),
     }
 }
 

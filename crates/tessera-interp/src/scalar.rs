@@ -48,42 +48,47 @@ pub fn fmin<T: Float>(x: T, y: T) -> T {
     }
 }
 
+/// Giles (2010)'s f32 `erf_inv` coefficients for `w < 5`, highest power first, exactly as XLA
+/// (and StableHLO's CHLO decomposition) write them.
+#[allow(clippy::excessive_precision)]
+pub const GILES_LT_5: [f32; 9] = [
+    2.81022636e-08,
+    3.43273939e-07,
+    -3.5233877e-06,
+    -4.39150654e-06,
+    0.00021858087,
+    -0.00125372503,
+    -0.00417768164,
+    0.246640727,
+    1.50140941,
+];
+
+/// Giles (2010)'s coefficients for `w >= 5`.
+#[allow(clippy::excessive_precision)]
+pub const GILES_GE_5: [f32; 9] = [
+    -0.000200214257,
+    0.000100950558,
+    0.00134934322,
+    -0.00367342844,
+    0.00573950773,
+    -0.0076224613,
+    0.00943887047,
+    1.00167406,
+    2.83297682,
+];
+
 /// Giles (2010) single-precision inverse error function, the approximation XLA uses for f32
 /// `erf_inv`, with its Horner steps as fused multiply-adds: it reproduces JAX's f32 values.
 pub fn erf_inv_f32(x: f32) -> f32 {
-    // The constants exactly as XLA (and StableHLO's CHLO decomposition) write them.
-    #[allow(clippy::excessive_precision)]
-    const LT_5: [f32; 9] = [
-        2.81022636e-08,
-        3.43273939e-07,
-        -3.5233877e-06,
-        -4.39150654e-06,
-        0.00021858087,
-        -0.00125372503,
-        -0.00417768164,
-        0.246640727,
-        1.50140941,
-    ];
-    #[allow(clippy::excessive_precision)]
-    const GE_5: [f32; 9] = [
-        -0.000200214257,
-        0.000100950558,
-        0.00134934322,
-        -0.00367342844,
-        0.00573950773,
-        -0.0076224613,
-        0.00943887047,
-        1.00167406,
-        2.83297682,
-    ];
+    let (lt_5, ge_5) = (&GILES_LT_5, &GILES_GE_5);
     if x.abs() == 1.0 {
         return x * f32::INFINITY;
     }
     let w = -libm::log1pf(x * -x);
     let (mut w, c) = if w < 5.0 {
-        (w - 2.5, &LT_5)
+        (w - 2.5, lt_5)
     } else {
-        (w.sqrt() - 3.0, &GE_5)
+        (w.sqrt() - 3.0, ge_5)
     };
     if w.is_nan() {
         w = f32::NAN;

@@ -53,7 +53,10 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
     for &id in &order {
         let node = g.node(id);
         let at = |message: String| VerifyError {
-            value: format!("%{} ({})", names[&id], node.op.name()),
+            value: match &node.loc {
+                Some(loc) => format!("%{} ({}, {loc})", names[&id], node.op.name()),
+                None => format!("%{} ({})", names[&id], node.op.name()),
+            },
             message,
         };
         let mut positions: Vec<usize> = g

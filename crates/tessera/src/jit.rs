@@ -130,8 +130,8 @@ fn closure_name<F>() -> String {
 /// A traced program: the graph with its output structure. Printing it gives the IR text. For
 /// inputs placed on a mesh it also holds the shardings and the per-device program.
 pub struct Lowered {
-    graph: Graph,
-    out_def: TreeDef,
+    pub(crate) graph: Graph,
+    pub(crate) out_def: TreeDef,
     per_device: Option<Graph>,
 }
 
@@ -179,7 +179,18 @@ fn trace_fn<In: Tree, Out: Tree>(
     def: &TreeDef,
     types: &[TensorType],
 ) -> Result<Lowered> {
-    let (guard, tracers) = trace::begin(name, types);
+    trace_fn_on(name, f, def, types, trace::current_mesh())
+}
+
+/// `trace_fn` in a graph with the given mesh (pmap's, so its collectives type-check).
+pub(crate) fn trace_fn_on<In: Tree, Out: Tree>(
+    name: &str,
+    f: &impl Fn(In) -> Out,
+    def: &TreeDef,
+    types: &[TensorType],
+    mesh: Option<tessera_ir::Mesh>,
+) -> Result<Lowered> {
+    let (guard, tracers) = trace::begin_on(name, types, mesh);
     {
         // Name each parameter by its place in the argument tree.
         let mut g = guard.state.graph.borrow_mut();
@@ -367,10 +378,13 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         let mut lowered = trace_fn(&self.name, &self.f, &sig.def, &sig.types)?;
         self.traces.set(self.traces.get() + 1);
         let dump = Dump::from_env(&self.name, self.traces.get());
+        let mesh = common_mesh(&sig.placements, &self.name)?;
+        // Sharding constraints name the inputs' mesh.
+        lowered.graph.mesh = mesh.as_ref().map(|m| m.mesh.clone());
         // 00: the program as traced; 01: simplified (egg rewrites, CSE, DCE).
         dump.write(0, "trace", &lowered.graph)?;
         lowered.graph = crate::pipeline::simplify(lowered.graph, self.simplify, &dump, 1)?;
-        match common_mesh(&sig.placements, &self.name)? {
+        match mesh {
             None => Ok(Compiled::Single {
                 out_def: lowered.out_def,
                 executable: compile(lowered.graph, self.backend, &dump)?,

@@ -16,11 +16,11 @@ use hashbrown::HashMap;
 use tessera_ir::{Data, Literal, Mesh, Op, ReduceKind, TensorType};
 use tessera_runtime::device_count;
 
-use crate::error::{Error, Result, catch, loc_text, raise};
+use crate::error::{Error, Result, loc_text, raise};
 use crate::pipeline::{Backend, Dump};
 use crate::spmd::DeviceProgram;
 use crate::tensor::Tensor;
-use crate::trace::{self, apply, current_mesh};
+use crate::trace::{apply, current_mesh};
 use crate::tree::{self, Tree, TreeDef};
 
 struct Compiled {
@@ -187,28 +187,20 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .iter()
             .map(|t| TensorType::new(t.dtype, t.dims()[1..].to_vec()))
             .collect();
-        let (guard, tracers) = trace::begin_on(&self.name, &local, Some(mesh.clone()));
-        let args: In = tree::unflatten(def, tracers)?;
-        let out = match catch(|| (self.f)(args)) {
-            Ok(o) => o,
-            Err(e) => {
-                drop(guard);
-                return Err(e);
-            }
-        };
-        let (out_leaves, out_def) = tree::flatten(&out);
-        let mut rec = catch(|| trace::finish(guard, &out_leaves))?;
+        let lowered =
+            crate::jit::trace_fn_on(&self.name, &self.f, def, &local, Some(mesh.clone()))?;
+        let (mut graph, out_def) = (lowered.graph, lowered.out_def);
         self.traces.set(self.traces.get() + 1);
         let dump = Dump::from_env(&self.name, self.traces.get());
-        dump.write(0, "trace", &rec.graph)?;
+        dump.write(0, "trace", &graph)?;
         // The user's pmeans of the gradients and the loss meet once per step, as one.
-        tessera_shard::combine_all_reduces(&mut rec.graph).map_err(|e| Error::Op {
+        tessera_shard::combine_all_reduces(&mut graph).map_err(|e| Error::Op {
             op: "pmap".into(),
             message: e.to_string(),
             location: self.name.clone(),
         })?;
-        dump.write(1, "combined", &rec.graph)?;
-        let program = DeviceProgram::compile(&rec.graph, mesh, (0..n).collect(), self.backend)?;
+        dump.write(1, "combined", &graph)?;
+        let program = DeviceProgram::compile(&graph, mesh, (0..n).collect(), self.backend)?;
         Ok(Compiled { out_def, program })
     }
 }
