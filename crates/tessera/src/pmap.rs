@@ -189,17 +189,19 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .collect();
         let lowered =
             crate::jit::trace_fn_on(&self.name, &self.f, def, &local, Some(mesh.clone()))?;
-        let (mut graph, out_def) = (lowered.graph, lowered.out_def);
+        let (graph, out_def) = (lowered.graph, lowered.out_def);
         self.traces.set(self.traces.get() + 1);
         let dump = Dump::from_env(&self.name, self.traces.get());
         dump.write(0, "trace", &graph)?;
+        let mut graph =
+            crate::pipeline::simplify(graph, crate::pipeline::simplify_enabled(), &dump, 1)?;
         // The user's pmeans of the gradients and the loss meet once per step, as one.
         tessera_shard::combine_all_reduces(&mut graph).map_err(|e| Error::Op {
             op: "pmap".into(),
             message: e.to_string(),
             location: self.name.clone(),
         })?;
-        dump.write(1, "combined", &graph)?;
+        dump.write(2, "combined", &graph)?;
         let program = DeviceProgram::compile(&graph, mesh, (0..n).collect(), self.backend)?;
         Ok(Compiled { out_def, program })
     }
