@@ -230,6 +230,9 @@ impl Collectives for SharedCollectives<'_> {
     }
 }
 
+/// Below this many elements an all-reduce takes one meeting instead of two.
+const SMALL_ALL_REDUCE: usize = 1 << 14;
+
 /// The element range of chunk `k` of `n` over `len` elements.
 fn chunk_range(len: usize, k: usize, n: usize) -> std::ops::Range<usize> {
     let per = len.div_ceil(n);
@@ -297,9 +300,19 @@ impl SharedCollectives<'_> {
         out: &TensorType,
     ) -> Result<Literal, InterpError> {
         let n = members.len();
-        let (guard, values, key) = self.deposit(op, members, me, input)?;
-        drop(guard);
+        let (mut guard, values, key) = self.deposit(op, members, me, input)?;
         let len = input.data.len();
+        // A small value: every member reduces all of it (the same order on each, so the same
+        // bits), which saves the second meeting; that costs more than the arithmetic here.
+        if len < SMALL_ALL_REDUCE {
+            self.leave(&mut guard, &key, n);
+            drop(guard);
+            return Ok(Literal {
+                ty: out.clone(),
+                data: reduce_range(kind, &values, 0..len),
+            });
+        }
+        drop(guard);
         let mine = reduce_range(kind, &values, chunk_range(len, me, n));
         let r = self.rendezvous;
         let mut slots = r.slots.lock().expect("rendezvous lock");
@@ -469,30 +482,39 @@ mod tests {
         );
     }
 
+    /// Small values (one meeting) and large ones (reduced chunk-wise in two meetings).
     #[test]
     fn all_reduce_between_threads() {
-        let r = Rendezvous::default();
-        let ids = [0, 1, 2, 3];
-        let op = Op::AllReduce {
-            kind: ReduceKind::Sum,
-            axes: vec!["x".into(), "y".into()],
-        };
-        let results: Vec<Literal> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..4)
-                .map(|p| {
-                    let (r, ids, op) = (&r, &ids, &op);
-                    s.spawn(move || {
-                        let c = SharedCollectives::new(r, 7, p, ids);
-                        let x = Literal::new([3], Data::F32(vec![p as f32, 1.0, 2.0])).unwrap();
-                        c.run(op, &mesh(), Some(&x), &x.ty).unwrap()
+        for len in [3, SMALL_ALL_REDUCE + 5] {
+            let r = Rendezvous::default();
+            let ids = [0, 1, 2, 3];
+            let op = Op::AllReduce {
+                kind: ReduceKind::Sum,
+                axes: vec!["x".into(), "y".into()],
+            };
+            let results: Vec<Literal> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..4)
+                    .map(|p| {
+                        let (r, ids, op) = (&r, &ids, &op);
+                        s.spawn(move || {
+                            let c = SharedCollectives::new(r, 7, p, ids);
+                            let v: Vec<f32> = (0..len).map(|i| (i % 7) as f32 + p as f32).collect();
+                            let x = Literal::new([len], Data::F32(v)).unwrap();
+                            c.run(op, &mesh(), Some(&x), &x.ty).unwrap()
+                        })
                     })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        for l in results {
-            assert_eq!(l.data.get_f64(0), 6.0);
-            assert_eq!(l.data.get_f64(2), 8.0);
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for l in results {
+                for i in [0, 1, len / 2, len - 1] {
+                    assert_eq!(
+                        l.data.get_f64(i),
+                        4.0 * (i % 7) as f64 + 6.0,
+                        "len {len} element {i}"
+                    );
+                }
+            }
         }
     }
 }
