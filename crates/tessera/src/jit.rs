@@ -1,8 +1,9 @@
 //! `jit`: trace a closure once per input signature, run the compiled program on every call.
 //!
-//! The cache key is the input tree's structure and each leaf's type (shardings join it with the
-//! sharding work). A miss traces the closure with one tracer per leaf and runs the pipeline; a
-//! hit goes straight to the executable.
+//! The cache key is the input tree's structure, each leaf's type, and each leaf's placement on a
+//! mesh. A miss traces the closure with one tracer per leaf and runs the pipeline (partitioned
+//! for every device when the inputs are placed on a mesh); a hit goes straight to the
+//! executable.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
