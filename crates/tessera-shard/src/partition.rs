@@ -97,6 +97,23 @@ pub fn check_spec(mesh: &Mesh, ty: &TensorType, spec: &Spec) -> Result<(), Shard
     Ok(())
 }
 
+/// A spec in Shardy's per-dim syntax, for messages.
+fn spec_text(spec: &Spec) -> String {
+    let dims: Vec<String> = spec
+        .iter()
+        .map(|axes| {
+            format!(
+                "{{{}}}",
+                axes.iter()
+                    .map(|a| format!("\"{a}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+        .collect();
+    format!("[{}]", dims.join(", "))
+}
+
 /// The IR annotation of a spec.
 pub fn sharding_of(mesh: &Mesh, spec: &Spec) -> Sharding {
     Sharding {
@@ -167,13 +184,34 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
         let specs: Vec<Spec> = operands.iter().map(|o| local[o].1.clone()).collect();
         let d = p.rule(id, &op, &operands, &specs);
         let mut args = Vec::new();
+        let mut why = Vec::new();
         for (k, &o) in operands.iter().enumerate() {
             let (lnode, spec) = &local[&o];
             let moved = match p.rebuild(o, &d.want[k], &local)? {
                 Some(n) => n,
-                None => p.reshard(*lnode, g.ty(o), spec, &d.want[k])?,
+                None => {
+                    if *spec != d.want[k] {
+                        why.push(format!(
+                            "operand {k} resharded {} -> {}",
+                            spec_text(spec),
+                            spec_text(&d.want[k])
+                        ));
+                    }
+                    p.reshard(*lnode, g.ty(o), spec, &d.want[k])?
+                }
             };
             args.push(moved);
+        }
+        // The dump says where communication was inserted and why: the op's rule wanted its
+        // operands so (for elementwise ops, the first operand's sharding of each dim wins).
+        if !why.is_empty() {
+            let node = annotated.node_mut(id);
+            let base = node.loc.clone().unwrap_or_default();
+            node.loc = Some(
+                format!("{base} [{}: {}]", op.name(), why.join("; "))
+                    .trim()
+                    .to_string(),
+            );
         }
         // A sharding constraint has done its work once its operand is resharded.
         if let Op::ShardingConstraint(_) = op {
