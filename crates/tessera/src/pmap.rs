@@ -95,17 +95,20 @@ fn stack(parts: Vec<Literal>) -> Literal {
 }
 
 impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
+    /// Names the function in the IR and in dumps.
     pub fn named(mut self, name: &str) -> Self {
         self.name = name.to_string();
         self
     }
 
+    /// Chooses the backend each device runs (Cranelift by default).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.backend = backend;
         self.cache.borrow_mut().clear();
         self
     }
 
+    /// How many times the closure has been traced (once per new signature).
     pub fn trace_count(&self) -> usize {
         self.traces.get()
     }
