@@ -17,6 +17,10 @@ mod data_parallel_sharding;
 #[path = "../examples/data_parallel_pmap.rs"]
 mod data_parallel_pmap;
 
+#[allow(dead_code)]
+#[path = "../examples/mesh_2d.rs"]
+mod mesh_2d;
+
 use tessera::Backend;
 
 /// The f32 bits of the losses JAX prints at steps 0, 10, 20, 30, 40.
@@ -92,4 +96,32 @@ fn data_parallel_pmap_prints_jax_losses_on_8_and_1_devices() {
         let l1 = data_parallel_pmap::train(1, 41, backend).unwrap();
         check(&l1, JAX_PMAP_1, &format!("pmap {backend:?} on 1"));
     }
+}
+
+#[test]
+fn mesh_2d_matches_the_single_device_run() {
+    eight_devices();
+    let (losses, per_device, x, w1) = mesh_2d::train(41).unwrap();
+    let single = train_single::train(41, Backend::Cranelift).unwrap();
+    for (i, (a, b)) in losses.iter().zip(&single).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "step {i}: {a} vs {b}");
+    }
+    // The second layer's partial sums complete over mp; the gradients over dp, combined.
+    assert!(
+        per_device.contains(r#"all_reduce"#) && per_device.contains(r#"axes=["mp"]"#),
+        "{per_device}"
+    );
+    assert!(per_device.contains("all-reduces combined"), "{per_device}");
+    assert!(
+        per_device.contains("f32[10,16]") && per_device.contains("f32[64,10]"),
+        "local shapes:\n{per_device}"
+    );
+    assert_eq!(
+        x.sharding().unwrap().to_string(),
+        "NamedSharding(mesh=Mesh('dp': 4, 'mp': 2), spec=P('dp'))"
+    );
+    assert_eq!(
+        w1.sharding().unwrap().spec.0,
+        vec![vec![], vec!["mp".to_string()]]
+    );
 }
