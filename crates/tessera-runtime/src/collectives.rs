@@ -230,6 +230,9 @@ impl Collectives for SharedCollectives<'_> {
     }
 }
 
+/// How many times a waiting device yields its core before it parks.
+const YIELDS_BEFORE_PARKING: usize = 256;
+
 /// Below this many elements an all-reduce takes one meeting instead of two.
 const SMALL_ALL_REDUCE: usize = 1 << 14;
 
@@ -285,7 +288,7 @@ fn reduce_range(kind: ReduceKind, values: &[Arc<Literal>], range: std::ops::Rang
 
 type Held<'a> = (MutexGuard<'a, HashMap<Key, Slot>>, Vec<Arc<Literal>>, Key);
 
-impl SharedCollectives<'_> {
+impl<'r> SharedCollectives<'r> {
     /// An all-reduce in two phases: every member reduces its own chunk of the elements over all
     /// the values (in member order, so every device gets the same bits), then every member
     /// assembles the chunks. Each device does 1/n of the arithmetic and no value is copied
@@ -348,16 +351,27 @@ impl SharedCollectives<'_> {
     }
 
     /// Waits (parked) until `done` holds for the slot, or the timeout names who is missing.
-    fn wait_for<'a>(
+    fn wait_for(
         &self,
         op: &Op,
-        mut slots: MutexGuard<'a, HashMap<Key, Slot>>,
+        mut slots: MutexGuard<'r, HashMap<Key, Slot>>,
         key: &Key,
         members: &[usize],
         done: impl Fn(&Slot) -> bool,
-    ) -> Result<MutexGuard<'a, HashMap<Key, Slot>>, InterpError> {
+    ) -> Result<MutexGuard<'r, HashMap<Key, Slot>>, InterpError> {
         let r = self.rendezvous;
         let start = Instant::now();
+        // With more devices than cores the others need this core to arrive: offer it a few
+        // times (cheaper than a futex sleep and wake-up) before parking on the condition
+        // variable.
+        for _ in 0..YIELDS_BEFORE_PARKING {
+            if done(slots.get(key).expect("slot stays until all took")) {
+                return Ok(slots);
+            }
+            drop(slots);
+            std::thread::yield_now();
+            slots = r.slots.lock().expect("rendezvous lock");
+        }
         loop {
             let slot = slots.get(key).expect("slot stays until all took");
             if done(slot) {

@@ -20,8 +20,8 @@ fn devices() -> &'static Devices {
                 std::thread::Builder::new()
                     .name(format!("tessera-device-{d}"))
                     .spawn(move || {
-                        // Parks in `recv` between launches.
-                        while let Ok(job) = rx.recv() {
+                        // Between launches: yield a while (steps come back to back), then park.
+                        while let Some(job) = receive(&rx) {
                             job();
                         }
                     })
@@ -31,6 +31,22 @@ fn devices() -> &'static Devices {
             .collect();
         Devices { senders }
     })
+}
+
+/// How many times a waiting thread yields its core before it parks.
+const YIELDS_BEFORE_PARKING: usize = 256;
+
+/// The next message: polled while yielding the core a bounded number of times, then waited for
+/// parked. `None` when the sender is gone.
+fn receive<T>(rx: &std::sync::mpsc::Receiver<T>) -> Option<T> {
+    for _ in 0..YIELDS_BEFORE_PARKING {
+        match rx.try_recv() {
+            Ok(m) => return Some(m),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
+            Err(std::sync::mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+    rx.recv().ok()
 }
 
 /// The number of host devices: `TESSERA_DEVICES`, or the number of cores.
@@ -80,7 +96,7 @@ pub fn run_on_devices<T: Send + 'static>(
     }
     drop(tx);
     let mut out: Vec<Option<Result<T, String>>> = (0..devices_used.len()).map(|_| None).collect();
-    for (i, r) in rx {
+    while let Some((i, r)) = receive(&rx) {
         out[i] = Some(r);
     }
     out.into_iter()
