@@ -413,13 +413,19 @@ impl Lower<'_, '_> {
             None => self.expr(&k.body, Lanes::One),
             Some((how, dims)) => {
                 let body_ty = k.body.dtype();
+                // An f32 sum down to one value (a loss) accumulates in f64 and rounds once, as
+                // the interpreter does.
+                let wide = *how == Combine::Sum && nout == 0 && body_ty == DType::F32;
                 let acc = self.b.declare_var(clif_type(if *how == Combine::ArgMax {
                     body_ty
+                } else if wide {
+                    DType::F64
                 } else {
                     k.out_dtype
                 }));
                 let idx = self.b.declare_var(I64);
                 let init = match how {
+                    Combine::Sum if wide => self.b.ins().f64const(0.0),
                     Combine::Sum => self.const_of(body_ty, Scalar::F(0.0), Scalar::I(0)),
                     Combine::Max | Combine::ArgMax => self.const_of(
                         body_ty,
@@ -451,6 +457,10 @@ impl Lower<'_, '_> {
                     let a = s.b.use_var(acc);
                     let f = s.b.use_var(flat);
                     let next = match how {
+                        Combine::Sum if wide => {
+                            let w = s.b.ins().fpromote(F64, v);
+                            s.b.ins().fadd(a, w)
+                        }
                         Combine::Sum => s.binary(BinaryOp::Add, body_ty, a, v),
                         Combine::Max => s.binary(BinaryOp::Max, body_ty, a, v),
                         Combine::Min => s.binary(BinaryOp::Min, body_ty, a, v),
@@ -469,6 +479,9 @@ impl Lower<'_, '_> {
                 if *how == Combine::ArgMax {
                     let i = self.b.use_var(idx);
                     self.b.ins().ireduce(I32, i)
+                } else if wide {
+                    let a = self.b.use_var(acc);
+                    self.b.ins().fdemote(F32, a)
                 } else {
                     self.b.use_var(acc)
                 }

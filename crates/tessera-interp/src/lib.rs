@@ -524,8 +524,14 @@ fn bitcast(op: &Op, x: &Data, to: DType) -> Result<Data, InterpError> {
     })
 }
 
-/// Reduction over `axes`, visiting the input in row-major order.
+/// Reduction over `axes`, visiting the input in row-major order. An f32 sum down to one value
+/// (a loss) accumulates in f64 and rounds once: the number a user reads is then the correctly
+/// rounded sum of its terms (the Cranelift backend does the same).
 fn reduce(kind: ReduceKind, axes: &[usize], x: &Literal, ty: &TensorType) -> Data {
+    if let (ReduceKind::Sum, 0, Data::F32(v)) = (kind, ty.rank(), &x.data) {
+        let total: f64 = v.iter().map(|&a| a as f64).sum();
+        return Data::F32(vec![total as f32]);
+    }
     let in_dims = x.ty.dims();
     let kept: Vec<usize> = (0..in_dims.len()).filter(|d| !axes.contains(d)).collect();
     let out_strides = ty.shape.strides();

@@ -267,6 +267,20 @@ fn reduce_range(kind: ReduceKind, values: &[Arc<Literal>], range: std::ops::Rang
         }};
     }
     use tessera_interp::scalar::{fmax, fmin};
+    // f32 sums accumulate in f64 and round once, as a sum to one value does in the kernels: the
+    // devices' partial losses add up to the correctly rounded total.
+    if let (ReduceKind::Sum, Data::F32(_)) = (kind, &values[0].data) {
+        let mut acc = vec![0f64; range.len()];
+        for v in values {
+            let Data::F32(v) = &v.data else {
+                unreachable!("all-reduce operands share a type")
+            };
+            for (a, &b) in acc.iter_mut().zip(&v[range.clone()]) {
+                *a += b as f64;
+            }
+        }
+        return Data::F32(acc.into_iter().map(|a| a as f32).collect());
+    }
     match &values[0].data {
         Data::F32(_) => fold!(F32, |a: f32, b| a + b, fmax, fmin),
         Data::F64(_) => fold!(F64, |a: f64, b| a + b, fmax, fmin),
