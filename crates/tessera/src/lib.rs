@@ -32,7 +32,10 @@ pub use error::{Error, Result};
 pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
 pub use jit::{Jitted, Lowered, eval_graph, jit, make_ir};
 pub use pipeline::Backend;
-pub use pmap::{Pmapped, all_gather, axis_index, pmap, pmax, pmean, pmin, ppermute, psum};
+pub use pmap::{
+    Pmapped, all_gather, all_to_all, axis_index, pmap, pmax, pmean, pmin, ppermute, psum,
+    psum_scatter,
+};
 pub use sharding::{Mesh, NamedSharding, PartitionSpec, device_put, visualize_array_sharding};
 pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
@@ -43,7 +46,8 @@ pub use tessera_runtime::device_count;
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
     pub use crate::pmap::{
-        Pmapped, all_gather, axis_index, pmap, pmax, pmean, pmin, ppermute, psum,
+        Pmapped, all_gather, all_to_all, axis_index, pmap, pmax, pmean, pmin, ppermute, psum,
+        psum_scatter,
     };
     pub use crate::random::{self, Key};
     pub use crate::sharding::{

@@ -315,3 +315,34 @@ pub fn axis_index(axis: &str) -> Tensor {
         &[],
     )
 }
+
+/// `lax.psum_scatter(x, axis, scatter_dimension=dim, tiled=True)`: the sum over the devices of
+/// `axis`, of which each device keeps its chunk of `dim`.
+#[track_caller]
+pub fn psum_scatter(x: &Tensor, axis: &str, dim: usize) -> Tensor {
+    axis_size("psum_scatter", axis);
+    apply(
+        Op::ReduceScatter {
+            kind: ReduceKind::Sum,
+            dim,
+            axes: vec![axis.into()],
+        },
+        &[x],
+    )
+}
+
+/// `lax.all_to_all(x, axis, split_axis, concat_axis, tiled=True)`: `split` is cut into one
+/// chunk per device of `axis`; chunk `j` goes to device `j`, which concatenates what it
+/// receives along `concat`.
+#[track_caller]
+pub fn all_to_all(x: &Tensor, axis: &str, split: usize, concat: usize) -> Tensor {
+    axis_size("all_to_all", axis);
+    apply(
+        Op::AllToAll {
+            split_dim: split,
+            concat_dim: concat,
+            axes: vec![axis.into()],
+        },
+        &[x],
+    )
+}

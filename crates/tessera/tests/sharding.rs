@@ -242,6 +242,43 @@ fn pmap_collectives_and_their_gradients() {
         (&w * s.broadcast_to(&[n, 3])).sum()
     })(&x);
     close(&g2, &total2, "grad through all_gather");
+
+    // ppermute, psum_scatter and all_to_all: forward values and gradients, each against the
+    // same function of the whole arrays computed by hand.
+    let ring = [(0, 1), (1, 2), (2, 3), (3, 0)];
+    let h = pmap("i", move |(x, w): (Tensor, Tensor)| {
+        let g3 = grad(|x: &Tensor| (ppermute(x, "i", &ring) * &w).sum())(&x);
+        let sc = psum_scatter(&x.reshape([3, 1]).broadcast_to(&[3, 4]).t(), "i", 0);
+        let g4 = grad(|x: &Tensor| {
+            (psum_scatter(&x.reshape([3, 1]).broadcast_to(&[3, 4]).t(), "i", 0)
+                * w.slice(&[0], &[3]).reshape([1, 3]))
+            .sum()
+        })(&x);
+        let a2a = all_to_all(&x.reshape([1, 3]).broadcast_to(&[4, 3]), "i", 0, 1);
+        let g5 = grad(|x: &Tensor| {
+            (all_to_all(&x.reshape([1, 3]).broadcast_to(&[4, 3]), "i", 0, 1) * 2.0).sum()
+        })(&x);
+        (g3, sc, g4, a2a, g5)
+    });
+    let (g3, sc, g4, a2a, g5) = h.call((x.clone(), w.clone())).unwrap();
+    let ws = w.to_vec::<f32>();
+    for d in 0..n {
+        for j in 0..3 {
+            // sum_d sum(x_{d-1} * w_d): the gradient for x_k is w_{k+1}.
+            assert_eq!(g3.to_vec::<f32>()[d * 3 + j], ws[((d + 1) % n) * 3 + j]);
+            // Row d of the sum over devices of each device's x repeated in 4 rows.
+            assert_eq!(sc.to_vec::<f32>()[d * 3 + j], col(j).iter().sum::<f32>());
+            // sum_d sum(row d of sum_e x_e * w_d[..3]): x_k's gradient is sum_d w_d[j].
+            let want: f32 = (0..n).map(|e| ws[e * 3 + j]).sum();
+            assert!((g4.to_vec::<f32>()[d * 3 + j] - want).abs() < 1e-5);
+            // Each device receives one row of every device's x: summed over the devices, the
+            // loss counts each element of x once per device, times 2.
+            assert_eq!(g5.to_vec::<f32>()[d * 3 + j], 2.0 * n as f32);
+        }
+    }
+    assert_eq!(sc.shape(), &[n, 1, 3]);
+    assert_eq!(a2a.shape(), &[n, 1, 12]);
+    assert_eq!(a2a.to_vec::<f32>()[..12], xs[..]);
 }
 
 #[test]
