@@ -34,15 +34,21 @@ pub struct Rendezvous {
 }
 
 impl Default for Rendezvous {
+    /// Waits give up after `TESSERA_COLLECTIVE_TIMEOUT` seconds (60 by default; read once).
     fn default() -> Self {
-        let secs = std::env::var("TESSERA_COLLECTIVE_TIMEOUT")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(60.0);
+        static TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+        let timeout = *TIMEOUT.get_or_init(|| {
+            let secs = std::env::var("TESSERA_COLLECTIVE_TIMEOUT")
+                .ok()
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .unwrap_or(60.0);
+            Duration::from_secs_f64(secs)
+        });
         Rendezvous {
             slots: Mutex::new(HashMap::new()),
             arrived: Condvar::new(),
-            timeout: Duration::from_secs_f64(secs),
+            timeout,
         }
     }
 }
