@@ -20,7 +20,7 @@ pub use graph::{Graph, Node, NodeId};
 pub use literal::{Data, Literal};
 pub use op::{ALL_OP_NAMES, BinaryOp, CompareOp, DotDims, Op, ReduceKind, TypeError, UnaryOp};
 pub use parse::{ParseError, parse};
-pub use print::print;
+pub use print::{attrs_text, print};
 pub use sharding::{DimSharding, Mesh, Sharding};
 pub use types::{DType, Shape, TensorType};
 pub use verify::{VerifyError, verify};

@@ -4,7 +4,10 @@
 //! and reduce to the plain `Spec` this crate works on.
 
 pub mod combine;
+pub mod factors;
 pub mod partition;
+pub mod propagate;
 
 pub use combine::combine_all_reduces;
+pub use factors::{FactorKind, FactorRule};
 pub use partition::{Partitioned, ShardError, Spec, check_spec, partition, sharding_of};

@@ -1,27 +1,28 @@
-//! Sharding propagation, collective insertion and SPMD partitioning, in one forward walk.
+//! SPMD partitioning: collective insertion and the per-device program.
 //!
 //! Consumes a global graph, its mesh, and a sharding for every parameter; produces the same
 //! graph annotated with each value's sharding (Shardy syntax in the IR text), and the
 //! per-device program: local shapes, with the collectives the shardings need.
 //!
-//! Each op has a rule (`rule`, one arm per op) that, from its operands' shardings, picks the
-//! shardings it wants its operands in and the sharding of its result, in the manner of Shardy's
-//! factor rules: elementwise ops keep the dims' shardings; broadcasts, transposes and reshapes
-//! carry them along the dims they map; a dot keeps batch and free dims and, when a contracting
-//! dim is sharded, computes partial sums that an `all_reduce` over those axes completes (one
-//! per dot, so the data-parallel step gets one per gradient plus one for the loss); reductions
-//! over sharded dims likewise. An operand whose sharding differs from what the rule wants is
-//! resharded: `all_gather` to make a dim whole, a local slice by `axis_index` to split one.
-//! Where operands disagree, the first operand's sharding of a dim wins (operands of an
-//! elementwise op have the same size, so neither moves more bytes). Propagation runs forward
-//! from the parameters and sharding constraints; results no input constrains are replicated.
+//! First `propagate` settles where every value should live. Then one forward walk builds the
+//! per-device program: each op's factor rule (`factors.rs`) reads where its operands are and
+//! where its result is wanted, settles its factors (`propagate::resolve`, the larger tensor
+//! winning a conflict), and from them the sharding it wants its operands in, its result's, and
+//! its reduction factors' axes. An operand elsewhere is resharded: `all_gather` to make a dim
+//! whole, a local slice by `axis_index` to split one; a splat or a broadcast is rather built
+//! again in place. A sharded reduction factor leaves partial results that an `all_reduce`
+//! completes, or a `reduce_scatter` where the result is wanted split over those axes. The dump
+//! records each reshard and each conflict in the node's location comment.
 
 use std::collections::HashMap;
 
 use tessera_ir::{
-    CompareOp, DType, DimSharding, DotDims, Graph, Literal, Mesh, NodeId, Op, ReduceKind, Shape,
-    Sharding, TensorType, TypeError,
+    CompareOp, DType, DimSharding, Graph, Literal, Mesh, NodeId, Op, ReduceKind, Shape, Sharding,
+    TensorType, TypeError,
 };
+
+use crate::factors::{FactorKind, rule_of};
+use crate::propagate::{project, propagate, settle};
 
 /// For each dimension, the mesh axes it is split over (major first).
 pub type Spec = Vec<Vec<String>>;
@@ -44,11 +45,7 @@ pub struct Partitioned {
     pub out_specs: Vec<Spec>,
 }
 
-fn replicated(rank: usize) -> Spec {
-    vec![Vec::new(); rank]
-}
-
-fn group_size(mesh: &Mesh, axes: &[String]) -> usize {
+pub(crate) fn group_size(mesh: &Mesh, axes: &[String]) -> usize {
     axes.iter().filter_map(|a| mesh.axis_size(a)).product()
 }
 
@@ -97,20 +94,15 @@ pub fn check_spec(mesh: &Mesh, ty: &TensorType, spec: &Spec) -> Result<(), Shard
     Ok(())
 }
 
+/// One dim's axes in Shardy's syntax, for messages: `{"dp", "mp"}`.
+pub(crate) fn axes_text(axes: &[String]) -> String {
+    let names: Vec<String> = axes.iter().map(|a| format!("\"{a}\"")).collect();
+    format!("{{{}}}", names.join(", "))
+}
+
 /// A spec in Shardy's per-dim syntax, for messages.
-fn spec_text(spec: &Spec) -> String {
-    let dims: Vec<String> = spec
-        .iter()
-        .map(|axes| {
-            format!(
-                "{{{}}}",
-                axes.iter()
-                    .map(|a| format!("\"{a}\""))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
-        .collect();
+pub(crate) fn spec_text(spec: &[Vec<String>]) -> String {
+    let dims: Vec<String> = spec.iter().map(|a| axes_text(a)).collect();
     format!("[{}]", dims.join(", "))
 }
 
@@ -132,7 +124,8 @@ struct Partitioner<'a> {
     lg: Graph,
 }
 
-/// What an op's rule decides.
+/// What an op's factor rule decides, given where its operands are and where propagation wants
+/// its result.
 struct Decision {
     /// The sharding each operand must be in.
     want: Vec<Spec>,
@@ -140,6 +133,8 @@ struct Decision {
     out: Spec,
     /// Axes over which the local result is a partial value, and how to complete it.
     partial: Option<(ReduceKind, Vec<String>)>,
+    /// Conflicts settled, for the dump.
+    conflicts: Vec<String>,
 }
 
 /// Partitions `g` (see the module doc).
@@ -151,6 +146,21 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
             g.params().len()
         )));
     }
+    for (i, &param) in g.params().iter().enumerate() {
+        check_spec(mesh, g.ty(param), &in_specs[i])
+            .map_err(|e| ShardError::Invalid(format!("input {i}: {e}")))?;
+    }
+    if let Some(id) = g
+        .topo_order()
+        .into_iter()
+        .find(|&id| g.op(id).is_collective())
+    {
+        return Err(ShardError::Invalid(format!(
+            "{} written inside a sharded jit: collectives by axis name belong in pmap",
+            g.op(id).name()
+        )));
+    }
+    let wanted = propagate(g, mesh, in_specs)?;
     let mut annotated = g.clone();
     annotated.mesh = Some(mesh.clone());
     let mut p = Partitioner {
@@ -161,8 +171,6 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
     p.lg.mesh = Some(mesh.clone());
     let mut local: HashMap<NodeId, (NodeId, Spec)> = HashMap::new();
     for (i, &param) in g.params().iter().enumerate() {
-        check_spec(mesh, g.ty(param), &in_specs[i])
-            .map_err(|e| ShardError::Invalid(format!("input {i}: {e}")))?;
         let lty = local_type(mesh, g.ty(param), &in_specs[i]);
         let l = p.lg.add_param(lty);
         p.lg.node_mut(l).loc = g.node(param).loc.clone();
@@ -174,17 +182,11 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
             annotated.node_mut(id).sharding = Some(sharding_of(mesh, &local[&id].1));
             continue;
         }
-        if op.is_collective() {
-            return Err(ShardError::Invalid(format!(
-                "{} written inside a sharded jit: collectives by axis name belong in pmap",
-                op.name()
-            )));
-        }
         let operands = g.operands(id);
         let specs: Vec<Spec> = operands.iter().map(|o| local[o].1.clone()).collect();
-        let d = p.rule(id, &op, &operands, &specs);
+        let d = p.decide(id, &op, &specs, &wanted[&id]);
         let mut args = Vec::new();
-        let mut why = Vec::new();
+        let mut why = d.conflicts.clone();
         for (k, &o) in operands.iter().enumerate() {
             let (lnode, spec) = &local[&o];
             let moved = match p.rebuild(o, &d.want[k], &local)? {
@@ -197,13 +199,12 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
                             spec_text(&d.want[k])
                         ));
                     }
-                    p.reshard(*lnode, g.ty(o), spec, &d.want[k])?
+                    p.reshard(*lnode, spec, &d.want[k])?
                 }
             };
             args.push(moved);
         }
-        // The dump says where communication was inserted and why: the op's rule wanted its
-        // operands so (for elementwise ops, the first operand's sharding of each dim wins).
+        // The dump says where communication was inserted and why.
         if !why.is_empty() {
             let node = annotated.node_mut(id);
             let base = node.loc.clone().unwrap_or_default();
@@ -215,25 +216,47 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
         }
         // A sharding constraint has done its work once its operand is resharded.
         if let Op::ShardingConstraint(_) = op {
-            check_spec(mesh, g.ty(id), &d.out).map_err(|e| {
-                ShardError::Invalid(format!(
-                    "sharding_constraint at {}: {e}",
-                    g.node(id).loc.clone().unwrap_or_default()
-                ))
-            })?;
             annotated.node_mut(id).sharding = Some(sharding_of(mesh, &d.out));
             local.insert(id, (args[0], d.out));
             continue;
         }
-        let lop = localize(&op, mesh, g.ty(id), &d.out);
+        let mut out = d.out;
+        let lop = localize(&op, mesh, g.ty(id), &out);
         let mut n = p.add(lop, &args)?;
         p.lg.node_mut(n).loc = g.node(id).loc.clone();
-        if let Some((kind, axes)) = d.partial.filter(|(_, a)| !a.is_empty()) {
-            n = p.add(Op::AllReduce { kind, axes }, &[n])?;
-            p.lg.node_mut(n).loc = g.node(id).loc.clone();
+        if let Some((kind, mut axes)) = d.partial.filter(|(_, a)| !a.is_empty()) {
+            // Where the result is wanted split over some of the partial axes, each device
+            // only needs its chunk of the sum: a reduce_scatter on that dim.
+            let scatter = (0..out.len()).find_map(|dim| {
+                let w = &wanted[&id][dim];
+                let fits = out[dim].is_empty()
+                    && !w.is_empty()
+                    && w.iter().all(|a| axes.contains(a))
+                    && w.iter().all(|a| !out.iter().flatten().any(|b| b == a));
+                fits.then(|| (dim, w.clone()))
+            });
+            if let Some((_, w)) = &scatter {
+                axes.retain(|a| !w.contains(a));
+            }
+            if !axes.is_empty() {
+                n = p.add(Op::AllReduce { kind, axes }, &[n])?;
+                p.lg.node_mut(n).loc = g.node(id).loc.clone();
+            }
+            if let Some((dim, w)) = scatter {
+                n = p.add(
+                    Op::ReduceScatter {
+                        kind,
+                        dim,
+                        axes: w.clone(),
+                    },
+                    &[n],
+                )?;
+                p.lg.node_mut(n).loc = g.node(id).loc.clone();
+                out[dim] = w;
+            }
         }
-        annotated.node_mut(id).sharding = Some(sharding_of(mesh, &d.out));
-        local.insert(id, (n, d.out));
+        annotated.node_mut(id).sharding = Some(sharding_of(mesh, &out));
+        local.insert(id, (n, out));
     }
     let outs: Vec<NodeId> = g.outputs().iter().map(|o| local[o].0).collect();
     let out_specs = g.outputs().iter().map(|o| local[o].1.clone()).collect();
@@ -257,6 +280,10 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         },
         Op::Reshape(_) => Op::Reshape(lty.shape),
         Op::Iota { dim, .. } => Op::Iota { dim: *dim, ty: lty },
+        // Only splats are ever split (`factors.rs`).
+        Op::Constant(lit) if lit.data.is_splat() && !lit.data.is_empty() => {
+            Op::Constant(Literal::splat(&lty, lit.data.get_f64(0)))
+        }
         // A split dim is only ever sliced whole (the rule gathers it otherwise).
         Op::Slice {
             start,
@@ -276,248 +303,52 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
     }
 }
 
-/// Merges the dims' shardings of same-shaped operands: the first operand that splits a dim
-/// decides, unless that axis is already used by another dim.
-fn merge(specs: &[&Spec], rank: usize) -> Spec {
-    let mut out = replicated(rank);
-    let mut used: Vec<String> = Vec::new();
-    for (d, slot) in out.iter_mut().enumerate() {
-        let pick = specs.iter().find_map(|s| {
-            s.get(d)
-                .filter(|a| !a.is_empty() && a.iter().all(|x| !used.contains(x)))
-        });
-        if let Some(axes) = pick {
-            used.extend(axes.iter().cloned());
-            *slot = axes.clone();
-        }
-    }
-    out
-}
-
-/// Keeps each axis only on the first dim that names it.
-fn dedup(spec: &mut Spec) {
-    let mut used: Vec<String> = Vec::new();
-    for axes in spec.iter_mut() {
-        if axes.iter().any(|a| used.contains(a)) {
-            axes.clear();
-        } else {
-            used.extend(axes.iter().cloned());
-        }
-    }
-}
-
 impl Partitioner<'_> {
+    /// The op's decision from its factor rule: operands where they are, the result where
+    /// propagation wants it; a sharding constraint simply wants its operand in its sharding.
+    fn decide(&self, id: NodeId, op: &Op, specs: &[Spec], wanted: &Spec) -> Decision {
+        if let Op::ShardingConstraint(_) = op {
+            return Decision {
+                want: vec![wanted.clone()],
+                out: wanted.clone(),
+                partial: None,
+                conflicts: Vec::new(),
+            };
+        }
+        let g = self.g;
+        let rule = rule_of(g, id);
+        let a = settle(
+            g,
+            self.mesh,
+            &rule,
+            id,
+            &specs.iter().collect::<Vec<_>>(),
+            wanted,
+        );
+        let mut partial: Option<(ReduceKind, Vec<String>)> = None;
+        for (f, kind) in rule.kinds.iter().enumerate() {
+            if let FactorKind::Reduction(kind) = kind {
+                partial
+                    .get_or_insert((*kind, Vec::new()))
+                    .1
+                    .extend(a.axes[f].iter().cloned());
+            }
+        }
+        Decision {
+            want: (0..specs.len())
+                .map(|k| project(self.mesh, &rule, rule.dims_of(Some(k)), &a.axes))
+                .collect(),
+            out: project(self.mesh, &rule, rule.dims_of(None), &a.axes),
+            partial,
+            conflicts: a.conflicts,
+        }
+    }
+
     fn add(&mut self, op: Op, args: &[NodeId]) -> Result<NodeId, ShardError> {
         let name = op.name().to_string();
         self.lg
             .add(op, args)
             .map_err(|error| ShardError::Type { op: name, error })
-    }
-
-    /// The sharding rule of one op.
-    fn rule(&self, id: NodeId, op: &Op, operands: &[NodeId], specs: &[Spec]) -> Decision {
-        let g = self.g;
-        let rank = g.ty(id).rank();
-        let same = |out: Spec, n: usize| Decision {
-            want: vec![out.clone(); n],
-            out,
-            partial: None,
-        };
-        match op {
-            Op::Parameter(_) => same(replicated(rank), 0),
-            Op::Constant(_) | Op::Iota { .. } => same(replicated(rank), 0),
-            Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Convert(_)
-            | Op::Bitcast(_) => {
-                let refs: Vec<&Spec> = specs.iter().collect();
-                same(merge(&refs, rank), specs.len())
-            }
-            Op::BroadcastInDim { shape, dims } => {
-                let from = g.ty(operands[0]);
-                let mut want = specs[0].clone();
-                let mut out = replicated(rank);
-                for (i, &d) in dims.iter().enumerate() {
-                    if from.dims()[i] == shape.dims()[d] {
-                        out[d] = want[i].clone();
-                    } else {
-                        want[i].clear();
-                    }
-                }
-                Decision {
-                    want: vec![want],
-                    out,
-                    partial: None,
-                }
-            }
-            Op::Reshape(shape) => {
-                let from = g.ty(operands[0]);
-                let mut want = specs[0].clone();
-                let mut out = replicated(rank);
-                // A dim keeps its sharding when it is a dim of the result too: same size, same
-                // product of the dims before it.
-                let mut prefix = 1;
-                for (i, &s) in from.dims().iter().enumerate() {
-                    if !want[i].is_empty() {
-                        let mut q = 1;
-                        let mut found = None;
-                        for (j, &t) in shape.dims().iter().enumerate() {
-                            if q == prefix && t == s {
-                                found = Some(j);
-                                break;
-                            }
-                            q *= t;
-                        }
-                        match found {
-                            Some(j) => out[j] = want[i].clone(),
-                            None => want[i].clear(),
-                        }
-                    }
-                    prefix *= s;
-                }
-                Decision {
-                    want: vec![want],
-                    out,
-                    partial: None,
-                }
-            }
-            Op::Transpose(perm) => {
-                let out = perm.iter().map(|&p| specs[0][p].clone()).collect();
-                Decision {
-                    want: vec![specs[0].clone()],
-                    out,
-                    partial: None,
-                }
-            }
-            Op::Slice {
-                start,
-                limit,
-                stride,
-            } => {
-                let from = g.ty(operands[0]);
-                let mut want = specs[0].clone();
-                for d in 0..rank {
-                    if start[d] != 0 || limit[d] != from.dims()[d] || stride[d] != 1 {
-                        want[d].clear();
-                    }
-                }
-                same_with(want)
-            }
-            Op::Pad {
-                low,
-                high,
-                interior,
-            } => {
-                let mut want = specs[0].clone();
-                for d in 0..rank {
-                    if low[d] != 0 || high[d] != 0 || interior[d] != 0 {
-                        want[d].clear();
-                    }
-                }
-                Decision {
-                    want: vec![want.clone(), Vec::new()],
-                    out: want,
-                    partial: None,
-                }
-            }
-            Op::Concatenate { dim } => {
-                let refs: Vec<&Spec> = specs.iter().collect();
-                let mut out = merge(&refs, rank);
-                out[*dim].clear();
-                same(out, specs.len())
-            }
-            Op::Reduce { kind, axes } => {
-                let want = specs[0].clone();
-                let out: Spec = (0..want.len())
-                    .filter(|d| !axes.contains(d))
-                    .map(|d| want[d].clone())
-                    .collect();
-                let partial: Vec<String> = axes.iter().flat_map(|&d| want[d].clone()).collect();
-                Decision {
-                    want: vec![want],
-                    out,
-                    partial: Some((*kind, partial)),
-                }
-            }
-            Op::ArgMax { axis } => {
-                let mut want = specs[0].clone();
-                want[*axis].clear();
-                let out = (0..want.len())
-                    .filter(|d| d != axis)
-                    .map(|d| want[d].clone())
-                    .collect();
-                Decision {
-                    want: vec![want],
-                    out,
-                    partial: None,
-                }
-            }
-            Op::DotGeneral(dd) => self.dot_rule(dd, operands, specs),
-            Op::ShardingConstraint(s) => {
-                let out: Spec = s.dims.iter().map(|d| d.axes.clone()).collect();
-                same(out, 1)
-            }
-            Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. }
-            | Op::AxisIndex { .. } => same(replicated(rank), operands.len()),
-        }
-    }
-
-    fn dot_rule(&self, dd: &DotDims, operands: &[NodeId], specs: &[Spec]) -> Decision {
-        let (lt, rt) = (self.g.ty(operands[0]), self.g.ty(operands[1]));
-        let (mut l, mut r) = (specs[0].clone(), specs[1].clone());
-        // Batch dims: both sides split alike (the lhs decides).
-        for (&a, &b) in dd.lhs_batch.iter().zip(&dd.rhs_batch) {
-            let axes = if l[a].is_empty() {
-                r[b].clone()
-            } else {
-                l[a].clone()
-            };
-            l[a] = axes.clone();
-            r[b] = axes;
-        }
-        // Contracting dims: both sides split alike, leaving partial sums.
-        let mut partial = Vec::new();
-        for (&a, &b) in dd.lhs_contract.iter().zip(&dd.rhs_contract) {
-            let axes = if l[a].is_empty() {
-                r[b].clone()
-            } else {
-                l[a].clone()
-            };
-            l[a] = axes.clone();
-            r[b] = axes.clone();
-            partial.extend(axes);
-        }
-        let lfree = dd.lhs_free(lt.rank());
-        let rfree = dd.rhs_free(rt.rank());
-        let mut out: Spec = dd.lhs_batch.iter().map(|&a| l[a].clone()).collect();
-        out.extend(lfree.iter().map(|&a| l[a].clone()));
-        out.extend(rfree.iter().map(|&b| r[b].clone()));
-        // An axis used by the contraction cannot also split a result dim.
-        for axes in out.iter_mut() {
-            if axes.iter().any(|a| partial.contains(a)) {
-                axes.clear();
-            }
-        }
-        dedup(&mut out);
-        // Operands' free dims follow what the result kept.
-        let nb = dd.lhs_batch.len();
-        for (j, &a) in lfree.iter().enumerate() {
-            l[a] = out[nb + j].clone();
-        }
-        for (j, &b) in rfree.iter().enumerate() {
-            r[b] = out[nb + lfree.len() + j].clone();
-        }
-        Decision {
-            want: vec![l, r],
-            out,
-            partial: Some((ReduceKind::Sum, partial)),
-        }
     }
 
     /// A value that costs nothing to compute (a splat constant, or a broadcast of a value whose
@@ -570,13 +401,7 @@ impl Partitioner<'_> {
 
     /// Moves a local value from sharding `from` to `to`: `all_gather` where a dim must become
     /// whole, a local slice by `axis_index` where it must be split.
-    fn reshard(
-        &mut self,
-        v: NodeId,
-        gty: &TensorType,
-        from: &Spec,
-        to: &Spec,
-    ) -> Result<NodeId, ShardError> {
+    fn reshard(&mut self, v: NodeId, from: &Spec, to: &Spec) -> Result<NodeId, ShardError> {
         let mut v = v;
         for d in 0..from.len() {
             if from[d] == to[d] {
@@ -595,7 +420,6 @@ impl Partitioner<'_> {
                 v = self.local_slice(v, d, &to[d])?;
             }
         }
-        let _ = gty;
         Ok(v)
     }
 
@@ -657,13 +481,5 @@ impl Partitioner<'_> {
             },
             &[picked],
         )
-    }
-}
-
-fn same_with(want: Spec) -> Decision {
-    Decision {
-        want: vec![want.clone()],
-        out: want,
-        partial: None,
     }
 }

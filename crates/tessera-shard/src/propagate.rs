@@ -1,0 +1,330 @@
+//! Sharding propagation to a fixed point, forward and backward, in the manner of Shardy.
+//!
+//! The user's shardings come first: parameters' shardings and `sharding_constraint` results are
+//! fixed ("closed"); every other value starts unsharded and open. Each op, through its factor
+//! rule (`factors.rs`), reads its operands' and result's shardings as shardings of its factors,
+//! settles them (`resolve`), and writes them back to every open tensor it touches: forward to
+//! its result and backward to its operands. A dim only ever goes from whole to split, so the
+//! walk ends. Ops go by priority, as Shardy's op-priority propagation does: first only the ops
+//! that move dims without communication (elementwise, broadcast, reshape, transpose, slice,
+//! pad, concatenate) until nothing changes, then also dots and reductions, again until nothing
+//! changes. So a sharding flows along elementwise chains before a dot or a reduction gets to
+//! decide what the chain's values should be.
+//!
+//! Where tensors disagree on a factor, the sharding of the larger tensor wins (the smaller one
+//! is resharded, which moves fewer bytes); between tensors of one size, the first operand wins,
+//! and operands win over the result. The partitioner records each conflict in the dump.
+
+use std::collections::HashMap;
+
+use tessera_ir::{Graph, Mesh, NodeId, Op};
+
+use crate::factors::{FactorKind, FactorRule, rule_of};
+use crate::partition::{ShardError, Spec, axes_text, check_spec, group_size};
+
+/// How an op's factors are split, as settled from its tensors' shardings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assignment {
+    /// The mesh axes of each factor (empty: whole).
+    pub axes: Vec<Vec<String>>,
+    /// What lost where tensors disagreed, for the dump.
+    pub conflicts: Vec<String>,
+}
+
+/// One tensor of an op, as `resolve` sees it.
+pub struct View<'a> {
+    /// `Some(k)` for operand `k`, `None` for the result.
+    pub tensor: Option<usize>,
+    pub spec: &'a Spec,
+    /// Its element count, to settle conflicts.
+    pub elems: usize,
+}
+
+fn label(tensor: Option<usize>) -> String {
+    match tensor {
+        Some(k) => format!("operand {k}"),
+        None => "the result".to_string(),
+    }
+}
+
+/// The factors of one dim sharded over `axes`: the major factor takes axes (major first) until
+/// it is split completely, then the next one does; an axis that does not divide what is left
+/// of its factor ends the walk (the minor axes stay unassigned).
+fn dim_to_factors(
+    mesh: &Mesh,
+    rule: &FactorRule,
+    factors: &[usize],
+    axes: &[String],
+) -> Vec<(usize, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut rest = axes.iter().peekable();
+    for &f in factors {
+        if rest.peek().is_none() {
+            break;
+        }
+        let (mut prod, mut taken) = (1, Vec::new());
+        while prod < rule.sizes[f] {
+            match rest.peek() {
+                Some(a) if rule.sizes[f].is_multiple_of(prod * mesh.axis_size(a).unwrap_or(1)) => {
+                    prod *= mesh.axis_size(a).unwrap_or(1);
+                    taken.push((*a).clone());
+                    rest.next();
+                }
+                _ => break,
+            }
+        }
+        if !taken.is_empty() {
+            out.push((f, taken));
+        }
+        if prod < rule.sizes[f] {
+            break;
+        }
+    }
+    out
+}
+
+/// The sharding of a tensor whose dims are made of `dims` factors, under an assignment: each
+/// dim takes its factors' axes major first, as long as each factor before is split completely
+/// (a dim cannot be split over a minor factor while its major factor is whole).
+pub fn project(mesh: &Mesh, rule: &FactorRule, dims: &[Vec<usize>], axes: &[Vec<String>]) -> Spec {
+    dims.iter()
+        .map(|fs| {
+            let mut d = Vec::new();
+            for &f in fs {
+                d.extend(axes[f].iter().cloned());
+                if group_size(mesh, &axes[f]) != rule.sizes[f] {
+                    break;
+                }
+            }
+            d
+        })
+        .collect()
+}
+
+/// Settles the sharding of each factor from the tensors' shardings: proposals from larger
+/// tensors first; a factor that needs replication is never split; a mesh axis splits one
+/// factor at most.
+pub fn resolve(mesh: &Mesh, rule: &FactorRule, views: &[View]) -> Assignment {
+    struct Proposal {
+        factor: usize,
+        axes: Vec<String>,
+        elems: usize,
+        order: usize,
+        /// Which tensor, which dim: for messages.
+        at: (Option<usize>, usize),
+    }
+    let mut proposals = Vec::new();
+    for (order, v) in views.iter().enumerate() {
+        for (d, factors) in rule.dims_of(v.tensor).iter().enumerate() {
+            for (factor, axes) in dim_to_factors(mesh, rule, factors, &v.spec[d]) {
+                proposals.push(Proposal {
+                    factor,
+                    axes,
+                    elems: v.elems,
+                    order,
+                    at: (v.tensor, d),
+                });
+            }
+        }
+    }
+    proposals.sort_by_key(|p| (std::cmp::Reverse(p.elems), p.order));
+    let where_ = |(t, d): (Option<usize>, usize)| format!("dim {d} of {}", label(t));
+    let mut axes: Vec<Vec<String>> = vec![Vec::new(); rule.sizes.len()];
+    let mut winner: Vec<Option<&Proposal>> = vec![None; rule.sizes.len()];
+    let mut owner: Vec<(String, &Proposal)> = Vec::new();
+    let mut conflicts = Vec::new();
+    for p in &proposals {
+        if rule.kinds[p.factor] == FactorKind::NeedReplication {
+            continue;
+        }
+        if let Some(w) = winner[p.factor] {
+            if w.axes != p.axes {
+                let why = if w.elems > p.elems {
+                    format!("the larger tensor wins ({} elements)", w.elems)
+                } else {
+                    "same size: the first wins".to_string()
+                };
+                conflicts.push(format!(
+                    "{} split over {} conflicts with {} split over {}; {why}",
+                    where_(p.at),
+                    axes_text(&p.axes),
+                    where_(w.at),
+                    axes_text(&w.axes),
+                ));
+            }
+        } else if let Some((a, o)) = owner.iter().find(|(a, _)| p.axes.contains(a)) {
+            conflicts.push(format!(
+                "{} split over {} conflicts with {} split over {}: \"{a}\" splits one dim only",
+                where_(p.at),
+                axes_text(&p.axes),
+                where_(o.at),
+                axes_text(&o.axes),
+            ));
+        } else {
+            owner.extend(p.axes.iter().map(|a| (a.clone(), p)));
+            axes[p.factor] = p.axes.clone();
+            winner[p.factor] = Some(p);
+        }
+    }
+    // A dim split over a minor factor while a factor before it is not split completely would
+    // be strided: such a factor stays whole in every tensor.
+    loop {
+        let mut changed = false;
+        for dims in rule.operands.iter().chain([&rule.result]) {
+            for fs in dims {
+                let mut partial = false;
+                for &f in fs {
+                    if partial && !axes[f].is_empty() {
+                        axes[f].clear();
+                        changed = true;
+                    }
+                    partial |= group_size(mesh, &axes[f]) != rule.sizes[f];
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    Assignment { axes, conflicts }
+}
+
+/// `resolve` for node `id` of `g`, its operands sharded `operands` and its result `result`.
+pub fn settle(
+    g: &Graph,
+    mesh: &Mesh,
+    rule: &FactorRule,
+    id: NodeId,
+    operands: &[&Spec],
+    result: &Spec,
+) -> Assignment {
+    let mut views: Vec<View> = operands
+        .iter()
+        .zip(g.operands(id))
+        .enumerate()
+        .map(|(k, (spec, o))| View {
+            tensor: Some(k),
+            spec,
+            elems: g.ty(o).numel(),
+        })
+        .collect();
+    views.push(View {
+        tensor: None,
+        spec: result,
+        elems: g.ty(id).numel(),
+    });
+    resolve(mesh, rule, &views)
+}
+
+/// Fills the whole dims of an open tensor from `new`, where the axes are not in use yet.
+fn absorb(cur: &mut Spec, new: &Spec) -> bool {
+    let mut changed = false;
+    for d in 0..cur.len() {
+        if cur[d].is_empty()
+            && !new[d].is_empty()
+            && new[d].iter().all(|a| !cur.iter().flatten().any(|b| b == a))
+        {
+            cur[d] = new[d].clone();
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// 0: ops that move dims without communication; 1: dots and reductions; `None`: nothing to
+/// propagate (no operands).
+fn priority(op: &Op) -> Option<u8> {
+    match op {
+        Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } | Op::AxisIndex { .. } => None,
+        Op::DotGeneral(_) | Op::Reduce { .. } | Op::ArgMax { .. } => Some(1),
+        _ => Some(0),
+    }
+}
+
+/// The sharding of every value of `g`, from the parameters' `in_specs` and the program's
+/// sharding constraints (see the module doc).
+pub fn propagate(
+    g: &Graph,
+    mesh: &Mesh,
+    in_specs: &[Spec],
+) -> Result<HashMap<NodeId, Spec>, ShardError> {
+    let order = g.topo_order();
+    let mut specs: HashMap<NodeId, Spec> = HashMap::new();
+    let mut closed: Vec<NodeId> = Vec::new();
+    for &id in &order {
+        let spec = match g.op(id) {
+            Op::Parameter(i) => in_specs[*i].clone(),
+            Op::ShardingConstraint(s) => {
+                let at = match &g.node(id).loc {
+                    Some(loc) => format!(" at {loc}"),
+                    None => String::new(),
+                };
+                if s.mesh != mesh.name {
+                    return Err(ShardError::Invalid(format!(
+                        "sharding_constraint{at} names mesh @{} but the inputs live on @{}",
+                        s.mesh, mesh.name
+                    )));
+                }
+                let spec: Spec = s.dims.iter().map(|d| d.axes.clone()).collect();
+                check_spec(mesh, g.ty(id), &spec)
+                    .map_err(|e| ShardError::Invalid(format!("sharding_constraint{at}: {e}")))?;
+                spec
+            }
+            _ => vec![Vec::new(); g.ty(id).rank()],
+        };
+        if matches!(g.op(id), Op::Parameter(_) | Op::ShardingConstraint(_)) {
+            closed.push(id);
+        }
+        specs.insert(id, spec);
+    }
+    let rules: HashMap<NodeId, FactorRule> = order
+        .iter()
+        .filter(|&&id| priority(g.op(id)).is_some())
+        .map(|&id| (id, rule_of(g, id)))
+        .collect();
+    for level in 0..=1 {
+        loop {
+            let mut changed = false;
+            for &id in order.iter().chain(order.iter().rev()) {
+                if priority(g.op(id)).is_none_or(|p| p > level) {
+                    continue;
+                }
+                changed |= step(g, mesh, &rules[&id], id, &mut specs, &closed);
+            }
+            if !changed {
+                break;
+            }
+        }
+    }
+    Ok(specs)
+}
+
+/// One op's turn: settle its factors, write them to its open tensors.
+fn step(
+    g: &Graph,
+    mesh: &Mesh,
+    rule: &FactorRule,
+    id: NodeId,
+    specs: &mut HashMap<NodeId, Spec>,
+    closed: &[NodeId],
+) -> bool {
+    let operands = g.operands(id);
+    let assignment = {
+        let op_specs: Vec<&Spec> = operands.iter().map(|o| &specs[o]).collect();
+        settle(g, mesh, rule, id, &op_specs, &specs[&id])
+    };
+    let mut changed = false;
+    let targets = operands
+        .iter()
+        .enumerate()
+        .map(|(k, &o)| (o, Some(k)))
+        .chain([(id, None)]);
+    for (node, tensor) in targets {
+        if closed.contains(&node) {
+            continue;
+        }
+        let new = project(mesh, rule, rule.dims_of(tensor), &assignment.axes);
+        changed |= absorb(specs.get_mut(&node).expect("every value has a spec"), &new);
+    }
+    changed
+}
