@@ -428,3 +428,51 @@ fn many_steps_back_to_back_never_deadlock() {
         assert_eq!(f.call(x.clone()).unwrap().0.item::<f32>(), 64.0);
     }
 }
+
+#[test]
+fn constraints_propagate_backward_and_reductions_scatter() {
+    eight_devices();
+    let mesh = Mesh::new([4, 2], ["dp", "mp"]);
+    let rows = NamedSharding::new(&mesh, P!["dp"]);
+    let values: Vec<f32> = (0..128).map(|i| i as f32 / 50.0).collect();
+    let host = Tensor::from_vec(values.clone(), [16, 8]);
+    let want_exp: Vec<f32> = values.iter().map(|v| v.tanh().exp()).collect();
+    let want_sum: Vec<f32> = (0..8)
+        .map(|c| (0..16).map(|r| values[r * 8 + c]).sum())
+        .collect();
+    // Replicated: the constraint decides where the work happens.
+    let whole = device_put(host.clone(), &NamedSharding::new(&mesh, P![]));
+    let split = device_put(host, &rows);
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        // The constraint on the output pulls the split back to the input's first use: tanh
+        // and exp run on a quarter of the rows each, and nothing is gathered.
+        let f = jit(|x: Tensor| with_sharding_constraint(&x.tanh().exp(), &rows)).backend(backend);
+        let local = f.lower(&whole).unwrap().per_device_ir();
+        assert!(
+            local
+                .lines()
+                .any(|l| l.contains("= tanh") && l.contains("f32[4,8]")),
+            "tanh should run on the local rows:\n{local}"
+        );
+        assert!(!local.contains("all_gather"), "{local}");
+        let y = f.call(whole.clone()).unwrap();
+        assert_eq!(y.sharding().unwrap().spec, P!["dp"]);
+        for (a, b) in y.to_vec::<f32>().iter().zip(&want_exp) {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{backend:?}: {a} vs {b}");
+        }
+        // A column sum over rows split on dp, wanted split over dp: each device only needs its
+        // chunk of the sum, so the partial sums meet in a reduce_scatter.
+        let g =
+            jit(|x: Tensor| with_sharding_constraint(&x.sum_axes(&[0]), &rows)).backend(backend);
+        let local = g.lower(&split).unwrap().per_device_ir();
+        assert!(
+            local.contains("reduce_scatter") && !local.contains("all_reduce"),
+            "{local}"
+        );
+        let s = g.call(split.clone()).unwrap();
+        assert_eq!(s.sharding().unwrap().spec, P!["dp"]);
+        for (a, b) in s.to_vec::<f32>().iter().zip(&want_sum) {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{backend:?}: {a} vs {b}");
+        }
+    }
+}
