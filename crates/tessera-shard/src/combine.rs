@@ -3,6 +3,12 @@
 //! into one all-reduce of a tuple. Each device then meets the others once per step instead of
 //! once per gradient, which is what a step costs on few cores with many devices.
 //!
+//! Only small all-reduces combine (fewer than `COMBINE_BELOW` elements each): for those the
+//! meeting is the cost. A large one pays for its own meeting many times over in the copies that
+//! combining adds (a concatenate and a slice each, over every element): on the big MLP over 8
+//! devices, combining the 0.8 M and 1 M element gradients put concatenate and slice kernels at
+//! 30% of the step's time (`perf record` on `cargo bench --bench sharded`).
+//!
 //! Consumes a per-device graph; produces the same program with each group of independent
 //! all-reduces (none depends on another's result) replaced by reshape, concatenate, one
 //! all-reduce, and slices back. Preserves every value.
@@ -12,6 +18,9 @@ use std::collections::{HashMap, HashSet};
 use tessera_ir::{Graph, NodeId, Op, ReduceKind, Shape};
 
 use crate::ShardError;
+
+/// All-reduces of at least this many elements keep their own meeting.
+pub const COMBINE_BELOW: usize = 1 << 16;
 
 /// What all-reduces must share to combine: the reduction, the axes and the element type.
 type GroupKey = (ReduceKind, Vec<String>, tessera_ir::DType);
@@ -40,6 +49,9 @@ pub fn combine_all_reduces(g: &mut Graph) -> Result<usize, ShardError> {
         let Op::AllReduce { kind, axes } = g.op(id).clone() else {
             continue;
         };
+        if g.ty(id).numel() >= COMBINE_BELOW {
+            continue;
+        }
         let key = (kind, axes, g.ty(id).dtype);
         let open = batches.iter_mut().rev().find(|(k, _)| *k == key);
         match open {
