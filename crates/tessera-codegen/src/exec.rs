@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::fmt::Write;
 
 use tessera_interp::{Collectives, InterpError};
-use tessera_ir::{DType, Data, Literal, Mesh, TensorType};
+use tessera_ir::{DType, Data, Literal, Mesh, Op, TensorType};
 
 use crate::fusion::{BufKind, GemmSpec, Schedule, StepKind};
 use crate::lower::{Compiled, KernelFn};
@@ -291,6 +291,23 @@ impl Executable {
                         op: op.name().into(),
                         message: "collective in a program without a mesh".into(),
                     })?;
+                    if let (Op::AllReduce { .. }, Some(&b)) = (op, step.inputs.first()) {
+                        // SAFETY: buffer `b` holds a value of its type (written by an earlier
+                        // step, or bound at launch) and the output buffer has room for one;
+                        // both live until `run` returns, and this thread is blocked in the call.
+                        let done = unsafe {
+                            collectives.all_reduce_in_place(
+                                op,
+                                mesh,
+                                &bufs[step.output].ty,
+                                ptrs[b],
+                                ptrs[step.output],
+                            )?
+                        };
+                        if done {
+                            continue;
+                        }
+                    }
                     // SAFETY: the input buffer holds a value of its type (written by an earlier
                     // step, or bound at launch).
                     let input = step

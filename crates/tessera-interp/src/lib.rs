@@ -43,6 +43,25 @@ pub trait Collectives {
         input: Option<&Literal>,
         out: &TensorType,
     ) -> Result<Literal, InterpError>;
+
+    /// An `all_reduce` straight between the devices' buffers, for a transport that can read
+    /// the other devices' memory: no copy of the operand, the result written in place.
+    /// `Ok(false)` means this transport does not do that one here: call `run`.
+    ///
+    /// # Safety
+    /// `input` must point to an initialized value of type `ty` and `out` to room for one
+    /// (`out` may equal `input`); both stay valid, and nothing else accesses them, until the
+    /// call returns.
+    unsafe fn all_reduce_in_place(
+        &self,
+        _op: &Op,
+        _mesh: &Mesh,
+        _ty: &TensorType,
+        _input: *const u8,
+        _out: *mut u8,
+    ) -> Result<bool, InterpError> {
+        Ok(false)
+    }
 }
 
 /// One device alone: correct for every collective whose group has one member (a mesh whose

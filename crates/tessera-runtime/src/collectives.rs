@@ -15,14 +15,22 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tessera_interp::{Collectives, InterpError, eval_op};
-use tessera_ir::{BinaryOp, Data, Literal, Mesh, Op, ReduceKind, TensorType};
+use tessera_ir::{BinaryOp, DType, Data, Literal, Mesh, Op, ReduceKind, TensorType};
 
 type Key = (u64, u64, Vec<usize>);
 
+#[derive(Default)]
 struct Slot {
     values: Vec<Option<Arc<Literal>>>,
     /// For an all-reduce: each member's reduced chunk of the result.
     chunks: Vec<Option<Literal>>,
+    /// For an all-reduce in place: each member's operand and result addresses.
+    buffers: Vec<Option<(usize, usize)>>,
+    /// For an all-reduce in place: how many members reduced their chunk, then copied the rest.
+    reduced: usize,
+    copied: usize,
+    /// A member gave up waiting: nobody may use anybody's buffers.
+    abandoned: bool,
     taken: usize,
 }
 
@@ -173,6 +181,28 @@ fn concat(parts: &[Literal], dim: usize) -> Result<Literal, InterpError> {
 }
 
 impl Collectives for SharedCollectives<'_> {
+    /// Large all-reduces (`SMALL_ALL_REDUCE` elements or more, not bool) run between the
+    /// devices' buffers; the others take `run`'s copying path.
+    unsafe fn all_reduce_in_place(
+        &self,
+        op: &Op,
+        mesh: &Mesh,
+        ty: &TensorType,
+        input: *const u8,
+        out: *mut u8,
+    ) -> Result<bool, InterpError> {
+        let Op::AllReduce { axes, .. } = op else {
+            return Ok(false);
+        };
+        let (members, me) = group(mesh, axes, self.position);
+        if members.len() < 2 || ty.numel() < SMALL_ALL_REDUCE || ty.dtype == DType::Bool {
+            return Ok(false);
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.all_reduce_buffers(op, &members, me, ty, input, out)? };
+        Ok(true)
+    }
+
     fn run(
         &self,
         op: &Op,
@@ -248,62 +278,184 @@ fn chunk_range(len: usize, k: usize, n: usize) -> std::ops::Range<usize> {
     (k * per).min(len)..((k + 1) * per).min(len)
 }
 
-/// Reduces elements `range` of every value, in member order, into a literal of that length.
-fn reduce_range(kind: ReduceKind, values: &[Arc<Literal>], range: std::ops::Range<usize>) -> Data {
-    macro_rules! fold {
-        ($variant:ident, $add:expr, $max:expr, $min:expr) => {{
-            let first = match &values[0].data {
-                Data::$variant(v) => v[range.clone()].to_vec(),
-                _ => unreachable!("all-reduce operands share a type"),
-            };
-            let mut acc = first;
-            for v in &values[1..] {
-                let Data::$variant(v) = &v.data else {
-                    unreachable!("all-reduce operands share a type")
-                };
-                for (a, &b) in acc.iter_mut().zip(&v[range.clone()]) {
-                    *a = match kind {
-                        ReduceKind::Sum => $add(*a, b),
-                        ReduceKind::Max => $max(*a, b),
-                        ReduceKind::Min => $min(*a, b),
-                    };
+/// Elements reduced at a time: the f64 accumulator stays in L1.
+const BLOCK: usize = 1024;
+
+/// An element type the all-reduce adds, maxes and mins; `Acc` is what it accumulates in.
+trait Elem: Copy {
+    type Acc: Copy + Default;
+    fn widen(self) -> Self::Acc;
+    fn narrow(a: Self::Acc) -> Self;
+    fn fold(kind: ReduceKind, a: Self::Acc, b: Self) -> Self::Acc;
+}
+
+use tessera_interp::scalar::{fmax, fmin};
+
+/// f32 accumulates in f64 and rounds once, as a sum to one value does in the kernels: the
+/// devices' partial losses add up to the correctly rounded total. (Max and min are exact
+/// either way.)
+impl Elem for f32 {
+    type Acc = f64;
+    fn widen(self) -> f64 {
+        self as f64
+    }
+    fn narrow(a: f64) -> f32 {
+        a as f32
+    }
+    fn fold(kind: ReduceKind, a: f64, b: f32) -> f64 {
+        match kind {
+            ReduceKind::Sum => a + b as f64,
+            ReduceKind::Max => fmax(a, b as f64),
+            ReduceKind::Min => fmin(a, b as f64),
+        }
+    }
+}
+
+impl Elem for f64 {
+    type Acc = f64;
+    fn widen(self) -> f64 {
+        self
+    }
+    fn narrow(a: f64) -> f64 {
+        a
+    }
+    fn fold(kind: ReduceKind, a: f64, b: f64) -> f64 {
+        match kind {
+            ReduceKind::Sum => a + b,
+            ReduceKind::Max => fmax(a, b),
+            ReduceKind::Min => fmin(a, b),
+        }
+    }
+}
+
+macro_rules! int_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            type Acc = $t;
+            fn widen(self) -> $t {
+                self
+            }
+            fn narrow(a: $t) -> $t {
+                a
+            }
+            fn fold(kind: ReduceKind, a: $t, b: $t) -> $t {
+                match kind {
+                    ReduceKind::Sum => a.wrapping_add(b),
+                    ReduceKind::Max => a.max(b),
+                    ReduceKind::Min => a.min(b),
                 }
             }
-            Data::$variant(acc)
-        }};
-    }
-    use tessera_interp::scalar::{fmax, fmin};
-    // f32 sums accumulate in f64 and round once, as a sum to one value does in the kernels: the
-    // devices' partial losses add up to the correctly rounded total.
-    if let (ReduceKind::Sum, Data::F32(_)) = (kind, &values[0].data) {
-        let mut acc = vec![0f64; range.len()];
-        for v in values {
-            let Data::F32(v) = &v.data else {
-                unreachable!("all-reduce operands share a type")
-            };
-            for (a, &b) in acc.iter_mut().zip(&v[range.clone()]) {
-                *a += b as f64;
+        }
+    };
+}
+int_elem!(i32);
+int_elem!(u32);
+
+/// Reduces `n` elements from each of `srcs`, in member order, into `dst`, a block at a time.
+///
+/// # Safety
+/// Every `srcs[i]` must be valid for reading `n` elements and `dst` for writing `n`; no one
+/// writes them meanwhile except this call. `dst` may equal one of `srcs` (each block is read
+/// whole before it is written).
+unsafe fn reduce_into<T: Elem>(kind: ReduceKind, srcs: &[*const T], dst: *mut T, n: usize) {
+    let mut acc = [T::Acc::default(); BLOCK];
+    let mut start = 0;
+    while start < n {
+        let len = BLOCK.min(n - start);
+        // SAFETY: `start + len <= n`, so every access is in bounds (see the contract).
+        unsafe {
+            let first = std::slice::from_raw_parts(srcs[0].add(start), len);
+            for (a, &b) in acc.iter_mut().zip(first) {
+                *a = b.widen();
+            }
+            for &s in &srcs[1..] {
+                let src = std::slice::from_raw_parts(s.add(start), len);
+                for (a, &b) in acc.iter_mut().zip(src) {
+                    *a = T::fold(kind, *a, b);
+                }
+            }
+            // The source slices are dead: writing `dst` (perhaps one of them) aliases nothing.
+            let out = std::slice::from_raw_parts_mut(dst.add(start), len);
+            for (o, &a) in out.iter_mut().zip(&acc[..len]) {
+                *o = T::narrow(a);
             }
         }
-        return Data::F32(acc.into_iter().map(|a| a as f32).collect());
+        start += len;
     }
-    match &values[0].data {
-        Data::F32(_) => fold!(F32, |a: f32, b| a + b, fmax, fmin),
-        Data::F64(_) => fold!(F64, |a: f64, b| a + b, fmax, fmin),
-        Data::I32(_) => fold!(
-            I32,
-            |a: i32, b| a.wrapping_add(b),
-            |a: i32, b| a.max(b),
-            |a: i32, b| a.min(b)
-        ),
-        Data::U32(_) => fold!(
-            U32,
-            |a: u32, b| a.wrapping_add(b),
-            |a: u32, b| a.max(b),
-            |a: u32, b| a.min(b)
-        ),
-        Data::Bool(v) => Data::Bool(v[range].to_vec()),
+}
+
+/// The address of element `offset` of `data`, untyped.
+fn elem_ptr(data: &Data, offset: usize) -> *const u8 {
+    match data {
+        Data::F32(v) => v[offset..].as_ptr() as *const u8,
+        Data::F64(v) => v[offset..].as_ptr() as *const u8,
+        Data::I32(v) => v[offset..].as_ptr() as *const u8,
+        Data::U32(v) => v[offset..].as_ptr() as *const u8,
+        Data::Bool(v) => v[offset..].as_ptr() as *const u8,
     }
+}
+
+/// The address of the first element of `data`, for writing.
+fn elem_ptr_mut(data: &mut Data) -> *mut u8 {
+    match data {
+        Data::F32(v) => v.as_mut_ptr() as *mut u8,
+        Data::F64(v) => v.as_mut_ptr() as *mut u8,
+        Data::I32(v) => v.as_mut_ptr() as *mut u8,
+        Data::U32(v) => v.as_mut_ptr() as *mut u8,
+        Data::Bool(v) => v.as_mut_ptr() as *mut u8,
+    }
+}
+
+/// `reduce_into` for the element type `dtype`, on untyped addresses; `false` for bool, which
+/// has no all-reduce here.
+///
+/// # Safety
+/// As `reduce_into`, with the addresses aligned for `dtype`.
+unsafe fn reduce_untyped(
+    kind: ReduceKind,
+    dtype: DType,
+    srcs: &[*const u8],
+    dst: *mut u8,
+    n: usize,
+) -> bool {
+    fn cast<T>(srcs: &[*const u8]) -> Vec<*const T> {
+        srcs.iter().map(|&p| p as *const T).collect()
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match dtype {
+            DType::F32 => reduce_into::<f32>(kind, &cast(srcs), dst as *mut f32, n),
+            DType::F64 => reduce_into::<f64>(kind, &cast(srcs), dst as *mut f64, n),
+            DType::I32 => reduce_into::<i32>(kind, &cast(srcs), dst as *mut i32, n),
+            DType::U32 => reduce_into::<u32>(kind, &cast(srcs), dst as *mut u32, n),
+            DType::Bool => return false,
+        }
+    }
+    true
+}
+
+/// Reduces elements `range` of every value, in member order, into a literal of that length.
+fn reduce_range(kind: ReduceKind, values: &[Arc<Literal>], range: std::ops::Range<usize>) -> Data {
+    let dtype = values[0].ty.dtype;
+    let mut out = Data::zeros(dtype, range.len());
+    if range.is_empty() {
+        return out;
+    }
+    let srcs: Vec<*const u8> = values
+        .iter()
+        .map(|v| elem_ptr(&v.data, range.start))
+        .collect();
+    let dst = elem_ptr_mut(&mut out);
+    // SAFETY: every value holds at least `range.end` elements of `dtype` (all-reduce operands
+    // share a type), `out` holds `range.len()`, and they are distinct allocations.
+    let reduced = unsafe { reduce_untyped(kind, dtype, &srcs, dst, range.len()) };
+    if !reduced {
+        // A bool all-reduce only arises from a program that reduces bools: keep the first.
+        if let (Data::Bool(o), Data::Bool(v)) = (&mut out, &values[0].data) {
+            o.copy_from_slice(&v[range]);
+        }
+    }
+    out
 }
 
 type Held<'a> = (MutexGuard<'a, HashMap<Key, Slot>>, Vec<Arc<Literal>>, Key);
@@ -371,43 +523,80 @@ impl<'r> SharedCollectives<'r> {
     }
 
     /// Waits (parked) until `done` holds for the slot, or the timeout names who is missing.
+    /// A member that gives up marks the slot abandoned, under the lock, so that the others
+    /// fail at once instead of waiting for their own timeout.
     fn wait_for(
+        &self,
+        op: &Op,
+        slots: MutexGuard<'r, HashMap<Key, Slot>>,
+        key: &Key,
+        members: &[usize],
+        done: impl Fn(&Slot) -> bool,
+    ) -> Result<MutexGuard<'r, HashMap<Key, Slot>>, InterpError> {
+        self.wait(op, slots, key, members, done, true)
+    }
+
+    fn wait(
         &self,
         op: &Op,
         mut slots: MutexGuard<'r, HashMap<Key, Slot>>,
         key: &Key,
         members: &[usize],
         done: impl Fn(&Slot) -> bool,
+        timed: bool,
     ) -> Result<MutexGuard<'r, HashMap<Key, Slot>>, InterpError> {
         let r = self.rendezvous;
         let start = Instant::now();
+        let gave_up = || InterpError::Op {
+            op: op.name().into(),
+            message: format!(
+                "over {:?}: another device of the group gave up waiting",
+                op.mesh_axes()
+            ),
+        };
         // With more devices than cores the others need this core to arrive: offer it a few
         // times (cheaper than a futex sleep and wake-up) before parking on the condition
         // variable.
         for _ in 0..YIELDS_BEFORE_PARKING {
-            if done(slots.get(key).expect("slot stays until all took")) {
+            let slot = slots.get(key).expect("slot stays until all took");
+            if done(slot) {
                 return Ok(slots);
+            }
+            if slot.abandoned {
+                return Err(gave_up());
             }
             drop(slots);
             std::thread::yield_now();
             slots = r.slots.lock().expect("rendezvous lock");
         }
         loop {
-            let slot = slots.get(key).expect("slot stays until all took");
+            let slot = slots.get_mut(key).expect("slot stays until all took");
             if done(slot) {
                 return Ok(slots);
             }
+            if slot.abandoned {
+                return Err(gave_up());
+            }
             let waited = start.elapsed();
+            if !timed {
+                slots = r.arrived.wait(slots).expect("rendezvous lock");
+                continue;
+            }
             if waited >= r.timeout {
-                let missing: Vec<usize> = slot
-                    .values
-                    .iter()
-                    .zip(&slot.chunks)
-                    .enumerate()
-                    .filter(|(_, (v, c))| {
-                        v.is_none() || (slot.values.iter().all(|v| v.is_some()) && c.is_none())
+                slot.abandoned = true;
+                r.arrived.notify_all();
+                let n = members.len();
+                let arrived = |k: usize| {
+                    slot.values.get(k).is_some_and(|v| v.is_some())
+                        || slot.buffers.get(k).is_some_and(|b| b.is_some())
+                };
+                let all_arrived = (0..n).all(arrived);
+                let missing: Vec<usize> = (0..n)
+                    .filter(|&k| {
+                        !arrived(k)
+                            || (all_arrived && slot.chunks.get(k).is_some_and(|c| c.is_none()))
                     })
-                    .map(|(k, _)| {
+                    .map(|k| {
                         self.device_ids
                             .get(members[k])
                             .copied()
@@ -431,6 +620,102 @@ impl<'r> SharedCollectives<'r> {
         }
     }
 
+    /// The in-place all-reduce (see `Collectives::all_reduce_in_place`), in three meetings:
+    /// 1. every member publishes its operand's and result's addresses (this wait may time out;
+    ///    a member that gives up marks the slot abandoned under the lock, so nobody ever reads
+    ///    the buffers of a member that has left);
+    /// 2. each member has reduced its chunk of every member's operand into its own result;
+    /// 3. each member has copied the other chunks from their owners' results into its own.
+    ///
+    /// A member returns only after meeting 3, so its buffers outlive every read of them. Once
+    /// meeting 1 is complete every member is inside this call and the work between meetings is
+    /// bounded, so meetings 2 and 3 wait without a timeout.
+    ///
+    /// # Safety
+    /// As `Collectives::all_reduce_in_place`; `ty` is the operand's type on every member.
+    unsafe fn all_reduce_buffers(
+        &self,
+        op: &Op,
+        members: &[usize],
+        me: usize,
+        ty: &TensorType,
+        input: *const u8,
+        out: *mut u8,
+    ) -> Result<(), InterpError> {
+        let Op::AllReduce { kind, .. } = *op else {
+            unreachable!("called for all_reduce only")
+        };
+        let n = members.len();
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let key: Key = (self.launch, seq, members.to_vec());
+        let r = self.rendezvous;
+        let mut slots = r.slots.lock().expect("rendezvous lock");
+        let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
+            buffers: vec![None; n],
+            ..Slot::default()
+        });
+        slot.buffers[me] = Some((input as usize, out as usize));
+        r.arrived.notify_all();
+        slots = self.wait_for(op, slots, &key, members, |s| {
+            s.buffers.iter().all(|b| b.is_some())
+        })?;
+        let buffers: Vec<(usize, usize)> = slots[&key]
+            .buffers
+            .iter()
+            .map(|b| b.expect("complete"))
+            .collect();
+        drop(slots);
+        let len = ty.numel();
+        let size = ty.dtype.byte_width();
+        let mine = chunk_range(len, me, n);
+        let srcs: Vec<*const u8> = buffers
+            .iter()
+            // SAFETY: `mine` lies inside every operand (they all have type `ty`).
+            .map(|&(i, _)| unsafe { (i as *const u8).add(mine.start * size) })
+            .collect();
+        // SAFETY: each member's operand stays valid and unwritten until it leaves meeting 3;
+        // only this member writes chunk `mine` of `out` (its own result), and it reads chunk
+        // `mine` of its own operand in the same block before writing it, if they are the same.
+        let reduced = unsafe {
+            reduce_untyped(
+                kind,
+                ty.dtype,
+                &srcs,
+                out.add(mine.start * size),
+                mine.len(),
+            )
+        };
+        debug_assert!(reduced, "bool all-reduces take the copying path");
+        let mut slots = r.slots.lock().expect("rendezvous lock");
+        slots.get_mut(&key).expect("slot present").reduced += 1;
+        r.arrived.notify_all();
+        slots = self.wait(op, slots, &key, members, |s| s.reduced == n, false)?;
+        drop(slots);
+        for (k, &(_, theirs)) in buffers.iter().enumerate() {
+            if k == me {
+                continue;
+            }
+            let c = chunk_range(len, k, n);
+            // SAFETY: member `k` wrote chunk `c` of its result before meeting 2 and nobody
+            // writes it again before everyone leaves meeting 3; this member's result is a
+            // different allocation, and only this member writes it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (theirs as *const u8).add(c.start * size),
+                    out.add(c.start * size),
+                    c.len() * size,
+                )
+            };
+        }
+        let mut slots = r.slots.lock().expect("rendezvous lock");
+        slots.get_mut(&key).expect("slot present").copied += 1;
+        r.arrived.notify_all();
+        slots = self.wait(op, slots, &key, members, |s| s.copied == n, false)?;
+        self.leave(&mut slots, &key, n);
+        Ok(())
+    }
+
     /// Deposits `input` and waits for the whole group; returns the lock, every member's value
     /// in order, and the slot's key.
     fn deposit(
@@ -448,7 +733,7 @@ impl<'r> SharedCollectives<'r> {
         let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
             values: vec![None; members.len()],
             chunks: vec![None; members.len()],
-            taken: 0,
+            ..Slot::default()
         });
         slot.values[me] = Some(Arc::new(input.clone()));
         r.arrived.notify_all();
@@ -547,6 +832,70 @@ mod tests {
                         4.0 * (i % 7) as f64 + 6.0,
                         "len {len} element {i}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The in-place all-reduce against the copying one, every kind and numeric dtype, with
+    /// the result in a separate buffer and in the operand's own (the plan may share them); a
+    /// chunk count that does not divide the length; and 1/10 + 2/10 + ... summed in f64.
+    #[test]
+    fn all_reduce_in_place_matches_the_copying_path() {
+        let len = SMALL_ALL_REDUCE + 13;
+        let value = |p: usize, i: usize| ((i * 7 + p * 3) % 11) as f64 / 10.0 - 0.4;
+        for dtype in [DType::F32, DType::F64, DType::I32, DType::U32] {
+            for kind in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min] {
+                for aliased in [false, true] {
+                    let r = Rendezvous::default();
+                    let ids = [0, 1, 2, 3];
+                    let op = Op::AllReduce {
+                        kind,
+                        axes: vec!["x".into(), "y".into()],
+                    };
+                    let make = |p: usize| {
+                        let vs = (0..len).map(|i| value(p, i));
+                        let ints = || vs.clone().map(|v| (v * 10.0 + 4.0).round());
+                        let data = match dtype {
+                            DType::F32 => Data::F32(vs.clone().map(|v| v as f32).collect()),
+                            DType::F64 => Data::F64(vs.clone().collect()),
+                            DType::I32 => Data::I32(ints().map(|v| v as i32).collect()),
+                            _ => Data::U32(ints().map(|v| v as u32).collect()),
+                        };
+                        Literal::new([len], data).unwrap()
+                    };
+                    let results: Vec<(Literal, Literal)> = std::thread::scope(|s| {
+                        let hs: Vec<_> = (0..4)
+                            .map(|p| {
+                                let (r, ids, op) = (&r, &ids, &op);
+                                s.spawn(move || {
+                                    let c = SharedCollectives::new(r, 7, p, ids);
+                                    let x = make(p);
+                                    let want = c.run(op, &mesh(), Some(&x), &x.ty).unwrap();
+                                    let mut operand = make(p);
+                                    let mut out = Literal::zeros(&x.ty);
+                                    let input = elem_ptr(&operand.data, 0);
+                                    let dst = if aliased {
+                                        elem_ptr_mut(&mut operand.data)
+                                    } else {
+                                        elem_ptr_mut(&mut out.data)
+                                    };
+                                    // SAFETY: both buffers hold `len` elements of the type
+                                    // and live until the call returns.
+                                    let done = unsafe {
+                                        c.all_reduce_in_place(op, &mesh(), &x.ty, input, dst)
+                                    }
+                                    .unwrap();
+                                    assert!(done);
+                                    (want, if aliased { operand } else { out })
+                                })
+                            })
+                            .collect();
+                        hs.into_iter().map(|h| h.join().unwrap()).collect()
+                    });
+                    for (want, got) in results {
+                        assert_eq!(want, got, "{dtype:?} {kind:?} aliased {aliased}");
+                    }
                 }
             }
         }
