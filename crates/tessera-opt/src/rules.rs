@@ -136,6 +136,14 @@ pub fn rules() -> Vec<Rewrite<Node, TensorAnalysis>> {
             "(dot_general ?a (transpose ?b))",
             dot_transpose_rhs,
         ),
+        // transpose(dot(a, b)) = dot(b, a) when the transpose swaps the two operands' free dims
+        // (batch dims staying first): the product comes out in the layout its users read, so
+        // no kernel reads it strided (the weight gradients of a dense layer)
+        custom(
+            "transpose-dot",
+            "(transpose (dot_general ?a ?b))",
+            transpose_dot,
+        ),
     ]
 }
 
@@ -343,6 +351,44 @@ fn dot_transpose(eg: &mut EG, class: Id, subst: &Subst, lhs: bool) -> Vec<Id> {
                 let kids = if lhs { vec![a, o] } else { vec![o, a] };
                 out.push(add(eg, Op::DotGeneral(nd), kids));
             }
+        }
+    }
+    out
+}
+
+fn transpose_dot(eg: &mut EG, class: Id, subst: &Subst) -> Vec<Id> {
+    let a = eg.find(subst["?a".parse::<Var>().expect("var")]);
+    let b = eg.find(subst["?b".parse::<Var>().expect("var")]);
+    let mut out = Vec::new();
+    for t in nodes(eg, class, "transpose") {
+        let Op::Transpose(p) = &t.op else { continue };
+        for dot in nodes(eg, t.children[0], "dot_general") {
+            let Op::DotGeneral(dd) = &dot.op else {
+                continue;
+            };
+            if eg.find(dot.children[0]) != a || eg.find(dot.children[1]) != b {
+                continue;
+            }
+            let (Some(ta), Some(tb)) = (ty(eg, a), ty(eg, b)) else {
+                continue;
+            };
+            let nb = dd.lhs_batch.len();
+            let na = dd.lhs_free(ta.rank()).len();
+            let nr = dd.rhs_free(tb.rank()).len();
+            let swapped: Vec<usize> = (0..nb)
+                .chain(nb + na..nb + na + nr)
+                .chain(nb..nb + na)
+                .collect();
+            if *p != swapped {
+                continue;
+            }
+            let nd = DotDims {
+                lhs_batch: dd.rhs_batch.clone(),
+                rhs_batch: dd.lhs_batch.clone(),
+                lhs_contract: dd.rhs_contract.clone(),
+                rhs_contract: dd.lhs_contract.clone(),
+            };
+            out.push(add(eg, Op::DotGeneral(nd), vec![b, a]));
         }
     }
     out

@@ -81,6 +81,12 @@ const CASES: &[(&str, &str, &str)] = &[
         "func @f(%0: f32[3,N], %1: f32[M,N]) {\n  %2 = transpose %1 perm=[1,0] : f32[N,M]\n  %3 = dot_general %0, %2 contracting=[1]x[0] : f32[3,M]\n  return %3\n}\n",
         "transpose",
     ),
+    (
+        // A dense layer's weight gradient, with a batch dim in front.
+        "transpose-dot",
+        "func @f(%0: f32[2,N,3], %1: f32[2,N,M]) {\n  %2 = dot_general %0, %1 batch=[0]x[0] contracting=[1]x[1] : f32[2,3,M]\n  %3 = transpose %2 perm=[0,2,1] : f32[2,M,3]\n  return %3\n}\n",
+        "transpose",
+    ),
 ];
 
 fn inputs(g: &Graph, rng: &mut Lcg) -> Vec<Literal> {

@@ -408,6 +408,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     mesh.mesh.clone(),
                     mesh.devices.clone(),
                     self.backend,
+                    (&dump, 4),
                 )?;
                 Ok(Compiled::Sharded {
                     out_def: lowered.out_def,

@@ -103,12 +103,19 @@ impl Executable {
 
 /// Compiles a per-device program (already partitioned) for one device of several: the same
 /// backends, with no kernel split over threads (every core runs a device).
-pub(crate) fn compile_device_program(graph: &Graph, backend: Backend) -> Result<Executable> {
+pub(crate) fn compile_device_program(
+    graph: &Graph,
+    backend: Backend,
+    dump: Option<(&Dump, usize)>,
+) -> Result<Executable> {
     verify(graph)?;
     Ok(match backend {
         Backend::Interpreter => Executable::Interpreted(graph.clone()),
         Backend::Cranelift => {
             let exe = tessera_codegen::compile(graph).map_err(|e| Error::Codegen(e.to_string()))?;
+            if let Some((dump, index)) = dump {
+                dump.write_text(index, "schedule", &exe.describe())?;
+            }
             Executable::Native(Box::new(exe.single_threaded()))
         }
     })

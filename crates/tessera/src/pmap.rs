@@ -205,7 +205,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             location: self.name.clone(),
         })?;
         dump.write(2, "combined", &graph)?;
-        let program = DeviceProgram::compile(&graph, mesh, (0..n).collect(), self.backend)?;
+        let program =
+            DeviceProgram::compile(&graph, mesh, (0..n).collect(), self.backend, (&dump, 3))?;
         Ok(Compiled { out_def, program })
     }
 }

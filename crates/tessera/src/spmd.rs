@@ -9,7 +9,7 @@ use tessera_ir::{Graph, Literal, Mesh};
 use tessera_runtime::{Rendezvous, SharedCollectives, run_on_devices};
 
 use crate::error::{Error, Result};
-use crate::pipeline::{Backend, Executable, compile_device_program};
+use crate::pipeline::{Backend, Dump, Executable, compile_device_program};
 
 /// A per-device program compiled for every device of a mesh.
 pub(crate) struct DeviceProgram {
@@ -21,15 +21,22 @@ pub(crate) struct DeviceProgram {
 static LAUNCH: AtomicU64 = AtomicU64::new(0);
 
 impl DeviceProgram {
+    /// Compiles `local` once per device; the first device's native schedule is dumped as
+    /// `dump_index` (`TESSERA_DUMP`).
     pub(crate) fn compile(
         local: &Graph,
         mesh: Mesh,
         devices: Vec<usize>,
         backend: Backend,
+        (dump, dump_index): (&Dump, usize),
     ) -> Result<DeviceProgram> {
         let executables = devices
             .iter()
-            .map(|_| compile_device_program(local, backend).map(Mutex::new))
+            .enumerate()
+            .map(|(i, _)| {
+                let dump = (i == 0).then_some((dump, dump_index));
+                compile_device_program(local, backend, dump).map(Mutex::new)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(DeviceProgram {
             mesh,
