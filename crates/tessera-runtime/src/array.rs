@@ -135,6 +135,16 @@ impl Array {
 
     /// Splits this array's value over the mesh as `spec` says.
     pub fn shard(&self, spec: ShardSpec) -> Array {
+        // A replicated array is one buffer that every device reads (buffers are immutable):
+        // no copies, and devices running at once share it in the caches.
+        if spec.is_replicated() {
+            let shards = vec![self.literal_arc(); spec.devices.len()];
+            return Array {
+                ty: self.ty.clone(),
+                host: self.host.clone(),
+                shards: Some((spec, shards)),
+            };
+        }
         let global = self.literal();
         let local = spec.local_type(&self.ty);
         let shards = (0..spec.devices.len())

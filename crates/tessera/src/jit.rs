@@ -351,10 +351,18 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 let tensors: Vec<Tensor> = (0..n_out)
                     .rev()
                     .map(|o| {
-                        let shards: Vec<Arc<Literal>> = per_device
+                        let mut shards: Vec<Arc<Literal>> = per_device
                             .iter_mut()
                             .map(|outs| Arc::new(outs.pop().expect("one value per output")))
                             .collect();
+                        // Every device computes a replicated output bit for bit alike (its
+                        // inputs are replicated or all-reduced, in one order everywhere): keep
+                        // one buffer for all, as `device_put` does, so the next step's devices
+                        // read one copy of the parameters instead of eight.
+                        if out_specs[o].iter().all(|axes| axes.is_empty()) {
+                            let first = shards[0].clone();
+                            shards.iter_mut().for_each(|s| *s = first.clone());
+                        }
                         Tensor::from_array(Array::from_shards(
                             out_types[o].clone(),
                             ShardSpec {

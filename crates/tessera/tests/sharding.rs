@@ -140,9 +140,17 @@ fn the_seed_step_reduces_its_gradients_over_dp_only() {
     let data = NamedSharding::new(&mesh, P!["dp"]);
     let p = device_put(init(Key::new(0)), &NamedSharding::new(&mesh, P![]));
     let f = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
-    let lowered = f
-        .lower(&(p, device_put(x, &data), device_put(y, &data)))
-        .unwrap();
+    let args = (p, device_put(x, &data), device_put(y, &data));
+    let lowered = f.lower(&args).unwrap();
+    // Replicated values are one buffer on every device, inputs and outputs alike; split ones
+    // are one per device.
+    let one_buffer = |t: &Tensor| {
+        let shards = t.try_array().unwrap().shards().unwrap();
+        shards.iter().all(|s| std::sync::Arc::ptr_eq(s, &shards[0]))
+    };
+    assert!(one_buffer(&args.0.w1) && !one_buffer(&args.1));
+    let (new_p, loss) = f.call(args.clone()).unwrap();
+    assert!(one_buffer(&new_p.w1) && one_buffer(&new_p.b2) && one_buffer(&loss));
     let global = lowered.ir();
     assert!(
         global.contains(r#"f32[64,10] <@mesh, [{"dp"}, {}]>"#),
