@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::fmt::Write;
 
-use tessera_interp::{Collectives, InterpError};
+use tessera_interp::{Collectives, GemmPart, InterpError};
 use tessera_ir::{DType, Data, Literal, Mesh, Op, TensorType};
 
 use crate::fusion::{BufKind, GemmSpec, Schedule, StepKind};
@@ -26,6 +26,94 @@ pub struct Executable {
     parallel_gemm_from: usize,
     /// Split elementwise kernels with this many elements over two threads.
     parallel_kernel_from: usize,
+    /// Offer GEMMs this large (m*n*k) whose right operand is a program input to the
+    /// transport, to be done once for all devices (`Collectives::gemm_shared_rhs`).
+    shared_gemm_from: usize,
+}
+
+/// GEMMs of at least this many multiply-adds with a replicated right operand are done once for
+/// all devices (`Executable::single_threaded`): below it the meeting costs more than packing
+/// the operand again.
+const SHARED_GEMM_FROM: usize = 1 << 22;
+
+/// A pointer the GEMM closure of `gemm_shared_rhs` may carry to the thread that runs it.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+
+impl SendPtr {
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+// SAFETY: the pointee is a buffer only read while every device waits in the call that uses it.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// `out = lhs x rhs` over `(m, n, k)` views: each operand's address and (row, column) strides
+/// in elements. `k == 0` writes zeros.
+///
+/// # Safety
+/// The views must lie inside live buffers of `dtype` (a float type), `out` not overlapping the
+/// operands.
+unsafe fn gemm_view(
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+    (l, ls): (*const u8, [isize; 2]),
+    (r, rs): (*const u8, [isize; 2]),
+    (o, os): (*mut u8, [isize; 2]),
+    par: gemm::Parallelism,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match dtype {
+            DType::F32 if k == 0 => zero_view(o as *mut f32, m, n, os),
+            DType::F64 if k == 0 => zero_view(o as *mut f64, m, n, os),
+            DType::F32 => gemm::gemm(
+                m,
+                n,
+                k,
+                o as *mut f32,
+                os[1],
+                os[0],
+                false,
+                l as *const f32,
+                ls[1],
+                ls[0],
+                r as *const f32,
+                rs[1],
+                rs[0],
+                0.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                par,
+            ),
+            DType::F64 => gemm::gemm(
+                m,
+                n,
+                k,
+                o as *mut f64,
+                os[1],
+                os[0],
+                false,
+                l as *const f64,
+                ls[1],
+                ls[0],
+                r as *const f64,
+                rs[1],
+                rs[0],
+                0.0f64,
+                1.0f64,
+                false,
+                false,
+                false,
+                par,
+            ),
+            _ => unreachable!("fusion sends only float dots to GEMM"),
+        }
+    }
 }
 
 /// The kernel argument array, shared by the two halves of a split kernel.
@@ -158,14 +246,20 @@ impl Executable {
             mesh,
             parallel_gemm_from: 64 * 64 * 64,
             parallel_kernel_from: 1 << 16,
+            shared_gemm_from: usize::MAX,
         }
     }
 
     /// Never split a GEMM or a kernel over threads (each device thread of the sharded runtime
     /// runs its own executable).
+    ///
+    /// Large GEMMs with a right operand from the program's inputs are offered to the
+    /// transport: when every device passes the same buffer (a replicated weight), one thread
+    /// multiplies all the devices' rows at once on both cores (`Collectives::gemm_shared_rhs`).
     pub fn single_threaded(mut self) -> Executable {
         self.parallel_gemm_from = usize::MAX;
         self.parallel_kernel_from = usize::MAX;
+        self.shared_gemm_from = SHARED_GEMM_FROM;
         self
     }
 
@@ -275,6 +369,51 @@ impl Executable {
                     }
                 }
                 StepKind::Gemm(g) => {
+                    let (l, r, o) = (
+                        ptrs[step.inputs[0]],
+                        ptrs[step.inputs[1]],
+                        ptrs[step.output],
+                    );
+                    let rhs_is_input = matches!(bufs[step.inputs[1]].kind, BufKind::Input(_));
+                    if let (true, Some(mesh)) = (
+                        g.batch.is_empty()
+                            && rhs_is_input
+                            && g.m * g.n * g.k >= self.shared_gemm_from,
+                        &self.mesh,
+                    ) {
+                        let part = GemmPart {
+                            dtype: g.dtype,
+                            m: g.m,
+                            n: g.n,
+                            k: g.k,
+                            lhs: l,
+                            lhs_strides: g.lhs,
+                            rhs: r,
+                            out: o,
+                            out_strides: g.out,
+                        };
+                        let rhs = SendPtr(r);
+                        let whole = |rows: usize, lhs: *const u8, out: *mut u8| {
+                            // SAFETY: the transport passes a row-major `rows x k` left operand
+                            // and room for a row-major `rows x n` result; the right operand
+                            // is this step's, alive while every device waits in the call.
+                            unsafe {
+                                gemm_view(
+                                    g.dtype,
+                                    (rows, g.n, g.k),
+                                    (lhs, [g.k as isize, 1]),
+                                    (rhs.get(), g.rhs),
+                                    (out, [g.n as isize, 1]),
+                                    gemm::Parallelism::Rayon(0),
+                                )
+                            }
+                        };
+                        // SAFETY: the views lie inside this step's buffers (fusion.rs), which
+                        // live until `run` returns; this thread is blocked in the call.
+                        if unsafe { collectives.gemm_shared_rhs(mesh, &part, &whole)? } {
+                            continue;
+                        }
+                    }
                     // SAFETY: the spec's extents and strides describe views inside the operand
                     // and result buffers (fusion.rs builds them from the buffer shapes).
                     unsafe {
@@ -359,6 +498,7 @@ impl Executable {
         } else {
             gemm::Parallelism::None
         };
+        let size = g.dtype.byte_width() as isize;
         let nbatch: usize = g.batch.iter().map(|(e, _)| e).product();
         for bi in 0..nbatch {
             let (mut lo, mut ro, mut oo) = (0isize, 0isize, 0isize);
@@ -372,40 +512,15 @@ impl Executable {
             }
             // SAFETY: offsets stay inside the buffers (the caller's contract).
             unsafe {
-                match g.dtype {
-                    DType::F32 => {
-                        let (l, r, o) = (
-                            (l as *const f32).offset(lo),
-                            (r as *const f32).offset(ro),
-                            (o as *mut f32).offset(oo),
-                        );
-                        if g.k == 0 {
-                            zero_view(o, g.m, g.n, g.out);
-                        } else {
-                            gemm::gemm(
-                                g.m, g.n, g.k, o, g.out[1], g.out[0], false, l, g.lhs[1], g.lhs[0],
-                                r, g.rhs[1], g.rhs[0], 0.0f32, 1.0f32, false, false, false, par,
-                            );
-                        }
-                    }
-                    DType::F64 => {
-                        let (l, r, o) = (
-                            (l as *const f64).offset(lo),
-                            (r as *const f64).offset(ro),
-                            (o as *mut f64).offset(oo),
-                        );
-                        if g.k == 0 {
-                            zero_view(o, g.m, g.n, g.out);
-                        } else {
-                            gemm::gemm(
-                                g.m, g.n, g.k, o, g.out[1], g.out[0], false, l, g.lhs[1], g.lhs[0],
-                                r, g.rhs[1], g.rhs[0], 0.0f64, 1.0f64, false, false, false, par,
-                            );
-                        }
-                    }
-                    _ => unreachable!("fusion sends only float dots to GEMM"),
-                }
-            }
+                gemm_view(
+                    g.dtype,
+                    (g.m, g.n, g.k),
+                    (l.offset(lo * size), g.lhs),
+                    (r.offset(ro * size), g.rhs),
+                    (o.offset(oo * size), g.out),
+                    par,
+                )
+            };
         }
     }
 }

@@ -62,6 +62,41 @@ pub trait Collectives {
     ) -> Result<bool, InterpError> {
         Ok(false)
     }
+
+    /// A matrix product that every device of the mesh reaches at this step, for a transport
+    /// whose devices share memory: when every device's right operand is the same buffer (a
+    /// replicated weight), the devices' left operands are stacked and multiplied once, so the
+    /// weight is read and packed once instead of once per device. `gemm(rows, lhs, out)`
+    /// multiplies a row-major `rows x part.k` left operand by this step's right operand into a
+    /// row-major `rows x part.n` result. `Ok(false)`: not done here, multiply locally.
+    ///
+    /// # Safety
+    /// `part` must describe views inside live buffers of its dtype; nothing else accesses
+    /// `part.out`, or writes `part.lhs`, until the call returns.
+    unsafe fn gemm_shared_rhs(
+        &self,
+        _mesh: &Mesh,
+        _part: &GemmPart,
+        _gemm: &(dyn Fn(usize, *const u8, *mut u8) + Sync),
+    ) -> Result<bool, InterpError> {
+        Ok(false)
+    }
+}
+
+/// One device's part of a matrix product with a shared right operand (see
+/// `Collectives::gemm_shared_rhs`): element `(i, p)` of the left operand is at element offset
+/// `i * lhs_strides[0] + p * lhs_strides[1]` from `lhs`, and likewise for `out`.
+pub struct GemmPart {
+    pub dtype: DType,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lhs: *const u8,
+    pub lhs_strides: [isize; 2],
+    /// The right operand's address: the devices share it or they do not.
+    pub rhs: *const u8,
+    pub out: *mut u8,
+    pub out_strides: [isize; 2],
 }
 
 /// One device alone: correct for every collective whose group has one member (a mesh whose

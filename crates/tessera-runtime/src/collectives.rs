@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_interp::{Collectives, InterpError, eval_op};
+use tessera_interp::{Collectives, GemmPart, InterpError, eval_op};
 use tessera_ir::{BinaryOp, DType, Data, Literal, Mesh, Op, ReduceKind, TensorType};
 
 type Key = (u64, u64, Vec<usize>);
@@ -29,9 +29,98 @@ struct Slot {
     /// For an all-reduce in place: how many members reduced their chunk, then copied the rest.
     reduced: usize,
     copied: usize,
+    /// For a GEMM with a shared right operand: each member's part, and whether the stacked
+    /// product is written back.
+    gemms: Vec<Option<PartAddr>>,
+    gemm_done: bool,
     /// A member gave up waiting: nobody may use anybody's buffers.
     abandoned: bool,
     taken: usize,
+}
+
+/// A `GemmPart` as plain numbers, to sit in a slot shared between threads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct PartAddr {
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: usize,
+    lhs_strides: [isize; 2],
+    rhs: usize,
+    out: usize,
+    out_strides: [isize; 2],
+}
+
+impl PartAddr {
+    fn of(p: &GemmPart) -> PartAddr {
+        PartAddr {
+            dtype: p.dtype,
+            m: p.m,
+            n: p.n,
+            k: p.k,
+            lhs: p.lhs as usize,
+            lhs_strides: p.lhs_strides,
+            rhs: p.rhs as usize,
+            out: p.out as usize,
+            out_strides: p.out_strides,
+        }
+    }
+}
+
+/// Copies a `rows x cols` strided view (element strides `s`) at `src` into the row-major
+/// `dst`, or back when `to_view`.
+///
+/// # Safety
+/// The view and `rows * cols` elements at `dst` must be valid, of `size`-byte elements, and
+/// not overlap.
+unsafe fn copy_view(
+    view: *mut u8,
+    s: [isize; 2],
+    dst: *mut u8,
+    (rows, cols, size): (usize, usize, usize),
+    to_view: bool,
+) {
+    for r in 0..rows {
+        // SAFETY: inside the view and the row-major block (the caller's contract).
+        unsafe {
+            let packed = dst.add(r * cols * size);
+            let strided = view.offset(r as isize * s[0] * size as isize);
+            if s[1] == 1 {
+                let (from, to) = if to_view {
+                    (packed as *const u8, strided)
+                } else {
+                    (strided as *const u8, packed)
+                };
+                std::ptr::copy_nonoverlapping(from, to, cols * size);
+            } else {
+                for c in 0..cols {
+                    let e = strided.offset(c as isize * s[1] * size as isize);
+                    let p = packed.add(c * size);
+                    let (from, to) = if to_view {
+                        (p as *const u8, e)
+                    } else {
+                        (e as *const u8, p)
+                    };
+                    std::ptr::copy_nonoverlapping(from, to, size);
+                }
+            }
+        }
+    }
+}
+
+/// How many products `gemm_shared_rhs` has done once for all devices, since the process
+/// started: for tests and benchmarks.
+pub fn shared_gemm_count() -> usize {
+    SHARED_GEMMS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static SHARED_GEMMS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+thread_local! {
+    /// The stacked operands of `gemm_shared_rhs`, kept by the thread that multiplies them.
+    static STACKED: std::cell::RefCell<(Vec<u64>, Vec<u64>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// The meeting point of one launch's devices.
@@ -181,6 +270,118 @@ fn concat(parts: &[Literal], dim: usize) -> Result<Literal, InterpError> {
 }
 
 impl Collectives for SharedCollectives<'_> {
+    /// Every device of the mesh meets; when all pass the same right operand, the first member
+    /// stacks the left operands, multiplies once on both cores (the operand is packed once
+    /// instead of once per device) and writes each device's rows back, while the others wait.
+    /// Members return only after the product is written, so every buffer outlives its use; a
+    /// member that times out at the meeting marks the slot abandoned under the lock.
+    unsafe fn gemm_shared_rhs(
+        &self,
+        mesh: &Mesh,
+        part: &GemmPart,
+        gemm: &(dyn Fn(usize, *const u8, *mut u8) + Sync),
+    ) -> Result<bool, InterpError> {
+        let axes: Vec<String> = mesh.axes.iter().map(|(a, _)| a.clone()).collect();
+        let (members, me) = group(mesh, &axes, self.position);
+        let n = members.len();
+        if n < 2 {
+            return Ok(false);
+        }
+        let op = Op::DotGeneral(tessera_ir::DotDims::matmul());
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let key: Key = (self.launch, seq, members.clone());
+        let r = self.rendezvous;
+        let mut slots = r.slots.lock().expect("rendezvous lock");
+        let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
+            gemms: vec![None; n],
+            ..Slot::default()
+        });
+        slot.gemms[me] = Some(PartAddr::of(part));
+        r.arrived.notify_all();
+        slots = self.wait_for(&op, slots, &key, &members, |s| {
+            s.gemms.iter().all(|g| g.is_some())
+        })?;
+        let parts: Vec<PartAddr> = slots[&key]
+            .gemms
+            .iter()
+            .map(|g| g.expect("complete"))
+            .collect();
+        let first = parts[0];
+        let shared = parts
+            .iter()
+            .all(|p| (p.rhs, p.n, p.k, p.dtype) == (first.rhs, first.n, first.k, first.dtype));
+        if !shared {
+            self.leave(&mut slots, &key, n);
+            return Ok(false);
+        }
+        if me == 0 {
+            drop(slots);
+            let size = first.dtype.byte_width();
+            let rows: usize = parts.iter().map(|p| p.m).sum();
+            let work = std::panic::AssertUnwindSafe(|| {
+                STACKED.with(|stacked| {
+                    let (lhs, out) = &mut *stacked.borrow_mut();
+                    lhs.resize((rows * first.k * size).div_ceil(8), 0);
+                    out.resize((rows * first.n * size).div_ceil(8), 0);
+                    let (lhs, out) = (lhs.as_mut_ptr() as *mut u8, out.as_mut_ptr() as *mut u8);
+                    let mut row = 0;
+                    for p in &parts {
+                        // SAFETY: member `p`'s left operand is a live view of `m x k` elements
+                        // (it waits in this call); the stacked block has room for its rows.
+                        unsafe {
+                            copy_view(
+                                p.lhs as *mut u8,
+                                p.lhs_strides,
+                                lhs.add(row * first.k * size),
+                                (p.m, first.k, size),
+                                false,
+                            )
+                        };
+                        row += p.m;
+                    }
+                    gemm(rows, lhs, out);
+                    let mut row = 0;
+                    for p in &parts {
+                        // SAFETY: member `p`'s result is a live view nobody else touches until
+                        // the member returns, after `gemm_done`.
+                        unsafe {
+                            copy_view(
+                                p.out as *mut u8,
+                                p.out_strides,
+                                out.add(row * first.n * size),
+                                (p.m, first.n, size),
+                                true,
+                            )
+                        };
+                        row += p.m;
+                    }
+                })
+            });
+            // The others wait without a timeout: should the product panic, they must hear of
+            // it (as an abandoned slot) before the panic goes on.
+            let outcome = std::panic::catch_unwind(work);
+            slots = r.slots.lock().expect("rendezvous lock");
+            let slot = slots.get_mut(&key).expect("slot present");
+            match outcome {
+                Ok(()) => {
+                    slot.gemm_done = true;
+                    SHARED_GEMMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(_) => slot.abandoned = true,
+            }
+            r.arrived.notify_all();
+            if let Err(panic) = outcome {
+                drop(slots);
+                std::panic::resume_unwind(panic);
+            }
+        } else {
+            slots = self.wait(&op, slots, &key, &members, |s| s.gemm_done, false)?;
+        }
+        self.leave(&mut slots, &key, n);
+        Ok(true)
+    }
+
     /// Large all-reduces (`SMALL_ALL_REDUCE` elements or more, not bool) run between the
     /// devices' buffers; the others take `run`'s copying path.
     unsafe fn all_reduce_in_place(

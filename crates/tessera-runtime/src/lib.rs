@@ -9,5 +9,5 @@ pub mod collectives;
 pub mod device;
 
 pub use array::{Array, ShardSpec};
-pub use collectives::{Rendezvous, SharedCollectives};
+pub use collectives::{Rendezvous, SharedCollectives, shared_gemm_count};
 pub use device::{device_count, run_on_devices};

@@ -41,7 +41,7 @@ pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
 pub use tessera_ir::{DType, DotDims};
-pub use tessera_runtime::device_count;
+pub use tessera_runtime::{device_count, shared_gemm_count};
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {

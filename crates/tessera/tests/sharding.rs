@@ -484,3 +484,37 @@ fn constraints_propagate_backward_and_reductions_scatter() {
         }
     }
 }
+
+#[test]
+fn products_with_a_replicated_weight_run_once_for_all_devices() {
+    eight_devices();
+    let mesh = Mesh::new([8], ["dp"]);
+    let rows = NamedSharding::new(&mesh, P!["dp"]);
+    let whole = NamedSharding::new(&mesh, P![]);
+    // 64 rows per device times a 256 x 256 weight: 2^22 multiply-adds each, large enough.
+    let x = random::normal(&Key::new(3), [512, 256]);
+    let w = random::normal(&Key::new(4), [256, 256]) * 0.1;
+    let f = |(x, w): (Tensor, Tensor)| {
+        let h = x.matmul(&w).tanh();
+        // The transposed weight: a strided right operand.
+        h.matmul(&w.transpose(&[1, 0]))
+    };
+    let want = jit(f).call((x.clone(), w.clone())).unwrap();
+    let before = tessera::shared_gemm_count();
+    let sharded = jit(f);
+    let got = sharded
+        .call((device_put(x.clone(), &rows), device_put(w.clone(), &whole)))
+        .unwrap();
+    assert!(tessera::shared_gemm_count() >= before + 2, "both products are shared");
+    close(&got, &want, "shared-weight products");
+    // Each device with a weight of its own (split over dp on the free dim: 32 columns each)
+    // multiplies alone, and the result is the same.
+    let before = tessera::shared_gemm_count();
+    let cols = NamedSharding::new(&mesh, P![None, "dp"]);
+    let g = jit(|(x, w): (Tensor, Tensor)| x.matmul(&w));
+    let got = g
+        .call((device_put(x.clone(), &whole), device_put(w.clone(), &cols)))
+        .unwrap();
+    assert_eq!(tessera::shared_gemm_count(), before, "distinct weights are not shared");
+    close(&got, &jit(|(x, w): (Tensor, Tensor)| x.matmul(&w)).call((x, w)).unwrap(), "split weight");
+}
