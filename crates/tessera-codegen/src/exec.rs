@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::fmt::Write;
 
-use tessera_interp::{Collectives, GemmPart, InterpError};
+use tessera_interp::{Collectives, GemmCall, GemmPart, InterpError};
 use tessera_ir::{DType, Data, Literal, Mesh, Op, TensorType};
 
 use crate::fusion::{BufKind, GemmSpec, Schedule, StepKind};
@@ -29,6 +29,8 @@ pub struct Executable {
     /// Offer GEMMs this large (m*n*k) whose right operand is a program input to the
     /// transport, to be done once for all devices (`Collectives::gemm_shared_rhs`).
     shared_gemm_from: usize,
+    /// For a GEMM step whose result only feeds a sum all-reduce right after: that step.
+    reduced_by: Vec<Option<usize>>,
 }
 
 /// GEMMs of at least this many multiply-adds with a replicated right operand are done once for
@@ -36,19 +38,33 @@ pub struct Executable {
 /// the operand again.
 const SHARED_GEMM_FROM: usize = 1 << 22;
 
-/// A pointer the GEMM closure of `gemm_shared_rhs` may carry to the thread that runs it.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut u8);
-
-impl SendPtr {
-    fn get(self) -> *mut u8 {
-        self.0
-    }
+/// For each step, when it is a GEMM whose result is read only by a sum `all_reduce` that comes
+/// next: the all-reduce's step.
+fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
+    let steps = &schedule.steps;
+    (0..steps.len())
+        .map(|i| {
+            let out = steps[i].output;
+            let next = steps.get(i + 1)?;
+            let only_reader = steps
+                .iter()
+                .enumerate()
+                .all(|(j, s)| j == i + 1 || !s.inputs.contains(&out));
+            let fits = matches!(steps[i].kind, StepKind::Gemm(_))
+                && matches!(
+                    next.kind,
+                    StepKind::Collective(Op::AllReduce {
+                        kind: tessera_ir::ReduceKind::Sum,
+                        ..
+                    })
+                )
+                && next.inputs == [out]
+                && only_reader
+                && !schedule.outputs.contains(&out);
+            fits.then_some(i + 1)
+        })
+        .collect()
 }
-
-// SAFETY: the pointee is a buffer only read while every device waits in the call that uses it.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
 
 /// `out = lhs x rhs` over `(m, n, k)` views: each operand's address and (row, column) strides
 /// in elements. `k == 0` writes zeros.
@@ -237,7 +253,9 @@ impl Executable {
             .map(|k| k.map(|i| code.functions[i]))
             .collect();
         let plan = Plan::new(&schedule);
+        let reduced_by = reduced_by(&schedule);
         Executable {
+            reduced_by,
             arena: RefCell::new(vec![0u64; plan.arena_bytes.div_ceil(8)]),
             schedule,
             kernels,
@@ -337,7 +355,11 @@ impl Executable {
             ptrs.push(p);
         }
         let mut args: Vec<*mut u8> = Vec::new();
-        for (step, kernel) in self.schedule.steps.iter().zip(&self.kernels) {
+        let mut skip = None;
+        for (i, (step, kernel)) in self.schedule.steps.iter().zip(&self.kernels).enumerate() {
+            if skip == Some(i) {
+                continue;
+            }
             match &step.kind {
                 StepKind::Kernel(k) => {
                     args.clear();
@@ -374,13 +396,22 @@ impl Executable {
                         ptrs[step.inputs[1]],
                         ptrs[step.output],
                     );
-                    let rhs_is_input = matches!(bufs[step.inputs[1]].kind, BufKind::Input(_));
-                    if let (true, Some(mesh)) = (
-                        g.batch.is_empty()
-                            && rhs_is_input
-                            && g.m * g.n * g.k >= self.shared_gemm_from,
-                        &self.mesh,
-                    ) {
+                    let big = g.batch.is_empty() && g.m * g.n * g.k >= self.shared_gemm_from;
+                    if let (true, Some(mesh)) = (big, &self.mesh) {
+                        let whole = |c: &GemmCall| {
+                            // SAFETY: the transport passes views inside live buffers: stacked
+                            // copies, or the devices' own, alive while they wait in the call.
+                            unsafe {
+                                gemm_view(
+                                    g.dtype,
+                                    (c.m, c.n, c.k),
+                                    (c.lhs, c.lhs_strides),
+                                    (c.rhs, c.rhs_strides),
+                                    (c.out, c.out_strides),
+                                    gemm::Parallelism::Rayon(0),
+                                )
+                            }
+                        };
                         let part = GemmPart {
                             dtype: g.dtype,
                             m: g.m,
@@ -389,29 +420,46 @@ impl Executable {
                             lhs: l,
                             lhs_strides: g.lhs,
                             rhs: r,
+                            rhs_strides: g.rhs,
                             out: o,
                             out_strides: g.out,
                         };
-                        let rhs = SendPtr(r);
-                        let whole = |rows: usize, lhs: *const u8, out: *mut u8| {
-                            // SAFETY: the transport passes a row-major `rows x k` left operand
-                            // and room for a row-major `rows x n` result; the right operand
-                            // is this step's, alive while every device waits in the call.
-                            unsafe {
-                                gemm_view(
-                                    g.dtype,
-                                    (rows, g.n, g.k),
-                                    (lhs, [g.k as isize, 1]),
-                                    (rhs.get(), g.rhs),
-                                    (out, [g.n as isize, 1]),
-                                    gemm::Parallelism::Rayon(0),
-                                )
+                        if let Some(next) = self.reduced_by[i] {
+                            let reduce = &self.schedule.steps[next];
+                            let StepKind::Collective(op) = &reduce.kind else {
+                                unreachable!("reduced_by names an all_reduce step")
+                            };
+                            // SAFETY: the views lie inside this step's buffers (fusion.rs),
+                            // which live until `run` returns; this thread is blocked in the
+                            // call.
+                            let sum =
+                                unsafe { collectives.gemm_all_reduce(op, mesh, &part, &whole)? };
+                            if let Some(sum) = sum {
+                                let b = reduce.output;
+                                if self.schedule.outputs.contains(&b) {
+                                    // SAFETY: the sum has the all-reduce's type (the layout
+                                    // of its buffer), so its bytes fill the output buffer.
+                                    unsafe {
+                                        std::ptr::copy_nonoverlapping(
+                                            sum,
+                                            ptrs[b],
+                                            bufs[b].ty.byte_size(),
+                                        )
+                                    };
+                                } else {
+                                    // Later steps only read this buffer (one step writes each
+                                    // buffer, and that step is skipped); the sum stays until
+                                    // the launch ends, after `run` returns.
+                                    ptrs[b] = sum as *mut u8;
+                                }
+                                skip = Some(next);
+                                continue;
                             }
-                        };
-                        // SAFETY: the views lie inside this step's buffers (fusion.rs), which
-                        // live until `run` returns; this thread is blocked in the call.
-                        if unsafe { collectives.gemm_shared_rhs(mesh, &part, &whole)? } {
-                            continue;
+                        } else if matches!(bufs[step.inputs[1]].kind, BufKind::Input(_)) {
+                            // SAFETY: as above.
+                            if unsafe { collectives.gemm_shared_rhs(mesh, &part, &whole)? } {
+                                continue;
+                            }
                         }
                     }
                     // SAFETY: the spec's extents and strides describe views inside the operand

@@ -66,21 +66,53 @@ pub trait Collectives {
     /// A matrix product that every device of the mesh reaches at this step, for a transport
     /// whose devices share memory: when every device's right operand is the same buffer (a
     /// replicated weight), the devices' left operands are stacked and multiplied once, so the
-    /// weight is read and packed once instead of once per device. `gemm(rows, lhs, out)`
-    /// multiplies a row-major `rows x part.k` left operand by this step's right operand into a
-    /// row-major `rows x part.n` result. `Ok(false)`: not done here, multiply locally.
+    /// weight is read and packed once instead of once per device. `gemm` multiplies the views
+    /// it is given (on all cores). `Ok(false)`: not done here, multiply locally.
     ///
     /// # Safety
     /// `part` must describe views inside live buffers of its dtype; nothing else accesses
-    /// `part.out`, or writes `part.lhs`, until the call returns.
+    /// `part.out`, or writes the operands, until the call returns.
     unsafe fn gemm_shared_rhs(
         &self,
         _mesh: &Mesh,
         _part: &GemmPart,
-        _gemm: &(dyn Fn(usize, *const u8, *mut u8) + Sync),
+        _gemm: &(dyn Fn(&GemmCall) + Sync),
     ) -> Result<bool, InterpError> {
         Ok(false)
     }
+
+    /// A matrix product whose result goes straight into `op`, a sum `all_reduce` (the weight
+    /// gradient of a data-parallel step): for a transport whose devices share memory, the
+    /// group's operands are stacked along the contraction and multiplied once. Returns where
+    /// the sum is, laid out as `part.out_strides` say, readable (never writable) until the
+    /// launch ends; `part.out` is not used. `Ok(None)`: not done here, multiply locally and
+    /// run the all-reduce.
+    ///
+    /// # Safety
+    /// As `gemm_shared_rhs`.
+    unsafe fn gemm_all_reduce(
+        &self,
+        _op: &Op,
+        _mesh: &Mesh,
+        _part: &GemmPart,
+        _gemm: &(dyn Fn(&GemmCall) + Sync),
+    ) -> Result<Option<*const u8>, InterpError> {
+        Ok(None)
+    }
+}
+
+/// A matrix product over views: `out (m x n) = lhs (m x k) x rhs (k x n)`; element `(i, j)` of
+/// a view is at element offset `i * strides[0] + j * strides[1]` from its address.
+pub struct GemmCall {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lhs: *const u8,
+    pub lhs_strides: [isize; 2],
+    pub rhs: *const u8,
+    pub rhs_strides: [isize; 2],
+    pub out: *mut u8,
+    pub out_strides: [isize; 2],
 }
 
 /// One device's part of a matrix product with a shared right operand (see
@@ -95,6 +127,7 @@ pub struct GemmPart {
     pub lhs_strides: [isize; 2],
     /// The right operand's address: the devices share it or they do not.
     pub rhs: *const u8,
+    pub rhs_strides: [isize; 2],
     pub out: *mut u8,
     pub out_strides: [isize; 2],
 }

@@ -14,120 +14,39 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_interp::{Collectives, GemmPart, InterpError, eval_op};
+use tessera_interp::{Collectives, GemmCall, GemmPart, InterpError, eval_op};
 use tessera_ir::{BinaryOp, DType, Data, Literal, Mesh, Op, ReduceKind, TensorType};
 
-type Key = (u64, u64, Vec<usize>);
+pub(crate) type Key = (u64, u64, Vec<usize>);
 
 #[derive(Default)]
-struct Slot {
-    values: Vec<Option<Arc<Literal>>>,
+pub(crate) struct Slot {
+    pub(crate) values: Vec<Option<Arc<Literal>>>,
     /// For an all-reduce: each member's reduced chunk of the result.
-    chunks: Vec<Option<Literal>>,
+    pub(crate) chunks: Vec<Option<Literal>>,
     /// For an all-reduce in place: each member's operand and result addresses.
-    buffers: Vec<Option<(usize, usize)>>,
+    pub(crate) buffers: Vec<Option<(usize, usize)>>,
     /// For an all-reduce in place: how many members reduced their chunk, then copied the rest.
-    reduced: usize,
-    copied: usize,
+    pub(crate) reduced: usize,
+    pub(crate) copied: usize,
     /// For a GEMM with a shared right operand: each member's part, and whether the stacked
     /// product is written back.
-    gemms: Vec<Option<PartAddr>>,
-    gemm_done: bool,
+    pub(crate) gemms: Vec<Option<crate::shared_gemm::PartAddr>>,
+    pub(crate) gemm_done: bool,
+    /// For a product summed over the group: where the leader put the sum.
+    pub(crate) result: usize,
     /// A member gave up waiting: nobody may use anybody's buffers.
-    abandoned: bool,
-    taken: usize,
-}
-
-/// A `GemmPart` as plain numbers, to sit in a slot shared between threads.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct PartAddr {
-    dtype: DType,
-    m: usize,
-    n: usize,
-    k: usize,
-    lhs: usize,
-    lhs_strides: [isize; 2],
-    rhs: usize,
-    out: usize,
-    out_strides: [isize; 2],
-}
-
-impl PartAddr {
-    fn of(p: &GemmPart) -> PartAddr {
-        PartAddr {
-            dtype: p.dtype,
-            m: p.m,
-            n: p.n,
-            k: p.k,
-            lhs: p.lhs as usize,
-            lhs_strides: p.lhs_strides,
-            rhs: p.rhs as usize,
-            out: p.out as usize,
-            out_strides: p.out_strides,
-        }
-    }
-}
-
-/// Copies a `rows x cols` strided view (element strides `s`) at `src` into the row-major
-/// `dst`, or back when `to_view`.
-///
-/// # Safety
-/// The view and `rows * cols` elements at `dst` must be valid, of `size`-byte elements, and
-/// not overlap.
-unsafe fn copy_view(
-    view: *mut u8,
-    s: [isize; 2],
-    dst: *mut u8,
-    (rows, cols, size): (usize, usize, usize),
-    to_view: bool,
-) {
-    for r in 0..rows {
-        // SAFETY: inside the view and the row-major block (the caller's contract).
-        unsafe {
-            let packed = dst.add(r * cols * size);
-            let strided = view.offset(r as isize * s[0] * size as isize);
-            if s[1] == 1 {
-                let (from, to) = if to_view {
-                    (packed as *const u8, strided)
-                } else {
-                    (strided as *const u8, packed)
-                };
-                std::ptr::copy_nonoverlapping(from, to, cols * size);
-            } else {
-                for c in 0..cols {
-                    let e = strided.offset(c as isize * s[1] * size as isize);
-                    let p = packed.add(c * size);
-                    let (from, to) = if to_view {
-                        (p as *const u8, e)
-                    } else {
-                        (e as *const u8, p)
-                    };
-                    std::ptr::copy_nonoverlapping(from, to, size);
-                }
-            }
-        }
-    }
-}
-
-/// How many products `gemm_shared_rhs` has done once for all devices, since the process
-/// started: for tests and benchmarks.
-pub fn shared_gemm_count() -> usize {
-    SHARED_GEMMS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-static SHARED_GEMMS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-thread_local! {
-    /// The stacked operands of `gemm_shared_rhs`, kept by the thread that multiplies them.
-    static STACKED: std::cell::RefCell<(Vec<u64>, Vec<u64>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    pub(crate) abandoned: bool,
+    pub(crate) taken: usize,
 }
 
 /// The meeting point of one launch's devices.
 pub struct Rendezvous {
-    slots: Mutex<HashMap<Key, Slot>>,
-    arrived: Condvar,
+    pub(crate) slots: Mutex<HashMap<Key, Slot>>,
+    pub(crate) arrived: Condvar,
     timeout: Duration,
+    /// Buffers the launch's members read until it ends (`shared_gemm::all_reduce`).
+    pub(crate) results: Mutex<Vec<Box<[u64]>>>,
 }
 
 impl Default for Rendezvous {
@@ -146,6 +65,7 @@ impl Default for Rendezvous {
             slots: Mutex::new(HashMap::new()),
             arrived: Condvar::new(),
             timeout,
+            results: Mutex::new(Vec::new()),
         }
     }
 }
@@ -168,7 +88,7 @@ pub struct SharedCollectives<'a> {
     pub position: usize,
     /// Device ids of the mesh positions, for error messages.
     pub device_ids: &'a [usize],
-    seq: Cell<u64>,
+    pub(crate) seq: Cell<u64>,
 }
 
 impl<'a> SharedCollectives<'a> {
@@ -270,118 +190,6 @@ fn concat(parts: &[Literal], dim: usize) -> Result<Literal, InterpError> {
 }
 
 impl Collectives for SharedCollectives<'_> {
-    /// Every device of the mesh meets; when all pass the same right operand, the first member
-    /// stacks the left operands, multiplies once on both cores (the operand is packed once
-    /// instead of once per device) and writes each device's rows back, while the others wait.
-    /// Members return only after the product is written, so every buffer outlives its use; a
-    /// member that times out at the meeting marks the slot abandoned under the lock.
-    unsafe fn gemm_shared_rhs(
-        &self,
-        mesh: &Mesh,
-        part: &GemmPart,
-        gemm: &(dyn Fn(usize, *const u8, *mut u8) + Sync),
-    ) -> Result<bool, InterpError> {
-        let axes: Vec<String> = mesh.axes.iter().map(|(a, _)| a.clone()).collect();
-        let (members, me) = group(mesh, &axes, self.position);
-        let n = members.len();
-        if n < 2 {
-            return Ok(false);
-        }
-        let op = Op::DotGeneral(tessera_ir::DotDims::matmul());
-        let seq = self.seq.get();
-        self.seq.set(seq + 1);
-        let key: Key = (self.launch, seq, members.clone());
-        let r = self.rendezvous;
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
-            gemms: vec![None; n],
-            ..Slot::default()
-        });
-        slot.gemms[me] = Some(PartAddr::of(part));
-        r.arrived.notify_all();
-        slots = self.wait_for(&op, slots, &key, &members, |s| {
-            s.gemms.iter().all(|g| g.is_some())
-        })?;
-        let parts: Vec<PartAddr> = slots[&key]
-            .gemms
-            .iter()
-            .map(|g| g.expect("complete"))
-            .collect();
-        let first = parts[0];
-        let shared = parts
-            .iter()
-            .all(|p| (p.rhs, p.n, p.k, p.dtype) == (first.rhs, first.n, first.k, first.dtype));
-        if !shared {
-            self.leave(&mut slots, &key, n);
-            return Ok(false);
-        }
-        if me == 0 {
-            drop(slots);
-            let size = first.dtype.byte_width();
-            let rows: usize = parts.iter().map(|p| p.m).sum();
-            let work = std::panic::AssertUnwindSafe(|| {
-                STACKED.with(|stacked| {
-                    let (lhs, out) = &mut *stacked.borrow_mut();
-                    lhs.resize((rows * first.k * size).div_ceil(8), 0);
-                    out.resize((rows * first.n * size).div_ceil(8), 0);
-                    let (lhs, out) = (lhs.as_mut_ptr() as *mut u8, out.as_mut_ptr() as *mut u8);
-                    let mut row = 0;
-                    for p in &parts {
-                        // SAFETY: member `p`'s left operand is a live view of `m x k` elements
-                        // (it waits in this call); the stacked block has room for its rows.
-                        unsafe {
-                            copy_view(
-                                p.lhs as *mut u8,
-                                p.lhs_strides,
-                                lhs.add(row * first.k * size),
-                                (p.m, first.k, size),
-                                false,
-                            )
-                        };
-                        row += p.m;
-                    }
-                    gemm(rows, lhs, out);
-                    let mut row = 0;
-                    for p in &parts {
-                        // SAFETY: member `p`'s result is a live view nobody else touches until
-                        // the member returns, after `gemm_done`.
-                        unsafe {
-                            copy_view(
-                                p.out as *mut u8,
-                                p.out_strides,
-                                out.add(row * first.n * size),
-                                (p.m, first.n, size),
-                                true,
-                            )
-                        };
-                        row += p.m;
-                    }
-                })
-            });
-            // The others wait without a timeout: should the product panic, they must hear of
-            // it (as an abandoned slot) before the panic goes on.
-            let outcome = std::panic::catch_unwind(work);
-            slots = r.slots.lock().expect("rendezvous lock");
-            let slot = slots.get_mut(&key).expect("slot present");
-            match outcome {
-                Ok(()) => {
-                    slot.gemm_done = true;
-                    SHARED_GEMMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                Err(_) => slot.abandoned = true,
-            }
-            r.arrived.notify_all();
-            if let Err(panic) = outcome {
-                drop(slots);
-                std::panic::resume_unwind(panic);
-            }
-        } else {
-            slots = self.wait(&op, slots, &key, &members, |s| s.gemm_done, false)?;
-        }
-        self.leave(&mut slots, &key, n);
-        Ok(true)
-    }
-
     /// Large all-reduces (`SMALL_ALL_REDUCE` elements or more, not bool) run between the
     /// devices' buffers; the others take `run`'s copying path.
     unsafe fn all_reduce_in_place(
@@ -402,6 +210,27 @@ impl Collectives for SharedCollectives<'_> {
         // SAFETY: forwarded from the caller.
         unsafe { self.all_reduce_buffers(op, &members, me, ty, input, out)? };
         Ok(true)
+    }
+
+    unsafe fn gemm_shared_rhs(
+        &self,
+        mesh: &Mesh,
+        part: &GemmPart,
+        gemm: &(dyn Fn(&GemmCall) + Sync),
+    ) -> Result<bool, InterpError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { crate::shared_gemm::shared_rhs(self, mesh, part, gemm) }
+    }
+
+    unsafe fn gemm_all_reduce(
+        &self,
+        op: &Op,
+        mesh: &Mesh,
+        part: &GemmPart,
+        gemm: &(dyn Fn(&GemmCall) + Sync),
+    ) -> Result<Option<*const u8>, InterpError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { crate::shared_gemm::all_reduce(self, op, mesh, part, gemm) }
     }
 
     fn run(
@@ -469,6 +298,18 @@ impl Collectives for SharedCollectives<'_> {
 
 /// How many times a waiting device yields its core before it parks.
 const YIELDS_BEFORE_PARKING: usize = 256;
+
+/// How a member waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// For the group to arrive: gives up after the timeout, naming who is missing.
+    Meeting,
+    /// For the others to finish a short bounded step, once all have arrived: no timeout.
+    Step,
+    /// For another member's long computation (a product for the group): parks at once, so
+    /// the waiting threads leave the cores to it.
+    Parked,
+}
 
 /// Below this many elements an all-reduce takes one meeting instead of two.
 const SMALL_ALL_REDUCE: usize = 1 << 14;
@@ -726,7 +567,7 @@ impl<'r> SharedCollectives<'r> {
     /// Waits (parked) until `done` holds for the slot, or the timeout names who is missing.
     /// A member that gives up marks the slot abandoned, under the lock, so that the others
     /// fail at once instead of waiting for their own timeout.
-    fn wait_for(
+    pub(crate) fn wait_for(
         &self,
         op: &Op,
         slots: MutexGuard<'r, HashMap<Key, Slot>>,
@@ -734,17 +575,17 @@ impl<'r> SharedCollectives<'r> {
         members: &[usize],
         done: impl Fn(&Slot) -> bool,
     ) -> Result<MutexGuard<'r, HashMap<Key, Slot>>, InterpError> {
-        self.wait(op, slots, key, members, done, true)
+        self.wait(op, slots, key, members, done, Wait::Meeting)
     }
 
-    fn wait(
+    pub(crate) fn wait(
         &self,
         op: &Op,
         mut slots: MutexGuard<'r, HashMap<Key, Slot>>,
         key: &Key,
         members: &[usize],
         done: impl Fn(&Slot) -> bool,
-        timed: bool,
+        mode: Wait,
     ) -> Result<MutexGuard<'r, HashMap<Key, Slot>>, InterpError> {
         let r = self.rendezvous;
         let start = Instant::now();
@@ -758,7 +599,12 @@ impl<'r> SharedCollectives<'r> {
         // With more devices than cores the others need this core to arrive: offer it a few
         // times (cheaper than a futex sleep and wake-up) before parking on the condition
         // variable.
-        for _ in 0..YIELDS_BEFORE_PARKING {
+        let yields = if mode == Wait::Parked {
+            0
+        } else {
+            YIELDS_BEFORE_PARKING
+        };
+        for _ in 0..yields {
             let slot = slots.get(key).expect("slot stays until all took");
             if done(slot) {
                 return Ok(slots);
@@ -779,7 +625,7 @@ impl<'r> SharedCollectives<'r> {
                 return Err(gave_up());
             }
             let waited = start.elapsed();
-            if !timed {
+            if mode != Wait::Meeting {
                 slots = r.arrived.wait(slots).expect("rendezvous lock");
                 continue;
             }
@@ -891,7 +737,7 @@ impl<'r> SharedCollectives<'r> {
         let mut slots = r.slots.lock().expect("rendezvous lock");
         slots.get_mut(&key).expect("slot present").reduced += 1;
         r.arrived.notify_all();
-        slots = self.wait(op, slots, &key, members, |s| s.reduced == n, false)?;
+        slots = self.wait(op, slots, &key, members, |s| s.reduced == n, Wait::Step)?;
         drop(slots);
         for (k, &(_, theirs)) in buffers.iter().enumerate() {
             if k == me {
@@ -912,7 +758,7 @@ impl<'r> SharedCollectives<'r> {
         let mut slots = r.slots.lock().expect("rendezvous lock");
         slots.get_mut(&key).expect("slot present").copied += 1;
         r.arrived.notify_all();
-        slots = self.wait(op, slots, &key, members, |s| s.copied == n, false)?;
+        slots = self.wait(op, slots, &key, members, |s| s.copied == n, Wait::Step)?;
         self.leave(&mut slots, &key, n);
         Ok(())
     }
@@ -950,7 +796,12 @@ impl<'r> SharedCollectives<'r> {
     }
 
     /// Marks this member done with the slot; the last one removes it.
-    fn leave(&self, slots: &mut MutexGuard<'_, HashMap<Key, Slot>>, key: &Key, n: usize) {
+    pub(crate) fn leave(
+        &self,
+        slots: &mut MutexGuard<'_, HashMap<Key, Slot>>,
+        key: &Key,
+        n: usize,
+    ) {
         let slot = slots.get_mut(key).expect("slot present");
         slot.taken += 1;
         if slot.taken == n {

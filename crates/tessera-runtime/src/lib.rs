@@ -7,7 +7,9 @@
 pub mod array;
 pub mod collectives;
 pub mod device;
+pub mod shared_gemm;
 
 pub use array::{Array, ShardSpec};
-pub use collectives::{Rendezvous, SharedCollectives, shared_gemm_count};
+pub use collectives::{Rendezvous, SharedCollectives};
 pub use device::{device_count, run_on_devices};
+pub use shared_gemm::shared_gemm_count;

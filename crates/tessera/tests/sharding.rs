@@ -505,7 +505,10 @@ fn products_with_a_replicated_weight_run_once_for_all_devices() {
     let got = sharded
         .call((device_put(x.clone(), &rows), device_put(w.clone(), &whole)))
         .unwrap();
-    assert!(tessera::shared_gemm_count() >= before + 2, "both products are shared");
+    assert!(
+        tessera::shared_gemm_count() >= before + 2,
+        "both products are shared"
+    );
     close(&got, &want, "shared-weight products");
     // Each device with a weight of its own (split over dp on the free dim: 32 columns each)
     // multiplies alone, and the result is the same.
@@ -515,6 +518,31 @@ fn products_with_a_replicated_weight_run_once_for_all_devices() {
     let got = g
         .call((device_put(x.clone(), &whole), device_put(w.clone(), &cols)))
         .unwrap();
-    assert_eq!(tessera::shared_gemm_count(), before, "distinct weights are not shared");
-    close(&got, &jit(|(x, w): (Tensor, Tensor)| x.matmul(&w)).call((x, w)).unwrap(), "split weight");
+    assert_eq!(
+        tessera::shared_gemm_count(),
+        before,
+        "distinct weights are not shared"
+    );
+    close(
+        &got,
+        &jit(|(x, w): (Tensor, Tensor)| x.matmul(&w))
+            .call((x.clone(), w))
+            .unwrap(),
+        "split weight",
+    );
+    // A weight gradient: the product contracts the rows split over dp, and the all-reduce
+    // that completes it is one product over all the rows.
+    let d = random::normal(&Key::new(5), [512, 256]);
+    let grad = |(x, d): (Tensor, Tensor)| x.t().matmul(&d);
+    let want = jit(grad).call((x.clone(), d.clone())).unwrap();
+    let before = tessera::shared_gemm_count();
+    let got = jit(grad)
+        .call((device_put(x, &rows), device_put(d, &rows)))
+        .unwrap();
+    assert!(
+        tessera::shared_gemm_count() > before,
+        "the product and its sum are one"
+    );
+    assert_eq!(got.sharding().unwrap().spec, P![]);
+    close(&got, &want, "weight gradient");
 }
