@@ -31,6 +31,9 @@ pub struct Executable {
     shared_gemm_from: usize,
     /// For a GEMM step whose result only feeds a sum all-reduce right after: that step.
     reduced_by: Vec<Option<usize>>,
+    /// Steps this executable skips, and buffers it does not produce (`dropping_outputs`).
+    skipped: Vec<bool>,
+    dropped: Vec<bool>,
 }
 
 /// GEMMs of at least this many multiply-adds with a replicated right operand are done once for
@@ -256,6 +259,8 @@ impl Executable {
         let reduced_by = reduced_by(&schedule);
         Executable {
             reduced_by,
+            skipped: vec![false; schedule.steps.len()],
+            dropped: vec![false; schedule.bufs.len()],
             arena: RefCell::new(vec![0u64; plan.arena_bytes.div_ceil(8)]),
             schedule,
             kernels,
@@ -278,6 +283,48 @@ impl Executable {
         self.parallel_gemm_from = usize::MAX;
         self.parallel_kernel_from = usize::MAX;
         self.shared_gemm_from = SHARED_GEMM_FROM;
+        self
+    }
+
+    /// Does not compute the outputs marked in `drop` (indices into the program's outputs), nor
+    /// the steps only they need: a device whose replicated outputs another device returns
+    /// skips them. Collectives and the GEMMs that meet other devices still run: the others
+    /// wait for them. Such an output comes back as `None` from `run_partial`.
+    pub fn dropping_outputs(mut self, drop: &[bool]) -> Executable {
+        let steps = &self.schedule.steps;
+        let outputs = &self.schedule.outputs;
+        let mut live = vec![false; self.schedule.bufs.len()];
+        for (i, &b) in outputs.iter().enumerate() {
+            if !drop.get(i).copied().unwrap_or(false) {
+                live[b] = true;
+            }
+        }
+        let mut skipped = vec![true; steps.len()];
+        for i in (0..steps.len()).rev() {
+            let meets = match &steps[i].kind {
+                StepKind::Collective(_) => true,
+                StepKind::Gemm(g) => {
+                    self.mesh.is_some()
+                        && g.batch.is_empty()
+                        && g.m * g.n * g.k >= self.shared_gemm_from
+                }
+                StepKind::Kernel(_) => false,
+            };
+            if meets || live[steps[i].output] {
+                skipped[i] = false;
+                for &b in &steps[i].inputs {
+                    live[b] = true;
+                }
+            }
+        }
+        let mut dropped = vec![false; self.schedule.bufs.len()];
+        for (i, s) in steps.iter().enumerate() {
+            if skipped[i] {
+                dropped[s.output] = true;
+            }
+        }
+        self.skipped = skipped;
+        self.dropped = dropped;
         self
     }
 
@@ -319,6 +366,19 @@ impl Executable {
         inputs: &[&Literal],
         collectives: &dyn Collectives,
     ) -> Result<Vec<Literal>, InterpError> {
+        Ok(self
+            .run_partial(inputs, collectives)?
+            .into_iter()
+            .map(|o| o.expect("no output dropped (see dropping_outputs)"))
+            .collect())
+    }
+
+    /// Like `run`, with `None` for the outputs `dropping_outputs` dropped.
+    pub fn run_partial(
+        &self,
+        inputs: &[&Literal],
+        collectives: &dyn Collectives,
+    ) -> Result<Vec<Option<Literal>>, InterpError> {
         let mut arena = self.arena.borrow_mut();
         let base = arena.as_mut_ptr() as *mut u8;
         let bufs = &self.schedule.bufs;
@@ -342,6 +402,8 @@ impl Executable {
                     data_ptr(&lit.data) as *mut u8
                 }
                 BufKind::Constant(lit) => data_ptr(&lit.data) as *mut u8,
+                // Never written, never read: no step that touches it runs.
+                BufKind::Temp if self.dropped[i] => std::ptr::null_mut(),
                 BufKind::Temp if self.schedule.outputs.contains(&i) => {
                     let mut v = OutVec::with_capacity(&b.ty);
                     let p = v.as_mut_ptr();
@@ -357,7 +419,7 @@ impl Executable {
         let mut args: Vec<*mut u8> = Vec::new();
         let mut skip = None;
         for (i, (step, kernel)) in self.schedule.steps.iter().zip(&self.kernels).enumerate() {
-            if skip == Some(i) {
+            if skip == Some(i) || self.skipped[i] {
                 continue;
             }
             match &step.kind {
@@ -521,19 +583,24 @@ impl Executable {
             .outputs
             .iter()
             .map(|&b| {
-                match owned
-                    .iter_mut()
-                    .find(|(o, _)| *o == b)
-                    .and_then(|(_, d)| d.take())
-                {
-                    Some(data) => Literal {
-                        ty: bufs[b].ty.clone(),
-                        data,
-                    },
-                    // An input or constant returned as is, or an output returned twice.
-                    // SAFETY: the buffer holds a value of its type.
-                    None => unsafe { literal_from(&bufs[b].ty, ptrs[b]) },
+                if self.dropped[b] {
+                    return None;
                 }
+                Some(
+                    match owned
+                        .iter_mut()
+                        .find(|(o, _)| *o == b)
+                        .and_then(|(_, d)| d.take())
+                    {
+                        Some(data) => Literal {
+                            ty: bufs[b].ty.clone(),
+                            data,
+                        },
+                        // An input or constant returned as is, or an output returned twice.
+                        // SAFETY: the buffer holds a value of its type.
+                        None => unsafe { literal_from(&bufs[b].ty, ptrs[b]) },
+                    },
+                )
             })
             .collect())
     }

@@ -46,7 +46,7 @@ pub struct Rendezvous {
     pub(crate) arrived: Condvar,
     timeout: Duration,
     /// Buffers the launch's members read until it ends (`shared_gemm::all_reduce`).
-    pub(crate) results: Mutex<Vec<Box<[u64]>>>,
+    pub(crate) results: Mutex<Vec<Box<[std::mem::MaybeUninit<u64>]>>>,
 }
 
 impl Default for Rendezvous {

@@ -314,7 +314,9 @@ pub(crate) unsafe fn all_reduce(
         // The result, laid out as the all-reduce's buffer is: its last element's offset + 1.
         let os = first.out_strides;
         let extent = ((m as isize - 1) * os[0] + (nn as isize - 1) * os[1] + 1) as usize;
-        let mut sum = vec![0u64; (extent * size).div_ceil(8)].into_boxed_slice();
+        // Uninitialized: the product writes every element of the view, which is the whole
+        // buffer (a dense `m x n` layout), before anyone reads it.
+        let mut sum = Box::<[u64]>::new_uninit_slice((extent * size).div_ceil(8));
         let sum_ptr = sum.as_mut_ptr() as *mut u8;
         // Published before the product is marked done (moving the box keeps its elements
         // where they are; the launch frees them when it ends).

@@ -218,6 +218,11 @@ pub(crate) fn trace_fn_on<In: Tree, Out: Tree>(
     })
 }
 
+/// Whether a sharding splits no dim.
+fn is_replicated(spec: &Spec) -> bool {
+    spec.iter().all(|axes| axes.is_empty())
+}
+
 /// Partitions a traced program for inputs placed on `mesh`.
 fn partition_lowered(
     lowered: Lowered,
@@ -351,18 +356,26 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 let tensors: Vec<Tensor> = (0..n_out)
                     .rev()
                     .map(|o| {
-                        let mut shards: Vec<Arc<Literal>> = per_device
+                        let mut outs: Vec<Option<Literal>> = per_device
                             .iter_mut()
-                            .map(|outs| Arc::new(outs.pop().expect("one value per output")))
+                            .map(|outs| outs.pop().expect("one value per output"))
                             .collect();
-                        // Every device computes a replicated output bit for bit alike (its
-                        // inputs are replicated or all-reduced, in one order everywhere): keep
-                        // one buffer for all, as `device_put` does, so the next step's devices
-                        // read one copy of the parameters instead of eight.
-                        if out_specs[o].iter().all(|axes| axes.is_empty()) {
-                            let first = shards[0].clone();
-                            shards.iter_mut().for_each(|s| *s = first.clone());
-                        }
+                        // A replicated output is alike on every device (its inputs are
+                        // replicated or all-reduced, in one order everywhere), so only the
+                        // first device computes it (`DeviceProgram::compile`) and its buffer
+                        // serves all, as `device_put` does: the next step's devices read one
+                        // copy of the parameters instead of eight.
+                        let shards: Vec<Arc<Literal>> = if is_replicated(&out_specs[o]) {
+                            let first = outs[0].take().expect("the first device computes all");
+                            let first = Arc::new(first);
+                            (0..outs.len()).map(|_| first.clone()).collect()
+                        } else {
+                            outs.into_iter()
+                                .map(|l| {
+                                    Arc::new(l.expect("split outputs are computed everywhere"))
+                                })
+                                .collect()
+                        };
                         Tensor::from_array(Array::from_shards(
                             out_types[o].clone(),
                             ShardSpec {
@@ -417,6 +430,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     mesh.devices.clone(),
                     self.backend,
                     (&dump, 4),
+                    &out_specs.iter().map(is_replicated).collect::<Vec<_>>(),
                 )?;
                 Ok(Compiled::Sharded {
                     out_def: lowered.out_def,

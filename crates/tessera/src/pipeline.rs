@@ -99,14 +99,34 @@ impl Executable {
             Executable::Native(e) => Ok(e.run(inputs, collectives)?),
         }
     }
+
+    /// Like `run_with`, with `None` for the outputs a native device program was compiled not
+    /// to compute (`compile_device_program`'s `drop`).
+    pub(crate) fn run_partial(
+        &self,
+        inputs: &[&Literal],
+        collectives: &dyn tessera_interp::Collectives,
+    ) -> Result<Vec<Option<Literal>>> {
+        match self {
+            Executable::Interpreted(g) => Ok(tessera_interp::run_with(g, inputs, collectives)?
+                .into_iter()
+                .map(Some)
+                .collect()),
+            Executable::Native(e) => Ok(e.run_partial(inputs, collectives)?),
+        }
+    }
 }
 
 /// Compiles a per-device program (already partitioned) for one device of several: the same
 /// backends, with no kernel split over threads (every core runs a device).
+///
+/// Outputs marked in `drop` are not computed by the native backend (another device returns
+/// them); the interpreter computes everything.
 pub(crate) fn compile_device_program(
     graph: &Graph,
     backend: Backend,
     dump: Option<(&Dump, usize)>,
+    drop: &[bool],
 ) -> Result<Executable> {
     verify(graph)?;
     Ok(match backend {
@@ -116,7 +136,7 @@ pub(crate) fn compile_device_program(
             if let Some((dump, index)) = dump {
                 dump.write_text(index, "schedule", &exe.describe())?;
             }
-            Executable::Native(Box::new(exe.single_threaded()))
+            Executable::Native(Box::new(exe.single_threaded().dropping_outputs(drop)))
         }
     })
 }

@@ -174,7 +174,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         let mut columns: Vec<Vec<Literal>> = (0..n_out).map(|_| Vec::with_capacity(n)).collect();
         for outs in per_device {
             for (o, l) in outs.into_iter().enumerate() {
-                columns[o].push(l);
+                columns[o].push(l.expect("pmap drops no output"));
             }
         }
         let tensors: Vec<Tensor> = columns
@@ -205,8 +205,14 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             location: self.name.clone(),
         })?;
         dump.write(2, "combined", &graph)?;
-        let program =
-            DeviceProgram::compile(&graph, mesh, (0..n).collect(), self.backend, (&dump, 3))?;
+        let program = DeviceProgram::compile(
+            &graph,
+            mesh,
+            (0..n).collect(),
+            self.backend,
+            (&dump, 3),
+            &[],
+        )?;
         Ok(Compiled { out_def, program })
     }
 }

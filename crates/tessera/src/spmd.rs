@@ -22,20 +22,24 @@ static LAUNCH: AtomicU64 = AtomicU64::new(0);
 
 impl DeviceProgram {
     /// Compiles `local` once per device; the first device's native schedule is dumped as
-    /// `dump_index` (`TESSERA_DUMP`).
+    /// `dump_index` (`TESSERA_DUMP`). Outputs marked in `first_only` are computed by the first
+    /// device only (replicated outputs, alike on every device): the others skip their work and
+    /// `run` gives `None` for them.
     pub(crate) fn compile(
         local: &Graph,
         mesh: Mesh,
         devices: Vec<usize>,
         backend: Backend,
         (dump, dump_index): (&Dump, usize),
+        first_only: &[bool],
     ) -> Result<DeviceProgram> {
         let executables = devices
             .iter()
             .enumerate()
             .map(|(i, _)| {
                 let dump = (i == 0).then_some((dump, dump_index));
-                compile_device_program(local, backend, dump).map(Mutex::new)
+                let drop: Vec<bool> = first_only.iter().map(|&f| f && i > 0).collect();
+                compile_device_program(local, backend, dump, &drop).map(Mutex::new)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(DeviceProgram {
@@ -47,7 +51,7 @@ impl DeviceProgram {
 
     /// Runs the program on every device; `inputs[p]` are mesh position `p`'s inputs. Returns
     /// each position's outputs.
-    pub(crate) fn run(&self, inputs: Vec<Vec<Arc<Literal>>>) -> Result<Vec<Vec<Literal>>> {
+    pub(crate) fn run(&self, inputs: Vec<Vec<Arc<Literal>>>) -> Result<Vec<Vec<Option<Literal>>>> {
         let launch = LAUNCH.fetch_add(1, Ordering::Relaxed);
         let rendezvous = Arc::new(Rendezvous::default());
         let exes = self.executables.clone();
@@ -55,13 +59,13 @@ impl DeviceProgram {
         let inputs = Arc::new(inputs);
         let results = run_on_devices(
             &self.devices,
-            Arc::new(move |pos: usize| -> Result<Vec<Literal>> {
+            Arc::new(move |pos: usize| -> Result<Vec<Option<Literal>>> {
                 let exe = exes[pos]
                     .lock()
                     .expect("one launch at a time per executable");
                 let coll = SharedCollectives::new(&rendezvous, launch, pos, &devices);
                 let refs: Vec<&Literal> = inputs[pos].iter().map(|l| l.as_ref()).collect();
-                exe.run_with(&refs, &coll)
+                exe.run_partial(&refs, &coll)
             }),
         )
         .map_err(|m| Error::Io(format!("a device failed: {m}")))?;

@@ -1,0 +1,57 @@
+//! `Executable::dropping_outputs`: a device whose replicated outputs another device returns
+//! skips the steps only they need, but still meets the others at its collectives.
+
+use std::cell::Cell;
+
+use tessera_interp::{Collectives, InterpError, SingleDevice};
+use tessera_ir::{Literal, Mesh, Op, TensorType, parse};
+
+/// One device alone, counting the collectives it is asked to run.
+struct Counting(Cell<usize>);
+
+impl Collectives for Counting {
+    fn run(
+        &self,
+        op: &Op,
+        mesh: &Mesh,
+        input: Option<&Literal>,
+        out: &TensorType,
+    ) -> Result<Literal, InterpError> {
+        self.0.set(self.0.get() + 1);
+        SingleDevice.run(op, mesh, input, out)
+    }
+}
+
+#[test]
+fn dropped_outputs_skip_their_steps_but_not_the_collectives() {
+    let g = parse(
+        "mesh @mesh = <\"dp\"=1>\n\
+         func @f(%0: f32[4]) {\n  \
+           %1 = exp %0 : f32[4]\n  \
+           %2 = all_reduce %1 sum axes=[\"dp\"] : f32[4]\n  \
+           %3 = neg %2 : f32[4]\n  \
+           %4 = tanh %0 : f32[4]\n  \
+           return %3, %4\n}\n",
+    )
+    .unwrap();
+    let x = Literal::new([4], tessera_ir::Data::F32(vec![0.0, 1.0, -1.0, 2.0])).unwrap();
+    let full = tessera_codegen::compile(&g).unwrap().single_threaded();
+    let all = full.run(&[&x], &SingleDevice).unwrap();
+    for drop in [[true, false], [false, true], [true, true]] {
+        let exe = tessera_codegen::compile(&g)
+            .unwrap()
+            .single_threaded()
+            .dropping_outputs(&drop);
+        let met = Counting(Cell::new(0));
+        let outs = exe.run_partial(&[&x], &met).unwrap();
+        // The all-reduce runs whatever is dropped: the other devices wait for it.
+        assert_eq!(met.0.get(), 1, "{drop:?}");
+        for (i, o) in outs.iter().enumerate() {
+            match (drop[i], o) {
+                (true, None) => {}
+                (false, Some(l)) => assert_eq!(l, &all[i], "{drop:?}: output {i}"),
+                _ => panic!("{drop:?}: output {i} is {o:?}"),
+            }
+        }
+    }
+}
