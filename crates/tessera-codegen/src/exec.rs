@@ -286,6 +286,23 @@ impl Executable {
         self
     }
 
+    /// Whether step `i` waits for the other devices: a collective, or a GEMM offered to the
+    /// transport (`run_partial`).
+    fn meets_others(&self, i: usize) -> bool {
+        let step = &self.schedule.steps[i];
+        match &step.kind {
+            StepKind::Collective(_) => true,
+            StepKind::Gemm(g) => {
+                self.mesh.is_some()
+                    && g.batch.is_empty()
+                    && g.m * g.n * g.k >= self.shared_gemm_from
+                    && (self.reduced_by[i].is_some()
+                        || matches!(self.schedule.bufs[step.inputs[1]].kind, BufKind::Input(_)))
+            }
+            StepKind::Kernel(_) => false,
+        }
+    }
+
     /// Does not compute the outputs marked in `drop` (indices into the program's outputs), nor
     /// the steps only they need: a device whose replicated outputs another device returns
     /// skips them. Collectives and the GEMMs that meet other devices still run: the others
@@ -301,16 +318,7 @@ impl Executable {
         }
         let mut skipped = vec![true; steps.len()];
         for i in (0..steps.len()).rev() {
-            let meets = match &steps[i].kind {
-                StepKind::Collective(_) => true,
-                StepKind::Gemm(g) => {
-                    self.mesh.is_some()
-                        && g.batch.is_empty()
-                        && g.m * g.n * g.k >= self.shared_gemm_from
-                }
-                StepKind::Kernel(_) => false,
-            };
-            if meets || live[steps[i].output] {
+            if self.meets_others(i) || live[steps[i].output] {
                 skipped[i] = false;
                 for &b in &steps[i].inputs {
                     live[b] = true;
@@ -458,8 +466,7 @@ impl Executable {
                         ptrs[step.inputs[1]],
                         ptrs[step.output],
                     );
-                    let big = g.batch.is_empty() && g.m * g.n * g.k >= self.shared_gemm_from;
-                    if let (true, Some(mesh)) = (big, &self.mesh) {
+                    if let (true, Some(mesh)) = (self.meets_others(i), &self.mesh) {
                         let whole = |c: &GemmCall| {
                             // SAFETY: the transport passes views inside live buffers: stacked
                             // copies, or the devices' own, alive while they wait in the call.
@@ -517,7 +524,8 @@ impl Executable {
                                 skip = Some(next);
                                 continue;
                             }
-                        } else if matches!(bufs[step.inputs[1]].kind, BufKind::Input(_)) {
+                        } else {
+                            // The right operand is a program input (`meets_others`).
                             // SAFETY: as above.
                             if unsafe { collectives.gemm_shared_rhs(mesh, &part, &whole)? } {
                                 continue;
