@@ -399,24 +399,45 @@ impl Partitioner<'_> {
         }
     }
 
-    /// Moves a local value from sharding `from` to `to`: `all_gather` where a dim must become
-    /// whole, a local slice by `axis_index` where it must be split.
+    /// Moves a local value from sharding `from` to `to`: first an `all_to_all` for each axis
+    /// that moves from one dim to another, then an `all_gather` for each dim that must become
+    /// whole, then a local slice by `axis_index` for each dim that must be split. (Gathering
+    /// every dim before slicing any matters: a dim sliced over an axis another dim is still
+    /// split over would pair chunks from different devices.)
     fn reshard(&mut self, v: NodeId, from: &Spec, to: &Spec) -> Result<NodeId, ShardError> {
         let mut v = v;
-        for d in 0..from.len() {
-            if from[d] == to[d] {
+        let mut cur = from.clone();
+        for d1 in 0..cur.len() {
+            if cur[d1].is_empty() || cur[d1] == to[d1] {
                 continue;
             }
-            if !from[d].is_empty() {
+            let moved =
+                (0..cur.len()).find(|&d2| d2 != d1 && cur[d2].is_empty() && to[d2] == cur[d1]);
+            if let Some(d2) = moved {
+                v = self.add(
+                    Op::AllToAll {
+                        split_dim: d2,
+                        concat_dim: d1,
+                        axes: cur[d1].clone(),
+                    },
+                    &[v],
+                )?;
+                cur[d2] = std::mem::take(&mut cur[d1]);
+            }
+        }
+        for d in 0..cur.len() {
+            if !cur[d].is_empty() && cur[d] != to[d] {
                 v = self.add(
                     Op::AllGather {
                         dim: d,
-                        axes: from[d].clone(),
+                        axes: std::mem::take(&mut cur[d]),
                     },
                     &[v],
                 )?;
             }
-            if !to[d].is_empty() {
+        }
+        for d in 0..cur.len() {
+            if cur[d] != to[d] {
                 v = self.local_slice(v, d, &to[d])?;
             }
         }

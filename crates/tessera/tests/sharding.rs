@@ -549,3 +549,28 @@ fn products_with_a_replicated_weight_run_once_for_all_devices() {
         "the product and its sum are one"
     );
 }
+
+#[test]
+fn reshards_move_the_right_chunks() {
+    eight_devices();
+    let mesh = Mesh::new([4, 2], ["dp", "mp"]);
+    let values: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let host = Tensor::from_vec(values.clone(), [8, 8]);
+    let put = |spec: PartitionSpec| device_put(host.clone(), &NamedSharding::new(&mesh, spec));
+    let twice: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
+    let squares: Vec<f32> = values.iter().map(|v| v * v).collect();
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        // Operands split on different dims: the second moves its axis with an all_to_all.
+        let mul = jit(|(a, b): (Tensor, Tensor)| &a * &b).backend(backend);
+        let (a, b) = (put(P!["dp"]), put(P![None, "dp"]));
+        let local = mul.lower(&(a.clone(), b.clone())).unwrap().per_device_ir();
+        assert!(local.contains("all_to_all") && !local.contains("all_gather"), "{local}");
+        assert_eq!(mul.call((a, b)).unwrap().to_vec::<f32>(), squares, "{backend:?}");
+        // Two axes trading dims: both gathered before either is sliced.
+        let want = NamedSharding::new(&mesh, P!["mp", "dp"]);
+        let swap = jit(|x: Tensor| with_sharding_constraint(&(x * 2.0), &want)).backend(backend);
+        let y = swap.call(put(P!["dp", "mp"])).unwrap();
+        assert_eq!(y.sharding().unwrap().spec, P!["mp", "dp"]);
+        assert_eq!(y.to_vec::<f32>(), twice, "{backend:?}");
+    }
+}
