@@ -8,8 +8,9 @@
 //! per-device program: each op's factor rule (`factors.rs`) reads where its operands are and
 //! where its result is wanted, settles its factors (`propagate::resolve`, the larger tensor
 //! winning a conflict), and from them the sharding it wants its operands in, its result's, and
-//! its reduction factors' axes. An operand elsewhere is resharded: `all_gather` to make a dim
-//! whole, a local slice by `axis_index` to split one; a splat or a broadcast is rather built
+//! its reduction factors' axes. An operand elsewhere is resharded: `all_to_all` where an axis
+//! moves to another dim, `all_gather` to make a dim whole, a local slice by `axis_index` to
+//! split one; a splat or a broadcast is rather built
 //! again in place. A sharded reduction factor leaves partial results that an `all_reduce`
 //! completes, or a `reduce_scatter` where the result is wanted split over those axes. The dump
 //! records each reshard and each conflict in the node's location comment.
