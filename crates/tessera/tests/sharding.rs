@@ -564,8 +564,15 @@ fn reshards_move_the_right_chunks() {
         let mul = jit(|(a, b): (Tensor, Tensor)| &a * &b).backend(backend);
         let (a, b) = (put(P!["dp"]), put(P![None, "dp"]));
         let local = mul.lower(&(a.clone(), b.clone())).unwrap().per_device_ir();
-        assert!(local.contains("all_to_all") && !local.contains("all_gather"), "{local}");
-        assert_eq!(mul.call((a, b)).unwrap().to_vec::<f32>(), squares, "{backend:?}");
+        assert!(
+            local.contains("all_to_all") && !local.contains("all_gather"),
+            "{local}"
+        );
+        assert_eq!(
+            mul.call((a, b)).unwrap().to_vec::<f32>(),
+            squares,
+            "{backend:?}"
+        );
         // Two axes trading dims: both gathered before either is sliced.
         let want = NamedSharding::new(&mesh, P!["mp", "dp"]);
         let swap = jit(|x: Tensor| with_sharding_constraint(&(x * 2.0), &want)).backend(backend);
