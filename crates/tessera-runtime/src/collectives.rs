@@ -40,6 +40,24 @@ pub(crate) struct Slot {
     pub(crate) taken: usize,
 }
 
+impl Slot {
+    /// The slot of a group of `n` members, nobody arrived.
+    fn new(n: usize) -> Slot {
+        Slot {
+            values: vec![None; n],
+            chunks: vec![None; n],
+            buffers: vec![None; n],
+            gemms: vec![None; n],
+            ..Slot::default()
+        }
+    }
+
+    /// Whether member `k` has arrived, whatever it brought.
+    fn arrived(&self, k: usize) -> bool {
+        self.values[k].is_some() || self.buffers[k].is_some() || self.gemms[k].is_some()
+    }
+}
+
 /// The meeting point of one launch's devices.
 pub struct Rendezvous {
     pub(crate) slots: Mutex<HashMap<Key, Slot>>,
@@ -633,10 +651,7 @@ impl<'r> SharedCollectives<'r> {
                 slot.abandoned = true;
                 r.arrived.notify_all();
                 let n = members.len();
-                let arrived = |k: usize| {
-                    slot.values.get(k).is_some_and(|v| v.is_some())
-                        || slot.buffers.get(k).is_some_and(|b| b.is_some())
-                };
+                let arrived = |k: usize| slot.arrived(k);
                 let all_arrived = (0..n).all(arrived);
                 let missing: Vec<usize> = (0..n)
                     .filter(|&k| {
@@ -693,20 +708,13 @@ impl<'r> SharedCollectives<'r> {
             unreachable!("called for all_reduce only")
         };
         let n = members.len();
-        let seq = self.seq.get();
-        self.seq.set(seq + 1);
-        let key: Key = (self.launch, seq, members.to_vec());
         let r = self.rendezvous;
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
-            buffers: vec![None; n],
-            ..Slot::default()
-        });
-        slot.buffers[me] = Some((input as usize, out as usize));
-        r.arrived.notify_all();
-        slots = self.wait_for(op, slots, &key, members, |s| {
-            s.buffers.iter().all(|b| b.is_some())
-        })?;
+        let (slots, key) = self.meet(
+            op,
+            members,
+            |s| s.buffers[me] = Some((input as usize, out as usize)),
+            |s| s.buffers.iter().all(|b| b.is_some()),
+        )?;
         let buffers: Vec<(usize, usize)> = slots[&key]
             .buffers
             .iter()
@@ -763,6 +771,31 @@ impl<'r> SharedCollectives<'r> {
         Ok(())
     }
 
+    /// The first meeting of a collective: takes the next sequence number, records this
+    /// member's arrival in the group's slot with `arrive`, and waits (up to the timeout) until
+    /// `all_here` holds. Returns the lock and the slot's key.
+    pub(crate) fn meet(
+        &self,
+        op: &Op,
+        members: &[usize],
+        arrive: impl FnOnce(&mut Slot),
+        all_here: impl Fn(&Slot) -> bool,
+    ) -> Result<(MutexGuard<'r, HashMap<Key, Slot>>, Key), InterpError> {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let key: Key = (self.launch, seq, members.to_vec());
+        let r = self.rendezvous;
+        let mut slots = r.slots.lock().expect("rendezvous lock");
+        arrive(
+            slots
+                .entry(key.clone())
+                .or_insert_with(|| Slot::new(members.len())),
+        );
+        r.arrived.notify_all();
+        let slots = self.wait_for(op, slots, &key, members, all_here)?;
+        Ok((slots, key))
+    }
+
     /// Deposits `input` and waits for the whole group; returns the lock, every member's value
     /// in order, and the slot's key.
     fn deposit(
@@ -772,21 +805,13 @@ impl<'r> SharedCollectives<'r> {
         me: usize,
         input: &Literal,
     ) -> Result<Held<'_>, InterpError> {
-        let seq = self.seq.get();
-        self.seq.set(seq + 1);
-        let key: Key = (self.launch, seq, members.to_vec());
-        let r = self.rendezvous;
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
-            values: vec![None; members.len()],
-            chunks: vec![None; members.len()],
-            ..Slot::default()
-        });
-        slot.values[me] = Some(Arc::new(input.clone()));
-        r.arrived.notify_all();
-        let slots = self.wait_for(op, slots, &key, members, |s| {
-            s.values.iter().all(|v| v.is_some())
-        })?;
+        let input = Arc::new(input.clone());
+        let (slots, key) = self.meet(
+            op,
+            members,
+            |s| s.values[me] = Some(input),
+            |s| s.values.iter().all(|v| v.is_some()),
+        )?;
         let values = slots[&key]
             .values
             .iter()

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tessera_interp::{GemmCall, GemmPart, InterpError};
 use tessera_ir::{DType, DotDims, Mesh, Op, ReduceKind};
 
-use crate::collectives::{Key, SharedCollectives, Slot, Wait, group};
+use crate::collectives::{Key, SharedCollectives, Wait, group};
 
 /// A `GemmPart` as plain numbers, to sit in a slot shared between threads.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -139,21 +139,12 @@ fn meet(
     me: usize,
     part: &GemmPart,
 ) -> Result<(Key, Vec<PartAddr>), InterpError> {
-    let n = members.len();
-    let seq = c.seq.get();
-    c.seq.set(seq + 1);
-    let key: Key = (c.launch, seq, members.to_vec());
-    let r = c.rendezvous;
-    let mut slots = r.slots.lock().expect("rendezvous lock");
-    let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
-        gemms: vec![None; n],
-        ..Slot::default()
-    });
-    slot.gemms[me] = Some(PartAddr::of(part));
-    r.arrived.notify_all();
-    let slots = c.wait_for(op, slots, &key, members, |s| {
-        s.gemms.iter().all(|g| g.is_some())
-    })?;
+    let (slots, key) = c.meet(
+        op,
+        members,
+        |s| s.gemms[me] = Some(PartAddr::of(part)),
+        |s| s.gemms.iter().all(|g| g.is_some()),
+    )?;
     let parts = slots[&key]
         .gemms
         .iter()
