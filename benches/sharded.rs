@@ -31,6 +31,28 @@ fn seed_sharding(c: &mut Criterion) {
     g.finish();
 }
 
+/// Trace, partition, compile for every device, and one step: what a user waits for first.
+fn first_call_sharded(c: &mut Criterion) {
+    let mut g = c.benchmark_group("first_call_8dev");
+    g.sample_size(10);
+    let mesh = Mesh::new([8], ["dp"]);
+    let (x, y) = seed_data(256);
+    let data = NamedSharding::new(&mesh, P!["dp"]);
+    let (x, y) = (device_put(x, &data), device_put(y, &data));
+    let p = device_put(
+        init(Key::new(0), 10, 32, 1),
+        &NamedSharding::new(&mesh, P![]),
+    );
+    g.bench_function("seed_sharding_Cranelift", |b| {
+        b.iter_batched(
+            || jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)),
+            |step| step.call((p.clone(), x.clone(), y.clone())).unwrap(),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
 fn pmap_step((p, x, y): (Mlp, Tensor, Tensor)) -> (Mlp, Tensor) {
     let (l, g) = value_and_grad(|p: &Mlp| loss(p, &x, &y))(&p);
     let g = tree::map(&g, |g| pmean(g, "i"));
@@ -84,5 +106,6 @@ fn main() {
     seed_sharding(&mut c);
     seed_pmap(&mut c);
     big_mlp_dp8(&mut c);
+    first_call_sharded(&mut c);
     c.final_summary();
 }

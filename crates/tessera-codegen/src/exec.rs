@@ -3,6 +3,7 @@
 
 use std::cell::RefCell;
 use std::fmt::Write;
+use std::sync::Arc;
 
 use tessera_interp::{Collectives, GemmCall, GemmPart, InterpError};
 use tessera_ir::{DType, Data, Literal, Mesh, Op, TensorType};
@@ -17,7 +18,8 @@ pub struct Executable {
     schedule: Schedule,
     /// The compiled kernel of each step that has one.
     kernels: Vec<Option<KernelFn>>,
-    _code: Compiled,
+    /// Shared by the executables `fork` makes: one compilation serves every device.
+    _code: Arc<Compiled>,
     plan: Plan,
     mesh: Option<Mesh>,
     /// The arena, kept between runs so a step allocates nothing.
@@ -264,12 +266,34 @@ impl Executable {
             arena: RefCell::new(vec![0u64; plan.arena_bytes.div_ceil(8)]),
             schedule,
             kernels,
-            _code: code,
+            _code: Arc::new(code),
             plan,
             mesh,
             parallel_gemm_from: 64 * 64 * 64,
             parallel_kernel_from: 1 << 16,
             shared_gemm_from: usize::MAX,
+        }
+    }
+
+    /// The same program with an arena of its own, sharing the compiled code: an executable
+    /// for another device without compiling again.
+    pub fn fork(&self) -> Executable {
+        Executable {
+            schedule: self.schedule.clone(),
+            kernels: self.kernels.clone(),
+            _code: self._code.clone(),
+            plan: Plan {
+                offsets: self.plan.offsets.clone(),
+                arena_bytes: self.plan.arena_bytes,
+            },
+            mesh: self.mesh.clone(),
+            arena: RefCell::new(vec![0u64; self.plan.arena_bytes.div_ceil(8)]),
+            parallel_gemm_from: self.parallel_gemm_from,
+            parallel_kernel_from: self.parallel_kernel_from,
+            shared_gemm_from: self.shared_gemm_from,
+            reduced_by: self.reduced_by.clone(),
+            skipped: self.skipped.clone(),
+            dropped: self.dropped.clone(),
         }
     }
 

@@ -82,6 +82,11 @@ pub struct Compiled {
     pub functions: Vec<KernelFn>,
 }
 
+// SAFETY: after compilation nothing mutates the module until `drop` frees it, and `drop` runs
+// once, when the last executable sharing it (`Executable::fork`) is gone; the kernels are plain
+// machine code that any number of threads may call at once on their own buffers.
+unsafe impl Sync for Compiled {}
+
 impl Drop for Compiled {
     fn drop(&mut self) {
         if let Some(m) = self.module.take() {

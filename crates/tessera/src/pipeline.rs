@@ -117,26 +117,40 @@ impl Executable {
     }
 }
 
-/// Compiles a per-device program (already partitioned) for one device of several: the same
-/// backends, with no kernel split over threads (every core runs a device).
+/// Compiles a per-device program (already partitioned) for `devices` devices: the same
+/// backends, with no kernel split over threads (every core runs a device). Native code is
+/// compiled once and shared; each device gets its own arena. The schedule is dumped as
+/// `dump_index`.
 ///
-/// Outputs marked in `drop` are not computed by the native backend (another device returns
-/// them); the interpreter computes everything.
-pub(crate) fn compile_device_program(
+/// Outputs marked in `first_only` are computed by the first device only with the native
+/// backend (the others return `None` for them); the interpreter computes everything.
+pub(crate) fn compile_device_programs(
     graph: &Graph,
     backend: Backend,
-    dump: Option<(&Dump, usize)>,
-    drop: &[bool],
-) -> Result<Executable> {
+    devices: usize,
+    (dump, dump_index): (&Dump, usize),
+    first_only: &[bool],
+) -> Result<Vec<Executable>> {
     verify(graph)?;
     Ok(match backend {
-        Backend::Interpreter => Executable::Interpreted(graph.clone()),
+        Backend::Interpreter => (0..devices)
+            .map(|_| Executable::Interpreted(graph.clone()))
+            .collect(),
         Backend::Cranelift => {
-            let exe = tessera_codegen::compile(graph).map_err(|e| Error::Codegen(e.to_string()))?;
-            if let Some((dump, index)) = dump {
-                dump.write_text(index, "schedule", &exe.describe())?;
-            }
-            Executable::Native(Box::new(exe.single_threaded().dropping_outputs(drop)))
+            let exe = tessera_codegen::compile(graph)
+                .map_err(|e| Error::Codegen(e.to_string()))?
+                .single_threaded();
+            dump.write_text(dump_index, "schedule", &exe.describe())?;
+            (0..devices)
+                .map(|i| {
+                    let exe = if i == 0 {
+                        exe.fork()
+                    } else {
+                        exe.fork().dropping_outputs(first_only)
+                    };
+                    Executable::Native(Box::new(exe))
+                })
+                .collect()
         }
     })
 }

@@ -9,7 +9,7 @@ use tessera_ir::{Graph, Literal, Mesh};
 use tessera_runtime::{Rendezvous, SharedCollectives, run_on_devices};
 
 use crate::error::{Error, Result};
-use crate::pipeline::{Backend, Dump, Executable, compile_device_program};
+use crate::pipeline::{Backend, Dump, Executable, compile_device_programs};
 
 /// A per-device program compiled for every device of a mesh.
 pub(crate) struct DeviceProgram {
@@ -33,15 +33,16 @@ impl DeviceProgram {
         (dump, dump_index): (&Dump, usize),
         first_only: &[bool],
     ) -> Result<DeviceProgram> {
-        let executables = devices
-            .iter()
-            .enumerate()
-            .map(|(i, _)| {
-                let dump = (i == 0).then_some((dump, dump_index));
-                let drop: Vec<bool> = first_only.iter().map(|&f| f && i > 0).collect();
-                compile_device_program(local, backend, dump, &drop).map(Mutex::new)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let executables = compile_device_programs(
+            local,
+            backend,
+            devices.len(),
+            (dump, dump_index),
+            first_only,
+        )?
+        .into_iter()
+        .map(Mutex::new)
+        .collect();
         Ok(DeviceProgram {
             mesh,
             devices,

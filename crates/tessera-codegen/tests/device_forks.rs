@@ -1,5 +1,6 @@
 //! `Executable::dropping_outputs`: a device whose replicated outputs another device returns
-//! skips the steps only they need, but still meets the others at its collectives.
+//! skips the steps only they need, but still meets the others at its collectives; and
+//! `Executable::fork`: one compilation serving several devices.
 
 use std::cell::Cell;
 
@@ -54,4 +55,37 @@ fn dropped_outputs_skip_their_steps_but_not_the_collectives() {
             }
         }
     }
+}
+
+/// Forks share the compiled code and own their arenas: four threads run four forks of one
+/// compilation at once and all get the original's results.
+#[test]
+fn forks_share_code_and_run_at_once() {
+    let g = parse(
+        "func @f(%0: f32[64,64]) {\n  \
+           %1 = tanh %0 : f32[64,64]\n  \
+           %2 = dot_general %1, %0 contracting=[1]x[0] : f32[64,64]\n  \
+           %3 = exp %2 : f32[64,64]\n  \
+           return %3\n}\n",
+    )
+    .unwrap();
+    let x = Literal::new(
+        [64, 64],
+        tessera_ir::Data::F32((0..4096).map(|i| (i % 13) as f32 / 40.0).collect()),
+    )
+    .unwrap();
+    let exe = tessera_codegen::compile(&g).unwrap().single_threaded();
+    let want = exe.run(&[&x], &SingleDevice).unwrap();
+    let forks: Vec<_> = (0..4).map(|_| exe.fork()).collect();
+    drop(exe);
+    std::thread::scope(|s| {
+        for f in forks {
+            let (x, want) = (&x, &want);
+            s.spawn(move || {
+                for _ in 0..20 {
+                    assert_eq!(&f.run(&[x], &SingleDevice).unwrap(), want);
+                }
+            });
+        }
+    });
 }
