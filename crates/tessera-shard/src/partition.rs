@@ -426,20 +426,24 @@ impl Partitioner<'_> {
                 cur[d2] = std::mem::take(&mut cur[d1]);
             }
         }
+        // A dim split over more axes than wanted gathers only the minor ones it must lose
+        // (`{dp, mp}` to `{dp}`: over `mp`); one split over fewer slices only by the extra
+        // ones (`{dp}` to `{dp, mp}`: by `mp`, within this device's `dp` chunk).
         for d in 0..cur.len() {
-            if !cur[d].is_empty() && cur[d] != to[d] {
-                v = self.add(
-                    Op::AllGather {
-                        dim: d,
-                        axes: std::mem::take(&mut cur[d]),
-                    },
-                    &[v],
-                )?;
+            if !to[d].starts_with(&cur[d]) {
+                let keep = if cur[d].starts_with(&to[d]) {
+                    to[d].len()
+                } else {
+                    0
+                };
+                let axes = cur[d].split_off(keep);
+                v = self.add(Op::AllGather { dim: d, axes }, &[v])?;
             }
         }
         for d in 0..cur.len() {
             if cur[d] != to[d] {
-                v = self.local_slice(v, d, &to[d])?;
+                let extra = &to[d][cur[d].len()..];
+                v = self.local_slice(v, d, extra)?;
             }
         }
         Ok(v)

@@ -579,5 +579,19 @@ fn reshards_move_the_right_chunks() {
         let y = swap.call(put(P!["dp", "mp"])).unwrap();
         assert_eq!(y.sharding().unwrap().spec, P!["mp", "dp"]);
         assert_eq!(y.to_vec::<f32>(), twice, "{backend:?}");
+        // A minor axis added to a split dim (a slice within the chunk), then dropped (a
+        // gather over it alone).
+        let finer = NamedSharding::new(&mesh, P![("dp", "mp")]);
+        let coarser = NamedSharding::new(&mesh, P!["dp"]);
+        let refine = jit(|x: Tensor| {
+            let y = with_sharding_constraint(&(x * 2.0), &finer);
+            (with_sharding_constraint(&(&y * 1.0), &coarser), y)
+        })
+        .backend(backend);
+        let (back, fine) = refine.call(put(P!["dp"])).unwrap();
+        assert_eq!(fine.sharding().unwrap().spec, P![("dp", "mp")]);
+        assert_eq!(back.sharding().unwrap().spec, P!["dp"]);
+        assert_eq!(fine.to_vec::<f32>(), twice, "{backend:?}");
+        assert_eq!(back.to_vec::<f32>(), twice, "{backend:?}");
     }
 }
