@@ -517,44 +517,38 @@ impl Executable {
                             out: o,
                             out_strides: g.out,
                         };
-                        if let Some(next) = self.reduced_by[i] {
-                            let reduce = &self.schedule.steps[next];
-                            let StepKind::Collective(op) = &reduce.kind else {
-                                unreachable!("reduced_by names an all_reduce step")
-                            };
-                            // SAFETY: the views lie inside this step's buffers (fusion.rs),
-                            // which live until `run` returns; this thread is blocked in the
-                            // call.
-                            let sum =
-                                unsafe { collectives.gemm_all_reduce(op, mesh, &part, &whole)? };
-                            if let Some(sum) = sum {
-                                let b = reduce.output;
-                                if self.schedule.outputs.contains(&b) {
-                                    // SAFETY: the sum has the all-reduce's type (the layout
-                                    // of its buffer), so its bytes fill the output buffer.
-                                    unsafe {
-                                        std::ptr::copy_nonoverlapping(
-                                            sum,
-                                            ptrs[b],
-                                            bufs[b].ty.byte_size(),
-                                        )
-                                    };
-                                } else {
-                                    // Later steps only read this buffer (one step writes each
-                                    // buffer, and that step is skipped); the sum stays until
-                                    // the launch ends, after `run` returns.
-                                    ptrs[b] = sum as *mut u8;
-                                }
+                        // The product lands in this step's result, or, fused, in the sum
+                        // all-reduce's that follows (which is then skipped).
+                        let (done, b) = match self.reduced_by[i] {
+                            Some(next) => {
+                                let reduce = &self.schedule.steps[next];
+                                let StepKind::Collective(op) = &reduce.kind else {
+                                    unreachable!("reduced_by names an all_reduce step")
+                                };
                                 skip = Some(next);
-                                continue;
+                                // SAFETY: the views lie inside this step's buffers (fusion.rs),
+                                // which live until `run` returns; this thread is blocked in
+                                // the call.
+                                let done = unsafe {
+                                    collectives.gemm_all_reduce(op, mesh, &part, &whole)?
+                                };
+                                (done, reduce.output)
                             }
-                        } else {
                             // The right operand is a program input (`meets_others`).
                             // SAFETY: as above.
-                            if unsafe { collectives.gemm_shared_rhs(mesh, &part, &whole)? } {
-                                continue;
-                            }
+                            None => (
+                                unsafe { collectives.gemm_shared_rhs(mesh, &part, &whole)? },
+                                step.output,
+                            ),
+                        };
+                        if let Some(block) = done {
+                            // SAFETY: `block` is a dense row-major `m x n` product that stays
+                            // until the launch ends, after `run` returns; buffer `b` has the
+                            // product's type, laid out as `g.out` says.
+                            unsafe { self.place(&mut ptrs, b, block, g) };
+                            continue;
                         }
+                        skip = None;
                     }
                     // SAFETY: the spec's extents and strides describe views inside the operand
                     // and result buffers (fusion.rs builds them from the buffer shapes).
@@ -635,6 +629,40 @@ impl Executable {
                 )
             })
             .collect())
+    }
+
+    /// Makes buffer `b` hold the product `block` (dense row-major `g.m x g.n`, read-only,
+    /// alive until the launch ends): later steps read it in place when `b` is an intermediate
+    /// laid out row-major (one step writes each buffer, and that step is this one); otherwise
+    /// it is copied into `b` (a program output, which the caller owns, or another layout).
+    ///
+    /// # Safety
+    /// As stated, and `ptrs[b]` must point to room for a value of `b`'s type laid out as
+    /// `g.out` says.
+    unsafe fn place(&self, ptrs: &mut [*mut u8], b: usize, block: *const u8, g: &GemmSpec) {
+        let size = g.dtype.byte_width();
+        if g.out == [g.n as isize, 1] {
+            if !self.schedule.outputs.contains(&b) {
+                ptrs[b] = block as *mut u8;
+            } else {
+                // SAFETY: both hold `m x n` dense elements (the caller's contract).
+                unsafe { std::ptr::copy_nonoverlapping(block, ptrs[b], g.m * g.n * size) };
+            }
+            return;
+        }
+        for i in 0..g.m {
+            for j in 0..g.n {
+                let at = (i as isize * g.out[0] + j as isize * g.out[1]) * size as isize;
+                // SAFETY: element (i, j) of both views (the caller's contract).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        block.add((i * g.n + j) * size),
+                        ptrs[b].offset(at),
+                        size,
+                    )
+                };
+            }
+        }
     }
 
     /// # Safety

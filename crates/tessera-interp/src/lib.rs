@@ -67,26 +67,28 @@ pub trait Collectives {
     /// whose devices share memory: when every device's right operand is the same buffer (a
     /// replicated weight), the devices' left operands are stacked and multiplied once, so the
     /// weight is read and packed once instead of once per device. `gemm` multiplies the views
-    /// it is given (on all cores). `Ok(false)`: not done here, multiply locally.
+    /// it is given (on all cores). Returns this device's rows of the product, a dense row-major
+    /// `m x n` block, readable (never writable) until the launch ends; `part.out` is not
+    /// used. `Ok(None)`: not done here, multiply locally.
     ///
     /// # Safety
-    /// `part` must describe views inside live buffers of its dtype; nothing else accesses
-    /// `part.out`, or writes the operands, until the call returns.
+    /// `part` must describe views inside live buffers of its dtype that nothing writes until
+    /// the call returns.
     unsafe fn gemm_shared_rhs(
         &self,
         _mesh: &Mesh,
         _part: &GemmPart,
         _gemm: &(dyn Fn(&GemmCall) + Sync),
-    ) -> Result<bool, InterpError> {
-        Ok(false)
+    ) -> Result<Option<*const u8>, InterpError> {
+        Ok(None)
     }
 
     /// A matrix product whose result goes straight into `op`, a sum `all_reduce` (the weight
     /// gradient of a data-parallel step): for a transport whose devices share memory, the
-    /// group's operands are stacked along the contraction and multiplied once. Returns where
-    /// the sum is, laid out as `part.out_strides` say, readable (never writable) until the
-    /// launch ends; `part.out` is not used. `Ok(None)`: not done here, multiply locally and
-    /// run the all-reduce.
+    /// group's operands are stacked along the contraction and multiplied once. Returns the
+    /// sum, a dense row-major `m x n` block, readable (never writable) until the launch ends;
+    /// `part.out` is not used. `Ok(None)`: not done here, multiply locally and run the
+    /// all-reduce.
     ///
     /// # Safety
     /// As `gemm_shared_rhs`.

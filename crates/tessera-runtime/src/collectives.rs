@@ -33,8 +33,9 @@ pub(crate) struct Slot {
     /// product is written back.
     pub(crate) gemms: Vec<Option<crate::shared_gemm::PartAddr>>,
     pub(crate) gemm_done: bool,
-    /// For a product summed over the group: where the leader put the sum.
-    pub(crate) result: usize,
+    /// For a shared product: the stacked left and right operands and the result, once the
+    /// leader has allocated them.
+    pub(crate) stacks: Option<[usize; 3]>,
     /// A member gave up waiting: nobody may use anybody's buffers.
     pub(crate) abandoned: bool,
     pub(crate) taken: usize,
@@ -235,7 +236,7 @@ impl Collectives for SharedCollectives<'_> {
         mesh: &Mesh,
         part: &GemmPart,
         gemm: &(dyn Fn(&GemmCall) + Sync),
-    ) -> Result<bool, InterpError> {
+    ) -> Result<Option<*const u8>, InterpError> {
         // SAFETY: forwarded from the caller.
         unsafe { crate::shared_gemm::shared_rhs(self, mesh, part, gemm) }
     }

@@ -8,13 +8,18 @@
 //!   once instead of once per device;
 //! - `all_reduce`: a product whose result is summed over the group right after (a weight
 //!   gradient, `dot` then `all_reduce`): the operands are stacked along the contraction, so the
-//!   sum is the product itself, with a contraction of all the devices' rows; it lands in a
-//!   buffer the launch owns (freed when the launch ends), which every member reads in place of
-//!   its all-reduce's result: one copy of the gradient instead of one per device.
+//!   sum is the product itself, with a contraction of all the devices' rows.
 //!
-//! Every member returns only after the last access to its buffers; a member that times out at
-//! the first meeting marks the slot abandoned under the lock, so nobody touches the buffers of a
-//! member that has left; a panic in the leader's product abandons the slot before it unwinds.
+//! Both go the same way: the members meet and publish their operands' views; the leader (the
+//! group's first member) allocates the stacked operands and the result in buffers the launch
+//! owns (freed when it ends); every member copies its own block in (on both cores at once);
+//! the leader multiplies; every member then reads its rows of the result (or the whole sum) in
+//! place, until the launch ends.
+//!
+//! The leader reads the members' right operand (shared) only while they wait in the call; a
+//! member that times out at the first meeting marks the slot abandoned under the lock, so
+//! nobody touches the buffers of a member that has left; a panic in the leader's product
+//! abandons the slot before it unwinds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -62,12 +67,6 @@ pub fn shared_gemm_count() -> usize {
 }
 
 static SHARED_GEMMS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// The stacked operands, kept by the thread that multiplies them.
-    static STACKED: std::cell::RefCell<(Vec<u64>, Vec<u64>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
 
 /// Copies a `rows x cols` view at `src` (element strides `s`) into the view at `dst` (strides
 /// `d`): whole rows or whole columns when both sides are contiguous that way, else element by
@@ -131,6 +130,15 @@ fn stacked_strides(rows: usize, cols: usize, unit_row_stride: bool) -> [isize; 2
     }
 }
 
+/// A shared product's meeting: the op it stands for (for messages), the slot, the group and
+/// this member's index in it.
+struct Meeting<'a> {
+    op: &'a Op,
+    key: Key,
+    members: &'a [usize],
+    me: usize,
+}
+
 /// Meeting 1: every member of `members` publishes its part; returns them all in order.
 fn meet(
     c: &SharedCollectives<'_>,
@@ -153,28 +161,89 @@ fn meet(
     Ok((key, parts))
 }
 
-/// The leader runs `work`; a panic in it abandons the slot (so the others, waiting without a
-/// timeout, fail) before it unwinds. Otherwise the slot is marked done.
-fn lead(c: &SharedCollectives<'_>, key: &Key, work: impl FnOnce()) {
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
-    let r = c.rendezvous;
-    let mut slots = r.slots.lock().expect("rendezvous lock");
-    let slot = slots.get_mut(key).expect("slot present");
-    match &outcome {
-        Ok(()) => {
-            slot.gemm_done = true;
-            SHARED_GEMMS.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(_) => slot.abandoned = true,
-    }
-    r.arrived.notify_all();
-    drop(slots);
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
+/// A buffer of `bytes` bytes the launch owns until it ends; returns its address. Its
+/// elements are written before anyone reads them.
+fn launch_buffer(c: &SharedCollectives<'_>, bytes: usize) -> usize {
+    let mut b = Box::<[u64]>::new_uninit_slice(bytes.div_ceil(8).max(1));
+    let at = b.as_mut_ptr() as usize;
+    // Moving the box keeps its elements where they are.
+    c.rendezvous.results.lock().expect("results lock").push(b);
+    at
 }
 
-/// See `Collectives::gemm_shared_rhs`; the group is the whole mesh.
+/// The rest of a shared product, once the members agreed to do it (`meet`): the leader
+/// allocates the stacked operands and the result (`bytes` of each) and publishes them; every
+/// member copies its own blocks in with `fill(lhs, rhs)`; the leader multiplies with
+/// `multiply(lhs, rhs, out)` while the others wait parked. Returns the result's address,
+/// readable until the launch ends.
+fn stack_and_multiply(
+    c: &SharedCollectives<'_>,
+    Meeting {
+        op,
+        key,
+        members,
+        me,
+    }: &Meeting<'_>,
+    bytes: [usize; 3],
+    fill: impl FnOnce(usize, usize),
+    multiply: impl FnOnce(usize, usize, usize),
+) -> Result<usize, InterpError> {
+    let (n, me, key) = (members.len(), *me, key);
+    let r = c.rendezvous;
+    if me == 0 {
+        let bufs = bytes.map(|b| launch_buffer(c, b));
+        let mut slots = r.slots.lock().expect("rendezvous lock");
+        slots.get_mut(key).expect("slot present").stacks = Some(bufs);
+        r.arrived.notify_all();
+    }
+    let slots = r.slots.lock().expect("rendezvous lock");
+    let slots = c.wait(op, slots, key, members, |s| s.stacks.is_some(), Wait::Step)?;
+    let [lhs, rhs, out] = slots[key].stacks.expect("published");
+    drop(slots);
+    fill(lhs, rhs);
+    let mut slots = r.slots.lock().expect("rendezvous lock");
+    slots.get_mut(key).expect("slot present").copied += 1;
+    r.arrived.notify_all();
+    if me == 0 {
+        slots = c.wait(op, slots, key, members, |s| s.copied == n, Wait::Step)?;
+        drop(slots);
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| multiply(lhs, rhs, out)));
+        slots = r.slots.lock().expect("rendezvous lock");
+        let slot = slots.get_mut(key).expect("slot present");
+        match &outcome {
+            Ok(()) => {
+                slot.gemm_done = true;
+                SHARED_GEMMS.fetch_add(1, Ordering::Relaxed);
+            }
+            // The others wait without a timeout: they must hear of it before it unwinds.
+            Err(_) => slot.abandoned = true,
+        }
+        r.arrived.notify_all();
+        if let Err(panic) = outcome {
+            drop(slots);
+            std::panic::resume_unwind(panic);
+        }
+    } else {
+        slots = c.wait(op, slots, key, members, |s| s.gemm_done, Wait::Parked)?;
+    }
+    c.leave(&mut slots, key, n);
+    Ok(out)
+}
+
+/// Leaves the slot without doing anything: the members did not agree.
+fn decline(
+    c: &SharedCollectives<'_>,
+    key: &Key,
+    n: usize,
+) -> Result<Option<*const u8>, InterpError> {
+    let mut slots = c.rendezvous.slots.lock().expect("rendezvous lock");
+    c.leave(&mut slots, key, n);
+    Ok(None)
+}
+
+/// See `Collectives::gemm_shared_rhs`; the group is the whole mesh. Every member's rows of the
+/// result are a dense row-major block of the stacked result.
 ///
 /// # Safety
 /// As `Collectives::gemm_shared_rhs`.
@@ -183,12 +252,12 @@ pub(crate) unsafe fn shared_rhs(
     mesh: &Mesh,
     part: &GemmPart,
     gemm: &(dyn Fn(&GemmCall) + Sync),
-) -> Result<bool, InterpError> {
+) -> Result<Option<*const u8>, InterpError> {
     let axes: Vec<String> = mesh.axes.iter().map(|(a, _)| a.clone()).collect();
     let (members, me) = group(mesh, &axes, c.position);
     let n = members.len();
     if n < 2 {
-        return Ok(false);
+        return Ok(None);
     }
     let op = Op::DotGeneral(DotDims::matmul());
     let (key, parts) = meet(c, &op, &members, me, part)?;
@@ -197,72 +266,54 @@ pub(crate) unsafe fn shared_rhs(
         (p.rhs, p.rhs_strides, p.n, p.k, p.dtype)
             == (first.rhs, first.rhs_strides, first.n, first.k, first.dtype)
     };
-    let r = c.rendezvous;
     if !parts.iter().all(same) {
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        c.leave(&mut slots, &key, n);
-        return Ok(false);
+        return decline(c, &key, n);
     }
-    if me == 0 {
-        let (size, k, nn) = (first.dtype.byte_width(), first.k, first.n);
-        let rows: usize = parts.iter().map(|p| p.m).sum();
-        lead(c, &key, || {
-            STACKED.with(|stacked| {
-                let (lhs, out) = &mut *stacked.borrow_mut();
-                lhs.resize((rows * k * size).div_ceil(8), 0);
-                out.resize((rows * nn * size).div_ceil(8), 0);
-                let (lhs, out) = (lhs.as_mut_ptr() as *mut u8, out.as_mut_ptr() as *mut u8);
-                let mut row = 0;
-                for p in &parts {
-                    // SAFETY: member `p`'s left operand is a live `m x k` view (the member
-                    // waits in this call); the stacked block has room for its rows.
-                    unsafe {
-                        copy_block(
-                            (p.lhs as *const u8, p.lhs_strides),
-                            (lhs.add(row * k * size), [k as isize, 1]),
-                            (p.m, k, size),
-                        )
-                    };
-                    row += p.m;
-                }
-                gemm(&GemmCall {
-                    m: rows,
-                    n: nn,
-                    k,
-                    lhs,
-                    lhs_strides: [k as isize, 1],
-                    rhs: first.rhs as *const u8,
-                    rhs_strides: first.rhs_strides,
-                    out,
-                    out_strides: [nn as isize, 1],
-                });
-                let mut row = 0;
-                for p in &parts {
-                    // SAFETY: member `p`'s result is a live view nobody else touches until the
-                    // member returns, after the slot is marked done.
-                    unsafe {
-                        copy_block(
-                            (out.add(row * nn * size), [nn as isize, 1]),
-                            (p.out as *mut u8, p.out_strides),
-                            (p.m, nn, size),
-                        )
-                    };
-                    row += p.m;
-                }
+    let (size, k, nn) = (first.dtype.byte_width(), first.k, first.n);
+    let rows: usize = parts.iter().map(|p| p.m).sum();
+    let row0: usize = parts[..me].iter().map(|p| p.m).sum();
+    let meeting = Meeting {
+        op: &op,
+        key,
+        members: &members,
+        me,
+    };
+    let out = stack_and_multiply(
+        c,
+        &meeting,
+        [rows * k * size, 0, rows * nn * size],
+        |lhs, _| {
+            // SAFETY: this member's left operand is a live `m x k` view (its own); its block
+            // of the stacked operand, rows `row0..row0 + m`, is written by it alone.
+            unsafe {
+                copy_block(
+                    (part.lhs, part.lhs_strides),
+                    ((lhs as *mut u8).add(row0 * k * size), [k as isize, 1]),
+                    (part.m, k, size),
+                )
+            }
+        },
+        |lhs, _, out| {
+            gemm(&GemmCall {
+                m: rows,
+                n: nn,
+                k,
+                lhs: lhs as *const u8,
+                lhs_strides: [k as isize, 1],
+                // Every member's right operand: the members wait in the call, so it lives.
+                rhs: first.rhs as *const u8,
+                rhs_strides: first.rhs_strides,
+                out: out as *mut u8,
+                out_strides: [nn as isize, 1],
             })
-        });
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        c.leave(&mut slots, &key, n);
-    } else {
-        let slots = r.slots.lock().expect("rendezvous lock");
-        let mut slots = c.wait(&op, slots, &key, &members, |s| s.gemm_done, Wait::Parked)?;
-        c.leave(&mut slots, &key, n);
-    }
-    Ok(true)
+        },
+    )?;
+    // SAFETY: rows `row0..row0 + m` lie inside the stacked result.
+    Ok(Some(unsafe { (out as *const u8).add(row0 * nn * size) }))
 }
 
-/// See `Collectives::gemm_all_reduce`: the leader multiplies the stacked operands into a
-/// buffer the launch owns, which every member then reads in place of its all-reduce's result.
+/// See `Collectives::gemm_all_reduce`: the sum, a dense row-major `m x n` buffer the launch
+/// owns, is read by every member in place of its all-reduce's result.
 ///
 /// # Safety
 /// As `Collectives::gemm_all_reduce`.
@@ -287,83 +338,64 @@ pub(crate) unsafe fn all_reduce(
     }
     let (key, parts) = meet(c, op, &members, me, part)?;
     let first = parts[0];
-    let r = c.rendezvous;
-    let same = |p: &PartAddr| {
-        (p.m, p.n, p.out_strides, p.dtype) == (first.m, first.n, first.out_strides, first.dtype)
-    };
+    let same = |p: &PartAddr| (p.m, p.n, p.dtype) == (first.m, first.n, first.dtype);
     if !parts.iter().all(same) {
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        c.leave(&mut slots, &key, n);
-        return Ok(None);
+        return decline(c, &key, n);
     }
     let (size, m, nn) = (first.dtype.byte_width(), first.m, first.n);
-    if me == 0 {
-        let depth: usize = parts.iter().map(|p| p.k).sum();
-        // Stack so that each member's view moves as whole lines.
-        let ls = stacked_strides(m, depth, first.lhs_strides[0] == 1);
-        let rs = stacked_strides(depth, nn, first.rhs_strides[0] == 1);
-        // The result, laid out as the all-reduce's buffer is: its last element's offset + 1.
-        let os = first.out_strides;
-        let extent = ((m as isize - 1) * os[0] + (nn as isize - 1) * os[1] + 1) as usize;
-        // Uninitialized: the product writes every element of the view, which is the whole
-        // buffer (a dense `m x n` layout), before anyone reads it.
-        let mut sum = Box::<[u64]>::new_uninit_slice((extent * size).div_ceil(8));
-        let sum_ptr = sum.as_mut_ptr() as *mut u8;
-        // Published before the product is marked done (moving the box keeps its elements
-        // where they are; the launch frees them when it ends).
-        r.results.lock().expect("results lock").push(sum);
-        r.slots
-            .lock()
-            .expect("rendezvous lock")
-            .get_mut(&key)
-            .expect("slot present")
-            .result = sum_ptr as usize;
-        lead(c, &key, || {
-            STACKED.with(|stacked| {
-                let (lhs, rhs) = &mut *stacked.borrow_mut();
-                lhs.resize((m * depth * size).div_ceil(8), 0);
-                rhs.resize((depth * nn * size).div_ceil(8), 0);
-                let (lhs, rhs) = (lhs.as_mut_ptr() as *mut u8, rhs.as_mut_ptr() as *mut u8);
-                let mut at = 0isize;
-                for p in &parts {
-                    let z = size as isize;
-                    // SAFETY: member `p`'s operands are live views (it waits in this call);
-                    // its block of the stacked operands is columns (rows) `at..at + k`.
-                    unsafe {
-                        copy_block(
-                            (p.lhs as *const u8, p.lhs_strides),
-                            (lhs.offset(at * ls[1] * z), ls),
-                            (m, p.k, size),
-                        );
-                        copy_block(
-                            (p.rhs as *const u8, p.rhs_strides),
-                            (rhs.offset(at * rs[0] * z), rs),
-                            (p.k, nn, size),
-                        );
-                    }
-                    at += p.k as isize;
-                }
-                // The sum over the group is one product over all the members' rows.
-                gemm(&GemmCall {
-                    m,
-                    n: nn,
-                    k: depth,
-                    lhs,
-                    lhs_strides: ls,
-                    rhs,
-                    rhs_strides: rs,
-                    out: sum_ptr,
-                    out_strides: os,
-                });
-            })
-        });
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        c.leave(&mut slots, &key, n);
-        return Ok(Some(sum_ptr as *const u8));
+    let depth: usize = parts.iter().map(|p| p.k).sum();
+    let at: usize = parts[..me].iter().map(|p| p.k).sum();
+    // Stack so that each member's view moves as whole lines.
+    let ls = stacked_strides(m, depth, part.lhs_strides[0] == 1);
+    let rs = stacked_strides(depth, nn, part.rhs_strides[0] == 1);
+    if parts.iter().any(|p| {
+        stacked_strides(m, depth, p.lhs_strides[0] == 1) != ls
+            || stacked_strides(depth, nn, p.rhs_strides[0] == 1) != rs
+    }) {
+        return decline(c, &key, n);
     }
-    let slots = r.slots.lock().expect("rendezvous lock");
-    let mut slots = c.wait(op, slots, &key, &members, |s| s.gemm_done, Wait::Parked)?;
-    let sum = slots[&key].result as *const u8;
-    c.leave(&mut slots, &key, n);
-    Ok(Some(sum))
+    let meeting = Meeting {
+        op,
+        key,
+        members: &members,
+        me,
+    };
+    let out = stack_and_multiply(
+        c,
+        &meeting,
+        [m * depth * size, depth * nn * size, m * nn * size],
+        |lhs, rhs| {
+            let z = size as isize;
+            let at = at as isize;
+            // SAFETY: this member's operands are live views (its own); its blocks of the
+            // stacked operands, columns (rows) `at..at + k`, are written by it alone.
+            unsafe {
+                copy_block(
+                    (part.lhs, part.lhs_strides),
+                    ((lhs as *mut u8).offset(at * ls[1] * z), ls),
+                    (m, part.k, size),
+                );
+                copy_block(
+                    (part.rhs, part.rhs_strides),
+                    ((rhs as *mut u8).offset(at * rs[0] * z), rs),
+                    (part.k, nn, size),
+                );
+            }
+        },
+        // The sum over the group is one product over all the members' rows.
+        |lhs, rhs, out| {
+            gemm(&GemmCall {
+                m,
+                n: nn,
+                k: depth,
+                lhs: lhs as *const u8,
+                lhs_strides: ls,
+                rhs: rhs as *const u8,
+                rhs_strides: rs,
+                out: out as *mut u8,
+                out_strides: [nn as isize, 1],
+            })
+        },
+    )?;
+    Ok(Some(out as *const u8))
 }
