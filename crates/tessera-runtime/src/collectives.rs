@@ -33,8 +33,8 @@ pub(crate) struct Slot {
     /// product is written back.
     pub(crate) gemms: Vec<Option<crate::shared_gemm::PartAddr>>,
     pub(crate) gemm_done: bool,
-    /// For a shared product: the stacked left and right operands and the result, once the
-    /// leader has allocated them.
+    /// For a shared product: the stacked left and right operands and the result, allocated by
+    /// the last member to arrive (`None`: not shared).
     pub(crate) stacks: Option<[usize; 3]>,
     /// A member gave up waiting: nobody may use anybody's buffers.
     pub(crate) abandoned: bool,

@@ -10,16 +10,17 @@
 //!   gradient, `dot` then `all_reduce`): the operands are stacked along the contraction, so the
 //!   sum is the product itself, with a contraction of all the devices' rows.
 //!
-//! Both go the same way: the members meet and publish their operands' views; the leader (the
-//! group's first member) allocates the stacked operands and the result in buffers the launch
-//! owns (freed when it ends); every member copies its own block in (on both cores at once);
-//! the leader multiplies; every member then reads its rows of the result (or the whole sum) in
+//! Both go the same way, with no member waiting for another to wake up: the members meet and
+//! publish their operands' views, and the last to arrive allocates the stacked operands and the
+//! result in buffers the launch owns (freed when it ends); every member copies its own block in
+//! (on both cores at once); the last to finish copying multiplies, on both cores, while the
+//! others wait parked; every member then reads its rows of the result (or the whole sum) in
 //! place, until the launch ends.
 //!
-//! The leader reads the members' right operand (shared) only while they wait in the call; a
-//! member that times out at the first meeting marks the slot abandoned under the lock, so
-//! nobody touches the buffers of a member that has left; a panic in the leader's product
-//! abandons the slot before it unwinds.
+//! The shared right operand of `shared_rhs` is read only while every member waits in the call;
+//! a member that times out at the meeting marks the slot abandoned under the lock, so nobody
+//! touches the buffers of a member that has left; a panic in the product abandons the slot
+//! before it unwinds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -130,36 +131,19 @@ fn stacked_strides(rows: usize, cols: usize, unit_row_stride: bool) -> [isize; 2
     }
 }
 
-/// A shared product's meeting: the op it stands for (for messages), the slot, the group and
-/// this member's index in it.
+/// A shared product's meeting: the op it stands for (for messages), the slot, the group,
+/// every member's part in order, and the buffers (stacked left and right operands, result).
 struct Meeting<'a> {
     op: &'a Op,
     key: Key,
     members: &'a [usize],
-    me: usize,
+    parts: Vec<PartAddr>,
+    stacks: [usize; 3],
 }
 
-/// Meeting 1: every member of `members` publishes its part; returns them all in order.
-fn meet(
-    c: &SharedCollectives<'_>,
-    op: &Op,
-    members: &[usize],
-    me: usize,
-    part: &GemmPart,
-) -> Result<(Key, Vec<PartAddr>), InterpError> {
-    let (slots, key) = c.meet(
-        op,
-        members,
-        |s| s.gemms[me] = Some(PartAddr::of(part)),
-        |s| s.gemms.iter().all(|g| g.is_some()),
-    )?;
-    let parts = slots[&key]
-        .gemms
-        .iter()
-        .map(|g| g.expect("complete"))
-        .collect();
-    Ok((key, parts))
-}
+/// From every member's part: the bytes of the stacked left and right operands and of the
+/// result, or `None` when the members do not agree on a product to share.
+type Layout = fn(&[PartAddr]) -> Option<[usize; 3]>;
 
 /// A buffer of `bytes` bytes the launch owns until it ends; returns its address. Its
 /// elements are written before anyone reads them.
@@ -171,44 +155,64 @@ fn launch_buffer(c: &SharedCollectives<'_>, bytes: usize) -> usize {
     at
 }
 
-/// The rest of a shared product, once the members agreed to do it (`meet`): the leader
-/// allocates the stacked operands and the result (`bytes` of each) and publishes them; every
-/// member copies its own blocks in with `fill(lhs, rhs)`; the leader multiplies with
-/// `multiply(lhs, rhs, out)` while the others wait parked. Returns the result's address,
-/// readable until the launch ends.
-fn stack_and_multiply(
+/// The meeting: every member publishes its part; the last to arrive, still holding the lock,
+/// decides with `layout` whether the product is shared and allocates its buffers, so every
+/// member leaves the meeting with the same answer: the meeting, or `None` (the slot is then
+/// left).
+fn meet<'a>(
     c: &SharedCollectives<'_>,
-    Meeting {
+    op: &'a Op,
+    members: &'a [usize],
+    me: usize,
+    part: &GemmPart,
+    layout: Layout,
+) -> Result<Option<Meeting<'a>>, InterpError> {
+    let (mut slots, key) = c.meet(
+        op,
+        members,
+        |s| {
+            s.gemms[me] = Some(PartAddr::of(part));
+            if s.gemms.iter().all(|g| g.is_some()) {
+                let parts: Vec<PartAddr> = s.gemms.iter().flatten().copied().collect();
+                s.stacks = layout(&parts).map(|bytes| bytes.map(|b| launch_buffer(c, b)));
+            }
+        },
+        |s| s.gemms.iter().all(|g| g.is_some()),
+    )?;
+    let slot = &slots[&key];
+    let parts: Vec<PartAddr> = slot.gemms.iter().flatten().copied().collect();
+    let Some(stacks) = slot.stacks else {
+        c.leave(&mut slots, &key, members.len());
+        return Ok(None);
+    };
+    Ok(Some(Meeting {
         op,
         key,
         members,
-        me,
+        parts,
+        stacks,
+    }))
+}
+
+/// The rest of a shared product: this member copies its blocks into the stacked operands with
+/// `fill`; the last member to finish multiplies with `multiply` while the others wait parked.
+fn fill_and_multiply(
+    c: &SharedCollectives<'_>,
+    Meeting {
+        op, key, members, ..
     }: &Meeting<'_>,
-    bytes: [usize; 3],
-    fill: impl FnOnce(usize, usize),
-    multiply: impl FnOnce(usize, usize, usize),
-) -> Result<usize, InterpError> {
-    let (n, me, key) = (members.len(), *me, key);
+    fill: impl FnOnce(),
+    multiply: impl FnOnce(),
+) -> Result<(), InterpError> {
+    let n = members.len();
     let r = c.rendezvous;
-    if me == 0 {
-        let bufs = bytes.map(|b| launch_buffer(c, b));
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        slots.get_mut(key).expect("slot present").stacks = Some(bufs);
-        r.arrived.notify_all();
-    }
-    let slots = r.slots.lock().expect("rendezvous lock");
-    let slots = c.wait(op, slots, key, members, |s| s.stacks.is_some(), Wait::Step)?;
-    let [lhs, rhs, out] = slots[key].stacks.expect("published");
-    drop(slots);
-    fill(lhs, rhs);
+    fill();
     let mut slots = r.slots.lock().expect("rendezvous lock");
-    slots.get_mut(key).expect("slot present").copied += 1;
-    r.arrived.notify_all();
-    if me == 0 {
-        slots = c.wait(op, slots, key, members, |s| s.copied == n, Wait::Step)?;
+    let slot = slots.get_mut(key).expect("slot present");
+    slot.copied += 1;
+    if slot.copied == n {
         drop(slots);
-        let outcome =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| multiply(lhs, rhs, out)));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(multiply));
         slots = r.slots.lock().expect("rendezvous lock");
         let slot = slots.get_mut(key).expect("slot present");
         match &outcome {
@@ -228,18 +232,44 @@ fn stack_and_multiply(
         slots = c.wait(op, slots, key, members, |s| s.gemm_done, Wait::Parked)?;
     }
     c.leave(&mut slots, key, n);
-    Ok(out)
+    Ok(())
 }
 
-/// Leaves the slot without doing anything: the members did not agree.
-fn decline(
-    c: &SharedCollectives<'_>,
-    key: &Key,
-    n: usize,
-) -> Result<Option<*const u8>, InterpError> {
-    let mut slots = c.rendezvous.slots.lock().expect("rendezvous lock");
-    c.leave(&mut slots, key, n);
-    Ok(None)
+/// `shared_rhs`'s agreement: one right operand (the same buffer, strides and sizes).
+fn stacked_rows(parts: &[PartAddr]) -> Option<[usize; 3]> {
+    let first = parts[0];
+    let same = |p: &PartAddr| {
+        (p.rhs, p.rhs_strides, p.n, p.k, p.dtype)
+            == (first.rhs, first.rhs_strides, first.n, first.k, first.dtype)
+    };
+    let size = first.dtype.byte_width();
+    let rows: usize = parts.iter().map(|p| p.m).sum();
+    parts
+        .iter()
+        .all(same)
+        .then_some([rows * first.k * size, 0, rows * first.n * size])
+}
+
+/// `all_reduce`'s agreement: one result shape, and views that stack the same way.
+fn stacked_depth(parts: &[PartAddr]) -> Option<[usize; 3]> {
+    let first = parts[0];
+    let (m, n) = (first.m, first.n);
+    let depth: usize = parts.iter().map(|p| p.k).sum();
+    let lay = |p: &PartAddr| {
+        (
+            p.m,
+            p.n,
+            p.dtype,
+            stacked_strides(m, depth, p.lhs_strides[0] == 1),
+            stacked_strides(depth, n, p.rhs_strides[0] == 1),
+        )
+    };
+    let size = first.dtype.byte_width();
+    parts.iter().all(|p| lay(p) == lay(&first)).then_some([
+        m * depth * size,
+        depth * n * size,
+        m * n * size,
+    ])
 }
 
 /// See `Collectives::gemm_shared_rhs`; the group is the whole mesh. Every member's rows of the
@@ -255,34 +285,22 @@ pub(crate) unsafe fn shared_rhs(
 ) -> Result<Option<*const u8>, InterpError> {
     let axes: Vec<String> = mesh.axes.iter().map(|(a, _)| a.clone()).collect();
     let (members, me) = group(mesh, &axes, c.position);
-    let n = members.len();
-    if n < 2 {
+    if members.len() < 2 {
         return Ok(None);
     }
     let op = Op::DotGeneral(DotDims::matmul());
-    let (key, parts) = meet(c, &op, &members, me, part)?;
-    let first = parts[0];
-    let same = |p: &PartAddr| {
-        (p.rhs, p.rhs_strides, p.n, p.k, p.dtype)
-            == (first.rhs, first.rhs_strides, first.n, first.k, first.dtype)
+    let Some(meeting) = meet(c, &op, &members, me, part, stacked_rows)? else {
+        return Ok(None);
     };
-    if !parts.iter().all(same) {
-        return decline(c, &key, n);
-    }
+    let ([lhs, _, out], parts) = (meeting.stacks, &meeting.parts);
+    let first = parts[0];
     let (size, k, nn) = (first.dtype.byte_width(), first.k, first.n);
     let rows: usize = parts.iter().map(|p| p.m).sum();
     let row0: usize = parts[..me].iter().map(|p| p.m).sum();
-    let meeting = Meeting {
-        op: &op,
-        key,
-        members: &members,
-        me,
-    };
-    let out = stack_and_multiply(
+    fill_and_multiply(
         c,
         &meeting,
-        [rows * k * size, 0, rows * nn * size],
-        |lhs, _| {
+        || {
             // SAFETY: this member's left operand is a live `m x k` view (its own); its block
             // of the stacked operand, rows `row0..row0 + m`, is written by it alone.
             unsafe {
@@ -293,7 +311,7 @@ pub(crate) unsafe fn shared_rhs(
                 )
             }
         },
-        |lhs, _, out| {
+        || {
             gemm(&GemmCall {
                 m: rows,
                 n: nn,
@@ -332,41 +350,24 @@ pub(crate) unsafe fn all_reduce(
         return Ok(None);
     };
     let (members, me) = group(mesh, axes, c.position);
-    let n = members.len();
-    if n < 2 {
+    if members.len() < 2 {
         return Ok(None);
     }
-    let (key, parts) = meet(c, op, &members, me, part)?;
-    let first = parts[0];
-    let same = |p: &PartAddr| (p.m, p.n, p.dtype) == (first.m, first.n, first.dtype);
-    if !parts.iter().all(same) {
-        return decline(c, &key, n);
-    }
-    let (size, m, nn) = (first.dtype.byte_width(), first.m, first.n);
+    let Some(meeting) = meet(c, op, &members, me, part, stacked_depth)? else {
+        return Ok(None);
+    };
+    let ([lhs, rhs, out], parts) = (meeting.stacks, &meeting.parts);
+    let (size, m, nn) = (part.dtype.byte_width(), part.m, part.n);
     let depth: usize = parts.iter().map(|p| p.k).sum();
     let at: usize = parts[..me].iter().map(|p| p.k).sum();
-    // Stack so that each member's view moves as whole lines.
+    // Stacked so that each member's view moves as whole lines (the same for all: `meet`).
     let ls = stacked_strides(m, depth, part.lhs_strides[0] == 1);
     let rs = stacked_strides(depth, nn, part.rhs_strides[0] == 1);
-    if parts.iter().any(|p| {
-        stacked_strides(m, depth, p.lhs_strides[0] == 1) != ls
-            || stacked_strides(depth, nn, p.rhs_strides[0] == 1) != rs
-    }) {
-        return decline(c, &key, n);
-    }
-    let meeting = Meeting {
-        op,
-        key,
-        members: &members,
-        me,
-    };
-    let out = stack_and_multiply(
+    fill_and_multiply(
         c,
         &meeting,
-        [m * depth * size, depth * nn * size, m * nn * size],
-        |lhs, rhs| {
-            let z = size as isize;
-            let at = at as isize;
+        || {
+            let (z, at) = (size as isize, at as isize);
             // SAFETY: this member's operands are live views (its own); its blocks of the
             // stacked operands, columns (rows) `at..at + k`, are written by it alone.
             unsafe {
@@ -383,7 +384,7 @@ pub(crate) unsafe fn all_reduce(
             }
         },
         // The sum over the group is one product over all the members' rows.
-        |lhs, rhs, out| {
+        || {
             gemm(&GemmCall {
                 m,
                 n: nn,
