@@ -282,10 +282,7 @@ impl Executable {
             schedule: self.schedule.clone(),
             kernels: self.kernels.clone(),
             _code: self._code.clone(),
-            plan: Plan {
-                offsets: self.plan.offsets.clone(),
-                arena_bytes: self.plan.arena_bytes,
-            },
+            plan: self.plan.clone(),
             mesh: self.mesh.clone(),
             arena: RefCell::new(vec![0u64; self.plan.arena_bytes.div_ceil(8)]),
             parallel_gemm_from: self.parallel_gemm_from,

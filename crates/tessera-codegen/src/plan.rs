@@ -12,6 +12,7 @@ use crate::fusion::{BufKind, Schedule};
 /// Every offset is a multiple of this, so vector accesses stay within cache lines.
 const ALIGN: usize = 64;
 
+#[derive(Clone)]
 pub struct Plan {
     /// Byte offset of each buffer in the arena (meaningful for temporaries only).
     pub offsets: Vec<usize>,
