@@ -101,7 +101,7 @@ impl Executable {
     }
 
     /// Like `run_with`, with `None` for the outputs a native device program was compiled not
-    /// to compute (`compile_device_program`'s `drop`).
+    /// to compute (`compile_device_programs`' `first_only`).
     pub(crate) fn run_partial(
         &self,
         inputs: &[&Literal],

@@ -21,7 +21,7 @@ pub(crate) struct DeviceProgram {
 static LAUNCH: AtomicU64 = AtomicU64::new(0);
 
 impl DeviceProgram {
-    /// Compiles `local` once per device; the first device's native schedule is dumped as
+    /// Compiles `local` once and forks it for every device; the native schedule is dumped as
     /// `dump_index` (`TESSERA_DUMP`). Outputs marked in `first_only` are computed by the first
     /// device only (replicated outputs, alike on every device): the others skip their work and
     /// `run` gives `None` for them.
