@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 
 use tessera_ir::{
-    CompareOp, DType, DimSharding, Graph, Literal, Mesh, NodeId, Op, ReduceKind, Shape, Sharding,
+    CompareOp, DType, DimSharding, Graph, Literal, Mesh, NodeId, Op, ReduceKind, Sharding,
     TensorType, TypeError,
 };
 
@@ -452,60 +452,52 @@ impl Partitioner<'_> {
     /// This device's chunk of dim `d` (whole locally) over `axes`: the dim is viewed as
     /// `[n, size/n]`, the chunk picked by comparing an iota with `axis_index` and summing the
     /// selected one out.
+    /// This device's chunk of dim `d` of `v`, split over `axes`: each chunk is a static slice,
+    /// and a chain of selects on the device's index picks one. Selects move values without
+    /// arithmetic, so the chunk is bit for bit the slice (`-0.0`, NaN payloads, bools and
+    /// integers included), which a masked sum would not be (`+0.0 + -0.0` is `+0.0`).
     fn local_slice(&mut self, v: NodeId, d: usize, axes: &[String]) -> Result<NodeId, ShardError> {
         let ty = self.lg.ty(v).clone();
         let n = group_size(self.mesh, axes);
-        let mut split: Vec<usize> = ty.dims().to_vec();
-        let size = split[d];
-        split[d] = size / n;
-        split.insert(d, n);
-        let r = self.add(Op::Reshape(Shape::new(split.clone())), &[v])?;
+        let chunk = ty.dims()[d] / n;
         let idx = self.add(
             Op::AxisIndex {
                 axes: axes.to_vec(),
             },
             &[],
         )?;
-        let iota = self.add(
-            Op::Iota {
-                dim: 0,
-                ty: TensorType::new(DType::I32, vec![n]),
-            },
-            &[],
-        )?;
-        let idx_b = self.add(
-            Op::BroadcastInDim {
-                shape: Shape::new(vec![n]),
-                dims: vec![],
-            },
-            &[idx],
-        )?;
-        let mask = self.add(Op::Compare(CompareOp::Eq), &[iota, idx_b])?;
-        let mask_b = self.add(
-            Op::BroadcastInDim {
-                shape: Shape::new(split.clone()),
-                dims: vec![d],
-            },
-            &[mask],
-        )?;
-        let zero = self.add(
-            Op::Constant(Literal::zeros(&TensorType::scalar(ty.dtype))),
-            &[],
-        )?;
-        let zeros = self.add(
-            Op::BroadcastInDim {
-                shape: Shape::new(split),
-                dims: vec![],
-            },
-            &[zero],
-        )?;
-        let picked = self.add(Op::Select, &[mask_b, r, zeros])?;
-        self.add(
-            Op::Reduce {
-                kind: ReduceKind::Sum,
-                axes: vec![d],
-            },
-            &[picked],
-        )
+        let chunks: Vec<NodeId> = (0..n)
+            .map(|j| {
+                let mut start = vec![0; ty.rank()];
+                let mut limit = ty.dims().to_vec();
+                start[d] = j * chunk;
+                limit[d] = (j + 1) * chunk;
+                self.add(
+                    Op::Slice {
+                        start,
+                        limit,
+                        stride: vec![1; ty.rank()],
+                    },
+                    &[v],
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        let mut picked = chunks[n - 1];
+        for j in (0..n - 1).rev() {
+            let j_const = self.add(
+                Op::Constant(Literal::splat(&TensorType::scalar(DType::I32), j as f64)),
+                &[],
+            )?;
+            let is_j = self.add(Op::Compare(CompareOp::Eq), &[idx, j_const])?;
+            let mask = self.add(
+                Op::BroadcastInDim {
+                    shape: self.lg.ty(picked).shape.clone(),
+                    dims: vec![],
+                },
+                &[is_j],
+            )?;
+            picked = self.add(Op::Select, &[mask, chunks[j], picked])?;
+        }
+        Ok(picked)
     }
 }

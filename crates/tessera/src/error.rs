@@ -44,11 +44,31 @@ pub(crate) fn loc_text(loc: &Location<'_>) -> String {
 /// hook, so nothing is printed) to the `jit`/`grad` entry point, which returns it as `Err`;
 /// eagerly it is a panic with the same message.
 pub(crate) fn raise(err: Error) -> ! {
-    if crate::trace::any_active() {
+    if crate::trace::any_active() || RETURNING.with(|r| r.get() > 0) {
         std::panic::resume_unwind(Box::new(err))
     } else {
         panic!("{err}")
     }
+}
+
+thread_local! {
+    /// How many `catch_eager` calls are running on this thread: while one is, an eager op's
+    /// error unwinds to it like a traced one instead of panicking.
+    static RETURNING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Like `catch`, and eager ops inside `f` report errors as `Err` too (for entry points that
+/// return `Result`, such as `eval_graph`, whose ops may run eagerly).
+pub(crate) fn catch_eager<T>(f: impl FnOnce() -> T) -> Result<T> {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            RETURNING.with(|r| r.set(r.get() - 1));
+        }
+    }
+    RETURNING.with(|r| r.set(r.get() + 1));
+    let _leave = Leave;
+    catch(f)
 }
 
 /// Runs `f`, turning an error raised by `raise` inside it into `Err`; other panics go on.

@@ -13,7 +13,7 @@ use std::rc::Rc;
 use hashbrown::HashMap;
 use tessera_ir::{Graph, Literal, TensorType, print};
 
-use crate::error::{Error, Result, catch};
+use crate::error::{Error, Result, catch, catch_eager};
 use std::sync::Arc;
 
 use tessera_runtime::{Array, ShardSpec};
@@ -50,7 +50,7 @@ enum Compiled {
 }
 
 /// The mesh the placed leaves share (with its device list), or an error when they disagree.
-fn common_mesh(placements: &[Option<ShardSpec>], name: &str) -> Result<Option<ShardSpec>> {
+fn common_mesh(placements: &[Option<ShardSpec>], location: &str) -> Result<Option<ShardSpec>> {
     let mut mesh: Option<&ShardSpec> = None;
     for p in placements.iter().flatten() {
         match mesh {
@@ -63,7 +63,7 @@ fn common_mesh(placements: &[Option<ShardSpec>], name: &str) -> Result<Option<Sh
                         "inputs live on different meshes ({:?} and {:?}); device_put them on one",
                         m.mesh.axes, p.mesh.axes
                     ),
-                    location: name.into(),
+                    location: location.into(),
                 });
             }
         }
@@ -82,6 +82,9 @@ fn in_specs(types: &[TensorType], placements: &[Option<ShardSpec>]) -> Vec<Spec>
         })
         .collect()
 }
+
+/// The mesh of a partitioned program and the sharding of each of its outputs.
+type Placed = (ShardSpec, Vec<Spec>);
 
 /// A jitted closure. `call` compiles on the first call with each new input signature.
 pub struct Jitted<F, In, Out> {
@@ -134,12 +137,20 @@ pub struct Lowered {
     pub(crate) graph: Graph,
     pub(crate) out_def: TreeDef,
     per_device: Option<Graph>,
+    /// The program as traced, before any pass (kept by `Jitted::lower`).
+    traced: Option<Graph>,
 }
 
 impl Lowered {
     /// The program in the IR text format (with each value's sharding when inputs are placed).
+    /// From `Jitted::lower` it is the program after simplification, as it runs.
     pub fn ir(&self) -> String {
         print(&self.graph)
+    }
+
+    /// The program as traced, before simplification (the same as `ir()` for `make_ir`).
+    pub fn traced_ir(&self) -> String {
+        print(self.traced.as_ref().unwrap_or(&self.graph))
     }
 
     /// After partitioning: the program every device runs, with local shapes and collectives
@@ -215,6 +226,7 @@ pub(crate) fn trace_fn_on<In: Tree, Out: Tree>(
         graph: recorded.graph,
         out_def,
         per_device: None,
+        traced: None,
     })
 }
 
@@ -228,12 +240,12 @@ fn partition_lowered(
     lowered: Lowered,
     mesh: &ShardSpec,
     specs: &[Spec],
-    name: &str,
+    (name, location): (&str, &str),
 ) -> Result<(Lowered, Vec<Spec>)> {
     let fail = |e: tessera_shard::ShardError| Error::Op {
         op: "sharding".into(),
-        message: e.to_string(),
-        location: name.into(),
+        message: format!("in {name}: {e}"),
+        location: location.into(),
     };
     let mut p = tessera_shard::partition(&lowered.graph, &mesh.mesh, specs).map_err(fail)?;
     // One rendezvous per step for the reductions that can wait for each other.
@@ -243,6 +255,7 @@ fn partition_lowered(
             graph: p.annotated,
             out_def: lowered.out_def,
             per_device: Some(p.local),
+            traced: lowered.traced,
         },
         p.out_specs,
     ))
@@ -275,28 +288,29 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self.traces.get()
     }
 
-    /// Traces the closure for `args`' signature without running it (and partitions it when
-    /// the arguments are placed on a mesh).
+    /// Traces the closure for `args`' signature and runs every pass up to code generation,
+    /// without running it: `ir()` and `per_device_ir()` show exactly the program that `call`
+    /// runs for these arguments (simplified, and partitioned when the arguments are placed on a
+    /// mesh); `traced_ir()` shows it as traced.
+    #[track_caller]
     pub fn lower(&self, args: &In) -> Result<Lowered> {
+        let location = crate::error::loc_text(std::panic::Location::caller());
         let (leaves, def) = tree::flatten(args);
-        let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();
-        let placements: Vec<Option<ShardSpec>> = leaves.iter().map(|t| t.placement()).collect();
-        let lowered = trace_fn(&self.name, &self.f, &def, &types)?;
-        match common_mesh(&placements, &self.name)? {
-            None => Ok(lowered),
-            Some(mesh) => {
-                Ok(
-                    partition_lowered(lowered, &mesh, &in_specs(&types, &placements), &self.name)?
-                        .0,
-                )
-            }
-        }
+        let sig = Signature {
+            def,
+            types: leaves.iter().map(|t| t.ty().clone()).collect(),
+            placements: leaves.iter().map(|t| t.placement()).collect(),
+        };
+        let dump = Dump::disabled();
+        Ok(self.prepare(&sig, &dump, &location)?.0)
     }
 
     /// Runs the closure compiled. Inside another trace (a `jit` in a `jit`, a `grad`), it is
     /// inlined into that trace instead. Inputs placed on a mesh run the partitioned program on
     /// every device of the mesh, and the outputs come back placed as propagation decided.
+    #[track_caller]
     pub fn call(&self, args: In) -> Result<Out> {
+        let location = crate::error::loc_text(std::panic::Location::caller());
         if trace::any_active() {
             return Ok((self.f)(args));
         }
@@ -312,7 +326,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         let compiled = match cached {
             Some(c) => c,
             None => {
-                let c = Rc::new(self.compile(&sig)?);
+                let c = Rc::new(self.compile(&sig, &location)?);
                 self.cache.borrow_mut().insert(sig.clone(), c.clone());
                 c
             }
@@ -395,35 +409,63 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         }
     }
 
-    /// Traces and compiles for one signature.
-    fn compile(&self, sig: &Signature) -> Result<Compiled> {
-        let mut lowered = trace_fn(&self.name, &self.f, &sig.def, &sig.types)?;
-        self.traces.set(self.traces.get() + 1);
-        let dump = Dump::from_env(&self.name, self.traces.get());
-        let mesh = common_mesh(&sig.placements, &self.name)?;
-        // Sharding constraints name the inputs' mesh.
-        lowered.graph.mesh = mesh.as_ref().map(|m| m.mesh.clone());
+    /// Traces one signature and runs the passes before code generation: simplification, and
+    /// for inputs on a mesh propagation, partitioning and combining. `lower` and `compile` both
+    /// go through here, so what `lower` shows is what runs.
+    fn prepare(
+        &self,
+        sig: &Signature,
+        dump: &Dump,
+        location: &str,
+    ) -> Result<(Lowered, Option<Placed>)> {
+        let mesh = common_mesh(&sig.placements, location)?;
+        // The trace knows the inputs' mesh from the start, so that sharding constraints type-check
+        // in it and in the traces nested in it (a `grad` inside the jitted function).
+        let mut lowered = trace_fn_on(
+            &self.name,
+            &self.f,
+            &sig.def,
+            &sig.types,
+            mesh.as_ref().map(|m| m.mesh.clone()),
+        )?;
+        lowered.traced = Some(lowered.graph.clone());
         // 00: the program as traced; 01: simplified (egg rewrites, CSE, DCE).
         dump.write(0, "trace", &lowered.graph)?;
-        lowered.graph = crate::pipeline::simplify(lowered.graph, self.simplify, &dump, 1)?;
+        lowered.graph = crate::pipeline::simplify(lowered.graph, self.simplify, dump, 1)?;
+        match mesh {
+            None => Ok((lowered, None)),
+            Some(mesh) => {
+                let specs = in_specs(&sig.types, &sig.placements);
+                let (lowered, out_specs) =
+                    partition_lowered(lowered, &mesh, &specs, (&self.name, location))?;
+                // 02: every value's sharding; 03: the program each device runs.
+                dump.write(2, "sharded", &lowered.graph)?;
+                if let Some(local) = &lowered.per_device {
+                    dump.write(3, "per-device", local)?;
+                }
+                Ok((lowered, Some((mesh, out_specs))))
+            }
+        }
+    }
+
+    /// Traces and compiles for one signature.
+    fn compile(&self, sig: &Signature, location: &str) -> Result<Compiled> {
+        self.traces.set(self.traces.get() + 1);
+        let dump = Dump::from_env(&self.name, self.traces.get());
+        let (lowered, mesh) = self.prepare(sig, &dump, location)?;
         match mesh {
             None => Ok(Compiled::Single {
                 out_def: lowered.out_def,
                 executable: compile(lowered.graph, self.backend, &dump)?,
             }),
-            Some(mesh) => {
-                let specs = in_specs(&sig.types, &sig.placements);
-                let (lowered, out_specs) = partition_lowered(lowered, &mesh, &specs, &self.name)?;
-                // 02: every value's sharding; 03: the program each device runs.
-                dump.write(2, "sharded", &lowered.graph)?;
-                let local = lowered.per_device.expect("partitioned");
-                dump.write(3, "per-device", &local)?;
+            Some((mesh, out_specs)) => {
                 let out_types = lowered
                     .graph
                     .outputs()
                     .iter()
                     .map(|&o| lowered.graph.ty(o).clone())
                     .collect();
+                let local = lowered.per_device.expect("partition_lowered sets it");
                 let program = DeviceProgram::compile(
                     &local,
                     mesh.mesh.clone(),
@@ -454,25 +496,50 @@ pub fn make_ir<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> impl Fn(&In) -> R
 }
 
 /// Evaluates an IR program on tensors, like `jax.core.eval_jaxpr`: eagerly when the inputs are
-/// concrete, recorded into the enclosing trace when they are tracers.
+/// concrete, recorded into the enclosing trace when they are tracers. A malformed graph (one
+/// the verifier rejects), inputs of the wrong types, and collectives run outside a program
+/// placed on a mesh are errors.
+#[track_caller]
 pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    let location = crate::error::loc_text(std::panic::Location::caller());
+    let fail = |message: String| Error::Op {
+        op: "eval_graph".into(),
+        message: format!("{message} (graph {})", graph.name),
+        location: location.clone(),
+    };
+    tessera_ir::verify(graph)?;
     if inputs.len() != graph.params().len() {
-        return Err(Error::Op {
-            op: "eval_graph".into(),
-            message: format!(
-                "{} inputs for {} parameters",
-                inputs.len(),
-                graph.params().len()
-            ),
-            location: graph.name.clone(),
-        });
+        return Err(fail(format!(
+            "{} inputs for {} parameters",
+            inputs.len(),
+            graph.params().len()
+        )));
     }
-    catch(|| {
+    for (i, (p, t)) in graph.params().iter().zip(inputs).enumerate() {
+        if graph.ty(*p) != t.ty() {
+            return Err(fail(format!(
+                "input {i} is {} but parameter {i} is {}",
+                t.ty(),
+                graph.ty(*p)
+            )));
+        }
+    }
+    let order = graph.topo_order();
+    if !trace::any_active()
+        && let Some(&c) = order.iter().find(|&&id| graph.op(id).is_collective())
+    {
+        return Err(fail(format!(
+            "{} is a collective: it needs the devices of a mesh, so run the program with `jit` \
+             on inputs placed with `device_put`, or inside `pmap`",
+            graph.op(c).name()
+        )));
+    }
+    catch_eager(|| {
         let mut env = std::collections::HashMap::new();
         for (p, t) in graph.params().iter().zip(inputs) {
             env.insert(*p, t.clone());
         }
-        crate::grad::replay(graph, &graph.topo_order(), &mut env);
+        crate::grad::replay(graph, &order, &mut env);
         graph.outputs().iter().map(|o| env[o].clone()).collect()
     })
 }

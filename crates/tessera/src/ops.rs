@@ -8,7 +8,9 @@
 use std::ops::{Add, Div, Mul, Neg, Sub};
 use std::panic::Location;
 
-use tessera_ir::{BinaryOp, CompareOp, DType, DotDims, Op, ReduceKind, Shape, UnaryOp};
+use tessera_ir::{
+    BinaryOp, CompareOp, DType, DotDims, Literal, Op, ReduceKind, Shape, TensorType, UnaryOp,
+};
 
 use crate::error::{Error, loc_text, raise};
 use crate::tensor::Tensor;
@@ -35,8 +37,11 @@ pub fn broadcast_shapes(op: &str, a: &Tensor, b: &Tensor) -> Vec<usize> {
             1
         }
     };
-    (0..n)
-        .map(|i| match (dim(x, i), dim(y, i)) {
+    // A loop, not an iterator: the error must be raised from this `#[track_caller]` frame so
+    // that it names the user's line (a closure would name this file).
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        out.push(match (dim(x, i), dim(y, i)) {
             (p, q) if p == q || q == 1 => p,
             (1, q) => q,
             _ => shape_error(
@@ -49,8 +54,9 @@ pub fn broadcast_shapes(op: &str, a: &Tensor, b: &Tensor) -> Vec<usize> {
                     b.ty()
                 ),
             ),
-        })
-        .collect()
+        });
+    }
+    out
 }
 
 macro_rules! unary_methods {
@@ -129,8 +135,46 @@ impl Tensor {
     }
 
     /// A scalar of this tensor's dtype (a weakly typed Rust number, as JAX treats Python's).
+    /// For an integer or bool tensor, a number the dtype cannot hold exactly (0.5, -1 for
+    /// u32) is an error, never a silent truncation or wrap: JAX would promote to a float type,
+    /// which Tessera does not do yet.
+    #[track_caller]
     pub fn scalar_like(&self, x: f64) -> Tensor {
-        Tensor::full_dtype(Shape::scalar(), x, self.dtype())
+        let dtype = self.dtype();
+        let held = Literal::splat(&TensorType::new(dtype, Shape::scalar()), x);
+        if !dtype.is_float() && held.data.get_f64(0) != x {
+            raise(Error::Op {
+                op: "scalar".into(),
+                message: format!(
+                    "the Rust number {x} used with a tensor of type {} is not a {dtype} value: \
+                     convert the tensor first, e.g. `.astype(DType::F32)` (Tessera does not \
+                     promote types yet, and does not truncate silently)",
+                    self.ty()
+                ),
+                location: loc_text(Location::caller()),
+            });
+        }
+        Tensor::from_literal(held)
+    }
+
+    /// A Rust `f32` operand of an operator, weakly typed as in JAX: it takes a float tensor's
+    /// dtype. With an integer or bool tensor JAX would promote the result to a float type;
+    /// Tessera does not promote yet, so that is an error rather than a silent truncation.
+    #[track_caller]
+    fn float_number(&self, x: f32) -> Tensor {
+        if !self.dtype().is_float() {
+            raise(Error::Op {
+                op: "scalar".into(),
+                message: format!(
+                    "the float number {x:?} with a tensor of type {} would need type \
+                     promotion, which Tessera does not do yet: convert the tensor first, e.g. \
+                     `.astype(DType::F32)`, or use a tensor of its type",
+                    self.ty()
+                ),
+                location: loc_text(Location::caller()),
+            });
+        }
+        self.scalar_like(x as f64)
     }
 
     #[track_caller]
@@ -336,6 +380,10 @@ impl Tensor {
     /// Mean over `axes`: the sum divided by the count, as `jnp.mean`.
     #[track_caller]
     pub fn mean_axes(&self, axes: &[usize]) -> Tensor {
+        // JAX: the mean of an integer or bool tensor is f32 (not a truncated integer).
+        if !self.dtype().is_float() {
+            return self.astype(DType::F32).mean_axes(axes);
+        }
         let count: usize = axes.iter().filter_map(|&a| self.shape().get(a)).product();
         let s = self.sum_axes(axes);
         let n = s.scalar_like(count as f64);
@@ -471,28 +519,28 @@ macro_rules! operator {
             type Output = Tensor;
             #[track_caller]
             fn $method(self, rhs: f32) -> Tensor {
-                Tensor::$method(&self, &self.scalar_like(rhs as f64))
+                Tensor::$method(&self, &self.float_number(rhs))
             }
         }
         impl $trait<f32> for &Tensor {
             type Output = Tensor;
             #[track_caller]
             fn $method(self, rhs: f32) -> Tensor {
-                Tensor::$method(self, &self.scalar_like(rhs as f64))
+                Tensor::$method(self, &self.float_number(rhs))
             }
         }
         impl $trait<Tensor> for f32 {
             type Output = Tensor;
             #[track_caller]
             fn $method(self, rhs: Tensor) -> Tensor {
-                Tensor::$method(&rhs.scalar_like(self as f64), &rhs)
+                Tensor::$method(&rhs.float_number(self), &rhs)
             }
         }
         impl $trait<&Tensor> for f32 {
             type Output = Tensor;
             #[track_caller]
             fn $method(self, rhs: &Tensor) -> Tensor {
-                Tensor::$method(&rhs.scalar_like(self as f64), rhs)
+                Tensor::$method(&rhs.float_number(self), rhs)
             }
         }
     };

@@ -24,6 +24,14 @@ impl Dump {
         }
     }
 
+    /// No dumps (for `lower`, which shows the stages instead of writing them).
+    pub(crate) fn disabled() -> Dump {
+        Dump {
+            dir: None,
+            prefix: String::new(),
+        }
+    }
+
     pub(crate) fn write(&self, index: usize, pass: &str, g: &Graph) -> Result<()> {
         if self.dir.is_some() {
             self.write_file(&format!("{index:02}-{pass}.ir"), &print(g))?;

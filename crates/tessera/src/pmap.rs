@@ -122,6 +122,14 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             message,
             location: location.clone(),
         };
+        if crate::trace::any_active() {
+            return Err(fail(
+                "pmap cannot run inside a trace (jit, grad or another pmap): call it at the top \
+                 level, or use jit with inputs placed on a mesh (device_put) for a sharded \
+                 program inside other transformations"
+                    .into(),
+            ));
+        }
         let (leaves, def) = tree::flatten(&args);
         let Some(first) = leaves.first() else {
             return Err(fail("no inputs to map over".into()));

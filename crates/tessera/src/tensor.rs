@@ -207,11 +207,13 @@ impl Tensor {
     /// The elements, row-major; fails when `T` is not the tensor's dtype or on a tracer.
     #[track_caller]
     pub fn try_to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        // Read before the closure below: a closure does not inherit `#[track_caller]`.
+        let location = loc_text(Location::caller());
         let a = self.try_array()?;
         T::from_data(&a.literal().data).ok_or_else(|| Error::Op {
             op: "to_vec".into(),
             message: format!("the tensor holds {}, not {}", a.ty().dtype, T::DTYPE),
-            location: loc_text(Location::caller()),
+            location,
         })
     }
 

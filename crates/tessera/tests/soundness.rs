@@ -1,0 +1,310 @@
+//! Soundness of the user surface (issue 10): programs just outside the seeds' shape compile and
+//! equal their single-device run, every user error names the caller's line, and mixing an
+//! integer tensor with a float number is an error instead of a silent truncation.
+
+use tessera::ir::{DType, Graph, Op, TensorType, UnaryOp};
+use tessera::prelude::*;
+
+fn two_devices() -> Mesh {
+    // SAFETY: every test of this binary sets the same value before the device pool starts and
+    // before any other thread reads the environment.
+    unsafe { std::env::set_var("TESSERA_DEVICES", "2") };
+    Mesh::new([2], ["dp"])
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>().iter().map(|x| x.to_bits()).collect()
+}
+
+fn close(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.shape(), b.shape(), "{what}");
+    for (x, y) in a.to_vec::<f32>().iter().zip(b.to_vec::<f32>()) {
+        assert!(
+            (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+            "{what}: {x} vs {y}"
+        );
+    }
+}
+
+/// The line of the caller, as errors print it.
+#[track_caller]
+fn here() -> String {
+    let l = std::panic::Location::caller();
+    format!("{}:{}", l.file(), l.line())
+}
+
+/// The message of an eager panic.
+fn panic_text(f: impl FnOnce()) -> String {
+    let p =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("expected a panic");
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+fn loss(w: &Tensor, x: &Tensor, mesh: Option<&Mesh>) -> Tensor {
+    let h = x.matmul(w).tanh();
+    let h = match mesh {
+        Some(m) => with_sharding_constraint(&h, &NamedSharding::new(m, P!["dp"])),
+        None => h,
+    };
+    h.square().mean()
+}
+
+#[test]
+fn sharding_constraint_inside_grad_inside_jit() {
+    let mesh = two_devices();
+    let w = random::normal(&Key::new(3), [6, 4]);
+    let x = random::normal(&Key::new(4), [8, 6]);
+    let single = jit(|(w, x): (Tensor, Tensor)| value_and_grad(|w: &Tensor| loss(w, &x, None))(&w));
+    let (l1, g1) = single.call((w.clone(), x.clone())).unwrap();
+    let m = mesh.clone();
+    let sharded =
+        jit(move |(w, x): (Tensor, Tensor)| value_and_grad(|w: &Tensor| loss(w, &x, Some(&m)))(&w));
+    let args = (
+        device_put(w, &NamedSharding::new(&mesh, P![])),
+        device_put(x, &NamedSharding::new(&mesh, P!["dp"])),
+    );
+    let (l2, g2) = sharded.call(args).unwrap();
+    close(&l2, &l1, "loss");
+    close(&g2, &g1, "gradient");
+}
+
+/// A causal mask built from `iota` and compared: a boolean constant that partitioning must
+/// slice per device.
+fn masked_loss(w: &Tensor, x: &Tensor) -> Tensor {
+    let n = x.shape()[0];
+    let rows = Tensor::iota(DType::I32, [n, n], 0);
+    let cols = Tensor::iota(DType::I32, [n, n], 1);
+    let mask = rows.ge(&cols);
+    let scores = x.matmul(w).matmul(&x.matmul(w).transpose(&[1, 0]));
+    let masked = Tensor::select(&mask, &scores, &Tensor::full([], -0.0));
+    masked.tanh().sum()
+}
+
+#[test]
+fn data_parallel_grad_through_a_boolean_mask() {
+    let mesh = two_devices();
+    let w = random::normal(&Key::new(5), [6, 3]);
+    let x = random::normal(&Key::new(6), [8, 6]);
+    let f = |(w, x): (Tensor, Tensor)| value_and_grad(|w: &Tensor| masked_loss(w, &x))(&w);
+    let (l1, g1) = jit(f).call((w.clone(), x.clone())).unwrap();
+    let args = (
+        device_put(w, &NamedSharding::new(&mesh, P![])),
+        device_put(x, &NamedSharding::new(&mesh, P!["dp"])),
+    );
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        let (l2, g2) = jit(f).backend(backend).call(args.clone()).unwrap();
+        close(&l2, &l1, "loss");
+        close(&g2, &g1, "gradient");
+    }
+}
+
+#[test]
+fn a_sliced_negative_zero_keeps_its_sign() {
+    // Partitioning takes a device's chunk of a replicated value by masking and summing: the
+    // filler must not turn -0.0 into +0.0.
+    let mesh = two_devices();
+    let x = Tensor::from_vec(vec![-0.0f32, 1.0, -0.0, f32::NAN], [4]);
+    let f = jit(|x: Tensor| {
+        with_sharding_constraint(
+            &x.neg().neg(),
+            &NamedSharding::new(&Mesh::new([2], ["dp"]), P!["dp"]),
+        )
+    });
+    let placed = device_put(x.clone(), &NamedSharding::new(&mesh, P![]));
+    let got = f.call(placed).unwrap();
+    assert_eq!(bits(&got), bits(&x));
+}
+
+#[test]
+fn lower_shows_the_simplified_program_that_runs() {
+    let mesh = two_devices();
+    let w = random::normal(&Key::new(7), [6, 4]);
+    let x = random::normal(&Key::new(8), [8, 6]);
+    // `* 1.0` is removed by the simplifier: the lowered program must not show it.
+    let f = jit(|(w, x): (Tensor, Tensor)| {
+        value_and_grad(|w: &Tensor| (x.matmul(w) * 1.0).tanh().sum())(&w)
+    });
+    let single = f.lower(&(w.clone(), x.clone())).unwrap();
+    assert!(single.traced_ir().contains("mul"), "{}", single.traced_ir());
+    let runs = single.ir();
+    assert!(
+        single.graph().node_count()
+            < tessera::ir::parse(&single.traced_ir())
+                .unwrap()
+                .node_count(),
+        "the lowered program is the simplified one:\n{runs}"
+    );
+    let args = (
+        device_put(w, &NamedSharding::new(&mesh, P![])),
+        device_put(x, &NamedSharding::new(&mesh, P!["dp"])),
+    );
+    let sharded = f.lower(&args).unwrap();
+    let local = sharded.per_device_graph().unwrap();
+    let simplified = tessera::ir::parse(&single.ir()).unwrap();
+    // The per-device program is the partitioned simplified program: no more compute nodes
+    // than it (partitioning adds only collectives, reshapes and slices).
+    let count = |g: &Graph, name: &str| g.node_ids().filter(|&n| g.op(n).name() == name).count();
+    assert_eq!(count(local, "tanh"), count(&simplified, "tanh"));
+    assert_eq!(
+        count(local, "mul"),
+        count(&simplified, "mul"),
+        "{}",
+        sharded.per_device_ir()
+    );
+}
+
+#[test]
+fn broadcast_errors_name_the_callers_line() {
+    let a = Tensor::zeros([3]);
+    let b = Tensor::zeros([4]);
+    for (f, name) in [
+        (
+            Box::new(|a: &Tensor, b: &Tensor| a + b) as Box<dyn Fn(&Tensor, &Tensor) -> Tensor>,
+            "add",
+        ),
+        (Box::new(|a: &Tensor, b: &Tensor| a.sub(b)), "sub"),
+        (Box::new(|a: &Tensor, b: &Tensor| a.lt(b)), "lt"),
+        (
+            Box::new(|a: &Tensor, b: &Tensor| Tensor::select(&a.lt(a), a, b)),
+            "select",
+        ),
+    ] {
+        let (a, b) = (a.clone(), b.clone());
+        let text = panic_text(|| {
+            f(&a, &b);
+        });
+        assert!(text.contains("tests/soundness.rs"), "{name}: {text}");
+        assert!(!text.contains("ops.rs"), "{name}: {text}");
+    }
+    // Inside jit: an `Err` naming the line of the op.
+    let f = jit(|(a, b): (Tensor, Tensor)| a.mul(&b));
+    let line = here();
+    let err = f.call((a.clone(), b.clone())).unwrap_err().to_string();
+    let want_line: u32 = line.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(
+        err.contains(&format!("tests/soundness.rs:{}", want_line - 1)),
+        "{err}"
+    );
+}
+
+#[test]
+fn read_errors_name_the_callers_line() {
+    let t = Tensor::zeros([2]);
+    let line = here();
+    let err = t.try_to_vec::<i32>().unwrap_err().to_string();
+    let want_line: u32 = line.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(
+        err.contains(&format!("tests/soundness.rs:{}", want_line + 1)),
+        "{err}"
+    );
+}
+
+#[test]
+fn inputs_on_two_meshes_name_the_call() {
+    two_devices();
+    let m1 = Mesh::new([2], ["a"]);
+    let m2 = Mesh::new([2], ["b"]);
+    let x = device_put(Tensor::zeros([4]), &NamedSharding::new(&m1, P!["a"]));
+    let y = device_put(Tensor::zeros([4]), &NamedSharding::new(&m2, P!["b"]));
+    let f = jit(|(x, y): (Tensor, Tensor)| x + y);
+    let line = here();
+    let err = f.call((x, y)).unwrap_err().to_string();
+    let want_line: u32 = line.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(
+        err.contains(&format!("tests/soundness.rs:{}", want_line + 1)),
+        "{err}"
+    );
+}
+
+#[test]
+fn pmap_inside_jit_says_so() {
+    two_devices();
+    let f = jit(|x: Tensor| {
+        let p = pmap("i", |x: Tensor| x.sin());
+        match p.call(x.clone()) {
+            Ok(y) => y,
+            Err(e) => {
+                assert!(
+                    e.to_string().contains("pmap cannot run inside a trace"),
+                    "{e}"
+                );
+                x
+            }
+        }
+    });
+    f.call(Tensor::zeros([2, 3])).unwrap();
+}
+
+#[test]
+fn eval_graph_reports_malformed_graphs() {
+    let mut g = Graph::new("cyclic");
+    let p = g.add_param(TensorType::new(DType::F32, vec![2]));
+    let a = g.add(Op::Unary(UnaryOp::Tanh), &[p]).unwrap();
+    let b = g.add(Op::Unary(UnaryOp::Exp), &[a]).unwrap();
+    g.set_outputs(vec![b]);
+    let mut cyclic = g.clone();
+    cyclic.replace_all_uses(a, b);
+    let x = Tensor::zeros([2]);
+    let err = eval_graph(&cyclic, std::slice::from_ref(&x)).unwrap_err();
+    assert!(err.to_string().contains("cycle"), "{err}");
+
+    let mut dangling = g.clone();
+    let mut bigger = g.clone();
+    let extra = bigger.add(Op::Unary(UnaryOp::Sin), &[b]).unwrap();
+    dangling.set_outputs(vec![extra]);
+    let err = eval_graph(&dangling, std::slice::from_ref(&x)).unwrap_err();
+    assert!(err.to_string().contains("output"), "{err}");
+
+    let err = eval_graph(&g, &[Tensor::zeros([3])]).unwrap_err();
+    assert!(err.to_string().contains("input 0 is f32[3]"), "{err}");
+
+    let collective = tessera::ir::parse(
+        "mesh @m = <\"x\"=2>\nfunc @f(%0: f32[2]) {\n  %1 = all_reduce %0 sum axes=[\"x\"] : f32[2]\n  return %1\n}\n",
+    );
+    let collective = match collective {
+        Ok(g) => g,
+        Err(e) => panic!("test program does not parse: {e}"),
+    };
+    let err = eval_graph(&collective, std::slice::from_ref(&x)).unwrap_err();
+    assert!(err.to_string().contains("collective"), "{err}");
+
+    // A well-formed graph still evaluates.
+    let y = eval_graph(&g, std::slice::from_ref(&x)).unwrap();
+    assert_eq!(y[0].to_vec::<f32>(), vec![1.0, 1.0]);
+}
+
+#[test]
+fn integer_tensors_never_truncate_a_float_number() {
+    let i = Tensor::arange(3);
+    let text = panic_text(|| {
+        let _ = &i + 0.5;
+    });
+    assert!(text.contains("0.5") && text.contains("i32"), "{text}");
+    assert!(text.contains("tests/soundness.rs"), "{text}");
+    let u = Tensor::arange(2).astype(DType::U32);
+    let text = panic_text(|| {
+        let _ = &u - 1.0;
+    });
+    assert!(text.contains("u32"), "{text}");
+    // Inside jit it is an `Err`.
+    let f = jit(|x: Tensor| x * 0.25);
+    assert!(f.call(Tensor::arange(4)).is_err());
+    // Even a whole number: JAX would give f32 [0, 2, 4].
+    let text = panic_text(|| {
+        let _ = &i * 2.0;
+    });
+    assert!(text.contains("promotion"), "{text}");
+    // `scalar_like` with a value the type holds exactly stays allowed.
+    assert_eq!((&i * &i.scalar_like(2.0)).to_vec::<i32>(), vec![0, 2, 4]);
+    let text = panic_text(|| {
+        let _ = i.scalar_like(0.5);
+    });
+    assert!(text.contains("not a i32 value"), "{text}");
+    // The mean of an integer tensor is f32, as in JAX.
+    let m = Tensor::from_vec(vec![1i32, 2], [2]).mean();
+    assert_eq!(m.dtype(), DType::F32);
+    assert_eq!(m.to_vec::<f32>(), vec![1.5]);
+}
