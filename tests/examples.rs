@@ -32,6 +32,13 @@ const JAX_PMAP_1: [u32; 5] = [0x3f8fa1dd, 0x3f8b15ea, 0x3f87aa57, 0x3f84f84d, 0x
 /// different summation order or tanh polynomial moves the last bits, and where JAX's value sits
 /// that close to a rounding boundary, the sixth printed decimal can differ by one.
 fn check(losses: &[f32], jax: [u32; 5], what: &str) {
+    // Every printed loss is there: a short run must not pass by zipping fewer values.
+    assert_eq!(
+        losses.len(),
+        41,
+        "{what}: 41 steps, losses printed at 0, 10, .., 40"
+    );
+    assert_eq!(losses.iter().step_by(10).count(), jax.len(), "{what}");
     for (i, (l, j)) in losses.iter().step_by(10).zip(jax).enumerate() {
         let j = f32::from_bits(j);
         assert!(
@@ -103,6 +110,7 @@ fn mesh_2d_matches_the_single_device_run() {
     eight_devices();
     let (losses, per_device, x, w1) = mesh_2d::train(41).unwrap();
     let single = train_single::train(41, Backend::Cranelift).unwrap();
+    assert_eq!((losses.len(), single.len()), (41, 41), "every step's loss");
     for (i, (a, b)) in losses.iter().zip(&single).enumerate() {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "step {i}: {a} vs {b}");
     }

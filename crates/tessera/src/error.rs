@@ -30,6 +30,13 @@ pub enum Error {
     Interp(#[from] InterpError),
     #[error("native code generation: {0}")]
     Codegen(String),
+    /// Checked mode (`TESSERA_CHECK=1`) found compiled code that disagrees with the
+    /// interpreter beyond the op's stated bound.
+    #[error("checked mode: {0}")]
+    Check(String),
+    /// A `TESSERA_*` environment variable holds a value that means nothing.
+    #[error("configuration: {0}")]
+    Config(String),
     #[error("{0}")]
     Io(String),
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use tessera_runtime::{Array, ShardSpec};
 use tessera_shard::Spec;
 
+use crate::check::Checker;
 use crate::pipeline::{Backend, Dump, Executable, compile};
 use crate::spmd::DeviceProgram;
 use crate::tensor::Tensor;
@@ -39,6 +40,7 @@ enum Compiled {
     Single {
         out_def: TreeDef,
         executable: Executable,
+        checker: Option<Checker>,
     },
     /// Sharded inputs: the per-device program runs on every device of the mesh.
     Sharded {
@@ -46,6 +48,7 @@ enum Compiled {
         program: DeviceProgram,
         out_types: Vec<TensorType>,
         out_specs: Vec<Spec>,
+        checker: Option<Checker>,
     },
 }
 
@@ -94,6 +97,8 @@ pub struct Jitted<F, In, Out> {
     traces: Cell<usize>,
     backend: Backend,
     simplify: bool,
+    /// Checked mode: `None` follows `TESSERA_CHECK`.
+    check: Option<bool>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -106,6 +111,7 @@ pub fn jit<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> Jitted<F, In, Out> {
         traces: Cell::new(0),
         backend: Backend::default(),
         simplify: crate::pipeline::simplify_enabled(),
+        check: None,
         _types: PhantomData,
     }
 }
@@ -283,6 +289,17 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self
     }
 
+    /// Checked mode: every call also runs the reference interpreter and compares, op by op
+    /// and output by output, and returns an error naming the first op (with its line, its
+    /// operands and both values) whose compiled result is outside its stated bound. Off by
+    /// default unless `TESSERA_CHECK=1`; slow (it is for finding a miscompilation, not for
+    /// training).
+    pub fn checked(mut self, on: bool) -> Self {
+        self.check = Some(on);
+        self.cache.borrow_mut().clear();
+        self
+    }
+
     /// How many times the closure has been traced (once per new signature).
     pub fn trace_count(&self) -> usize {
         self.traces.get()
@@ -335,12 +352,17 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
             Compiled::Single {
                 out_def,
                 executable,
+                checker,
             } => {
                 let inputs: Vec<&Literal> = leaves
                     .iter()
                     .map(|t| t.try_array().map(|a| a.literal()))
                     .collect::<Result<_>>()?;
                 let outputs = executable.run(&inputs)?;
+                if let Some(checker) = checker {
+                    let want = checker.check_ops(&inputs)?;
+                    checker.check_outputs(&outputs, &want)?;
+                }
                 let tensors: Vec<Tensor> = outputs.into_iter().map(Tensor::from_literal).collect();
                 tree::unflatten(out_def, tensors)
             }
@@ -349,6 +371,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 program,
                 out_types,
                 out_specs,
+                checker,
             } => {
                 let arrays: Vec<&Array> = leaves
                     .iter()
@@ -404,6 +427,16 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     .into_iter()
                     .rev()
                     .collect();
+                if let Some(checker) = checker {
+                    // The global values, assembled on the host.
+                    let inputs: Vec<&Literal> = arrays.iter().map(|a| a.literal()).collect();
+                    let want = checker.check_ops(&inputs)?;
+                    let got: Vec<Literal> = tensors
+                        .iter()
+                        .map(|t| t.try_array().map(|a| a.literal().clone()))
+                        .collect::<Result<_>>()?;
+                    checker.check_outputs(&got, &want)?;
+                }
                 tree::unflatten(out_def, tensors)
             }
         }
@@ -453,10 +486,17 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self.traces.set(self.traces.get() + 1);
         let dump = Dump::from_env(&self.name, self.traces.get());
         let (lowered, mesh) = self.prepare(sig, &dump, location)?;
+        let checked = match self.check {
+            Some(on) => on,
+            None => crate::pipeline::check_from_env()?,
+        };
+        // The global program after simplification (with shardings, which change no value).
+        let checker = checked.then(|| Checker::new(lowered.graph.clone()));
         match mesh {
             None => Ok(Compiled::Single {
                 out_def: lowered.out_def,
                 executable: compile(lowered.graph, self.backend, &dump)?,
+                checker,
             }),
             Some((mesh, out_specs)) => {
                 let out_types = lowered
@@ -479,6 +519,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     program,
                     out_types,
                     out_specs,
+                    checker,
                 })
             }
         }

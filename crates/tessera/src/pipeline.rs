@@ -163,6 +163,22 @@ pub(crate) fn compile_device_programs(
     })
 }
 
+/// Whether checked mode is on by default: `TESSERA_CHECK=1` (unset, empty or `0`: off).
+pub(crate) fn check_from_env() -> Result<bool> {
+    match std::env::var("TESSERA_CHECK") {
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Ok(v) if v.is_empty() || v == "0" => Ok(false),
+        Ok(v) if v == "1" => Ok(true),
+        Ok(v) => Err(Error::Config(format!(
+            "TESSERA_CHECK={v:?}: expected 1 (check every jitted call against the interpreter) \
+             or 0"
+        ))),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::Config(format!(
+            "TESSERA_CHECK={v:?}: expected 1 or 0"
+        ))),
+    }
+}
+
 /// Whether the simplification pass runs: on unless `TESSERA_SIMPLIFY=0`.
 pub(crate) fn simplify_enabled() -> bool {
     std::env::var("TESSERA_SIMPLIFY").map_or(true, |v| v != "0")

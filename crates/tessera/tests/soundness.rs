@@ -308,3 +308,33 @@ fn integer_tensors_never_truncate_a_float_number() {
     assert_eq!(m.dtype(), DType::F32);
     assert_eq!(m.to_vec::<f32>(), vec![1.5]);
 }
+
+#[test]
+fn checked_mode_runs_both_backends_and_agrees() {
+    let mesh = two_devices();
+    let w = random::normal(&Key::new(9), [6, 4]);
+    let x = random::normal(&Key::new(10), [8, 6]);
+    let step = |(w, x): (Tensor, Tensor)| {
+        let (l, g) = value_and_grad(|w: &Tensor| {
+            (x.matmul(w).tanh().exp().logistic() - 0.5).square().mean()
+        })(&w);
+        (w - g * 0.1, l)
+    };
+    let (w1, l1) = jit(step).call((w.clone(), x.clone())).unwrap();
+    let (w2, l2) = jit(step)
+        .checked(true)
+        .call((w.clone(), x.clone()))
+        .unwrap();
+    assert_eq!(
+        bits(&w1),
+        bits(&w2),
+        "checked mode returns the compiled results"
+    );
+    assert_eq!(bits(&l1), bits(&l2));
+    let args = (
+        device_put(w, &NamedSharding::new(&mesh, P![])),
+        device_put(x, &NamedSharding::new(&mesh, P!["dp"])),
+    );
+    let (w3, _) = jit(step).checked(true).call(args).unwrap();
+    close(&w3, &w1, "sharded, checked");
+}

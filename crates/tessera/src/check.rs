@@ -1,0 +1,457 @@
+//! Checked mode (`TESSERA_CHECK=1`, or `jit(f).checked(true)`): every call also runs the
+//! reference interpreter and compares.
+//!
+//! Two checks, in this order:
+//! 1. Op by op: the interpreter evaluates the program (the global one, before partitioning,
+//!    after simplification) keeping every value; each op is compiled alone (once per op and
+//!    operand types, cached) and run on the interpreter's operands. Its result must equal the
+//!    interpreter's within the op's stated bound (`bound`): bit for bit for exact ops, within the
+//!    ulp bound of `approx.rs` for the transcendental functions, within the rounding error of
+//!    a reordered sum for reductions and dots. The first op outside its bound is reported with
+//!    its source line, its operands' summaries and both values.
+//! 2. The whole program: the outputs of the call (compiled, fused, partitioned, with real
+//!    collectives) against the interpreter's, within a tolerance relative to each output's
+//!    largest magnitude. This catches what the ops alone cannot (fusion, partitioning,
+//!    collectives); its report says that every op agreed alone.
+//!
+//! Collectives are not checked alone (they need the devices); a sharded program's global form
+//! has none, and its collectives are covered by the whole-program check.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use hashbrown::HashMap;
+use tessera_ir::{
+    BinaryOp, DType, Data, Graph, Literal, NodeId, Op, ReduceKind, TensorType, UnaryOp, print,
+};
+
+use crate::error::{Error, Result};
+
+/// How far an op's compiled result may be from the interpreter's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Bound {
+    /// Bit for bit (any NaN equals any NaN: NaN payloads are not specified).
+    Exact,
+    /// Within this many units in the last place (infinities, zeros and NaN exactly).
+    Ulps(u64),
+    /// A sum whose order the backends choose: within `n * eps * sum(|terms|)`.
+    Accumulated,
+    /// Not checked alone (the value is an input, or needs the devices).
+    Unchecked,
+}
+
+/// The stated ulp bound of each float function's compiled form against the interpreter's
+/// (see `tessera-codegen/src/approx.rs` and docs/ARCHITECTURE.md). Exact IEEE operations are
+/// `Exact`.
+fn unary_bound(u: UnaryOp) -> Bound {
+    match u {
+        UnaryOp::Neg
+        | UnaryOp::Abs
+        | UnaryOp::Sign
+        | UnaryOp::Sqrt
+        | UnaryOp::Rsqrt
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Round
+        | UnaryOp::Not => Bound::Exact,
+        UnaryOp::Exp
+        | UnaryOp::Log
+        | UnaryOp::Log1p
+        | UnaryOp::Expm1
+        | UnaryOp::Tanh
+        | UnaryOp::Logistic
+        | UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Erf => Bound::Ulps(UNARY_ULPS),
+        UnaryOp::ErfInv => Bound::Ulps(ERF_INV_ULPS),
+    }
+}
+
+/// The largest stated error of the inline f32 functions, in ulps, plus one for the
+/// interpreter's own rounding (libm's f32 functions are within one ulp).
+const UNARY_ULPS: u64 = 8;
+/// `erf_inv` follows XLA's f32 polynomial, whose error near +-1 is larger.
+const ERF_INV_ULPS: u64 = 64;
+/// `pow` through `exp2(y log2 x)`.
+const POW_ULPS: u64 = 8;
+
+fn binary_bound(b: BinaryOp) -> Bound {
+    match b {
+        BinaryOp::Add
+        | BinaryOp::Sub
+        | BinaryOp::Mul
+        | BinaryOp::Div
+        | BinaryOp::Rem
+        | BinaryOp::Max
+        | BinaryOp::Min
+        | BinaryOp::And
+        | BinaryOp::Or
+        | BinaryOp::Xor
+        | BinaryOp::ShiftLeft
+        | BinaryOp::ShiftRightLogical => Bound::Exact,
+        BinaryOp::Pow => Bound::Ulps(POW_ULPS),
+    }
+}
+
+fn bound(op: &Op) -> Bound {
+    match op {
+        Op::Parameter(_) | Op::Constant(_) => Bound::Unchecked,
+        Op::Unary(u) => unary_bound(*u),
+        Op::Binary(b) => binary_bound(*b),
+        Op::Iota { .. }
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::Bitcast(_)
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape(_)
+        | Op::Transpose(_)
+        | Op::Slice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::ArgMax { .. }
+        | Op::ShardingConstraint(_) => Bound::Exact,
+        Op::Reduce { kind, .. } => match kind {
+            ReduceKind::Sum => Bound::Accumulated,
+            ReduceKind::Max | ReduceKind::Min => Bound::Exact,
+        },
+        Op::DotGeneral(_) => Bound::Accumulated,
+        Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. }
+        | Op::CollectivePermute { .. }
+        | Op::AxisIndex { .. } => Bound::Unchecked,
+    }
+}
+
+/// The whole-program tolerance, relative to the largest magnitude of each output.
+const PROGRAM_TOLERANCE_F32: f64 = 1e-4;
+const PROGRAM_TOLERANCE_F64: f64 = 1e-10;
+
+/// The program a checked `jit` compares against, and the kernels compiled for its ops.
+pub(crate) struct Checker {
+    graph: Graph,
+    kernels: RefCell<HashMap<String, Rc<tessera_codegen::Executable>>>,
+}
+
+impl Checker {
+    pub(crate) fn new(graph: Graph) -> Checker {
+        Checker {
+            graph,
+            kernels: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Check 1 (op by op); returns the interpreter's outputs for check 2.
+    pub(crate) fn check_ops(&self, inputs: &[&Literal]) -> Result<Vec<Literal>> {
+        let g = &self.graph;
+        let mut values: std::collections::HashMap<NodeId, Literal> =
+            std::collections::HashMap::new();
+        for (&p, &l) in g.params().iter().zip(inputs) {
+            values.insert(p, l.clone());
+        }
+        for id in g.topo_order() {
+            if values.contains_key(&id) {
+                continue;
+            }
+            let node = g.node(id);
+            let operands: Vec<NodeId> = g.operands(id);
+            let args: Vec<&Literal> = operands.iter().map(|o| &values[o]).collect();
+            let want = tessera_interp::eval_op(&node.op, &args, &node.ty)?;
+            let b = bound(&node.op);
+            if b != Bound::Unchecked {
+                let got = self.run_alone(id, &args)?;
+                if let Some(diff) = compare(&node.op, b, &got, &want, &args) {
+                    return Err(self.report(id, &args, &diff));
+                }
+            }
+            values.insert(id, want);
+        }
+        Ok(g.outputs().iter().map(|o| values[o].clone()).collect())
+    }
+
+    /// Check 2: the call's outputs against the interpreter's.
+    pub(crate) fn check_outputs(&self, got: &[Literal], want: &[Literal]) -> Result<()> {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let fail = |message: String| {
+                Err(Error::Check(format!(
+                    "output {i} ({}) of {}: {message}; every op agreed with the interpreter \
+                     on its own, so the difference comes from fusion, partitioning or a \
+                     collective",
+                    w.ty, self.graph.name
+                )))
+            };
+            if g.ty != w.ty {
+                return fail(format!("compiled type {} differs", g.ty));
+            }
+            let tol = match w.ty.dtype {
+                DType::F32 => PROGRAM_TOLERANCE_F32,
+                DType::F64 => PROGRAM_TOLERANCE_F64,
+                DType::I32 | DType::U32 | DType::Bool => 0.0,
+            };
+            let scale = (0..w.data.len())
+                .map(|k| w.data.get_f64(k).abs())
+                .filter(|x| x.is_finite())
+                .fold(0.0f64, f64::max)
+                .max(f64::MIN_POSITIVE);
+            for k in 0..w.data.len() {
+                let (a, b) = (g.data.get_f64(k), w.data.get_f64(k));
+                let same = a == b || (a.is_nan() && b.is_nan());
+                // A NaN difference (inf - inf) is outside every tolerance.
+                let within = (a - b).abs() <= tol * scale;
+                if !same && !within {
+                    return fail(format!(
+                        "element {k}: compiled {a:e}, interpreter {b:e} (tolerance {:e})",
+                        tol * scale
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The op `id` compiled on its own and run on `args`.
+    fn run_alone(&self, id: NodeId, args: &[&Literal]) -> Result<Literal> {
+        let node = self.graph.node(id);
+        let mut one = Graph::new(format!("check_{}", node.op.name()));
+        one.mesh = self.graph.mesh.clone();
+        let params: Vec<NodeId> = args.iter().map(|a| one.add_param(a.ty.clone())).collect();
+        let out = one
+            .add(node.op.clone(), &params)
+            .map_err(|e| Error::Check(format!("{}: {e}", node.op.name())))?;
+        one.set_outputs(vec![out]);
+        let key = print(&one);
+        let cached = self.kernels.borrow().get(&key).cloned();
+        let exe = match cached {
+            Some(e) => e,
+            None => {
+                let e = Rc::new(
+                    tessera_codegen::compile(&one).map_err(|e| Error::Codegen(e.to_string()))?,
+                );
+                self.kernels.borrow_mut().insert(key, e.clone());
+                e
+            }
+        };
+        let mut outs = exe.run(args, &tessera_interp::SingleDevice)?;
+        Ok(outs.remove(0))
+    }
+
+    fn report(&self, id: NodeId, args: &[&Literal], diff: &str) -> Error {
+        let node = self.graph.node(id);
+        let operands: Vec<String> = args.iter().map(|a| summary(a)).collect();
+        Error::Check(format!(
+            "`{}` at {} differs from the interpreter beyond its bound: {diff}; operands: [{}]",
+            node.op.name(),
+            node.loc.as_deref().unwrap_or("an unknown line"),
+            operands.join("; ")
+        ))
+    }
+}
+
+/// Type, range and NaN/inf count of a value, for reports.
+fn summary(l: &Literal) -> String {
+    let n = l.data.len();
+    let (mut lo, mut hi, mut nan, mut inf) = (f64::INFINITY, f64::NEG_INFINITY, 0, 0);
+    for k in 0..n {
+        let x = l.data.get_f64(k);
+        if x.is_nan() {
+            nan += 1;
+        } else if x.is_infinite() {
+            inf += 1;
+        } else {
+            lo = lo.min(x);
+            hi = hi.max(x);
+        }
+    }
+    if n == 0 {
+        return format!("{} (empty)", l.ty);
+    }
+    let mut s = format!("{} in [{lo:e}, {hi:e}]", l.ty);
+    if nan + inf > 0 {
+        s.push_str(&format!(", {nan} NaN, {inf} inf"));
+    }
+    s
+}
+
+/// The first element outside the bound, described, or `None` when all are within it.
+fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) -> Option<String> {
+    if got.ty != want.ty {
+        return Some(format!("compiled type {} vs {}", got.ty, want.ty));
+    }
+    let magnitude = match b {
+        Bound::Accumulated => Some(magnitudes(op, args, &want.ty)?),
+        Bound::Exact | Bound::Ulps(_) | Bound::Unchecked => None,
+    };
+    let terms = match op {
+        Op::Reduce { axes, .. } => axes.iter().map(|&a| args[0].ty.dims()[a]).product(),
+        Op::DotGeneral(d) => d
+            .lhs_contract
+            .iter()
+            .map(|&a| args[0].ty.dims()[a])
+            .product(),
+        _ => 1usize,
+    };
+    let describe = |k: usize, extra: String| {
+        Some(format!(
+            "element {k} of {}: compiled {}, interpreter {}{extra}",
+            want.ty,
+            got.data.element_text(k),
+            want.data.element_text(k)
+        ))
+    };
+    match (&got.data, &want.data) {
+        (Data::F32(g), Data::F32(w)) => {
+            for k in 0..w.len() {
+                let (x, y) = (g[k], w[k]);
+                if x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()) {
+                    continue;
+                }
+                let ok = match b {
+                    Bound::Exact | Bound::Unchecked => false,
+                    Bound::Ulps(u) => ulps_f32(x, y).is_some_and(|d| d <= u),
+                    Bound::Accumulated => {
+                        let m = magnitude.as_ref().map_or(0.0, |m| m[k]);
+                        let tol = terms as f64 * f32::EPSILON as f64 * m + 1e-45;
+                        ((x as f64) - (y as f64)).abs() <= tol
+                    }
+                };
+                if !ok {
+                    let extra = match ulps_f32(x, y) {
+                        Some(d) => format!(" ({d} ulp, bound {b:?})"),
+                        None => format!(" (bound {b:?})"),
+                    };
+                    return describe(k, extra);
+                }
+            }
+            None
+        }
+        (Data::F64(g), Data::F64(w)) => {
+            for k in 0..w.len() {
+                let (x, y) = (g[k], w[k]);
+                if x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()) {
+                    continue;
+                }
+                let ok = match b {
+                    Bound::Exact | Bound::Unchecked => false,
+                    Bound::Ulps(u) => ulps_f64(x, y).is_some_and(|d| d <= u),
+                    Bound::Accumulated => {
+                        let m = magnitude.as_ref().map_or(0.0, |m| m[k]);
+                        (x - y).abs() <= terms as f64 * f64::EPSILON * m + 5e-324
+                    }
+                };
+                if !ok {
+                    return describe(k, format!(" (bound {b:?})"));
+                }
+            }
+            None
+        }
+        (g, w) => (0..w.len())
+            .find(|&k| g.element_text(k) != w.element_text(k))
+            .and_then(|k| describe(k, String::new())),
+    }
+}
+
+/// Ulps between two finite floats of the same sign class; `None` when one is NaN or infinite
+/// and they differ (never within any bound).
+fn ulps_f32(x: f32, y: f32) -> Option<u64> {
+    if !x.is_finite() || !y.is_finite() {
+        return None;
+    }
+    let key = |v: f32| {
+        let b = v.to_bits() as i64;
+        if b < 0x8000_0000 { b } else { 0x8000_0000 - b }
+    };
+    Some(key(x).abs_diff(key(y)))
+}
+
+fn ulps_f64(x: f64, y: f64) -> Option<u64> {
+    if !x.is_finite() || !y.is_finite() {
+        return None;
+    }
+    let key = |v: f64| {
+        let b = v.to_bits() as i128;
+        if b < 1 << 63 { b } else { (1i128 << 63) - b }
+    };
+    u64::try_from(key(x).abs_diff(key(y))).ok()
+}
+
+/// For a sum or a dot: the same reduction over the operands' absolute values, in f64, which
+/// bounds the rounding error of any order of summation.
+fn magnitudes(op: &Op, args: &[&Literal], ty: &TensorType) -> Option<Vec<f64>> {
+    let abs = |l: &Literal| {
+        let v: Vec<f64> = (0..l.data.len()).map(|k| l.data.get_f64(k).abs()).collect();
+        Literal::new(l.ty.shape.clone(), Data::F64(v))
+    };
+    let wide: Vec<Literal> = args.iter().map(|a| abs(a)).collect::<Option<_>>()?;
+    let refs: Vec<&Literal> = wide.iter().collect();
+    let out_ty = TensorType::new(DType::F64, ty.shape.clone());
+    let m = tessera_interp::eval_op(op, &refs, &out_ty).ok()?;
+    match m.data {
+        Data::F64(v) => Some(v),
+        Data::F32(_) | Data::I32(_) | Data::U32(_) | Data::Bool(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ulps_count_across_zero() {
+        assert_eq!(ulps_f32(0.0, -0.0), Some(0));
+        assert_eq!(ulps_f32(1.0, f32::from_bits(1.0f32.to_bits() + 3)), Some(3));
+        assert_eq!(ulps_f32(f32::from_bits(1), -f32::from_bits(1)), Some(2));
+        assert_eq!(ulps_f32(f32::INFINITY, f32::MAX), None);
+    }
+
+    #[test]
+    fn a_wrong_kernel_is_reported_with_its_line() {
+        let mut g = Graph::new("f");
+        let p = g.add_param(TensorType::new(DType::F32, vec![3]));
+        let t = g.add(Op::Unary(UnaryOp::Tanh), &[p]).unwrap();
+        g.node_mut(t).loc = Some("src/model.rs:7".into());
+        g.set_outputs(vec![t]);
+        let checker = Checker::new(g);
+        let x = Literal::new(vec![3], Data::F32(vec![0.5, -1.0, 3.0])).unwrap();
+        // The real kernel agrees with the interpreter.
+        let want = checker.check_ops(&[&x]).unwrap();
+        checker.check_outputs(&want, &want).unwrap();
+        // A result off by 100 ulp in one element is reported by the whole-program check
+        // only beyond its tolerance, and by `compare` with the op's bound.
+        let Data::F32(v) = &want[0].data else {
+            panic!()
+        };
+        let mut bad = v.clone();
+        bad[1] = f32::from_bits(bad[1].to_bits() + 100);
+        let bad = Literal::new(vec![3], Data::F32(bad)).unwrap();
+        let diff = compare(
+            &Op::Unary(UnaryOp::Tanh),
+            Bound::Ulps(8),
+            &bad,
+            &want[0],
+            &[&x],
+        );
+        assert!(diff.unwrap().contains("element 1"));
+        let err = checker.report(t, &[&x], "element 1").to_string();
+        assert!(err.contains("`tanh` at src/model.rs:7"), "{err}");
+    }
+
+    #[test]
+    fn a_reordered_sum_is_within_its_bound_and_a_wrong_one_is_not() {
+        let x = Literal::new(vec![4], Data::F32(vec![1e8, 1.0, -1e8, 1.0])).unwrap();
+        let op = Op::Reduce {
+            kind: ReduceKind::Sum,
+            axes: vec![0],
+        };
+        let want = Literal::new(Vec::<usize>::new(), Data::F32(vec![2.0])).unwrap();
+        // Summed left to right in f32 the ones are lost: 0, within 4 * eps * 2e8 + 2.
+        let reordered = Literal::new(Vec::<usize>::new(), Data::F32(vec![0.0])).unwrap();
+        assert_eq!(
+            compare(&op, Bound::Accumulated, &reordered, &want, &[&x]),
+            None
+        );
+        let wrong = Literal::new(Vec::<usize>::new(), Data::F32(vec![1e3])).unwrap();
+        assert!(compare(&op, Bound::Accumulated, &wrong, &want, &[&x]).is_some());
+    }
+}
