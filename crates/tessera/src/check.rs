@@ -125,6 +125,39 @@ fn bound(op: &Op) -> Bound {
     }
 }
 
+/// Whether every op of the graph is exact, so that the whole compiled program must equal the
+/// interpreter bit for bit (any fusion of exact ops is exact).
+fn all_exact(g: &Graph) -> bool {
+    g.node_ids()
+        .all(|id| matches!(bound(g.op(id)), Bound::Exact | Bound::Unchecked))
+}
+
+/// The differential check of a whole program, for tests and fuzzers: every op against the
+/// interpreter within its bound (as checked mode does), then the program compiled whole
+/// against the interpreter, bit for bit when every op is exact, within checked mode's
+/// whole-program tolerance otherwise. Collectives are not supported (single device).
+pub fn check_program(graph: &Graph, inputs: &[Literal]) -> Result<()> {
+    tessera_ir::verify(graph)?;
+    let refs: Vec<&Literal> = inputs.iter().collect();
+    let checker = Checker::new(graph.clone());
+    let want = checker.check_ops(&refs)?;
+    let exe = tessera_codegen::compile(graph).map_err(|e| Error::Codegen(e.to_string()))?;
+    let got = exe.run(&refs, &tessera_interp::SingleDevice)?;
+    if all_exact(graph) {
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            if let Some(diff) = compare(&Op::Select, Bound::Exact, g, w, &[]) {
+                return Err(Error::Check(format!(
+                    "output {i} of an exact program differs: {diff}; every op agreed alone, so \
+                     the difference comes from fusion"
+                )));
+            }
+        }
+        Ok(())
+    } else {
+        checker.check_outputs(&got, &want)
+    }
+}
+
 /// The whole-program tolerance, relative to the largest magnitude of each output.
 const PROGRAM_TOLERANCE_F32: f64 = 1e-4;
 const PROGRAM_TOLERANCE_F64: f64 = 1e-10;
