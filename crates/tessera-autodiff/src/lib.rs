@@ -28,6 +28,9 @@ pub enum AutodiffError {
     /// An op on the path from the inputs to the outputs has no gradient.
     #[error("{op} is not differentiable{why}")]
     NotDifferentiable { op: String, why: String },
+    /// The graph to differentiate breaks an IR invariant, or names nodes it does not have.
+    #[error("the graph to differentiate is malformed: {0}")]
+    Malformed(String),
     /// A rule built an ill-typed node: a bug in the rule, reported instead of a panic.
     #[error("internal error in the VJP of {op}: {error}")]
     Rule { op: String, error: TypeError },
@@ -42,6 +45,24 @@ pub fn vjp(
     cotangents: &[NodeId],
     wrt: &[NodeId],
 ) -> Result<Vec<Option<NodeId>>> {
+    tessera_ir::verify(g).map_err(|e| AutodiffError::Malformed(e.to_string()))?;
+    if let Some(id) = outputs
+        .iter()
+        .chain(cotangents)
+        .chain(wrt)
+        .find(|&&id| !g.contains(id))
+    {
+        return Err(AutodiffError::Malformed(format!(
+            "{id:?} (an output, cotangent or input to differentiate) is not a node of the graph"
+        )));
+    }
+    if outputs.len() != cotangents.len() {
+        return Err(AutodiffError::Malformed(format!(
+            "{} outputs with {} cotangents",
+            outputs.len(),
+            cotangents.len()
+        )));
+    }
     for &w in wrt {
         if !g.ty(w).dtype.is_float() {
             return Err(AutodiffError::NonFloatInput(g.ty(w).clone()));

@@ -26,6 +26,7 @@ use crate::fusion::StepKind;
 
 /// Compiles a graph to native code.
 pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
+    tessera_ir::verify(g)?;
     let schedule = fusion::fuse(g);
     let mut kernels = Vec::new();
     let mut kernel_steps = Vec::new();

@@ -34,6 +34,9 @@ pub type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64);
 pub enum LowerError {
     #[error("cranelift: {0}")]
     Cranelift(String),
+    /// The graph breaks an IR invariant: compiling it could index out of bounds.
+    #[error("the graph to compile is malformed: {0}")]
+    Malformed(#[from] tessera_ir::VerifyError),
 }
 
 fn cl<E: std::fmt::Display>(e: E) -> LowerError {

@@ -30,6 +30,8 @@ pub enum InterpError {
     InputCount { expected: usize, got: usize },
     #[error("{op}: {message}")]
     Op { op: String, message: String },
+    #[error("the graph to run is malformed: {0}")]
+    Malformed(#[from] tessera_ir::VerifyError),
 }
 
 /// How a program reaches the other devices of its mesh.
@@ -196,6 +198,7 @@ pub fn run_with(
     inputs: &[&Literal],
     collectives: &dyn Collectives,
 ) -> Result<Vec<Literal>, InterpError> {
+    tessera_ir::verify(g)?;
     if inputs.len() != g.params().len() {
         return Err(InterpError::InputCount {
             expected: g.params().len(),

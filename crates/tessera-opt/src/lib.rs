@@ -106,6 +106,7 @@ impl CostFunction<Node> for Cost<'_> {
 
 /// Simplifies `g` (see the module doc).
 pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
+    tessera_ir::verify(g).map_err(|e| format!("the input graph is malformed: {e}"))?;
     let mut egraph = EGraph::new(TensorAnalysis::new(g.mesh.clone()));
     let mut class_of: HashMap<NodeId, Id> = HashMap::new();
     let mut locs: HashMap<Node, String> = HashMap::new();

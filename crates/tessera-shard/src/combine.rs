@@ -27,6 +27,7 @@ type GroupKey = (ReduceKind, Vec<String>, tessera_ir::DType);
 
 /// Combines the graph's all-reduces (see the module doc); returns how many it removed.
 pub fn combine_all_reduces(g: &mut Graph) -> Result<usize, ShardError> {
+    tessera_ir::verify(g).map_err(|e| ShardError::Invalid(format!("malformed graph: {e}")))?;
     let order = g.topo_order();
     // The all-reduces each node depends on.
     let mut deps: HashMap<NodeId, HashSet<NodeId>> = HashMap::new();

@@ -140,6 +140,7 @@ struct Decision {
 
 /// Partitions `g` (see the module doc).
 pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitioned, ShardError> {
+    tessera_ir::verify(g).map_err(|e| ShardError::Invalid(format!("malformed graph: {e}")))?;
     if in_specs.len() != g.params().len() {
         return Err(ShardError::Invalid(format!(
             "{} parameter shardings for {} parameters",

@@ -338,3 +338,49 @@ fn checked_mode_runs_both_backends_and_agrees() {
     let (w3, _) = jit(step).checked(true).call(args).unwrap();
     close(&w3, &w1, "sharded, checked");
 }
+
+#[test]
+fn every_pass_entry_point_rejects_a_malformed_graph() {
+    let mut g = Graph::new("cyclic");
+    let p = g.add_param(TensorType::new(DType::F32, vec![2]));
+    let a = g.add(Op::Unary(UnaryOp::Tanh), &[p]).unwrap();
+    let b = g.add(Op::Unary(UnaryOp::Exp), &[a]).unwrap();
+    g.set_outputs(vec![b]);
+    g.replace_all_uses(a, b);
+    let x = tessera::ir::Literal::zeros(&TensorType::new(DType::F32, vec![2]));
+    let cycle = |e: String| assert!(e.contains("cycle"), "{e}");
+    cycle(
+        tessera_interp::run(&g, std::slice::from_ref(&x))
+            .unwrap_err()
+            .to_string(),
+    );
+    cycle(
+        tessera_codegen::compile(&g)
+            .err()
+            .expect("rejected")
+            .to_string(),
+    );
+    cycle(
+        tessera_opt::simplify(&g, tessera_opt::Limits::default())
+            .err()
+            .expect("rejected"),
+    );
+    let mesh = tessera::ir::Mesh::new("mesh", vec![("dp".into(), 2)]);
+    cycle(
+        tessera_shard::partition(&g, &mesh, &[vec![vec![]]])
+            .err()
+            .expect("rejected")
+            .to_string(),
+    );
+    cycle(
+        tessera_shard::combine_all_reduces(&mut g.clone())
+            .unwrap_err()
+            .to_string(),
+    );
+    let mut d = g.clone();
+    cycle(
+        tessera_autodiff::vjp(&mut d, &[b], &[p], &[p])
+            .unwrap_err()
+            .to_string(),
+    );
+}
