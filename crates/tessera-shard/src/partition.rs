@@ -140,18 +140,24 @@ struct Decision {
 
 /// Partitions `g` (see the module doc).
 pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitioned, ShardError> {
-    tessera_ir::verify(g).map_err(|e| ShardError::Invalid(format!("malformed graph: {e}")))?;
-    if in_specs.len() != g.params().len() {
-        return Err(ShardError::Invalid(format!(
-            "{} parameter shardings for {} parameters",
-            in_specs.len(),
-            g.params().len()
-        )));
+    // The input shardings are checked first, for their clearer message; their parameters must
+    // exist for that, which the verifier checks next.
+    let verified = tessera_ir::verify(g);
+    if g.params().iter().all(|&p| g.contains(p)) {
+        if in_specs.len() != g.params().len() {
+            return Err(ShardError::Invalid(format!(
+                "{} parameter shardings for {} parameters",
+                in_specs.len(),
+                g.params().len()
+            )));
+        }
+        for (i, &param) in g.params().iter().enumerate() {
+            check_spec(mesh, g.ty(param), &in_specs[i])
+                .map_err(|e| ShardError::Invalid(format!("input {i}: {e}")))?;
+        }
     }
-    for (i, &param) in g.params().iter().enumerate() {
-        check_spec(mesh, g.ty(param), &in_specs[i])
-            .map_err(|e| ShardError::Invalid(format!("input {i}: {e}")))?;
-    }
+    verified
+        .map_err(|e| ShardError::Invalid(format!("the graph to partition is malformed: {e}")))?;
     if let Some(id) = g
         .topo_order()
         .into_iter()
