@@ -156,8 +156,56 @@ pub fn uniform(key: &Key, shape: impl Into<Shape>, minval: f32, maxval: f32) -> 
         .shift_right_logical(&u32s(32 - 23))
         .bitor(&u32s(1.0f32.to_bits()));
     let floats = fbits.bitcast(DType::F32) - 1.0;
-    let scaled = fma_f32(&floats, maxval - minval, minval);
+    let scaled = fused_scale(&floats, maxval - minval, minval);
     scaled.maximum(&Tensor::scalar(minval))
+}
+
+/// `f * d + c` rounded once (XLA's fused multiply-add) for `f` from `uniform`, a multiple of
+/// `2^-23` in `[0, 1)`, with the cheapest ops that give that rounding for these `d` and `c`,
+/// decided at trace time. Every exact result is a multiple of `2^low`, `low` the lowest set bit
+/// of `d 2^-23` and of `c`, and smaller than `|d| + |c|` in magnitude. When `low >= -126` no
+/// result is subnormal (nothing to flush), and then:
+/// - `d` a power of two: `f * d` is exact in f32, so the f32 add is the only rounding;
+/// - results within 53 bits (`|d| + |c| <= 2^(low + 53)`): the f64 sum is exact, so rounding it
+///   to f32 is the only rounding;
+/// - otherwise (and when `low < -126`) the general `fma_f32`.
+#[track_caller]
+fn fused_scale(f: &Tensor, d: f32, c: f32) -> Tensor {
+    /// The exponent of the lowest set bit of a finite nonzero f32.
+    fn lowest_bit(v: f32) -> Option<i32> {
+        if v == 0.0 || !v.is_finite() {
+            return None;
+        }
+        let bits = v.to_bits() & 0x7fff_ffff;
+        let (exp, mant) = (bits >> 23, bits & 0x007f_ffff);
+        let (e, m) = if exp == 0 {
+            (-149, mant)
+        } else {
+            (exp as i32 - 150, mant | 0x0080_0000)
+        };
+        Some(e + m.trailing_zeros() as i32)
+    }
+    if !d.is_finite() || !c.is_finite() {
+        return fma_f32(f, d, c);
+    }
+    let low = match (lowest_bit(d).map(|l| l - 23), lowest_bit(c)) {
+        (Some(a), Some(b)) => a.min(b),
+        (Some(a), None) | (None, Some(a)) => a,
+        (None, None) => return fma_f32(f, d, c),
+    };
+    if low < -126 {
+        return fma_f32(f, d, c);
+    }
+    let power_of_two = d.is_normal() && d.to_bits() & 0x007f_ffff == 0;
+    if power_of_two {
+        return f * d + c;
+    }
+    let span = d.abs() as f64 + c.abs() as f64;
+    if span <= 2f64.powi(low + 53) {
+        let sum = f.astype(DType::F64) * &Tensor::scalar(d as f64) + &Tensor::scalar(c as f64);
+        return sum.astype(DType::F32);
+    }
+    fma_f32(f, d, c)
 }
 
 /// `a * b + c` for an f32 tensor `a` and f32 numbers `b`, `c`, rounded once to f32, as a fused

@@ -433,3 +433,27 @@ fn erf_inv_is_bit_exact_on_both_backends() {
         );
     }
 }
+
+/// `uniform` rounds `f * (hi - lo) + lo` once with the cheapest ops that can for its range; the
+/// fixture ranges exercise all three ways (f32 ops, an exact f64 sum, the general fused
+/// multiply-add from f64 ops).
+#[test]
+fn uniform_picks_the_cheapest_exact_rounding() {
+    let ir = |lo: f32, hi: f32| {
+        jit(move |k: Key| random::uniform(&k, [8], lo, hi))
+            .lower(&Key::new(0))
+            .expect("lower")
+            .ir()
+    };
+    let power_of_two = ir(0.5, 0.75);
+    assert!(!power_of_two.contains("f64"), "{power_of_two}");
+    let exact_f64 = ir(-2.0, 3.0);
+    assert!(
+        exact_f64.contains("f64") && !exact_f64.contains("select"),
+        "{exact_f64}"
+    );
+    let general = ir(2f32.powi(-100), 1.5);
+    assert!(general.contains("select"), "{general}");
+    let subnormal = ir(0.0, 2e-38);
+    assert!(subnormal.contains("select"), "{subnormal}");
+}
