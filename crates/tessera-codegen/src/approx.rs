@@ -12,7 +12,7 @@
 //! | logistic | 1 / (1 + exp(-x)) | 2e-7 relative (1.4e-7) on [-80, 80] |
 //! | sin, cos | round(x 2/pi), 3-part Cody-Waite, degree-9/8 Taylor per quadrant | 1e-7 absolute (7.6e-8) on [-100, 100] |
 //! | erf | Eigen's rational 13/8 on x clamped to [-4, 4] | 4e-7 absolute (3.3e-7) |
-//! | erf_inv | Giles (2010), XLA's f32 constants, over the log1p above | 4e-6 relative (3.4e-6) on [-0.9999, 0.9999] |
+//! | erf_inv | Giles (2010) over XLA's own log1p, XLA:CPU's roundings: bit for bit JAX's (`tessera/tests/prng.rs`) | 4e-6 relative (3.4e-6) on [-0.9999, 0.9999] |
 //! | pow | exp(y log abs(x)), sign for integer y | grows with abs(y log x); checked within 1e-5 on the corpus |
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -382,18 +382,132 @@ pub fn erf(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     f.keep_nan(b, x, r)
 }
 
-/// `erf_inv(x)`: Giles (2010) with XLA's f32 constants, both branches computed and selected.
+/// `erf_inv(x)`: XLA:CPU's f32 `erf_inv` with the same roundings, so it equals JAX's (and the
+/// interpreter's `tessera_interp::scalar::erf_inv_f32`) bit for bit: Giles (2010) with XLA's
+/// constants over XLA's own `log1p` and `log`, every multiply-add XLA's compiler contracts as
+/// one `fma` (a separate multiply and add where FMA is not native, as LLVM does there), both
+/// branches computed and selected, a subnormal result flushed to a zero of its sign (XLA:CPU
+/// runs with flush-to-zero).
 pub fn erf_inv(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     use tessera_interp::scalar::{GILES_GE_5 as GE_5, GILES_LT_5 as LT_5};
+    /// An f32 constant from its bits.
+    fn h(b: &mut FunctionBuilder, f: Fx, bits: u32) -> Value {
+        f.c(b, f32::from_bits(bits) as f64)
+    }
+    /// Horner's scheme from the highest power down, `p * x + c` fused, f32 constants as bits.
+    fn horner_bits(b: &mut FunctionBuilder, f: Fx, x: Value, c: &[u32]) -> Value {
+        let mut p = h(b, f, c[0]);
+        for &ci in &c[1..] {
+            let cv = h(b, f, ci);
+            p = f.fma(b, p, x, cv);
+        }
+        p
+    }
+    /// XLA's f32 `log(u)` (Cephes' `logf`), as `scalar::xla_log`.
+    fn xla_log(b: &mut FunctionBuilder, f: Fx, u: Value) -> Value {
+        let min_normal = h(b, f, 0x0080_0000);
+        let normal = f.fcmp(b, FloatCC::GreaterThan, u, min_normal);
+        let v = f.sel(b, normal, u, min_normal);
+        let bits = f.to_bits(b, v);
+        let mant_mask = f.ci(b, 0x807f_ffff_u32 as i32);
+        let half_bits = f.ci(b, 0x3f00_0000);
+        let mb = b.ins().band(bits, mant_mask);
+        let mb = b.ins().bor(mb, half_bits);
+        let m = f.bits_to_float(b, mb);
+        let ebits = b.ins().ushr_imm_s(bits, 23);
+        let bias = f.ci(b, 127);
+        let ei = b.ins().isub(ebits, bias);
+        let e = b.ins().fcvt_from_sint(f.ty, ei);
+        let sqrt_half = h(b, f, 0x3f35_04f3);
+        let below = f.fcmp(b, FloatCC::LessThan, m, sqrt_half);
+        let one = f.c(b, 1.0);
+        let zero = f.c(b, 0.0);
+        let m1 = b.ins().fsub(m, one);
+        let m_or_0 = f.sel(b, below, m, zero);
+        let r = b.ins().fadd(m1, m_or_0);
+        let e1 = b.ins().fadd(e, one);
+        let one_or_0 = f.sel(b, below, one, zero);
+        let e = b.ins().fsub(e1, one_or_0);
+        let r2 = b.ins().fmul(r, r);
+        let r3 = b.ins().fmul(r2, r);
+        let a = horner_bits(b, f, r, &[0x3d90_21bb, 0xbdeb_d1b8, 0x3def_251a]);
+        let bb = horner_bits(b, f, r, &[0xbdfe_5d4f, 0x3e11_e9bf, 0xbe2a_ae50]);
+        let c = horner_bits(b, f, r, &[0x3e4c_ceac, 0xbe7f_fffc, 0x3eaa_aaaa]);
+        let poly = f.fma(b, a, r3, bb);
+        let poly = f.fma(b, poly, r3, c);
+        let ln2_lo = h(b, f, 0xb95e_8083);
+        let elo = b.ins().fmul(e, ln2_lo);
+        let tail = f.fma(b, poly, r3, elo);
+        let neg_half = f.c(b, -0.5);
+        let head = f.fma(b, r2, neg_half, r);
+        let sum = b.ins().fadd(head, tail);
+        let ln2_hi = h(b, f, 0x3f31_8000);
+        let res = f.fma(b, e, ln2_hi, sum);
+        // +inf for +inf, -inf for 0, the all-ones NaN below 0 and for NaN.
+        let nan = h(b, f, 0xffff_ffff);
+        let positive = f.fcmp(b, FloatCC::GreaterThan, u, zero);
+        let res = f.sel(b, positive, res, nan);
+        let ninf = f.c(b, f64::NEG_INFINITY);
+        let is_zero = f.fcmp(b, FloatCC::Equal, u, zero);
+        let res = f.sel(b, is_zero, ninf, res);
+        let inf = f.c(b, f64::INFINITY);
+        let is_inf = f.fcmp(b, FloatCC::Equal, u, inf);
+        f.sel(b, is_inf, inf, res)
+    }
+    /// XLA's f32 `log1p(x)`, as `scalar::xla_log1p`.
+    fn xla_log1p(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+        let num = horner_bits(
+            b,
+            f,
+            x,
+            &[
+                0x383d_e04b,
+                0x3eff_40c5,
+                0x40d2_84fa,
+                0x41ef_4b9c,
+                0x4273_cc76,
+                0x4264_73ad,
+                0x41a0_5101,
+            ],
+        );
+        let den = horner_bits(
+            b,
+            f,
+            x,
+            &[
+                0x3f80_0000,
+                0x4171_01ad,
+                0x42a6_185b,
+                0x435d_c32d,
+                0x439a_8ca3,
+                0x4358_6d8a,
+                0x4270_7982,
+            ],
+        );
+        let ratio = b.ins().fdiv(num, den);
+        let x2 = b.ins().fmul(x, x);
+        let x3 = b.ins().fmul(x, x2);
+        let t = b.ins().fmul(x3, ratio);
+        let neg_half = f.c(b, -0.5);
+        let s = f.fma(b, x2, neg_half, t);
+        let small = b.ins().fadd(x, s);
+        let one = f.c(b, 1.0);
+        let u = b.ins().fadd(one, x);
+        let large = xla_log(b, f, u);
+        let ax = b.ins().fabs(x);
+        let limit = h(b, f, 0x3ed4_13cd);
+        let is_small = f.fcmp(b, FloatCC::LessThan, ax, limit);
+        f.sel(b, is_small, small, large)
+    }
     let nx = b.ins().fneg(x);
     let xx = b.ins().fmul(x, nx);
-    let l = log1p(b, f, xx);
-    let w = b.ins().fneg(l);
-    let five = f.c(b, 5.0);
-    let lt = f.fcmp(b, FloatCC::LessThan, w, five);
-    let two5 = f.c(b, 2.5);
+    let l = xla_log1p(b, f, xx);
+    let minus_five = f.c(b, -5.0);
+    let lt = f.fcmp(b, FloatCC::GreaterThan, l, minus_five);
+    let minus_two5 = f.c(b, -2.5);
     let three = f.c(b, 3.0);
-    let w1 = b.ins().fsub(w, two5);
+    let w1 = b.ins().fsub(minus_two5, l);
+    let w = b.ins().fneg(l);
     let sw = b.ins().sqrt(w);
     let w2 = b.ins().fsub(sw, three);
     let wv = f.sel(b, lt, w1, w2);
@@ -406,13 +520,19 @@ pub fn erf_inv(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
         let c = f.sel(b, lt, ca, cb);
         p = f.fma(b, p, wv, c);
     }
-    let r = b.ins().fmul(p, x);
     let ax = b.ins().fabs(x);
     let one = f.c(b, 1.0);
     let edge = f.fcmp(b, FloatCC::Equal, ax, one);
     let inf = f.c(b, f64::INFINITY);
-    let xi = b.ins().fmul(x, inf);
-    f.sel(b, edge, xi, r)
+    let p = f.sel(b, edge, inf, p);
+    let r = b.ins().fmul(x, p);
+    // XLA:CPU flushes subnormal results to zero (keeping the sign).
+    let ar = b.ins().fabs(r);
+    let min_normal = h(b, f, 0x0080_0000);
+    let tiny = f.fcmp(b, FloatCC::LessThan, ar, min_normal);
+    let zero = f.c(b, 0.0);
+    let signed_zero = b.ins().fmul(r, zero);
+    f.sel(b, tiny, signed_zero, r)
 }
 
 /// `round` (half away from zero) and `sign`, exact for any float type.

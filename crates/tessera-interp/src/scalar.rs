@@ -77,27 +77,116 @@ pub const GILES_GE_5: [f32; 9] = [
     2.83297682,
 ];
 
-/// Giles (2010) single-precision inverse error function, the approximation XLA uses for f32
-/// `erf_inv`, with its Horner steps as fused multiply-adds: it reproduces JAX's f32 values.
+/// Giles (2010) single-precision inverse error function, exactly as XLA:CPU computes f32
+/// `erf_inv` for JAX 0.10.2 on an x86-64 machine with FMA: the sequence of roundings of the
+/// machine code XLA emits (`XLA_FLAGS=--xla_dump_to=...` on `jax.random.normal`), every
+/// multiply-add the compiler contracted as one fused multiply-add and every other operation
+/// rounded on its own, so the result equals JAX's bit for bit.
+///
+/// `w = -log1p(-x * x)`; `w < 5`: `p = poly_lt5(w - 2.5)`, else `p = poly_ge5(sqrt(w) - 3)`,
+/// Horner steps fused; the result is `x * p`, `x * inf` at `|x| == 1`, and a subnormal result
+/// is flushed to a zero of its sign, as XLA:CPU's flush-to-zero mode does. `log1p` is XLA's own
+/// f32 expansion (`xla_log1p`), not a correctly rounded one.
 pub fn erf_inv_f32(x: f32) -> f32 {
-    let (lt_5, ge_5) = (&GILES_LT_5, &GILES_GE_5);
-    if x.abs() == 1.0 {
-        return x * f32::INFINITY;
-    }
-    let w = -libm::log1pf(x * -x);
-    let (mut w, c) = if w < 5.0 {
-        (w - 2.5, lt_5)
+    let xx = x * -x;
+    let l = xla_log1p(xx);
+    let lt_5 = l > -5.0;
+    let (w, c) = if lt_5 {
+        (-2.5 - l, &GILES_LT_5)
     } else {
-        (w.sqrt() - 3.0, ge_5)
+        ((-l).sqrt() - 3.0, &GILES_GE_5)
     };
-    if w.is_nan() {
-        w = f32::NAN;
-    }
     let mut p = c[0];
     for &ci in &c[1..] {
         p = p.mul_add(w, ci);
     }
-    p * x
+    let r = x * if x.abs() == 1.0 { f32::INFINITY } else { p };
+    // XLA:CPU runs with denormals flushed to zero: a subnormal result (from a subnormal or
+    // tiny `x`) comes out as a zero of its sign.
+    if r.is_subnormal() {
+        0.0f32.copysign(r)
+    } else {
+        r
+    }
+}
+
+/// XLA:CPU's f32 `log1p` (as inlined into `erf_inv`): Cephes' rational approximation
+/// `x - x^2/2 + x^3 P(x)/Q(x)` for `|x| < sqrt(2) - 1`, else XLA's f32 `log(1 + x)`
+/// (`xla_log`). Constants as the f32 bit patterns in XLA's code.
+fn xla_log1p(x: f32) -> f32 {
+    const P: [u32; 7] = [
+        0x383d_e04b, // 4.527e-5
+        0x3eff_40c5,
+        0x40d2_84fa,
+        0x41ef_4b9c,
+        0x4273_cc76,
+        0x4264_73ad,
+        0x41a0_5101,
+    ];
+    const Q: [u32; 7] = [
+        0x3f80_0000, // 1
+        0x4171_01ad,
+        0x42a6_185b,
+        0x435d_c32d,
+        0x439a_8ca3,
+        0x4358_6d8a,
+        0x4270_7982,
+    ];
+    if x.abs() < f32::from_bits(0x3ed4_13cd) {
+        let horner = |c: &[u32; 7]| {
+            c[1..].iter().fold(f32::from_bits(c[0]), |p, &ci| {
+                p.mul_add(x, f32::from_bits(ci))
+            })
+        };
+        let ratio = horner(&P) / horner(&Q);
+        let x2 = x * x;
+        let t = (x * x2) * ratio;
+        x + x2.mul_add(-0.5, t)
+    } else {
+        xla_log(1.0 + x)
+    }
+}
+
+/// XLA:CPU's f32 `log` (Cephes' `logf`): `x = m 2^e` with `m` in `[sqrt(1/2), sqrt(2))`,
+/// `log(x) = e ln2 + r - r^2/2 + r^3 poly(r)` with `r = m - 1`, `ln2` split in two parts.
+/// `+inf` for `+inf`, `-inf` for 0, the all-ones NaN for negatives and NaN.
+fn xla_log(x: f32) -> f32 {
+    let h = f32::from_bits;
+    if x == f32::INFINITY {
+        return x;
+    }
+    if x == 0.0 {
+        return f32::NEG_INFINITY;
+    }
+    if x.is_nan() || x < 0.0 {
+        return h(0xffff_ffff);
+    }
+    let v = if x > f32::MIN_POSITIVE {
+        x
+    } else {
+        f32::MIN_POSITIVE
+    };
+    let bits = v.to_bits();
+    let m = h((bits & 0x807f_ffff) | 0x3f00_0000);
+    let e = ((bits >> 23) as i32 - 127) as f32;
+    let below = m < h(0x3f35_04f3);
+    let r = (m - 1.0) + if below { m } else { 0.0 };
+    let e = (e + 1.0) - if below { 1.0 } else { 0.0 };
+    let r2 = r * r;
+    let r3 = r2 * r;
+    let a = r
+        .mul_add(h(0x3d90_21bb), h(0xbdeb_d1b8))
+        .mul_add(r, h(0x3def_251a));
+    let b = r
+        .mul_add(h(0xbdfe_5d4f), h(0x3e11_e9bf))
+        .mul_add(r, h(0xbe2a_ae50));
+    let c = r
+        .mul_add(h(0x3e4c_ceac), h(0xbe7f_fffc))
+        .mul_add(r, h(0x3eaa_aaaa));
+    let poly = a.mul_add(r3, b).mul_add(r3, c);
+    let tail = poly.mul_add(r3, e * h(0xb95e_8083));
+    let sum = r2.mul_add(-0.5, r) + tail;
+    e.mul_add(h(0x3f31_8000), sum)
 }
 
 /// Inverse error function in f64: Newton's method on `erf`, started from the f32 estimate.

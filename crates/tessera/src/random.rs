@@ -144,6 +144,10 @@ pub fn bits(key: &Key, shape: impl Into<Shape>) -> Tensor {
 }
 
 /// `jax.random.uniform(key, shape, minval, maxval)`, f32 in `[minval, maxval)`.
+///
+/// JAX computes `max(minval, f * (maxval - minval) + minval)` with `f` in `[0, 1)` and
+/// `maxval - minval` rounded to f32; XLA:CPU contracts the multiply and the add into one fused
+/// multiply-add, so the result is `f * (maxval - minval) + minval` rounded once (`fma_f32`).
 #[track_caller]
 pub fn uniform(key: &Key, shape: impl Into<Shape>, minval: f32, maxval: f32) -> Tensor {
     let b = bits(key, shape);
@@ -152,8 +156,103 @@ pub fn uniform(key: &Key, shape: impl Into<Shape>, minval: f32, maxval: f32) -> 
         .shift_right_logical(&u32s(32 - 23))
         .bitor(&u32s(1.0f32.to_bits()));
     let floats = fbits.bitcast(DType::F32) - 1.0;
-    let scaled = floats * (maxval - minval) + minval;
+    let scaled = fused_scale(&floats, maxval - minval, minval);
     scaled.maximum(&Tensor::scalar(minval))
+}
+
+/// `f * d + c` rounded once (XLA's fused multiply-add) for `f` from `uniform`, a multiple of
+/// `2^-23` in `[0, 1)`, with the cheapest ops that give that rounding for these `d` and `c`,
+/// decided at trace time. Every exact result is a multiple of `2^low`, `low` the lowest set bit
+/// of `d 2^-23` and of `c`, and smaller than `|d| + |c|` in magnitude. When `low >= -126` no
+/// result is subnormal (nothing to flush), and then:
+/// - `d` a power of two: `f * d` is exact in f32, so the f32 add is the only rounding;
+/// - results within 53 bits (`|d| + |c| <= 2^(low + 53)`): the f64 sum is exact, so rounding it
+///   to f32 is the only rounding;
+/// - otherwise (and when `low < -126`) the general `fma_f32`.
+#[track_caller]
+fn fused_scale(f: &Tensor, d: f32, c: f32) -> Tensor {
+    /// The exponent of the lowest set bit of a finite nonzero f32.
+    fn lowest_bit(v: f32) -> Option<i32> {
+        if v == 0.0 || !v.is_finite() {
+            return None;
+        }
+        let bits = v.to_bits() & 0x7fff_ffff;
+        let (exp, mant) = (bits >> 23, bits & 0x007f_ffff);
+        let (e, m) = if exp == 0 {
+            (-149, mant)
+        } else {
+            (exp as i32 - 150, mant | 0x0080_0000)
+        };
+        Some(e + m.trailing_zeros() as i32)
+    }
+    if !d.is_finite() || !c.is_finite() {
+        return fma_f32(f, d, c);
+    }
+    let low = match (lowest_bit(d).map(|l| l - 23), lowest_bit(c)) {
+        (Some(a), Some(b)) => a.min(b),
+        (Some(a), None) | (None, Some(a)) => a,
+        (None, None) => return fma_f32(f, d, c),
+    };
+    if low < -126 {
+        return fma_f32(f, d, c);
+    }
+    let power_of_two = d.is_normal() && d.to_bits() & 0x007f_ffff == 0;
+    if power_of_two {
+        return f * d + c;
+    }
+    let span = d.abs() as f64 + c.abs() as f64;
+    if span <= 2f64.powi(low + 53) {
+        let sum = f.astype(DType::F64) * &Tensor::scalar(d as f64) + &Tensor::scalar(c as f64);
+        return sum.astype(DType::F32);
+    }
+    fma_f32(f, d, c)
+}
+
+/// `a * b + c` for an f32 tensor `a` and f32 numbers `b`, `c`, rounded once to f32, as a fused
+/// multiply-add does; built from f64 ops (the IR has no fused multiply-add).
+///
+/// `p = a * b` is exact in f64 (24-bit by 24-bit significands). `s = p + c` in f64 and its error
+/// `e` (Knuth's TwoSum, exact) give the exact sum `p + c = s + e`. Rounding `s` to f32 rounds
+/// `s + e` correctly except when `s` is exactly halfway between two f32 values and `e != 0`:
+/// every f32 midpoint is an f64, so any other `s` lies strictly inside the same half-interval
+/// as `s + e`. In that case the result is the neighbour on the side of `e`. The neighbour
+/// opposite `rd = f32(s)` across `s` is `n = s + (s - rd)`, and `s` is a midpoint exactly when
+/// `n` differs from `s` and is an f32 (or is `2^128`, the first value past `f32::MAX`, where a
+/// midpoint rounds to infinity). A subnormal result is flushed to a zero of its sign, as XLA:CPU
+/// (which runs with flush-to-zero) does; subnormal `b` or `c` are not treated as zero, as
+/// XLA's denormals-are-zero would.
+#[track_caller]
+fn fma_f32(a: &Tensor, b: f32, c: f32) -> Tensor {
+    let f64s = |x: f64| Tensor::scalar(x);
+    let c64 = f64s(c as f64);
+    let p = a.astype(DType::F64) * &f64s(b as f64);
+    let s = &p + &c64;
+    let bb = &s - &p;
+    let e = (&p - (&s - &bb)) + (&c64 - &bb);
+    let r = s.astype(DType::F32);
+    let max = f32::MAX as f64;
+    let rd = r
+        .astype(DType::F64)
+        .maximum(&f64s(-max))
+        .minimum(&f64s(max));
+    let h = &s - &rd;
+    let n = &s + &h;
+    let n_is_f32 = n
+        .astype(DType::F32)
+        .astype(DType::F64)
+        .eq(&n)
+        .bitor(&n.abs().eq(&f64s(2f64.powi(128))));
+    let zero = f64s(0.0);
+    let midpoint = h
+        .ne(&zero)
+        .bitand(&n_is_f32)
+        .bitand(&s.abs().lt(&f64s(f64::INFINITY)))
+        .bitand(&e.ne(&zero));
+    let toward_e = Tensor::select(&e.gt(&zero), &rd.maximum(&n), &rd.minimum(&n));
+    let r = Tensor::select(&midpoint, &toward_e.astype(DType::F32), &r);
+    // XLA:CPU runs with flush-to-zero: a subnormal result comes out as a zero of its sign.
+    let tiny = r.abs().lt(&Tensor::scalar(f32::MIN_POSITIVE));
+    Tensor::select(&tiny, &(&r * 0.0), &r)
 }
 
 /// `jax.random.normal(key, shape)`: f32 standard normal, `sqrt(2) * erf_inv(u)` with `u`
