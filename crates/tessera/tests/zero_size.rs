@@ -376,3 +376,35 @@ fn zero_size_values_eagerly_and_printed() {
     let lit = Literal::new([0, 3], Data::Bool(vec![])).unwrap();
     assert_eq!(Tensor::from_literal(lit).numel(), 0);
 }
+
+#[test]
+fn gradients_of_zero_size_values() {
+    both_backends(|b| {
+        let f = jit(|(x, w): (Tensor, Tensor)| {
+            tessera::grad(|p: &(Tensor, Tensor)| (p.0.matmul(&p.1).tanh() + 1.0).sum())(&(x, w))
+        })
+        .backend(b);
+        let (gx, gw) = f
+            .call((Tensor::zeros([0, 3]), Tensor::ones([3, 2])))
+            .unwrap();
+        assert_eq!(gx.shape(), &[0, 3]);
+        assert_eq!(gw.to_vec::<f32>(), vec![0.0; 6], "{b:?}");
+        // Through concatenate and pad with empty operands (their VJPs slice and pad).
+        let f = jit(|(x, e): (Tensor, Tensor)| {
+            tessera::grad(|p: &(Tensor, Tensor)| {
+                let v = Tensor::scalar(2.0f32);
+                let c = Tensor::concatenate(&[&p.1, &p.0, &p.1], 0);
+                (c.square().sum() + p.1.pad(&v, &[1], &[1], &[0]).sum()) * 1.0
+            })(&(x, e))
+        })
+        .backend(b);
+        let (gx, ge) = f
+            .call((
+                Tensor::from_vec(vec![1.0f32, -3.0], [2]),
+                Tensor::zeros([0]),
+            ))
+            .unwrap();
+        assert_eq!(gx.to_vec::<f32>(), vec![2.0, -6.0], "{b:?}");
+        assert_eq!(ge.shape(), &[0]);
+    });
+}
