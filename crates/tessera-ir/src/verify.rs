@@ -132,7 +132,17 @@ pub fn check_sharding(g: &Graph, s: &Sharding, ty: &TensorType) -> Result<(), St
         seen.push(a);
     }
     for (d, dim) in s.dims.iter().enumerate() {
-        let parts: usize = dim.axes.iter().filter_map(|a| mesh.axis_size(a)).product();
+        let parts = dim
+            .axes
+            .iter()
+            .filter_map(|a| mesh.axis_size(a))
+            .try_fold(1usize, usize::checked_mul)
+            .ok_or_else(|| {
+                format!(
+                    "sharding {s}: the product of the sizes of {:?} overflows",
+                    dim.axes
+                )
+            })?;
         if !ty.dims()[d].is_multiple_of(parts) {
             return Err(format!(
                 "dim {d} of {ty} (size {}) is not divisible by {parts}, the size of {:?}",

@@ -356,3 +356,11 @@ fn host_allocation_failure_is_an_error_naming_the_size() {
     let z = Literal::try_splat(&TensorType::new(DType::I32, vec![2, 0, 3]), 7.0).unwrap();
     assert_eq!(z.data.len(), 0);
 }
+
+#[test]
+fn a_sharding_over_axes_whose_product_overflows_fails_to_verify() {
+    let text = "mesh @m = <\"a\"=4294967296, \"b\"=4294967296>\nfunc @f(%0: f32[8] <@m, [{\"a\", \"b\"}]>) {\n  return %0\n}\n";
+    let g = small_stack(move || parse(text)).expect("the text is well formed");
+    let e = small_stack(move || verify(&g)).expect_err("the group size overflows");
+    assert!(e.to_string().contains("overflows"), "{e}");
+}
