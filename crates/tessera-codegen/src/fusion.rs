@@ -401,6 +401,9 @@ impl Fuser<'_> {
                     map,
                 )
             }
+            // An empty input is never read: every element is padding (a guarded load would be
+            // clamped into an empty range, to -1).
+            Op::Pad { .. } if g.ty(ops[0]).numel() == 0 => self.expr(ops[1], &[], nvars, inputs),
             Op::Pad { low, interior, .. } => {
                 let src = g.ty(ops[0]).clone();
                 let b = self.materialized_buf(ops[0]);
@@ -446,6 +449,11 @@ impl Fuser<'_> {
                 let mut e: Option<Expr> = None;
                 for (k, &o) in ops.iter().enumerate().rev() {
                     let src = g.ty(o).clone();
+                    // An empty operand holds no coordinate of the result: it is never read
+                    // (its clamp range would be empty).
+                    if src.numel() == 0 {
+                        continue;
+                    }
                     let b = self.materialized_buf(o);
                     let extent = src.dims()[dim] as i64;
                     let coords: Vec<Coord> = (0..src.rank())
@@ -485,7 +493,9 @@ impl Fuser<'_> {
                         },
                     });
                 }
-                e.expect("concatenate has operands")
+                // With every operand empty the result is empty too, and the kernel's loops run
+                // zero times: any expression of the right dtype will do.
+                e.unwrap_or_else(|| Expr::Const(dt, scalar_of(&Data::zeros(dt, 1))))
             }
             Op::Parameter(_)
             | Op::DotGeneral(_)

@@ -6,6 +6,11 @@
 //! step's inputs, since it is placed before they are freed. The program's outputs are not in
 //! the arena: each run writes them into fresh vectors that become the result literals, so no
 //! output is copied.
+//!
+//! Each buffer is within the size limit of one tensor (`TensorType::check_size`), but many of
+//! them together may not be: the arena's end saturates at `usize::MAX` instead of wrapping, so
+//! an arena too large for the address space can never be planned as a small one (allocating
+//! it then fails instead of kernels writing past it).
 
 use crate::fusion::{BufKind, Schedule};
 
@@ -52,7 +57,7 @@ impl Plan {
                     }
                     None => {
                         offsets[b] = end;
-                        end += size;
+                        end = end.saturating_add(size);
                     }
                 }
             }
@@ -74,7 +79,7 @@ impl Plan {
             let mut merged: Vec<(usize, usize)> = Vec::new();
             for (off, sz) in free.drain(..) {
                 match merged.last_mut() {
-                    Some((o, s2)) if *o + *s2 == off => *s2 += sz,
+                    Some((o, s2)) if o.saturating_add(*s2) == off => *s2 = s2.saturating_add(sz),
                     _ => merged.push((off, sz)),
                 }
             }
@@ -84,5 +89,49 @@ impl Plan {
             offsets,
             arena_bytes: end,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fusion::{Buf, Step, StepKind};
+    use tessera_ir::{DType, Op, ReduceKind, TensorType};
+
+    /// Two live temporaries of almost `isize::MAX` bytes each: their sum overflows `usize`.
+    /// The plan must not wrap the arena's end around to a small size.
+    #[test]
+    fn an_arena_larger_than_the_address_space_saturates() {
+        let huge = TensorType::new(DType::Bool, vec![isize::MAX as usize]);
+        let buf = |kind| Buf {
+            ty: huge.clone(),
+            kind,
+        };
+        let step = |inputs: Vec<usize>, output| Step {
+            kind: StepKind::Collective(Op::AllReduce {
+                kind: ReduceKind::Sum,
+                axes: vec!["x".into()],
+            }),
+            inputs,
+            output,
+        };
+        let s = Schedule {
+            bufs: vec![
+                buf(BufKind::Input(0)),
+                buf(BufKind::Temp),
+                buf(BufKind::Temp),
+                buf(BufKind::Temp),
+            ],
+            steps: vec![step(vec![0], 1), step(vec![1], 2), step(vec![1, 2], 3)],
+            outputs: vec![3],
+        };
+        let plan = Plan::new(&s);
+        let size = huge.byte_size().next_multiple_of(ALIGN);
+        assert_eq!(plan.offsets[1], 0);
+        assert_eq!(
+            plan.offsets[2], size,
+            "the two live temporaries must not overlap"
+        );
+        assert_eq!(plan.arena_bytes, usize::MAX);
     }
 }

@@ -22,5 +22,5 @@ pub use op::{ALL_OP_NAMES, BinaryOp, CompareOp, DotDims, Op, ReduceKind, TypeErr
 pub use parse::{ParseError, parse};
 pub use print::{attrs_text, print};
 pub use sharding::{DimSharding, Mesh, Sharding};
-pub use types::{DType, Shape, TensorType};
+pub use types::{DType, MAX_TENSOR_BYTES, Shape, TensorType};
 pub use verify::{VerifyError, verify};

@@ -49,6 +49,36 @@ impl Data {
         }
     }
 
+    /// `n` copies of zero, or an error naming the size when the allocation fails (instead of
+    /// aborting the process). The memory is written, so it is really there.
+    pub fn try_zeros(dtype: DType, n: usize) -> Result<Data, String> {
+        Data::try_splat(dtype, 0.0, n)
+    }
+
+    /// `n` copies of `x` converted to `dtype`, or an error naming the size when the
+    /// allocation fails.
+    pub fn try_splat(dtype: DType, x: f64, n: usize) -> Result<Data, String> {
+        fn fill<T: Clone>(x: T, n: usize, width: usize) -> Result<Vec<T>, String> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                format!(
+                    "cannot allocate {} bytes ({n} elements of {width} bytes)",
+                    n.saturating_mul(width)
+                )
+            })?;
+            v.resize(n, x);
+            Ok(v)
+        }
+        let w = dtype.byte_width();
+        Ok(match dtype {
+            DType::F32 => Data::F32(fill(x as f32, n, w)?),
+            DType::F64 => Data::F64(fill(x, n, w)?),
+            DType::I32 => Data::I32(fill(x as i32, n, w)?),
+            DType::U32 => Data::U32(fill(x as u32, n, w)?),
+            DType::Bool => Data::Bool(fill(x != 0.0, n, w)?),
+        })
+    }
+
     /// Element `i` as f64 (bool as 0 or 1): for printing and tests, not for kernels.
     pub fn get_f64(&self, i: usize) -> f64 {
         match self {
@@ -134,11 +164,51 @@ impl PartialEq for Literal {
 }
 
 impl Literal {
-    /// A literal from its elements; `None` when the count does not match the shape.
+    /// A literal from its elements; `None` when the count does not match the shape or the
+    /// shape is over the size limit ([`TensorType::check_size`]).
     pub fn new(shape: impl Into<Shape>, data: Data) -> Option<Literal> {
-        let shape = shape.into();
-        (shape.numel() == data.len()).then(|| Literal {
-            ty: TensorType::new(data.dtype(), shape),
+        let lit = Literal {
+            ty: TensorType::new(data.dtype(), shape.into()),
+            data,
+        };
+        lit.check().is_ok().then_some(lit)
+    }
+
+    /// Checks that the data is what the type declares: the type is within the size limit, the
+    /// data has the declared element type and exactly as many elements as the shape.
+    pub fn check(&self) -> Result<(), String> {
+        self.ty.check_size()?;
+        if self.data.dtype() != self.ty.dtype {
+            return Err(format!(
+                "a literal declared {} holds {} data",
+                self.ty,
+                self.data.dtype()
+            ));
+        }
+        if self.data.len() != self.ty.numel() {
+            return Err(format!(
+                "a literal declared {} ({} elements) holds {} elements",
+                self.ty,
+                self.ty.numel(),
+                self.data.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Zeros of type `ty`, or an error when `ty` is over the size limit or the memory cannot
+    /// be allocated.
+    pub fn try_zeros(ty: &TensorType) -> Result<Literal, String> {
+        Literal::try_splat(ty, 0.0)
+    }
+
+    /// `x` converted to `ty`'s dtype at every element, or an error when `ty` is over the size
+    /// limit or the memory cannot be allocated.
+    pub fn try_splat(ty: &TensorType, x: f64) -> Result<Literal, String> {
+        ty.check_size()?;
+        let data = Data::try_splat(ty.dtype, x, ty.numel()).map_err(|e| format!("{ty}: {e}"))?;
+        Ok(Literal {
+            ty: ty.clone(),
             data,
         })
     }

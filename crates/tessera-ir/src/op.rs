@@ -546,7 +546,9 @@ impl Op {
     }
 
     /// The type rule: the result type of this op applied to operands of the given types.
-    /// Collectives check their axes against `mesh`.
+    /// Collectives check their axes against `mesh`. Sizes are computed with checked
+    /// arithmetic, and a result over the size limit of one tensor
+    /// ([`TensorType::check_size`]) is an error.
     pub fn infer_type(
         &self,
         operands: &[&TensorType],
@@ -582,13 +584,15 @@ impl Op {
                 if axes[..i].contains(a) {
                     return Err(fail(format!("mesh axis \"{a}\" is named twice")));
                 }
-                size *= mesh.axis_size(a).ok_or_else(|| {
+                let n = mesh.axis_size(a).ok_or_else(|| {
                     fail(format!(
                         "unknown mesh axis \"{a}\" (mesh @{} has {:?})",
                         mesh.name,
                         mesh.axes.iter().map(|(n, _)| n).collect::<Vec<_>>()
                     ))
                 })?;
+                size = usize::checked_mul(size, n)
+                    .ok_or_else(|| fail(format!("the group size of {axes:?} overflows")))?;
             }
             Ok(size)
         };
@@ -601,9 +605,12 @@ impl Op {
                 Ok(())
             }
         };
-        match self {
+        let result = match self {
             Op::Parameter(_) => Err(fail("parameters carry their own type".into())),
-            Op::Constant(lit) => Ok(lit.ty.clone()),
+            Op::Constant(lit) => {
+                lit.check().map_err(&fail)?;
+                Ok(lit.ty.clone())
+            }
             Op::Iota { dim, ty } => {
                 check_dim(*dim, ty.rank(), "dimension")?;
                 if ty.dtype == DType::Bool {
@@ -744,7 +751,9 @@ impl Op {
                             return Err(fail(format!("operands differ in dim {d}")));
                         }
                     }
-                    size += t.dims()[*dim];
+                    size = usize::checked_add(size, t.dims()[*dim]).ok_or_else(|| {
+                        fail(format!("the size of dim {dim} of the result overflows"))
+                    })?;
                 }
                 let mut dims = first.dims().to_vec();
                 dims[*dim] = size;
@@ -767,12 +776,20 @@ impl Op {
                 }
                 let mut dims = Vec::with_capacity(t.rank());
                 for i in 0..t.rank() {
-                    let d = t.dims()[i] as i64;
-                    let n = low[i] + high[i] + d + (d - 1).max(0) * interior[i] as i64;
-                    if n < 0 {
-                        return Err(fail(format!("dim {i} would have negative size {n}")));
+                    // In i128, where every term fits; the interior product and the sum are checked.
+                    let d = t.dims()[i] as i128;
+                    let n = (d - 1)
+                        .max(0)
+                        .checked_mul(interior[i] as i128)
+                        .and_then(|inner| inner.checked_add(low[i] as i128 + high[i] as i128 + d));
+                    let overflow = || fail(format!("the size of dim {i} overflows"));
+                    match n {
+                        Some(n) if n < 0 => {
+                            return Err(fail(format!("dim {i} would have negative size {n}")));
+                        }
+                        Some(n) => dims.push(usize::try_from(n).map_err(|_| overflow())?),
+                        None => return Err(overflow()),
                     }
-                    dims.push(n as usize);
                 }
                 Ok(TensorType::new(t.dtype, dims))
             }
@@ -863,7 +880,9 @@ impl Op {
                 let t = operands[0];
                 check_dim(*dim, t.rank(), "dimension")?;
                 let mut dims = t.dims().to_vec();
-                dims[*dim] *= n;
+                dims[*dim] = dims[*dim]
+                    .checked_mul(n)
+                    .ok_or_else(|| fail(format!("the size of dim {dim} overflows")))?;
                 Ok(TensorType::new(t.dtype, dims))
             }
             Op::ReduceScatter { dim, axes, .. } => {
@@ -900,7 +919,9 @@ impl Op {
                 }
                 let mut dims = t.dims().to_vec();
                 dims[*split_dim] /= n;
-                dims[*concat_dim] *= n;
+                dims[*concat_dim] = dims[*concat_dim].checked_mul(n).ok_or_else(|| {
+                    fail(format!("the size of concat dim {concat_dim} overflows"))
+                })?;
                 Ok(TensorType::new(t.dtype, dims))
             }
             Op::CollectivePermute { axes, pairs } => {
@@ -939,7 +960,10 @@ impl Op {
                 }
                 Ok(t.clone())
             }
-        }
+        };
+        let ty = result?;
+        ty.check_size().map_err(fail)?;
+        Ok(ty)
     }
 }
 

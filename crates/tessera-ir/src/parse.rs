@@ -1,6 +1,13 @@
 //! The IR text parser: reads what `print::print` writes (grammar in `docs/ir.md`) and returns a
 //! graph, or an error with line and column. It never panics, whatever the text.
 //!
+//! Hostile text cannot exhaust memory or the stack: every written type must pass
+//! `TensorType::check_size` (element counts and byte sizes computed with checked arithmetic),
+//! a constant declares at most [`MAX_CONSTANT_ELEMENTS`] elements (a splat is expanded in
+//! memory, so `constant 1.0 : f32[100000000000]` would otherwise allocate 400 GB), and
+//! attribute lists nest at most [`MAX_NESTING`] deep (the attribute parser recurses), and a
+//! type has rank at most [`MAX_RANK`].
+//!
 //! `#` starts a location comment, kept on the node it ends; `//` starts a comment that is
 //! ignored, as is a `#` comment on a line of its own.
 
@@ -11,6 +18,16 @@ use crate::literal::{Data, Literal};
 use crate::op::{BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
 use crate::sharding::{DimSharding, Mesh, Sharding};
 use crate::types::{DType, TensorType};
+
+/// The most elements one `constant` may declare (16,777,216: 64 MiB of f32). A larger value
+/// belongs in a parameter.
+pub const MAX_CONSTANT_ELEMENTS: usize = 1 << 24;
+
+/// The largest rank of a written type (NumPy's limit).
+pub const MAX_RANK: usize = 64;
+
+/// The deepest nesting of `[` in one attribute value.
+pub const MAX_NESTING: usize = 64;
 
 /// Malformed IR text, located by 1-based line and column.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -26,6 +43,7 @@ pub fn parse(text: &str) -> Result<Graph, ParseError> {
     let mut p = Parser {
         chars: text.chars().collect(),
         pos: 0,
+        depth: 0,
     };
     p.module()
 }
@@ -45,6 +63,8 @@ enum Attr {
 struct Parser {
     chars: Vec<char>,
     pos: usize,
+    /// How many attribute lists enclose the current position.
+    depth: usize,
 }
 
 type PResult<T> = Result<T, ParseError>;
@@ -329,6 +349,10 @@ impl Parser {
     }
 
     fn tensor_type(&mut self) -> PResult<TensorType> {
+        let at = {
+            self.skip_space();
+            self.pos
+        };
         let dtype = self.dtype()?;
         if self.peek() != Some('[') {
             return Err(self.error(format!(
@@ -337,7 +361,15 @@ impl Parser {
             )));
         }
         let dims = self.uint_list()?;
-        Ok(TensorType::new(dtype, dims))
+        if dims.len() > MAX_RANK {
+            return Err(self.error_at(
+                at,
+                format!("a type of rank {} (the limit is {MAX_RANK})", dims.len()),
+            ));
+        }
+        let ty = TensorType::new(dtype, dims);
+        ty.check_size().map_err(|m| self.error_at(at, m))?;
+        Ok(ty)
     }
 
     fn uint_list(&mut self) -> PResult<Vec<usize>> {
@@ -576,21 +608,35 @@ impl Parser {
         Ok(())
     }
 
+    /// The items of a list after its `[`, through its `]`.
+    fn attr_items(&mut self) -> PResult<Vec<Attr>> {
+        let mut items = Vec::new();
+        if !self.eat(']') {
+            loop {
+                items.push(self.attr_value()?);
+                if self.eat(']') {
+                    break;
+                }
+                self.expect(',')?;
+            }
+        }
+        Ok(items)
+    }
+
     fn attr_value(&mut self) -> PResult<Attr> {
         self.skip_space();
         match self.peek() {
             Some('[') => {
-                self.pos += 1;
-                let mut items = Vec::new();
-                if !self.eat(']') {
-                    loop {
-                        items.push(self.attr_value()?);
-                        if self.eat(']') {
-                            break;
-                        }
-                        self.expect(',')?;
-                    }
+                if self.depth >= MAX_NESTING {
+                    return Err(self.error(format!(
+                        "attribute lists nest deeper than {MAX_NESTING} levels"
+                    )));
                 }
+                self.pos += 1;
+                self.depth += 1;
+                let items = self.attr_items();
+                self.depth -= 1;
+                let items = items?;
                 if self.peek() == Some('x') && self.peek_at(1) == Some('[') {
                     self.pos += 1;
                     let Attr::List(rhs) = self.attr_value()? else {
@@ -706,6 +752,11 @@ fn literal(value: &Attr, ty: &TensorType) -> Result<Literal, String> {
         _ => return Err("expected a constant value".into()),
     };
     let n = ty.numel();
+    if n > MAX_CONSTANT_ELEMENTS {
+        return Err(format!(
+            "{ty} declares {n} elements, more than the {MAX_CONSTANT_ELEMENTS} a constant may hold"
+        ));
+    }
     let splat = matches!(value, Attr::Word(_));
     if !splat && words.len() != n {
         return Err(format!("{} elements written for {ty}", words.len()));

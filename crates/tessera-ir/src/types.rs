@@ -87,9 +87,20 @@ impl Shape {
         &self.0
     }
 
-    /// Number of elements; 1 for a scalar.
+    /// Number of elements; 1 for a scalar. Saturates at `usize::MAX` when the product
+    /// overflows (which a checked type never does: see [`TensorType::check_size`]), so an
+    /// overflowing shape can never pass for a small one; a shape with a 0 dim has 0 elements.
     pub fn numel(&self) -> usize {
-        self.0.iter().product()
+        self.checked_numel().unwrap_or(usize::MAX)
+    }
+
+    /// Number of elements, `None` when the product overflows `usize` (a shape with a 0 dim
+    /// has 0 elements whatever its other dims).
+    pub fn checked_numel(&self) -> Option<usize> {
+        if self.0.contains(&0) {
+            return Some(0);
+        }
+        self.0.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
     }
 
     /// Row-major strides in elements.
@@ -168,10 +179,48 @@ impl TensorType {
         TensorType::new(dtype, self.shape.clone())
     }
 
+    /// Bytes of one row-major buffer of this type (saturating, like [`Shape::numel`]).
     pub fn byte_size(&self) -> usize {
-        self.numel() * self.dtype.byte_width()
+        self.checked_byte_size().unwrap_or(usize::MAX)
+    }
+
+    /// Bytes of one row-major buffer, `None` when the count overflows `usize`.
+    pub fn checked_byte_size(&self) -> Option<usize> {
+        self.shape
+            .checked_numel()?
+            .checked_mul(self.dtype.byte_width())
+    }
+
+    /// Checks the size limit of one tensor: its byte size (so also its element count) is at
+    /// most [`MAX_TENSOR_BYTES`]. Every place that builds a type from user input (the tensor
+    /// API, the type rules, the parser, the verifier) calls this, so element counts, linear
+    /// indices and byte offsets of a checked type never overflow `i64`/`isize`.
+    ///
+    /// A 0 dim counts as 1 here, so `f32[0,1<<62,1<<62]` is rejected too: the strides of a
+    /// checked type never overflow, whatever its element count.
+    pub fn check_size(&self) -> Result<(), String> {
+        let spanned = self
+            .dims()
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d.max(1)))
+            .and_then(|n| n.checked_mul(self.dtype.byte_width()));
+        match spanned {
+            Some(b) if b <= MAX_TENSOR_BYTES => Ok(()),
+            Some(b) if self.numel() > 0 => Err(format!(
+                "{self} needs {b} bytes, more than the limit of {MAX_TENSOR_BYTES} bytes for one \
+                 tensor"
+            )),
+            Some(_) | None => Err(format!(
+                "the dims of {self} overflow: their product (0 counted as 1) in bytes is over \
+                 the limit of {MAX_TENSOR_BYTES} bytes for one tensor"
+            )),
+        }
     }
 }
+
+/// The largest byte size of one tensor: `isize::MAX`, Rust's limit for one allocation. Element
+/// counts are therefore below it too, and fit `i64` and `isize`.
+pub const MAX_TENSOR_BYTES: usize = isize::MAX as usize;
 
 impl fmt::Display for TensorType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -7,7 +7,10 @@
 //!    collectives, the graph's mesh).
 //! 4. The parameters are exactly the `Op::Parameter` nodes, and `params()[i]` is `Parameter(i)`.
 //! 5. Every output is a node of the graph.
-//! 6. Every sharding names the graph's mesh, has one entry per dimension, names only axes of
+//! 6. Every value's type is within the size limit of one tensor (`TensorType::check_size`:
+//!    its element count and byte size do not overflow), and every constant's data has the
+//!    declared element type and element count.
+//! 7. Every sharding names the graph's mesh, has one entry per dimension, names only axes of
 //!    the mesh, names no axis twice, and splits each dimension into whole parts.
 //!
 //! Errors name the value as the printer numbers it (`%7`), so they can be matched with a dump.
@@ -71,6 +74,7 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                 positions.len()
             )));
         }
+        node.ty.check_size().map_err(&at)?;
         match &node.op {
             Op::Parameter(i) => {
                 if g.params().get(*i) != Some(&id) {
@@ -128,7 +132,17 @@ pub fn check_sharding(g: &Graph, s: &Sharding, ty: &TensorType) -> Result<(), St
         seen.push(a);
     }
     for (d, dim) in s.dims.iter().enumerate() {
-        let parts: usize = dim.axes.iter().filter_map(|a| mesh.axis_size(a)).product();
+        let parts = dim
+            .axes
+            .iter()
+            .filter_map(|a| mesh.axis_size(a))
+            .try_fold(1usize, usize::checked_mul)
+            .ok_or_else(|| {
+                format!(
+                    "sharding {s}: the product of the sizes of {:?} overflows",
+                    dim.axes
+                )
+            })?;
         if !ty.dims()[d].is_multiple_of(parts) {
             return Err(format!(
                 "dim {d} of {ty} (size {}) is not divisible by {parts}, the size of {:?}",

@@ -30,6 +30,26 @@ proptest! {
         let _ = parse(&tokens.join(" "));
     }
 
+    /// Hostile pieces (deep brackets, huge and overflowing dims, huge constants) among valid
+    /// ones: an error, never a panic, an abort or a stack overflow.
+    #[test]
+    fn hostile_tokens_never_panic(tokens in prop::collection::vec(prop::sample::select(vec![
+        "func @f(", "%0: ", "f32[4294967296,4294967296]", "f32[0,4294967296,4294967296]",
+        "bool[9223372036854775807]", "f32[100000000000]", "f32[3]", "f32[]", ") {", "}",
+        "%1 = constant", "1.0", ":", "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[", "]]]]", "[1.0,2.0]",
+        "%1 = pad %0, %0 low=[", "9223372036854775807", "-9223372036854775808", "]", ",",
+        "high=[0]", "interior=[", "return %1", "\n", "mesh @m = <\"a\"=4294967296, \"b\"=4294967296>",
+        "%1 = all_gather %0 dim=0 axes=[\"a\",\"b\"]", "%1 = broadcast_in_dim %0 dims=[]",
+    ]), 0..60)) {
+        let text = tokens.join(" ");
+        let r = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || parse(&text).map(|_| ()))
+            .unwrap()
+            .join();
+        prop_assert!(r.is_ok(), "the parser panicked");
+    }
+
     #[test]
     fn mutated_text_never_panics(
         which in any::<prop::sample::Index>(),

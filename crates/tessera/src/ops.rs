@@ -259,7 +259,12 @@ impl Tensor {
     pub fn reshape(&self, shape: impl Into<Shape>) -> Tensor {
         let mut shape = shape.into();
         if let Some(i) = shape.0.iter().position(|&d| d == usize::MAX) {
-            let known: usize = shape.0.iter().filter(|&&d| d != usize::MAX).product();
+            let known = shape
+                .0
+                .iter()
+                .filter(|&&d| d != usize::MAX)
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .unwrap_or(0);
             if known == 0 || !self.numel().is_multiple_of(known) {
                 shape_error(
                     "reshape",

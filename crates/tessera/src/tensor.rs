@@ -73,53 +73,113 @@ impl Tensor {
         }
     }
 
+    /// A tensor holding `lit`. Panics (or fails the enclosing trace) when the data is not what
+    /// the type declares: another element type, another element count, or a type over the
+    /// size limit of one tensor (`TensorType::check_size`); `try_from_literal` returns that
+    /// error instead.
+    #[track_caller]
     pub fn from_literal(lit: Literal) -> Tensor {
-        Tensor::from_array(Array::new(lit))
+        Tensor::try_from_literal(lit).unwrap_or_else(|e| raise(e))
     }
 
-    /// A tensor of the given shape from row-major elements. Panics when the element count does
-    /// not match the shape.
+    /// `from_literal` that returns the error instead of panicking.
     #[track_caller]
-    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Tensor {
-        let shape = shape.into();
-        let n = data.len();
-        match Literal::new(shape.clone(), T::into_data(data)) {
-            Some(lit) => Tensor::from_literal(lit),
-            None => raise(Error::Op {
-                op: "from_vec".into(),
-                message: format!("{n} elements cannot fill shape {shape}"),
+    pub fn try_from_literal(lit: Literal) -> Result<Tensor> {
+        match lit.check() {
+            Ok(()) => Ok(Tensor::from_array(Array::new(lit))),
+            Err(message) => Err(Error::Op {
+                op: "from_literal".into(),
+                message,
                 location: loc_text(Location::caller()),
             }),
         }
     }
 
-    pub fn scalar<T: Element>(x: T) -> Tensor {
-        Tensor::from_literal(Literal {
-            ty: TensorType::scalar(T::DTYPE),
-            data: T::into_data(vec![x]),
-        })
+    /// A tensor of the given shape from row-major elements. Panics when the element count does
+    /// not match the shape (or the shape is over the size limit); `try_from_vec` returns that
+    /// error instead.
+    #[track_caller]
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Tensor {
+        Tensor::try_from_vec(data, shape).unwrap_or_else(|e| raise(e))
     }
 
-    /// An f32 tensor of zeros.
+    /// `from_vec` that returns the error instead of panicking.
+    #[track_caller]
+    pub fn try_from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        let ty = TensorType::new(T::DTYPE, shape);
+        let location = loc_text(Location::caller());
+        let fail = |message: String| Error::Op {
+            op: "from_vec".into(),
+            message,
+            location: location.clone(),
+        };
+        ty.check_size().map_err(fail)?;
+        let n = data.len();
+        match Literal::new(ty.shape.clone(), T::into_data(data)) {
+            Some(lit) => Ok(Tensor::from_array(Array::new(lit))),
+            None => Err(fail(format!("{n} elements cannot fill shape {}", ty.shape))),
+        }
+    }
+
+    pub fn scalar<T: Element>(x: T) -> Tensor {
+        Tensor::from_array(Array::new(Literal {
+            ty: TensorType::scalar(T::DTYPE),
+            data: T::into_data(vec![x]),
+        }))
+    }
+
+    /// An f32 tensor of zeros. Like every host constructor (`ones`, `full`, `full_dtype`) it
+    /// panics, naming the caller's line, when the shape is over the size limit of one tensor
+    /// or the memory cannot be allocated (instead of aborting the process); `try_zeros` and
+    /// `try_full_dtype` return that error.
+    #[track_caller]
     pub fn zeros(shape: impl Into<Shape>) -> Tensor {
-        Tensor::full(shape, 0.0)
+        Tensor::host_full("zeros", shape.into(), 0.0, DType::F32).unwrap_or_else(|e| raise(e))
+    }
+
+    /// `zeros` that returns the error instead of panicking.
+    #[track_caller]
+    pub fn try_zeros(shape: impl Into<Shape>) -> Result<Tensor> {
+        Tensor::host_full("zeros", shape.into(), 0.0, DType::F32)
     }
 
     /// An f32 tensor of ones.
+    #[track_caller]
     pub fn ones(shape: impl Into<Shape>) -> Tensor {
-        Tensor::full(shape, 1.0)
+        Tensor::host_full("ones", shape.into(), 1.0, DType::F32).unwrap_or_else(|e| raise(e))
     }
 
     /// An f32 tensor filled with `x`.
+    #[track_caller]
     pub fn full(shape: impl Into<Shape>, x: f32) -> Tensor {
-        Tensor::full_dtype(shape, x as f64, DType::F32)
+        Tensor::host_full("full", shape.into(), x as f64, DType::F32).unwrap_or_else(|e| raise(e))
     }
 
     /// A tensor of any dtype filled with `x` converted to it.
+    #[track_caller]
     pub fn full_dtype(shape: impl Into<Shape>, x: f64, dtype: DType) -> Tensor {
-        Tensor::from_literal(Literal::splat(&TensorType::new(dtype, shape), x))
+        Tensor::host_full("full", shape.into(), x, dtype).unwrap_or_else(|e| raise(e))
     }
 
+    /// `full_dtype` that returns the error instead of panicking.
+    #[track_caller]
+    pub fn try_full_dtype(shape: impl Into<Shape>, x: f64, dtype: DType) -> Result<Tensor> {
+        Tensor::host_full("full", shape.into(), x, dtype)
+    }
+
+    #[track_caller]
+    fn host_full(op: &str, shape: Shape, x: f64, dtype: DType) -> Result<Tensor> {
+        match Literal::try_splat(&TensorType::new(dtype, shape), x) {
+            Ok(lit) => Ok(Tensor::from_array(Array::new(lit))),
+            Err(message) => Err(Error::Op {
+                op: op.into(),
+                message,
+                location: loc_text(Location::caller()),
+            }),
+        }
+    }
+
+    #[track_caller]
     pub fn zeros_like(&self) -> Tensor {
         Tensor::full_dtype(self.shape().to_vec(), 0.0, self.dtype())
     }
