@@ -102,6 +102,21 @@ impl std::ops::DerefMut for Slots {
     }
 }
 
+impl Slots {
+    /// `device` gives up on slot `key` and on the launch: every member of the slot, and every
+    /// wait of the launch, fails from now on, naming it.
+    pub(crate) fn give_up(&mut self, key: &Key, device: usize) {
+        if let Some(slot) = self.map.get_mut(key)
+            && !slot.gave_up.contains(&device)
+        {
+            slot.gave_up.push(device);
+        }
+        if !self.failed.contains(&device) {
+            self.failed.push(device);
+        }
+    }
+}
+
 pub(crate) type Guard<'a> = MutexGuard<'a, Slots>;
 
 /// The meeting point of one launch's devices.
@@ -198,6 +213,15 @@ impl Rendezvous {
             .push(buffer);
     }
 
+    /// Records that `device` gave up on the launch (`SharedCollectives::give_up`).
+    pub fn give_up_as(&self, device: usize) {
+        let mut slots = self.lock();
+        if !slots.failed.contains(&device) {
+            slots.failed.push(device);
+        }
+        self.arrived.notify_all();
+    }
+
     /// The first device that gave up on the launch (`SharedCollectives::give_up`): the one
     /// whose error explains the others'.
     pub fn first_to_give_up(&self) -> Option<usize> {
@@ -244,12 +268,7 @@ impl<'a> SharedCollectives<'a> {
     /// panicked): every wait of the launch, now or later, fails at once naming it, instead of
     /// waiting for its timeout.
     pub fn give_up(&self) {
-        let mut slots = self.rendezvous.lock();
-        let me = self.device_id();
-        if !slots.failed.contains(&me) {
-            slots.failed.push(me);
-        }
-        self.rendezvous.arrived.notify_all();
+        self.rendezvous.give_up_as(self.device_id());
     }
 }
 
@@ -485,6 +504,14 @@ impl Wait {
     }
 }
 
+/// The group a message is about: the collective's mesh axes, or the shared product's.
+fn group_text(op: &Op) -> String {
+    match op.mesh_axes() {
+        [] => "the devices' shared product".into(),
+        axes => format!("over {axes:?}"),
+    }
+}
+
 /// A member's place in one collective: the collective (for messages), its slot, the group,
 /// and the member's index in the group.
 pub(crate) struct Seat<'a> {
@@ -508,10 +535,7 @@ impl Drop for Reading<'_, '_, '_> {
             return;
         }
         let mut slots = self.c.rendezvous.lock();
-        let me = self.c.device_id();
-        if let Some(slot) = slots.get_mut(&self.seat.key) {
-            slot.gave_up.push(me);
-        }
+        slots.give_up(&self.seat.key, self.c.device_id());
         self.c.bail(self.seat, slots, true, ());
     }
 }
@@ -815,17 +839,17 @@ impl<'r> SharedCollectives<'r> {
                     .filter(|&k| wait.late(slot, k))
                     .map(|k| self.id_of(seat.members[k]))
                     .collect();
-                slot.gave_up.push(self.device_id());
                 let err = InterpError::Op {
                     op: seat.op.name().into(),
                     message: format!(
-                        "over {:?}: devices {late:?} {} within {} (device {} gave up)",
-                        seat.op.mesh_axes(),
+                        "{}: devices {late:?} {} within {} (device {} gave up)",
+                        group_text(seat.op),
                         wait.what(),
                         show(r.timeout),
                         self.device_id(),
                     ),
                 };
+                slots.give_up(&seat.key, self.device_id());
                 return Err(self.bail(seat, slots, reading, err));
             }
             if yielded < yields {
@@ -857,8 +881,8 @@ impl<'r> SharedCollectives<'r> {
         InterpError::Op {
             op: op.name().into(),
             message: format!(
-                "over {:?}: {who}, so device {} cannot go on",
-                op.mesh_axes(),
+                "{}: {who}, so device {} cannot go on",
+                group_text(op),
                 self.device_id()
             ),
         }
@@ -867,10 +891,13 @@ impl<'r> SharedCollectives<'r> {
     /// Leaves the seat's abandoned slot and returns `err`: takes back what this member
     /// published (a late member finds nothing of it), stops reading if it is one of the
     /// slot's readers, wakes the others, and waits until no member reads anybody's buffers
-    /// any more, so this member's buffers outlive every read of them. Those readers are
-    /// inside the collective doing bounded work between two waits, and fail at their next
-    /// wait; should they not within the timeout, returning would free memory another thread
-    /// reads, so the process aborts with a message instead.
+    /// any more, so this member's buffers outlive every read of them.
+    ///
+    /// This is the one wait of a device without the collective timeout, and it waits for no
+    /// missing device: the readers are inside the collective, between two of its waits, doing
+    /// bounded work (a block copy or reduction, or the shared product), and stop at their next
+    /// wait, which fails at once on the abandoned slot. Returning earlier would let the caller
+    /// free memory they read.
     pub(crate) fn bail<E>(
         &self,
         seat: &Seat<'_>,
@@ -879,37 +906,16 @@ impl<'r> SharedCollectives<'r> {
         err: E,
     ) -> E {
         let r = self.rendezvous;
-        let start = Instant::now();
         let slot = slots.get_mut(&seat.key).expect("slot stays until all took");
         slot.retract(seat.me);
         if reading {
             slot.readers -= 1;
         }
         r.arrived.notify_all();
-        loop {
-            let readers = slots.get(&seat.key).expect("slot stays").readers;
-            if readers == 0 {
-                return err;
-            }
-            let waited = start.elapsed();
-            if waited >= r.timeout {
-                eprintln!(
-                    "tessera: {} over {:?}: device {} gave up, but {readers} device(s) still read \
-                     the group's buffers {} later; aborting, since going on would free memory \
-                     they read",
-                    seat.op.name(),
-                    seat.op.mesh_axes(),
-                    self.device_id(),
-                    show(r.timeout)
-                );
-                std::process::abort();
-            }
-            slots = r
-                .arrived
-                .wait_timeout(slots, r.timeout - waited)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        while slots.get(&seat.key).expect("slot stays").readers > 0 {
+            slots = r.arrived.wait(slots).unwrap_or_else(|e| e.into_inner());
         }
+        err
     }
 
     /// The in-place all-reduce (see `Collectives::all_reduce_in_place`), in three meetings:

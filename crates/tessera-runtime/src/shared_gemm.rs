@@ -208,8 +208,7 @@ fn fill_and_multiply(
     let r = c.rendezvous;
     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(fill)) {
         let mut slots = r.lock();
-        let slot = slots.get_mut(&seat.key).expect("slot present");
-        slot.gave_up.push(c.device_id());
+        slots.give_up(&seat.key, c.device_id());
         c.bail(seat, slots, false, ());
         std::panic::resume_unwind(panic);
     }
@@ -231,7 +230,7 @@ fn fill_and_multiply(
                 slot.gemm_done = true;
                 SHARED_GEMMS.fetch_add(1, Ordering::Relaxed);
             }
-            Err(_) => slot.gave_up.push(c.device_id()),
+            Err(_) => slots.give_up(&seat.key, c.device_id()),
         }
         r.arrived.notify_all();
         if let Err(panic) = outcome {
