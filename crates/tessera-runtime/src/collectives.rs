@@ -1,10 +1,19 @@
 //! Collectives over shared memory between the device threads of one process.
 //!
 //! Every device of a group deposits its value in a slot keyed by (launch, sequence number,
-//! group); each waits (parked on a condition variable, never spinning) until the group is
-//! complete, then computes its own result from all the values, in group order, so every device
-//! gets bit-identical sums. A device that does not arrive within the timeout turns into an
-//! error naming the collective and the missing devices.
+//! group); each waits (yielding a bounded number of times, then parked on a condition
+//! variable) until the group is complete, then computes its own result from all the values, in
+//! group order, so every device gets bit-identical sums.
+//!
+//! Faults. Every wait gives up after the collective timeout (`TESSERA_COLLECTIVE_TIMEOUT`),
+//! with an error naming the collective, the late devices and the timeout in ms; the member
+//! that gives up abandons the slot and the launch, so every other wait of the launch fails at
+//! once naming it ("device 3 gave up"). A wait checks for abandonment before completion, and a
+//! member that leaves retracts what it published, so a late member never uses the addresses of
+//! one that has left. Members that read other members' buffers (the in-place all-reduce after
+//! its first meeting, the multiplier of a shared product) count as the slot's readers; a
+//! member that gives up, or unwinds from a panic (`Reading`), returns only when the slot has no
+//! readers left, so its buffers outlive every read of them.
 //!
 //! This is the one transport behind the `Collectives` interface today; a process-spanning one
 //! (MPI) would implement the same trait.
@@ -1126,6 +1135,79 @@ mod tests {
             err.contains("all_reduce") && err.contains("[12]") && err.contains("did not arrive"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn bad_timeouts_are_errors_that_say_what_was_expected() {
+        assert_eq!(parse_timeout(None), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_timeout(Some(" ")), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_timeout(Some("0.1")), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_timeout(Some("2")), Ok(Duration::from_secs(2)));
+        for bad in ["abc", "0", "-1", "nan", "inf", "1e300", "1e-12"] {
+            let e = parse_timeout(Some(bad)).unwrap_err();
+            assert!(
+                e.contains(&format!("TESSERA_COLLECTIVE_TIMEOUT={bad:?}"))
+                    && e.contains("expected a positive number of seconds"),
+                "{e}"
+            );
+        }
+        assert_eq!(show(Duration::from_millis(100)), "100 ms");
+        assert_eq!(show(Duration::from_millis(1500)), "1500 ms");
+        assert_eq!(show(Duration::from_secs(60)), "60 s");
+    }
+
+    /// Issue 10, item 2: a member that times out between two meetings of the in-place
+    /// all-reduce (before: no timeout there) names the late member, and returns only after
+    /// that member stopped reading the group's buffers; the late one then fails naming it.
+    #[test]
+    fn a_timeout_between_meetings_waits_for_the_readers() {
+        let r = Rendezvous::with_timeout(Duration::from_millis(100));
+        let ids = [10, 11];
+        let m = Mesh::new("m", vec![("x".into(), 2)]);
+        let op = Op::AllReduce {
+            kind: ReduceKind::Sum,
+            axes: vec!["x".into()],
+        };
+        let (members, _) = group(&m, &["x".into()], 0);
+        let member = |p: usize, work: Duration| {
+            let c = SharedCollectives::new(&r, 0, p, &ids);
+            let (mut slots, seat) = c
+                .meet(
+                    &op,
+                    &members,
+                    p,
+                    |s| s.buffers[p] = Some((0, 0)),
+                    |s| s.buffers.iter().all(|b| b.is_some()),
+                )
+                .unwrap();
+            slots.get_mut(&seat.key).unwrap().readers += 1;
+            drop(slots);
+            // Reading the others' buffers.
+            std::thread::sleep(work);
+            let read_until = Instant::now();
+            let mut slots = r.lock();
+            let slot = slots.get_mut(&seat.key).unwrap();
+            slot.reduced += 1;
+            slot.progress[p] = 2;
+            r.arrived.notify_all();
+            let err = c
+                .wait(&seat, slots, Wait::Progress(2), true, |s| s.reduced == 2)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            (err, read_until, Instant::now())
+        };
+        let ((e0, _, left0), (e1, read1, _)) = std::thread::scope(|s| {
+            let a = s.spawn(|| member(0, Duration::ZERO));
+            let b = s.spawn(|| member(1, Duration::from_millis(400)));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert!(
+            e0.contains("devices [11] did not finish their share within 100 ms"),
+            "{e0}"
+        );
+        assert!(e1.contains("device 10 gave up"), "{e1}");
+        assert!(left0 >= read1, "device 10 left while device 11 still read");
     }
 
     /// Small values (one meeting) and large ones (reduced chunk-wise in two meetings).

@@ -317,3 +317,24 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_device_counts_are_errors_that_say_what_was_expected() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(parse_device_count(None), Ok(cores));
+        assert_eq!(parse_device_count(Some("")), Ok(cores));
+        assert_eq!(parse_device_count(Some(" 8 ")), Ok(8));
+        for bad in ["abc", "0", "-1", "2.5"] {
+            let e = parse_device_count(Some(bad)).unwrap_err();
+            assert!(
+                e.contains(&format!("TESSERA_DEVICES={bad:?}"))
+                    && e.contains("expected a positive integer"),
+                "{e}"
+            );
+        }
+    }
+}

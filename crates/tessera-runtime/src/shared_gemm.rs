@@ -17,9 +17,11 @@
 //! others wait parked; every member then reads its rows of the result (or the whole sum) in
 //! place, until the launch ends.
 //!
-//! The shared right operand of `shared_rhs` is read only while every member waits in the call;
-//! a member that times out at the meeting marks the slot abandoned under the lock, so nobody
-//! touches the buffers of a member that has left; a panic in the product abandons the slot
+//! The shared right operand of `shared_rhs` is read only while every member waits in the call:
+//! the multiplier counts as one of the slot's readers, and a member that gives up (every wait
+//! times out) returns only once it has stopped reading. A member that times out at the meeting
+//! marks the slot abandoned under the lock and retracts its part, so nobody touches the
+//! buffers of a member that has left; a panic in the copying or the product abandons the slot
 //! before it unwinds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
