@@ -62,6 +62,7 @@ impl DeviceProgram {
         )
         .map_err(|e| match e {
             LaunchError::Failed { error, .. } => error,
+            LaunchError::Config(message) => Error::Io(message),
             other => Error::Io(format!("a device failed: {other}")),
         })
     }
