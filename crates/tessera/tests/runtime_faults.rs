@@ -38,8 +38,9 @@ fn panic_message(f: impl FnOnce() + std::panic::UnwindSafe) -> String {
         .unwrap_or_default()
 }
 
-/// In a child with `TESSERA_DEVICES` set to `BAD_DEVICES`: the first API call that needs the
-/// devices returns the error (`Mesh::try_new`, `Mesh::new` as a panic naming this file).
+/// In a child with a bad `TESSERA_DEVICES`: the API calls that need the devices return the
+/// error naming this file (`Mesh::try_new`, `pmap`; `Mesh::new` and `device_count` panic
+/// with it).
 #[test]
 fn bad_device_count_case() {
     let Ok(bad) = std::env::var("TESSERA_DEVICES") else {
@@ -62,6 +63,12 @@ fn bad_device_count_case() {
         device_count();
     });
     assert!(p.contains(&want) && p.contains("runtime_faults.rs"), "{p}");
+    let f = pmap("i", |x: Tensor| psum(&x, "i"));
+    let err = f.call(Tensor::zeros([1, 4])).err().unwrap().to_string();
+    assert!(
+        err.contains(&want) && err.contains("runtime_faults.rs"),
+        "{err}"
+    );
     println!("case passed");
 }
 
