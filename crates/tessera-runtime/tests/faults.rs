@@ -86,6 +86,7 @@ fn late_member_scenario() {
 
 #[test]
 fn a_late_member_never_reads_the_buffers_of_one_that_gave_up() {
+    let _serial = two_devices();
     if std::env::var_os(CHILD).is_some() {
         late_member_scenario();
         return;
@@ -194,11 +195,15 @@ impl Collectives for Faulty<'_, '_> {
     }
 }
 
-fn two_devices() {
+/// Sets up two devices; the guard runs this binary's launch tests one at a time (a device left
+/// busy by one test's straggler would make another test's short timeouts fire).
+fn two_devices() -> std::sync::MutexGuard<'static, ()> {
     static ONCE: std::sync::Once = std::sync::Once::new();
+    static SERIAL: Mutex<()> = Mutex::new(());
     // SAFETY: before any device thread starts and before any other test of this binary reads
     // the environment (every test calls this first).
     ONCE.call_once(|| unsafe { std::env::set_var("TESSERA_DEVICES", "2") });
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs `exes` on devices 0 and 1 with `inputs[p]`, injecting `fault` on position `faulty`
@@ -277,7 +282,7 @@ fn check_sums(got: &[Vec<Literal>], want: &[f32]) {
 /// device's executable and every later call failed with `PoisonError`).
 #[test]
 fn a_panic_in_a_collective_fails_the_launch_at_once_and_the_next_call_works() {
-    two_devices();
+    let _serial = two_devices();
     let (exes, inputs, want) = all_reduce_setup();
     check_sums(
         &run_with(&exes, &inputs, Duration::from_secs(5), 1, Fault::None).unwrap(),
@@ -315,7 +320,7 @@ fn a_panic_in_a_collective_fails_the_launch_at_once_and_the_next_call_works() {
 /// then fails at once, and the next call works.
 #[test]
 fn a_timed_out_call_is_an_error_and_the_next_call_works() {
-    two_devices();
+    let _serial = two_devices();
     let (exes, inputs, want) = all_reduce_setup();
     let err = run_with(
         &exes,
@@ -379,7 +384,7 @@ fn shared_product_setup() -> (Exes, Inputs, Vec<Literal>) {
 /// the launch at once; after both, the next call is right and shares its product again.
 #[test]
 fn the_wait_for_a_shared_product_times_out_and_a_panic_in_it_is_caught() {
-    two_devices();
+    let _serial = two_devices();
     let (exes, inputs, want) = shared_product_setup();
     let shared = tessera_runtime::shared_gemm_count();
     let got = run_with(&exes, &inputs, Duration::from_secs(5), 0, Fault::None).unwrap();
@@ -426,4 +431,47 @@ fn the_wait_for_a_shared_product_times_out_and_a_panic_in_it_is_caught() {
     );
     let got = run_with(&exes, &inputs, Duration::from_secs(5), 0, Fault::None).unwrap();
     assert_eq!(got.iter().map(|o| o[0].clone()).collect::<Vec<_>>(), want);
+}
+
+/// The launch waits at most the timeout for the others once a device has answered: a device
+/// still busy after that is named (`NoAnswer`), and the launch's memory stays valid for it
+/// (its job owns what it reads); once it is done the next call works.
+#[test]
+fn a_device_that_does_not_answer_in_time_is_named() {
+    let _serial = two_devices();
+    let g = parse(
+        "mesh @mesh = <\"dp\"=2>\n\
+         func @f(%0: f32[4]) {\n  \
+           %1 = exp %0 : f32[4]\n  \
+           return %1\n}\n",
+    )
+    .unwrap();
+    let exes = forks(tessera_codegen::compile(&g).unwrap().single_threaded());
+    let x = Arc::new(Literal::new([4], Data::F32(vec![0.0, 1.0, 2.0, 3.0])).unwrap());
+    let want = tessera_interp::run(&g, &[(*x).clone()]).unwrap();
+    let inputs: Inputs = Arc::new(vec![vec![x.clone()], vec![x]]);
+    let call = |busy: Duration| {
+        let inputs = inputs.clone();
+        launch_with_timeout(
+            &[0, 1],
+            exes.clone(),
+            Duration::from_millis(100),
+            Arc::new(move |exe: &Executable, coll: &SharedCollectives<'_>, pos| {
+                if pos == 1 {
+                    std::thread::sleep(busy);
+                }
+                let refs: Vec<&Literal> = inputs[pos].iter().map(|l| l.as_ref()).collect();
+                exe.run(&refs, coll).map_err(|e| e.to_string())
+            }),
+        )
+    };
+    let err = call(Duration::from_millis(500)).unwrap_err().to_string();
+    assert!(
+        err.contains("devices [1] did not finish within 100 ms of the others"),
+        "{err}"
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    for outs in call(Duration::ZERO).unwrap() {
+        assert_eq!(outs, want);
+    }
 }
