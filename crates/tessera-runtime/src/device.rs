@@ -35,7 +35,7 @@ fn devices() -> Result<&'static Devices, String> {
                         .name(format!("tessera-device-{d}"))
                         .spawn(move || {
                             // Between launches: yield a while (steps come back to back), then
-                            // park. The one wait with no timeout: an idle device waits for work
+                            // park. No timeout here: an idle device waits for work
                             // and holds nothing anybody waits for.
                             while let Some(job) = receive(&rx) {
                                 job();
