@@ -1,10 +1,19 @@
 //! Collectives over shared memory between the device threads of one process.
 //!
 //! Every device of a group deposits its value in a slot keyed by (launch, sequence number,
-//! group); each waits (parked on a condition variable, never spinning) until the group is
-//! complete, then computes its own result from all the values, in group order, so every device
-//! gets bit-identical sums. A device that does not arrive within the timeout turns into an
-//! error naming the collective and the missing devices.
+//! group); each waits (yielding a bounded number of times, then parked on a condition
+//! variable) until the group is complete, then computes its own result from all the values, in
+//! group order, so every device gets bit-identical sums.
+//!
+//! Faults. Every wait gives up after the collective timeout (`TESSERA_COLLECTIVE_TIMEOUT`),
+//! with an error naming the collective, the late devices and the timeout in ms; the member
+//! that gives up abandons the slot and the launch, so every other wait of the launch fails at
+//! once naming it ("device 3 gave up"). A wait checks for abandonment before completion, and a
+//! member that leaves retracts what it published, so a late member never uses the addresses of
+//! one that has left. Members that read other members' buffers (the in-place all-reduce after
+//! its first meeting, the multiplier of a shared product) count as the slot's readers; a
+//! member that gives up, or unwinds from a panic (`Reading`), returns only when the slot has no
+//! readers left, so its buffers outlive every read of them.
 //!
 //! This is the one transport behind the `Collectives` interface today; a process-spanning one
 //! (MPI) would implement the same trait.
@@ -22,10 +31,15 @@ pub(crate) type Key = (u64, u64, Vec<usize>);
 #[derive(Default)]
 pub(crate) struct Slot {
     pub(crate) values: Vec<Option<Arc<Literal>>>,
-    /// For an all-reduce: each member's reduced chunk of the result.
+    /// For an all-reduce: each member's reduced chunk of the result (sized on the first
+    /// chunk's arrival: only the copying path of large all-reduces uses it).
     pub(crate) chunks: Vec<Option<Literal>>,
     /// For an all-reduce in place: each member's operand and result addresses.
     pub(crate) buffers: Vec<Option<(usize, usize)>>,
+    /// Each member's progress through the collective: 0 not arrived, 1 arrived, 2 reduced its
+    /// chunk (in place) or copied its blocks in (shared product), 3 copied the rest (in
+    /// place). For the timeout's message: who is late.
+    pub(crate) progress: Vec<u8>,
     /// For an all-reduce in place: how many members reduced their chunk, then copied the rest.
     pub(crate) reduced: usize,
     pub(crate) copied: usize,
@@ -33,11 +47,17 @@ pub(crate) struct Slot {
     /// product is written back.
     pub(crate) gemms: Vec<Option<crate::shared_gemm::PartAddr>>,
     pub(crate) gemm_done: bool,
+    /// For a shared product: the member that multiplies (the last to copy its blocks in).
+    pub(crate) multiplier: Option<usize>,
     /// For a shared product: the stacked left and right operands and the result, allocated by
     /// the last member to arrive (`None`: not shared).
     pub(crate) stacks: Option<[usize; 3]>,
-    /// A member gave up waiting: nobody may use anybody's buffers.
-    pub(crate) abandoned: bool,
+    /// How many members may be reading other members' buffers right now (see `Reading`). A
+    /// member that gives up does not return before this is 0: its buffers die with the call.
+    pub(crate) readers: usize,
+    /// The devices that gave up on this slot (nonempty: abandoned, nobody may use anybody's
+    /// buffers any more).
+    pub(crate) gave_up: Vec<usize>,
     pub(crate) taken: usize,
 }
 
@@ -46,46 +66,123 @@ impl Slot {
     fn new(n: usize) -> Slot {
         Slot {
             values: vec![None; n],
-            chunks: vec![None; n],
             buffers: vec![None; n],
             gemms: vec![None; n],
+            progress: vec![0; n],
             ..Slot::default()
         }
     }
 
     /// Whether member `k` has arrived, whatever it brought.
     fn arrived(&self, k: usize) -> bool {
-        self.values[k].is_some() || self.buffers[k].is_some() || self.gemms[k].is_some()
+        self.progress[k] >= 1
+    }
+
+    pub(crate) fn abandoned(&self) -> bool {
+        !self.gave_up.is_empty()
+    }
+
+    /// Takes back what member `me` published: nobody may find its addresses once it has left.
+    fn retract(&mut self, me: usize) {
+        self.values[me] = None;
+        self.buffers[me] = None;
+        self.gemms[me] = None;
     }
 }
 
+/// The state behind a rendezvous's lock: the open slots, and the devices that gave up on the
+/// launch (`SharedCollectives::give_up`), in the order they did.
+#[derive(Default)]
+pub(crate) struct Slots {
+    map: HashMap<Key, Slot>,
+    pub(crate) failed: Vec<usize>,
+}
+
+impl std::ops::Deref for Slots {
+    type Target = HashMap<Key, Slot>;
+    fn deref(&self) -> &HashMap<Key, Slot> {
+        &self.map
+    }
+}
+
+impl std::ops::DerefMut for Slots {
+    fn deref_mut(&mut self) -> &mut HashMap<Key, Slot> {
+        &mut self.map
+    }
+}
+
+impl Slots {
+    /// `device` gives up on slot `key` and on the launch: every member of the slot, and every
+    /// wait of the launch, fails from now on, naming it.
+    pub(crate) fn give_up(&mut self, key: &Key, device: usize) {
+        if let Some(slot) = self.map.get_mut(key)
+            && !slot.gave_up.contains(&device)
+        {
+            slot.gave_up.push(device);
+        }
+        if !self.failed.contains(&device) {
+            self.failed.push(device);
+        }
+    }
+}
+
+pub(crate) type Guard<'a> = MutexGuard<'a, Slots>;
+
 /// The meeting point of one launch's devices.
 pub struct Rendezvous {
-    pub(crate) slots: Mutex<HashMap<Key, Slot>>,
+    slots: Mutex<Slots>,
     pub(crate) arrived: Condvar,
     timeout: Duration,
     /// Buffers the launch's members read until it ends (`shared_gemm::all_reduce`).
-    pub(crate) results: Mutex<Vec<Box<[std::mem::MaybeUninit<u64>]>>>,
+    results: Mutex<Vec<Box<[std::mem::MaybeUninit<u64>]>>>,
+}
+
+/// The default collective timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `TESSERA_COLLECTIVE_TIMEOUT`: seconds, a positive number (`0.1` is 100 ms); unset or empty
+/// means 60 s. Read once per process; anything else is an error saying what was expected.
+pub fn collective_timeout() -> Result<Duration, String> {
+    static TIMEOUT: std::sync::OnceLock<Result<Duration, String>> = std::sync::OnceLock::new();
+    TIMEOUT
+        .get_or_init(|| parse_timeout(std::env::var("TESSERA_COLLECTIVE_TIMEOUT").ok().as_deref()))
+        .clone()
+}
+
+/// `collective_timeout` for the variable's value `v` (`None`: unset).
+pub fn parse_timeout(v: Option<&str>) -> Result<Duration, String> {
+    let v = match v.map(str::trim) {
+        None | Some("") => return Ok(DEFAULT_TIMEOUT),
+        Some(v) => v,
+    };
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            format!(
+                "TESSERA_COLLECTIVE_TIMEOUT={v:?}: expected a positive number of seconds \
+                 (e.g. 60 or 0.5), or unset for 60 s"
+            )
+        })
+}
+
+/// A duration as a timeout message prints it: whole seconds, or milliseconds.
+pub(crate) fn show(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{} s", d.as_secs())
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{:.3} ms", d.as_secs_f64() * 1e3)
+    }
 }
 
 impl Default for Rendezvous {
-    /// Waits give up after `TESSERA_COLLECTIVE_TIMEOUT` seconds (60 by default; read once).
+    /// Waits give up after 60 s (`Rendezvous::from_env` reads `TESSERA_COLLECTIVE_TIMEOUT`).
     fn default() -> Self {
-        static TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-        let timeout = *TIMEOUT.get_or_init(|| {
-            let secs = std::env::var("TESSERA_COLLECTIVE_TIMEOUT")
-                .ok()
-                .and_then(|v| v.parse::<f64>().ok())
-                .filter(|s| s.is_finite() && *s > 0.0)
-                .unwrap_or(60.0);
-            Duration::from_secs_f64(secs)
-        });
-        Rendezvous {
-            slots: Mutex::new(HashMap::new()),
-            arrived: Condvar::new(),
-            timeout,
-            results: Mutex::new(Vec::new()),
-        }
+        Rendezvous::with_timeout(DEFAULT_TIMEOUT)
     }
 }
 
@@ -93,9 +190,51 @@ impl Rendezvous {
     /// A rendezvous whose waits give up after `timeout`.
     pub fn with_timeout(timeout: Duration) -> Rendezvous {
         Rendezvous {
+            slots: Mutex::new(Slots::default()),
+            arrived: Condvar::new(),
             timeout,
-            ..Rendezvous::default()
+            results: Mutex::new(Vec::new()),
         }
+    }
+
+    /// A rendezvous whose waits give up after `TESSERA_COLLECTIVE_TIMEOUT` (`collective_timeout`).
+    pub fn from_env() -> Result<Rendezvous, String> {
+        Ok(Rendezvous::with_timeout(collective_timeout()?))
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The lock over the slots. A panic while it is held (a device thread's, caught by the
+    /// launch) leaves the slots consistent: every critical section changes whole fields of one
+    /// slot, and a member that unwinds through a collective abandons its slot first
+    /// (`Reading`, `shared_gemm::fill_and_multiply`); so poisoning is ignored.
+    pub(crate) fn lock(&self) -> Guard<'_> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `buffer` alive until the launch ends. (A push: consistent whatever panicked.)
+    pub(crate) fn keep(&self, buffer: Box<[std::mem::MaybeUninit<u64>]>) {
+        self.results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(buffer);
+    }
+
+    /// Records that `device` gave up on the launch (`SharedCollectives::give_up`).
+    pub fn give_up_as(&self, device: usize) {
+        let mut slots = self.lock();
+        if !slots.failed.contains(&device) {
+            slots.failed.push(device);
+        }
+        self.arrived.notify_all();
+    }
+
+    /// The first device that gave up on the launch (`SharedCollectives::give_up`): the one
+    /// whose error explains the others'.
+    pub fn first_to_give_up(&self) -> Option<usize> {
+        self.lock().failed.first().copied()
     }
 }
 
@@ -124,6 +263,21 @@ impl<'a> SharedCollectives<'a> {
             device_ids,
             seq: Cell::new(0),
         }
+    }
+
+    /// This device's id (its mesh position's).
+    pub(crate) fn device_id(&self) -> usize {
+        self.device_ids
+            .get(self.position)
+            .copied()
+            .unwrap_or(self.position)
+    }
+
+    /// Tells the launch's other devices that this one gave up (its program failed or
+    /// panicked): every wait of the launch, now or later, fails at once naming it, instead of
+    /// waiting for its timeout.
+    pub fn give_up(&self) {
+        self.rendezvous.give_up_as(self.device_id());
     }
 }
 
@@ -279,7 +433,7 @@ impl Collectives for SharedCollectives<'_> {
         } else {
             let mut slots = self.deposit(op, &members, me, input)?;
             let vals = slots.1.iter().map(|v| (**v).clone()).collect();
-            self.leave(&mut slots.0, &slots.2, members.len());
+            self.leave(&mut slots.0, &slots.2.key, members.len());
             vals
         };
         let r = match op {
@@ -318,16 +472,81 @@ impl Collectives for SharedCollectives<'_> {
 /// How many times a waiting device yields its core before it parks.
 const YIELDS_BEFORE_PARKING: usize = 256;
 
-/// How a member waits.
+/// What a member waits for. Every wait gives up after the collective timeout, naming the
+/// members that are late by this measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Wait {
-    /// For the group to arrive: gives up after the timeout, naming who is missing.
-    Meeting,
-    /// For the others to finish a short bounded step, once all have arrived: no timeout.
-    Step,
-    /// For another member's long computation (a product for the group): parks at once, so
-    /// the waiting threads leave the cores to it.
-    Parked,
+    /// The group's arrival.
+    Arrival,
+    /// Every member's reduced chunk (the copying all-reduce).
+    Chunks,
+    /// Every member's progress at this stage or later (`Slot::progress`).
+    Progress(u8),
+    /// Another member's product for the group: parks at once, so that the waiting threads
+    /// leave the cores to it.
+    Product,
+}
+
+impl Wait {
+    /// Whether member `k` is the one (or one of those) this wait waits for.
+    fn late(self, slot: &Slot, k: usize) -> bool {
+        match self {
+            Wait::Arrival => !slot.arrived(k),
+            Wait::Chunks => slot.chunks.get(k).is_none_or(|c| c.is_none()),
+            Wait::Progress(p) => slot.progress[k] < p,
+            Wait::Product => {
+                slot.progress[k] < 2
+                    || (slot.progress.iter().all(|&p| p >= 2) && slot.multiplier == Some(k))
+            }
+        }
+    }
+
+    /// What the late members did not do, for the timeout's message.
+    fn what(self) -> &'static str {
+        match self {
+            Wait::Arrival => "did not arrive",
+            Wait::Chunks => "did not deliver their reduced chunk",
+            Wait::Progress(p) if p <= 2 => "did not finish their share",
+            Wait::Progress(_) => "did not finish copying the result",
+            Wait::Product => "did not finish the group's product",
+        }
+    }
+}
+
+/// The group a message is about: the collective's mesh axes, or the shared product's.
+fn group_text(op: &Op) -> String {
+    match op.mesh_axes() {
+        [] => "the devices' shared product".into(),
+        axes => format!("over {axes:?}"),
+    }
+}
+
+/// A member's place in one collective: the collective (for messages), its slot, the group,
+/// and the member's index in the group.
+pub(crate) struct Seat<'a> {
+    pub(crate) op: &'a Op,
+    pub(crate) key: Key,
+    pub(crate) members: &'a [usize],
+    pub(crate) me: usize,
+}
+
+/// While alive, its member is one of the slot's `readers`. If that member unwinds (a panic)
+/// it abandons the slot on the way out and waits until no member reads any buffer, so its
+/// own buffers outlive every read of them.
+pub(crate) struct Reading<'c, 'r, 's> {
+    pub(crate) c: &'c SharedCollectives<'r>,
+    pub(crate) seat: &'s Seat<'s>,
+}
+
+impl Drop for Reading<'_, '_, '_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let mut slots = self.c.rendezvous.lock();
+        slots.give_up(&self.seat.key, self.c.device_id());
+        self.c.bail(self.seat, slots, true, ());
+    }
 }
 
 /// Below this many elements an all-reduce takes one meeting instead of two.
@@ -519,7 +738,7 @@ fn reduce_range(kind: ReduceKind, values: &[Arc<Literal>], range: std::ops::Rang
     out
 }
 
-type Held<'a> = (MutexGuard<'a, HashMap<Key, Slot>>, Vec<Arc<Literal>>, Key);
+type Held<'r, 'm> = (Guard<'r>, Vec<Arc<Literal>>, Seat<'m>);
 
 impl<'r> SharedCollectives<'r> {
     /// An all-reduce in two phases: every member reduces its own chunk of the elements over all
@@ -536,12 +755,12 @@ impl<'r> SharedCollectives<'r> {
         out: &TensorType,
     ) -> Result<Literal, InterpError> {
         let n = members.len();
-        let (mut guard, values, key) = self.deposit(op, members, me, input)?;
+        let (mut guard, values, seat) = self.deposit(op, members, me, input)?;
         let len = input.data.len();
         // A small value: every member reduces all of it (the same order on each, so the same
         // bits), which saves the second meeting; that costs more than the arithmetic here.
         if len < SMALL_ALL_REDUCE {
-            self.leave(&mut guard, &key, n);
+            self.leave(&mut guard, &seat.key, n);
             drop(guard);
             return Ok(Literal {
                 ty: out.clone(),
@@ -551,19 +770,20 @@ impl<'r> SharedCollectives<'r> {
         drop(guard);
         let mine = reduce_range(kind, &values, chunk_range(len, me, n));
         let r = self.rendezvous;
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        slots
-            .get_mut(&key)
-            .expect("slot stays until all took")
-            .chunks[me] = Some(Literal {
+        let mut slots = r.lock();
+        let slot = slots.get_mut(&seat.key).expect("slot stays until all took");
+        if slot.chunks.is_empty() {
+            slot.chunks = vec![None; n];
+        }
+        slot.chunks[me] = Some(Literal {
             ty: TensorType::new(input.ty.dtype, vec![mine.len()]),
             data: mine,
         });
         r.arrived.notify_all();
-        slots = self.wait_for(op, slots, &key, members, |s| {
+        slots = self.wait(&seat, slots, Wait::Chunks, false, |s| {
             s.chunks.iter().all(|c| c.is_some())
         })?;
-        let slot = slots.get(&key).expect("slot present");
+        let slot = slots.get(&seat.key).expect("slot present");
         let mut data = Data::zeros(input.ty.dtype, 0);
         for c in &slot.chunks {
             let c = c.as_ref().expect("complete");
@@ -576,123 +796,147 @@ impl<'r> SharedCollectives<'r> {
                 _ => {}
             }
         }
-        self.leave(&mut slots, &key, n);
+        self.leave(&mut slots, &seat.key, n);
         Ok(Literal {
             ty: out.clone(),
             data,
         })
     }
 
-    /// Waits (parked) until `done` holds for the slot, or the timeout names who is missing.
-    /// A member that gives up marks the slot abandoned, under the lock, so that the others
-    /// fail at once instead of waiting for their own timeout.
-    pub(crate) fn wait_for(
-        &self,
-        op: &Op,
-        slots: MutexGuard<'r, HashMap<Key, Slot>>,
-        key: &Key,
-        members: &[usize],
-        done: impl Fn(&Slot) -> bool,
-    ) -> Result<MutexGuard<'r, HashMap<Key, Slot>>, InterpError> {
-        self.wait(op, slots, key, members, done, Wait::Meeting)
-    }
-
+    /// Waits (yielding a while, then parked; at once parked for `Wait::Product`) until `done`
+    /// holds for the seat's slot. Fails when the slot is abandoned or the launch failed
+    /// (naming the devices that gave up; checked before `done`, so nobody goes on with the
+    /// addresses of a member that left), or after the timeout (naming the late members; this
+    /// member then abandons the slot, under the lock, so the others fail at once). On failure
+    /// it leaves as `bail` says: it retracts what it published, stops reading (`reading`: it
+    /// is one of the slot's readers) and waits for the other readers to stop.
     pub(crate) fn wait(
         &self,
-        op: &Op,
-        mut slots: MutexGuard<'r, HashMap<Key, Slot>>,
-        key: &Key,
-        members: &[usize],
+        seat: &Seat<'_>,
+        mut slots: Guard<'r>,
+        wait: Wait,
+        reading: bool,
         done: impl Fn(&Slot) -> bool,
-        mode: Wait,
-    ) -> Result<MutexGuard<'r, HashMap<Key, Slot>>, InterpError> {
+    ) -> Result<Guard<'r>, InterpError> {
         let r = self.rendezvous;
         let start = Instant::now();
-        let gave_up = || InterpError::Op {
-            op: op.name().into(),
-            message: format!(
-                "over {:?}: another device of the group gave up waiting",
-                op.mesh_axes()
-            ),
-        };
         // With more devices than cores the others need this core to arrive: offer it a few
         // times (cheaper than a futex sleep and wake-up) before parking on the condition
         // variable.
-        let yields = if mode == Wait::Parked {
+        let yields = if wait == Wait::Product {
             0
         } else {
             YIELDS_BEFORE_PARKING
         };
-        for _ in 0..yields {
-            let slot = slots.get(key).expect("slot stays until all took");
-            if done(slot) {
-                return Ok(slots);
-            }
-            if slot.abandoned {
-                return Err(gave_up());
-            }
-            drop(slots);
-            std::thread::yield_now();
-            slots = r.slots.lock().expect("rendezvous lock");
-        }
+        let mut yielded = 0;
         loop {
-            let slot = slots.get_mut(key).expect("slot stays until all took");
+            let Slots { map, failed } = &mut *slots;
+            let slot = map.get_mut(&seat.key).expect("slot stays until all took");
+            if !failed.is_empty() && !slot.abandoned() {
+                slot.gave_up.extend_from_slice(failed);
+            }
+            if slot.abandoned() {
+                let err = self.gave_up_error(seat.op, &slot.gave_up);
+                return Err(self.bail(seat, slots, reading, err));
+            }
             if done(slot) {
                 return Ok(slots);
-            }
-            if slot.abandoned {
-                return Err(gave_up());
             }
             let waited = start.elapsed();
-            if mode != Wait::Meeting {
-                slots = r.arrived.wait(slots).expect("rendezvous lock");
-                continue;
-            }
             if waited >= r.timeout {
-                slot.abandoned = true;
-                r.arrived.notify_all();
-                let n = members.len();
-                let arrived = |k: usize| slot.arrived(k);
-                let all_arrived = (0..n).all(arrived);
-                let missing: Vec<usize> = (0..n)
-                    .filter(|&k| {
-                        !arrived(k)
-                            || (all_arrived && slot.chunks.get(k).is_some_and(|c| c.is_none()))
-                    })
-                    .map(|k| {
-                        self.device_ids
-                            .get(members[k])
-                            .copied()
-                            .unwrap_or(members[k])
-                    })
+                let late: Vec<usize> = (0..seat.members.len())
+                    .filter(|&k| wait.late(slot, k))
+                    .map(|k| self.id_of(seat.members[k]))
                     .collect();
-                return Err(InterpError::Op {
-                    op: op.name().into(),
+                let err = InterpError::Op {
+                    op: seat.op.name().into(),
                     message: format!(
-                        "over {:?}: devices {missing:?} did not arrive within {:.0} s",
-                        op.mesh_axes(),
-                        r.timeout.as_secs_f64()
+                        "{}: devices {late:?} {} within {} (device {} gave up)",
+                        group_text(seat.op),
+                        wait.what(),
+                        show(r.timeout),
+                        self.device_id(),
                     ),
-                });
+                };
+                slots.give_up(&seat.key, self.device_id());
+                return Err(self.bail(seat, slots, reading, err));
             }
-            slots = r
-                .arrived
-                .wait_timeout(slots, r.timeout - waited)
-                .expect("rendezvous lock")
-                .0;
+            if yielded < yields {
+                yielded += 1;
+                drop(slots);
+                std::thread::yield_now();
+                slots = r.lock();
+            } else {
+                slots = r
+                    .arrived
+                    .wait_timeout(slots, r.timeout - waited)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
         }
     }
 
+    /// The device id of mesh position `p`.
+    fn id_of(&self, p: usize) -> usize {
+        self.device_ids.get(p).copied().unwrap_or(p)
+    }
+
+    /// The error of a member that finds its slot abandoned by `devices`.
+    fn gave_up_error(&self, op: &Op, devices: &[usize]) -> InterpError {
+        let who = match devices {
+            [d] => format!("device {d} gave up"),
+            _ => format!("devices {devices:?} gave up"),
+        };
+        InterpError::Op {
+            op: op.name().into(),
+            message: format!(
+                "{}: {who}, so device {} cannot go on",
+                group_text(op),
+                self.device_id()
+            ),
+        }
+    }
+
+    /// Leaves the seat's abandoned slot and returns `err`: takes back what this member
+    /// published (a late member finds nothing of it), stops reading if it is one of the
+    /// slot's readers, wakes the others, and waits until no member reads anybody's buffers
+    /// any more, so this member's buffers outlive every read of them.
+    ///
+    /// This is the one wait of a device without the collective timeout, and it waits for no
+    /// missing device: the readers are inside the collective, between two of its waits, doing
+    /// bounded work (a block copy or reduction, or the shared product), and stop at their next
+    /// wait, which fails at once on the abandoned slot. Returning earlier would let the caller
+    /// free memory they read.
+    pub(crate) fn bail<E>(
+        &self,
+        seat: &Seat<'_>,
+        mut slots: Guard<'r>,
+        reading: bool,
+        err: E,
+    ) -> E {
+        let r = self.rendezvous;
+        let slot = slots.get_mut(&seat.key).expect("slot stays until all took");
+        slot.retract(seat.me);
+        if reading {
+            slot.readers -= 1;
+        }
+        r.arrived.notify_all();
+        while slots.get(&seat.key).expect("slot stays").readers > 0 {
+            slots = r.arrived.wait(slots).unwrap_or_else(|e| e.into_inner());
+        }
+        err
+    }
+
     /// The in-place all-reduce (see `Collectives::all_reduce_in_place`), in three meetings:
-    /// 1. every member publishes its operand's and result's addresses (this wait may time out;
-    ///    a member that gives up marks the slot abandoned under the lock, so nobody ever reads
-    ///    the buffers of a member that has left);
+    /// 1. every member publishes its operand's and result's addresses;
     /// 2. each member has reduced its chunk of every member's operand into its own result;
     /// 3. each member has copied the other chunks from their owners' results into its own.
     ///
-    /// A member returns only after meeting 3, so its buffers outlive every read of them. Once
-    /// meeting 1 is complete every member is inside this call and the work between meetings is
-    /// bounded, so meetings 2 and 3 wait without a timeout.
+    /// Every meeting may time out. A member that leaves meeting 1 (under the lock, the slot
+    /// not abandoned) counts itself among the slot's `readers` until it leaves the call; a
+    /// member that gives up at any meeting, or panics in between (`Reading`), abandons the
+    /// slot, retracts its addresses and returns only once no member reads any more: so its
+    /// buffers outlive every read of them, and a member arriving later never sees them.
     ///
     /// # Safety
     /// As `Collectives::all_reduce_in_place`; `ty` is the operand's type on every member.
@@ -710,18 +954,22 @@ impl<'r> SharedCollectives<'r> {
         };
         let n = members.len();
         let r = self.rendezvous;
-        let (slots, key) = self.meet(
+        let (mut slots, seat) = self.meet(
             op,
             members,
+            me,
             |s| s.buffers[me] = Some((input as usize, out as usize)),
             |s| s.buffers.iter().all(|b| b.is_some()),
         )?;
-        let buffers: Vec<(usize, usize)> = slots[&key]
-            .buffers
-            .iter()
-            .map(|b| b.expect("complete"))
-            .collect();
+        let slot = slots.get_mut(&seat.key).expect("slot present");
+        slot.readers += 1;
+        let buffers: Vec<(usize, usize)> =
+            slot.buffers.iter().map(|b| b.expect("complete")).collect();
         drop(slots);
+        let reading = Reading {
+            c: self,
+            seat: &seat,
+        };
         let len = ty.numel();
         let size = ty.dtype.byte_width();
         let mine = chunk_range(len, me, n);
@@ -730,9 +978,10 @@ impl<'r> SharedCollectives<'r> {
             // SAFETY: `mine` lies inside every operand (they all have type `ty`).
             .map(|&(i, _)| unsafe { (i as *const u8).add(mine.start * size) })
             .collect();
-        // SAFETY: each member's operand stays valid and unwritten until it leaves meeting 3;
-        // only this member writes chunk `mine` of `out` (its own result), and it reads chunk
-        // `mine` of its own operand in the same block before writing it, if they are the same.
+        // SAFETY: each member's operand stays valid and unwritten until no member reads it
+        // (it leaves meeting 3, or, giving up, waits for the readers); only this member
+        // writes chunk `mine` of `out` (its own result), and it reads chunk `mine` of its own
+        // operand in the same block before writing it, if they are the same.
         let reduced = unsafe {
             reduce_untyped(
                 kind,
@@ -743,10 +992,12 @@ impl<'r> SharedCollectives<'r> {
             )
         };
         debug_assert!(reduced, "bool all-reduces take the copying path");
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        slots.get_mut(&key).expect("slot present").reduced += 1;
+        let mut slots = r.lock();
+        let slot = slots.get_mut(&seat.key).expect("slot present");
+        slot.reduced += 1;
+        slot.progress[me] = 2;
         r.arrived.notify_all();
-        slots = self.wait(op, slots, &key, members, |s| s.reduced == n, Wait::Step)?;
+        slots = self.wait(&seat, slots, Wait::Progress(2), true, |s| s.reduced == n)?;
         drop(slots);
         for (k, &(_, theirs)) in buffers.iter().enumerate() {
             if k == me {
@@ -754,8 +1005,8 @@ impl<'r> SharedCollectives<'r> {
             }
             let c = chunk_range(len, k, n);
             // SAFETY: member `k` wrote chunk `c` of its result before meeting 2 and nobody
-            // writes it again before everyone leaves meeting 3; this member's result is a
-            // different allocation, and only this member writes it.
+            // writes it again before everyone leaves meeting 3 (or, giving up, stops reading);
+            // this member's result is a different allocation, and only this member writes it.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     (theirs as *const u8).add(c.start * size),
@@ -764,70 +1015,77 @@ impl<'r> SharedCollectives<'r> {
                 )
             };
         }
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        slots.get_mut(&key).expect("slot present").copied += 1;
+        let mut slots = r.lock();
+        let slot = slots.get_mut(&seat.key).expect("slot present");
+        slot.copied += 1;
+        slot.progress[me] = 3;
         r.arrived.notify_all();
-        slots = self.wait(op, slots, &key, members, |s| s.copied == n, Wait::Step)?;
-        self.leave(&mut slots, &key, n);
+        slots = self.wait(&seat, slots, Wait::Progress(3), true, |s| s.copied == n)?;
+        drop(reading);
+        slots.get_mut(&seat.key).expect("slot present").readers -= 1;
+        self.leave(&mut slots, &seat.key, n);
         Ok(())
     }
 
-    /// The first meeting of a collective: takes the next sequence number, records this
-    /// member's arrival in the group's slot with `arrive`, and waits (up to the timeout) until
-    /// `all_here` holds. Returns the lock and the slot's key.
-    pub(crate) fn meet(
+    /// The first meeting of a collective: takes the next sequence number, records member
+    /// `me`'s arrival in the group's slot with `arrive`, and waits (up to the timeout) until
+    /// `all_here` holds. Returns the lock and this member's seat.
+    pub(crate) fn meet<'m>(
         &self,
-        op: &Op,
-        members: &[usize],
+        op: &'m Op,
+        members: &'m [usize],
+        me: usize,
         arrive: impl FnOnce(&mut Slot),
         all_here: impl Fn(&Slot) -> bool,
-    ) -> Result<(MutexGuard<'r, HashMap<Key, Slot>>, Key), InterpError> {
+    ) -> Result<(Guard<'r>, Seat<'m>), InterpError> {
         let seq = self.seq.get();
         self.seq.set(seq + 1);
         let key: Key = (self.launch, seq, members.to_vec());
         let r = self.rendezvous;
-        let mut slots = r.slots.lock().expect("rendezvous lock");
-        arrive(
-            slots
-                .entry(key.clone())
-                .or_insert_with(|| Slot::new(members.len())),
-        );
+        let mut slots = r.lock();
+        let slot = slots
+            .entry(key.clone())
+            .or_insert_with(|| Slot::new(members.len()));
+        slot.progress[me] = 1;
+        arrive(slot);
         r.arrived.notify_all();
-        let slots = self.wait_for(op, slots, &key, members, all_here)?;
-        Ok((slots, key))
+        let seat = Seat {
+            op,
+            key,
+            members,
+            me,
+        };
+        let slots = self.wait(&seat, slots, Wait::Arrival, false, all_here)?;
+        Ok((slots, seat))
     }
 
     /// Deposits `input` and waits for the whole group; returns the lock, every member's value
-    /// in order, and the slot's key.
-    fn deposit(
+    /// in order, and this member's seat.
+    fn deposit<'m>(
         &self,
-        op: &Op,
-        members: &[usize],
+        op: &'m Op,
+        members: &'m [usize],
         me: usize,
         input: &Literal,
-    ) -> Result<Held<'_>, InterpError> {
+    ) -> Result<Held<'r, 'm>, InterpError> {
         let input = Arc::new(input.clone());
-        let (slots, key) = self.meet(
+        let (slots, seat) = self.meet(
             op,
             members,
+            me,
             |s| s.values[me] = Some(input),
             |s| s.values.iter().all(|v| v.is_some()),
         )?;
-        let values = slots[&key]
+        let values = slots[&seat.key]
             .values
             .iter()
             .map(|v| v.clone().expect("complete"))
             .collect();
-        Ok((slots, values, key))
+        Ok((slots, values, seat))
     }
 
     /// Marks this member done with the slot; the last one removes it.
-    pub(crate) fn leave(
-        &self,
-        slots: &mut MutexGuard<'_, HashMap<Key, Slot>>,
-        key: &Key,
-        n: usize,
-    ) {
+    pub(crate) fn leave(&self, slots: &mut Guard<'_>, key: &Key, n: usize) {
         let slot = slots.get_mut(key).expect("slot present");
         slot.taken += 1;
         if slot.taken == n {
@@ -877,6 +1135,79 @@ mod tests {
             err.contains("all_reduce") && err.contains("[12]") && err.contains("did not arrive"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn bad_timeouts_are_errors_that_say_what_was_expected() {
+        assert_eq!(parse_timeout(None), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_timeout(Some(" ")), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_timeout(Some("0.1")), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_timeout(Some("2")), Ok(Duration::from_secs(2)));
+        for bad in ["abc", "0", "-1", "nan", "inf", "1e300", "1e-12"] {
+            let e = parse_timeout(Some(bad)).unwrap_err();
+            assert!(
+                e.contains(&format!("TESSERA_COLLECTIVE_TIMEOUT={bad:?}"))
+                    && e.contains("expected a positive number of seconds"),
+                "{e}"
+            );
+        }
+        assert_eq!(show(Duration::from_millis(100)), "100 ms");
+        assert_eq!(show(Duration::from_millis(1500)), "1500 ms");
+        assert_eq!(show(Duration::from_secs(60)), "60 s");
+    }
+
+    /// Issue 10, item 2: a member that times out between two meetings of the in-place
+    /// all-reduce (before: no timeout there) names the late member, and returns only after
+    /// that member stopped reading the group's buffers; the late one then fails naming it.
+    #[test]
+    fn a_timeout_between_meetings_waits_for_the_readers() {
+        let r = Rendezvous::with_timeout(Duration::from_millis(100));
+        let ids = [10, 11];
+        let m = Mesh::new("m", vec![("x".into(), 2)]);
+        let op = Op::AllReduce {
+            kind: ReduceKind::Sum,
+            axes: vec!["x".into()],
+        };
+        let (members, _) = group(&m, &["x".into()], 0);
+        let member = |p: usize, work: Duration| {
+            let c = SharedCollectives::new(&r, 0, p, &ids);
+            let (mut slots, seat) = c
+                .meet(
+                    &op,
+                    &members,
+                    p,
+                    |s| s.buffers[p] = Some((0, 0)),
+                    |s| s.buffers.iter().all(|b| b.is_some()),
+                )
+                .unwrap();
+            slots.get_mut(&seat.key).unwrap().readers += 1;
+            drop(slots);
+            // Reading the others' buffers.
+            std::thread::sleep(work);
+            let read_until = Instant::now();
+            let mut slots = r.lock();
+            let slot = slots.get_mut(&seat.key).unwrap();
+            slot.reduced += 1;
+            slot.progress[p] = 2;
+            r.arrived.notify_all();
+            let err = c
+                .wait(&seat, slots, Wait::Progress(2), true, |s| s.reduced == 2)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            (err, read_until, Instant::now())
+        };
+        let ((e0, _, left0), (e1, read1, _)) = std::thread::scope(|s| {
+            let a = s.spawn(|| member(0, Duration::ZERO));
+            let b = s.spawn(|| member(1, Duration::from_millis(400)));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert!(
+            e0.contains("devices [11] did not finish their share within 100 ms"),
+            "{e0}"
+        );
+        assert!(e1.contains("device 10 gave up"), "{e1}");
+        assert!(left0 >= read1, "device 10 left while device 11 still read");
     }
 
     /// Small values (one meeting) and large ones (reduced chunk-wise in two meetings).

@@ -10,6 +10,9 @@ pub mod device;
 pub mod shared_gemm;
 
 pub use array::{Array, ShardSpec};
-pub use collectives::{Rendezvous, SharedCollectives};
-pub use device::{device_count, run_on_devices};
+pub use collectives::{Rendezvous, SharedCollectives, collective_timeout, parse_timeout};
+pub use device::{
+    DeviceFn, LaunchError, device_count, launch, launch_with_timeout, parse_device_count,
+    try_device_count,
+};
 pub use shared_gemm::shared_gemm_count;

@@ -17,9 +17,11 @@
 //! others wait parked; every member then reads its rows of the result (or the whole sum) in
 //! place, until the launch ends.
 //!
-//! The shared right operand of `shared_rhs` is read only while every member waits in the call;
-//! a member that times out at the meeting marks the slot abandoned under the lock, so nobody
-//! touches the buffers of a member that has left; a panic in the product abandons the slot
+//! The shared right operand of `shared_rhs` is read only while every member waits in the call:
+//! the multiplier counts as one of the slot's readers, and a member that gives up (every wait
+//! times out) returns only once it has stopped reading. A member that times out at the meeting
+//! marks the slot abandoned under the lock and retracts its part, so nobody touches the
+//! buffers of a member that has left; a panic in the copying or the product abandons the slot
 //! before it unwinds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tessera_interp::{GemmCall, GemmPart, InterpError};
 use tessera_ir::{DType, DotDims, Mesh, Op, ReduceKind};
 
-use crate::collectives::{Key, SharedCollectives, Wait, group};
+use crate::collectives::{Seat, SharedCollectives, Wait, group};
 
 /// A `GemmPart` as plain numbers, to sit in a slot shared between threads.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -134,9 +136,7 @@ fn stacked_strides(rows: usize, cols: usize, unit_row_stride: bool) -> [isize; 2
 /// A shared product's meeting: the op it stands for (for messages), the slot, the group,
 /// every member's part in order, and the buffers (stacked left and right operands, result).
 struct Meeting<'a> {
-    op: &'a Op,
-    key: Key,
-    members: &'a [usize],
+    seat: Seat<'a>,
     parts: Vec<PartAddr>,
     stacks: [usize; 3],
 }
@@ -151,7 +151,7 @@ fn launch_buffer(c: &SharedCollectives<'_>, bytes: usize) -> usize {
     let mut b = Box::<[u64]>::new_uninit_slice(bytes.div_ceil(8).max(1));
     let at = b.as_mut_ptr() as usize;
     // Moving the box keeps its elements where they are.
-    c.rendezvous.results.lock().expect("results lock").push(b);
+    c.rendezvous.keep(b);
     at
 }
 
@@ -167,9 +167,10 @@ fn meet<'a>(
     part: &GemmPart,
     layout: Layout,
 ) -> Result<Option<Meeting<'a>>, InterpError> {
-    let (mut slots, key) = c.meet(
+    let (mut slots, seat) = c.meet(
         op,
         members,
+        me,
         |s| {
             s.gemms[me] = Some(PartAddr::of(part));
             if s.gemms.iter().all(|g| g.is_some()) {
@@ -179,16 +180,14 @@ fn meet<'a>(
         },
         |s| s.gemms.iter().all(|g| g.is_some()),
     )?;
-    let slot = &slots[&key];
+    let slot = &slots[&seat.key];
     let parts: Vec<PartAddr> = slot.gemms.iter().flatten().copied().collect();
     let Some(stacks) = slot.stacks else {
-        c.leave(&mut slots, &key, members.len());
+        c.leave(&mut slots, &seat.key, members.len());
         return Ok(None);
     };
     Ok(Some(Meeting {
-        op,
-        key,
-        members,
+        seat,
         parts,
         stacks,
     }))
@@ -196,42 +195,57 @@ fn meet<'a>(
 
 /// The rest of a shared product: this member copies its blocks into the stacked operands with
 /// `fill`; the last member to finish multiplies with `multiply` while the others wait parked.
+///
+/// The multiplier reads the members' shared right operand (`shared_rhs`), so it counts
+/// itself among the slot's readers, under the lock and only if the slot is not abandoned; a
+/// member that gives up waiting for the product waits for it to stop reading (`bail`). A panic
+/// in `fill` or `multiply` abandons the slot before it unwinds, so the others fail at once.
 fn fill_and_multiply(
     c: &SharedCollectives<'_>,
-    Meeting {
-        op, key, members, ..
-    }: &Meeting<'_>,
+    Meeting { seat, .. }: &Meeting<'_>,
     fill: impl FnOnce(),
     multiply: impl FnOnce(),
 ) -> Result<(), InterpError> {
-    let n = members.len();
+    let n = seat.members.len();
     let r = c.rendezvous;
-    fill();
-    let mut slots = r.slots.lock().expect("rendezvous lock");
-    let slot = slots.get_mut(key).expect("slot present");
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(fill)) {
+        let mut slots = r.lock();
+        slots.give_up(&seat.key, c.device_id());
+        c.bail(seat, slots, false, ());
+        std::panic::resume_unwind(panic);
+    }
+    let mut slots = r.lock();
+    let launch_failed = !slots.failed.is_empty();
+    let slot = slots.get_mut(&seat.key).expect("slot present");
     slot.copied += 1;
-    if slot.copied == n {
+    slot.progress[seat.me] = 2;
+    if slot.copied == n && !slot.abandoned() && !launch_failed {
+        slot.readers += 1;
+        slot.multiplier = Some(seat.me);
         drop(slots);
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(multiply));
-        slots = r.slots.lock().expect("rendezvous lock");
-        let slot = slots.get_mut(key).expect("slot present");
+        slots = r.lock();
+        let slot = slots.get_mut(&seat.key).expect("slot present");
+        slot.readers -= 1;
         match &outcome {
             Ok(()) => {
                 slot.gemm_done = true;
                 SHARED_GEMMS.fetch_add(1, Ordering::Relaxed);
             }
-            // The others wait without a timeout: they must hear of it before it unwinds.
-            Err(_) => slot.abandoned = true,
+            Err(_) => slots.give_up(&seat.key, c.device_id()),
         }
         r.arrived.notify_all();
         if let Err(panic) = outcome {
-            drop(slots);
+            c.bail(seat, slots, false, ());
             std::panic::resume_unwind(panic);
         }
     } else {
-        slots = c.wait(op, slots, key, members, |s| s.gemm_done, Wait::Parked)?;
+        r.arrived.notify_all();
     }
-    c.leave(&mut slots, key, n);
+    // The product is done (by this member: no wait), or another member's to wait for; an
+    // abandoned slot fails here first.
+    slots = c.wait(seat, slots, Wait::Product, false, |s| s.gemm_done)?;
+    c.leave(&mut slots, &seat.key, n);
     Ok(())
 }
 

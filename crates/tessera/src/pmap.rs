@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use hashbrown::HashMap;
 use tessera_ir::{Data, Literal, Mesh, Op, ReduceKind, TensorType};
-use tessera_runtime::device_count;
+use tessera_runtime::try_device_count;
 
 use crate::error::{Error, Result, loc_text, raise};
 use crate::pipeline::{Backend, Dump};
@@ -148,10 +148,10 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                 )));
             }
         }
-        if n == 0 || n > device_count() {
+        let devices = try_device_count().map_err(fail)?;
+        if n == 0 || n > devices {
             return Err(fail(format!(
-                "the leading axis has size {n}, there are {} devices (set TESSERA_DEVICES)",
-                device_count()
+                "the leading axis has size {n}, there are {devices} devices (set TESSERA_DEVICES)"
             )));
         }
         let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::panic::Location;
 
-use tessera_runtime::{ShardSpec, device_count};
+use tessera_runtime::{ShardSpec, try_device_count};
 use tessera_shard::check_spec;
 
 use crate::error::{Error, Result, loc_text, raise};
@@ -51,10 +51,10 @@ impl Mesh {
             return Err(fail(format!("an axis of size 0 in {shape:?}")));
         }
         let n: usize = shape.iter().product();
-        if n > device_count() {
+        let devices = try_device_count().map_err(fail)?;
+        if n > devices {
             return Err(fail(format!(
-                "a mesh of {shape:?} needs {n} devices, there are {} (set TESSERA_DEVICES)",
-                device_count()
+                "a mesh of {shape:?} needs {n} devices, there are {devices} (set TESSERA_DEVICES)"
             )));
         }
         Ok(Mesh {

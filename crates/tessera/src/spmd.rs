@@ -1,12 +1,11 @@
 //! Running one per-device program on several devices at once (sharded `jit` and `pmap`): an
-//! executable per device, launched together on the device threads, with the shared-memory
-//! collectives connecting them.
+//! executable per device, launched together on the device threads (`tessera_runtime::launch`),
+//! with the shared-memory collectives connecting them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tessera_ir::{Graph, Literal, Mesh};
-use tessera_runtime::{Rendezvous, SharedCollectives, run_on_devices};
+use tessera_runtime::{LaunchError, launch};
 
 use crate::error::{Error, Result};
 use crate::pipeline::{Backend, Dump, Executable, compile_device_programs};
@@ -17,8 +16,6 @@ pub(crate) struct DeviceProgram {
     pub(crate) devices: Vec<usize>,
     executables: Arc<Vec<Mutex<Executable>>>,
 }
-
-static LAUNCH: AtomicU64 = AtomicU64::new(0);
 
 impl DeviceProgram {
     /// Compiles `local` once and forks it for every device; the native schedule is dumped as
@@ -51,25 +48,22 @@ impl DeviceProgram {
     }
 
     /// Runs the program on every device; `inputs[p]` are mesh position `p`'s inputs. Returns
-    /// each position's outputs.
+    /// each position's outputs, or the error of the device that failed first (a timeout, a
+    /// panic, a bad `TESSERA_COLLECTIVE_TIMEOUT`); the program stays fit for the next call.
     pub(crate) fn run(&self, inputs: Vec<Vec<Arc<Literal>>>) -> Result<Vec<Vec<Option<Literal>>>> {
-        let launch = LAUNCH.fetch_add(1, Ordering::Relaxed);
-        let rendezvous = Arc::new(Rendezvous::default());
-        let exes = self.executables.clone();
-        let devices = Arc::new(self.devices.clone());
         let inputs = Arc::new(inputs);
-        let results = run_on_devices(
+        launch(
             &self.devices,
-            Arc::new(move |pos: usize| -> Result<Vec<Option<Literal>>> {
-                let exe = exes[pos]
-                    .lock()
-                    .expect("one launch at a time per executable");
-                let coll = SharedCollectives::new(&rendezvous, launch, pos, &devices);
+            self.executables.clone(),
+            Arc::new(move |exe: &Executable, coll, pos| {
                 let refs: Vec<&Literal> = inputs[pos].iter().map(|l| l.as_ref()).collect();
-                exe.run_partial(&refs, &coll)
+                exe.run_partial(&refs, coll)
             }),
         )
-        .map_err(|m| Error::Io(format!("a device failed: {m}")))?;
-        results.into_iter().collect()
+        .map_err(|e| match e {
+            LaunchError::Failed { error, .. } => error,
+            LaunchError::Config(message) => Error::Io(message),
+            other => Error::Io(format!("a device failed: {other}")),
+        })
     }
 }
