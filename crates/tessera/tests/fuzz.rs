@@ -1,8 +1,8 @@
 //! The differential fuzzer: random well-typed programs over every op and dtype, with edge
 //! shapes (zero-size dims, size 1, primes) and edge values (0, -0, subnormals, +-inf, NaN,
 //! values near overflow, huge arguments for the periodic functions), compiled against the
-//! interpreter by `tessera::check::check_program` (every op within its stated bound, and the
-//! whole program bit for bit where every op is exact).
+//! interpreter by `tessera::check::check_program`: every op within its stated bound, and the
+//! program compiled whole bit for bit equal to its ops compiled alone.
 //!
 //! `cargo test --test fuzz` runs a short, fixed set of seeds. The long run is
 //! `TESSERA_FUZZ_SECONDS=600 cargo test --release -p tessera --test fuzz -- --ignored fuzz_long`;
