@@ -161,16 +161,29 @@ enum OutVec {
     Bool(Vec<bool>),
 }
 
+/// `n` elements of room, or an error naming the size when the allocator has none.
+fn try_vec<T>(n: usize, ty: &TensorType) -> Result<Vec<T>, InterpError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| InterpError::Op {
+        op: "allocate".into(),
+        message: format!(
+            "cannot allocate {} bytes for a result of type {ty}",
+            n.saturating_mul(std::mem::size_of::<T>())
+        ),
+    })?;
+    Ok(v)
+}
+
 impl OutVec {
-    fn with_capacity(ty: &TensorType) -> OutVec {
+    fn with_capacity(ty: &TensorType) -> Result<OutVec, InterpError> {
         let n = ty.numel();
-        match ty.dtype {
-            DType::F32 => OutVec::F32(Vec::with_capacity(n)),
-            DType::F64 => OutVec::F64(Vec::with_capacity(n)),
-            DType::I32 => OutVec::I32(Vec::with_capacity(n)),
-            DType::U32 => OutVec::U32(Vec::with_capacity(n)),
-            DType::Bool => OutVec::Bool(Vec::with_capacity(n)),
-        }
+        Ok(match ty.dtype {
+            DType::F32 => OutVec::F32(try_vec(n, ty)?),
+            DType::F64 => OutVec::F64(try_vec(n, ty)?),
+            DType::I32 => OutVec::I32(try_vec(n, ty)?),
+            DType::U32 => OutVec::U32(try_vec(n, ty)?),
+            DType::Bool => OutVec::Bool(try_vec(n, ty)?),
+        })
     }
 
     fn as_mut_ptr(&mut self) -> *mut u8 {
@@ -263,7 +276,8 @@ impl Executable {
             reduced_by,
             skipped: vec![false; schedule.steps.len()],
             dropped: vec![false; schedule.bufs.len()],
-            arena: RefCell::new(vec![0u64; plan.arena_bytes.div_ceil(8)]),
+            // Allocated by the first run (`run_partial`), where a failure is an error.
+            arena: RefCell::new(Vec::new()),
             schedule,
             kernels,
             _code: Arc::new(code),
@@ -284,7 +298,7 @@ impl Executable {
             _code: self._code.clone(),
             plan: self.plan.clone(),
             mesh: self.mesh.clone(),
-            arena: RefCell::new(vec![0u64; self.plan.arena_bytes.div_ceil(8)]),
+            arena: RefCell::new(Vec::new()),
             parallel_gemm_from: self.parallel_gemm_from,
             parallel_kernel_from: self.parallel_kernel_from,
             shared_gemm_from: self.shared_gemm_from,
@@ -409,6 +423,19 @@ impl Executable {
         collectives: &dyn Collectives,
     ) -> Result<Vec<Option<Literal>>, InterpError> {
         let mut arena = self.arena.borrow_mut();
+        let words = self.plan.arena_bytes.div_ceil(8);
+        if arena.len() < words {
+            arena
+                .try_reserve_exact(words)
+                .map_err(|_| InterpError::Op {
+                    op: "allocate".into(),
+                    message: format!(
+                        "cannot allocate the {} bytes of temporaries this program needs",
+                        self.plan.arena_bytes
+                    ),
+                })?;
+            arena.resize(words, 0);
+        }
         let base = arena.as_mut_ptr() as *mut u8;
         let bufs = &self.schedule.bufs;
         let mut outs: Vec<(usize, OutVec)> = Vec::new();
@@ -434,7 +461,7 @@ impl Executable {
                 // Never written, never read: no step that touches it runs.
                 BufKind::Temp if self.dropped[i] => std::ptr::null_mut(),
                 BufKind::Temp if self.schedule.outputs.contains(&i) => {
-                    let mut v = OutVec::with_capacity(&b.ty);
+                    let mut v = OutVec::with_capacity(&b.ty)?;
                     let p = v.as_mut_ptr();
                     outs.push((i, v));
                     p

@@ -275,9 +275,28 @@ macro_rules! each {
     };
 }
 
+/// Fails with the size when the allocator cannot give room for a result of type `ty` (a
+/// result too large for the machine would otherwise abort the process). The room is asked
+/// for and given back: Linux refuses at once what exceeds memory and swap, which is the case
+/// this catches; a result that fits but is not available when touched is the kernel's to
+/// refuse, as for any program.
+fn reserve_probe(op: &Op, ty: &TensorType) -> Result<(), InterpError> {
+    let bytes = ty.numel().saturating_mul(ty.dtype.byte_width());
+    if bytes < 1 << 30 {
+        return Ok(());
+    }
+    Vec::<u8>::new().try_reserve_exact(bytes).map_err(|_| {
+        op_error(
+            op,
+            format!("cannot allocate {bytes} bytes for a result of type {ty}"),
+        )
+    })
+}
+
 /// Evaluates one non-collective op on its operand values; `ty` is the node's result type.
 /// This is also the eager mode's kernel.
 pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, InterpError> {
+    reserve_probe(op, ty)?;
     let data = match op {
         Op::Parameter(_) => return Err(op_error(op, "parameters have no kernel")),
         Op::Constant(lit) => lit.data.clone(),

@@ -384,3 +384,40 @@ fn every_pass_entry_point_rejects_a_malformed_graph() {
             .to_string(),
     );
 }
+
+#[test]
+fn results_too_large_for_the_machine_are_errors() {
+    // 1 PiB is more than any address space gives; 40 GB (the case) is more than this
+    // machine kind's 24 GiB, which Linux refuses at once unless it overcommits always (mode 1).
+    let always_overcommits =
+        std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|m| m.trim() == "1");
+    let mut cases = vec![([1usize << 24, 1 << 24], "1125899906842624")];
+    if always_overcommits {
+        eprintln!(
+            "vm.overcommit_memory is 1: the 40 GB case is not checked here, the 1 PiB one is"
+        );
+    } else {
+        cases.push(([100_000, 100_000], "40000000000"));
+    }
+    for (huge, bytes) in cases {
+        let want = format!("cannot allocate {bytes} bytes");
+        let f = jit(move |x: Tensor| x.broadcast_to(&huge));
+        let err = f
+            .call(Tensor::zeros([1]))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&want), "{err}");
+        let f = jit(move |x: Tensor| x.broadcast_to(&huge)).backend(Backend::Interpreter);
+        let err = f
+            .call(Tensor::zeros([1]))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&want), "{err}");
+        let text = panic_text(|| {
+            Tensor::zeros([1]).broadcast_to(&huge);
+        });
+        assert!(text.contains(&want), "{text}");
+    }
+}
