@@ -8,7 +8,7 @@
 //! iota) is inlined into the kernel of each materialized node that uses it, as index arithmetic
 //! and scalar expressions: one loop nest per materialized node.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tessera_ir::{DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, TensorType};
 
@@ -80,6 +80,19 @@ fn row_major(dims: &[usize]) -> Vec<i64> {
     s
 }
 
+/// The deepest expression tree a kernel gets: a node whose inlined expression reaches this
+/// depth is materialized, and its users load it. This bounds the recursion of fusion
+/// (`Fuser::expr`), of the kernel IR's walks and drops, and of lowering (`lower.rs`), so a
+/// chain of any length compiles on a small stack (a 100,000-op chain on a 2 MiB thread), and it
+/// keeps each Cranelift function small. Real programs fuse far less (the seed MLP's deepest
+/// kernel expression is a few dozen nodes), so their schedules do not change.
+pub const MAX_FUSED_DEPTH: usize = 128;
+
+/// The most ops inlined into one kernel before a node is materialized: a kernel's expression
+/// has fewer than `3 * MAX_FUSED_SIZE` ops (an op has at most three operands), however wide the
+/// tree of single-use nodes feeding it.
+pub const MAX_FUSED_SIZE: usize = 2048;
+
 struct Fuser<'a> {
     g: &'a Graph,
     materialized: HashMap<NodeId, usize>,
@@ -90,7 +103,7 @@ struct Fuser<'a> {
 pub fn fuse(g: &Graph) -> Schedule {
     let order = g.topo_order();
     let mut users: HashMap<NodeId, usize> = HashMap::new();
-    let mut forced: Vec<NodeId> = Vec::new();
+    let mut forced: HashSet<NodeId> = HashSet::new();
     for &id in &order {
         for o in g.operands(id) {
             *users.entry(o).or_default() += 1;
@@ -124,6 +137,9 @@ pub fn fuse(g: &Graph) -> Schedule {
     // For a node that would be inlined: its expression size, and whether it calls a
     // transcendental function somewhere inside.
     let mut size: HashMap<NodeId, (usize, bool)> = HashMap::new();
+    // For a node that would be inlined: the depth of its expression tree (the nodes on the
+    // longest path down to a load or a constant, both included).
+    let mut depth: HashMap<NodeId, usize> = HashMap::new();
     for &id in &order {
         let op = g.op(id);
         let decide = match op {
@@ -145,15 +161,20 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::CollectivePermute { .. }
             | Op::AxisIndex { .. } => true,
             _ => {
-                let (mut n, mut heavy) = (1, is_transcendental(op));
+                let (mut n, mut heavy, mut d) = (1, is_transcendental(op), 1);
                 for o in g.operands(id) {
-                    if !f.materialized.contains_key(&o) {
+                    if f.materialized.contains_key(&o) {
+                        // A load.
+                        d = d.max(2);
+                    } else {
                         let (on, oh) = size.get(&o).copied().unwrap_or((1, false));
                         n += on;
                         heavy |= oh;
+                        d = d.max(1 + depth.get(&o).copied().unwrap_or(1));
                     }
                 }
                 size.insert(id, (n, heavy));
+                depth.insert(id, d);
                 let is_cheap = match op {
                     Op::Constant(_) | Op::Iota { .. } => true,
                     Op::BroadcastInDim { .. }
@@ -175,6 +196,9 @@ pub fn fuse(g: &Graph) -> Schedule {
                 forced.contains(&id)
                     || g.outputs().contains(&id)
                     || (users.get(&id).copied().unwrap_or(0) > 1 && !is_cheap)
+                    // The bound on every kernel's expression tree (see `MAX_FUSED_DEPTH`).
+                    || d >= MAX_FUSED_DEPTH
+                    || n >= MAX_FUSED_SIZE
             }
         };
         if decide {
@@ -707,4 +731,113 @@ fn gemm_spec(dd: &DotDims, lt: &TensorType, rt: &TensorType, out: &TensorType) -
         rhs: [rk, rn],
         out: [om, on],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::{BinaryOp, UnaryOp};
+
+    fn kernels(s: &Schedule) -> Vec<&Kernel> {
+        s.steps
+            .iter()
+            .filter_map(|st| match &st.kind {
+                StepKind::Kernel(k) => Some(k),
+                StepKind::Gemm(_) | StepKind::Collective(_) => None,
+            })
+            .collect()
+    }
+
+    fn nodes(e: &Expr) -> usize {
+        let mut n = 0;
+        e.walk(&mut |_| n += 1);
+        n
+    }
+
+    /// A chain of single-use elementwise ops is cut into kernels no deeper than the cap, and
+    /// each cut is a buffer the next kernel loads: nothing is dropped.
+    #[test]
+    fn a_deep_chain_is_cut_at_the_depth_cap() {
+        let ty = TensorType::new(DType::F32, vec![5]);
+        let mut g = Graph::new("chain");
+        let mut y = g.add_param(ty);
+        let len = 5 * MAX_FUSED_DEPTH + 7;
+        for _ in 0..len {
+            y = g.add(Op::Unary(UnaryOp::Tanh), &[y]).unwrap();
+        }
+        g.set_outputs(vec![y]);
+        let s = fuse(&g);
+        let ks = kernels(&s);
+        assert!(ks.iter().all(|k| k.body.depth() <= MAX_FUSED_DEPTH));
+        // Every tanh is in exactly one kernel.
+        let tanhs: usize = ks
+            .iter()
+            .map(|k| {
+                let mut n = 0;
+                k.body
+                    .walk(&mut |e| n += matches!(e, Expr::Unary(UnaryOp::Tanh, ..)) as usize);
+                n
+            })
+            .sum();
+        assert_eq!(tanhs, len);
+        assert_eq!(ks.len(), len.div_ceil(MAX_FUSED_DEPTH - 1));
+    }
+
+    /// A wide tree of single-use adds (shallow, so the depth cap does not apply) is cut at the
+    /// size cap.
+    #[test]
+    fn a_wide_tree_is_cut_at_the_size_cap() {
+        let ty = TensorType::new(DType::F32, vec![3]);
+        let mut g = Graph::new("tree");
+        let mut level: Vec<NodeId> = (0..4 * MAX_FUSED_SIZE)
+            .map(|_| g.add_param(ty.clone()))
+            .collect();
+        while level.len() > 1 {
+            level = level
+                .chunks(2)
+                .map(|p| g.add(Op::Binary(BinaryOp::Add), p).unwrap())
+                .collect();
+        }
+        g.set_outputs(level);
+        let s = fuse(&g);
+        let ks = kernels(&s);
+        assert!(ks.len() > 1);
+        let adds: Vec<usize> = ks
+            .iter()
+            .map(|k| {
+                let mut n = 0;
+                k.body
+                    .walk(&mut |e| n += matches!(e, Expr::Binary(..)) as usize);
+                n
+            })
+            .collect();
+        assert!(adds.iter().all(|&n| n < 3 * MAX_FUSED_SIZE), "{adds:?}");
+        assert_eq!(adds.iter().sum::<usize>(), 4 * MAX_FUSED_SIZE - 1);
+    }
+
+    /// `walk` and `depth` need no stack for a deep tree (they are loops); dropping it does,
+    /// so the tree is taken apart by hand.
+    #[test]
+    fn walk_and_depth_of_a_deep_expression() {
+        let n = 200_000;
+        let mut e = Expr::Const(DType::F32, Scalar::F(1.0));
+        for _ in 0..n {
+            e = Expr::Unary(UnaryOp::Neg, DType::F32, Box::new(e));
+        }
+        let depth = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                let d = e.depth();
+                assert_eq!(nodes(&e), n + 1);
+                let mut e = e;
+                while let Expr::Unary(_, _, x) = e {
+                    e = *x;
+                }
+                d
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(depth, n + 1);
+    }
 }

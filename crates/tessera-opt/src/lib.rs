@@ -10,7 +10,7 @@
 pub mod lang;
 pub mod rules;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use egg::{CostFunction, EGraph, Extractor, Id, Language, Runner};
@@ -145,46 +145,55 @@ pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
         out.node_mut(np).sharding = g.node(p).sharding.clone();
         built.insert(egraph.find(class_of[&p]), np);
     }
-    // Rebuild the cheapest program, sharing each class's node (a DAG, not a tree).
-    fn build(
-        class: Id,
-        egraph: &EGraph<Node, TensorAnalysis>,
-        ex: &Extractor<Cost, Node, TensorAnalysis>,
-        out: &mut Graph,
-        built: &mut HashMap<Id, NodeId>,
-        locs: &HashMap<Node, String>,
-    ) -> Result<NodeId, String> {
-        let class = egraph.find(class);
-        if let Some(&n) = built.get(&class) {
-            return Ok(n);
-        }
-        let node = ex.find_best_node(class).clone();
-        let mut args = Vec::new();
-        for &c in node.children() {
-            args.push(build(c, egraph, ex, out, built, locs)?);
-        }
-        let id = out
-            .add(node.op.clone(), &args)
-            .map_err(|e| format!("extraction built an ill-typed node: {e}"))?;
-        out.node_mut(id).loc = locs.get(&node).cloned();
-        built.insert(class, id);
-        Ok(id)
-    }
     // Locations were recorded under the original children ids; map them to canonical ones.
     let locs_canon: HashMap<Node, String> = locs
         .into_iter()
         .map(|(n, l)| (n.map_children(|c| egraph.find(c)), l))
         .collect();
+    // Rebuild the cheapest program, sharing each class's node (a DAG, not a tree). An explicit
+    // post-order walk (no recursion): a class is built once all its children are, so a chain
+    // of any depth rebuilds on a small stack.
     let mut outputs = Vec::new();
+    let mut in_progress: HashSet<Id> = HashSet::new();
     for r in roots {
-        outputs.push(build(
-            r,
-            &egraph,
-            &extractor,
-            &mut out,
-            &mut built,
-            &locs_canon,
-        )?);
+        let root = egraph.find(r);
+        // (class, whether its children have been pushed)
+        let mut stack: Vec<(Id, bool)> = vec![(root, false)];
+        while let Some((class, expanded)) = stack.pop() {
+            if built.contains_key(&class) {
+                continue;
+            }
+            let node = extractor.find_best_node(class);
+            if !expanded {
+                // A class whose children are being built is an ancestor of itself.
+                if !in_progress.insert(class) {
+                    return Err(format!(
+                        "extraction: the cheapest {} depends on itself (a cycle)",
+                        node.op.name()
+                    ));
+                }
+                stack.push((class, true));
+                for &c in node.children().iter().rev() {
+                    let c = egraph.find(c);
+                    if !built.contains_key(&c) {
+                        stack.push((c, false));
+                    }
+                }
+                continue;
+            }
+            let args: Vec<NodeId> = node
+                .children()
+                .iter()
+                .map(|&c| built[&egraph.find(c)])
+                .collect();
+            let id = out
+                .add(node.op.clone(), &args)
+                .map_err(|e| format!("extraction built an ill-typed node: {e}"))?;
+            out.node_mut(id).loc = locs_canon.get(node).cloned();
+            built.insert(class, id);
+            in_progress.remove(&class);
+        }
+        outputs.push(built[&root]);
     }
     out.set_outputs(outputs);
     out.remove_dead();
