@@ -123,18 +123,31 @@ pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
         class_of.insert(id, egraph.add(n));
     }
     let roots: Vec<Id> = g.outputs().iter().map(|o| class_of[o]).collect();
-    let runner: Runner<Node, TensorAnalysis, ()> = Runner::new(TensorAnalysis::new(g.mesh.clone()))
-        .with_egraph(egraph)
-        .with_iter_limit(limits.iterations)
-        .with_node_limit(limits.nodes)
-        // Limits are counts only: a wall clock would make the output depend on machine load.
-        .with_time_limit(Duration::from_secs(u64::MAX / 4))
-        .run(&rules::rules());
-    let stop = runner
-        .stop_reason
-        .as_ref()
-        .map_or("none".to_string(), |r| format!("{r:?}"));
-    let egraph = runner.egraph;
+    let size = egraph.total_size();
+    let (egraph, iterations, stop) = if size > limits.nodes {
+        // egg would stop before its first search; say why in the report.
+        egraph.rebuild();
+        let why = format!(
+            "NodeLimit({size}): the program alone exceeds the node limit ({}), so no rewrite \
+             ran (hash-consing CSE and DCE only)",
+            limits.nodes
+        );
+        (egraph, 0, why)
+    } else {
+        let runner: Runner<Node, TensorAnalysis, ()> =
+            Runner::new(TensorAnalysis::new(g.mesh.clone()))
+                .with_egraph(egraph)
+                .with_iter_limit(limits.iterations)
+                .with_node_limit(limits.nodes)
+                // Limits are counts only: a wall clock would make the output depend on load.
+                .with_time_limit(Duration::from_secs(u64::MAX / 4))
+                .run(&rules::rules());
+        let stop = runner
+            .stop_reason
+            .as_ref()
+            .map_or("none".to_string(), |r| format!("{r:?}"));
+        (runner.egraph, runner.iterations.len(), stop)
+    };
     let extractor = Extractor::new(&egraph, Cost { egraph: &egraph });
     let mut out = Graph::new(g.name.clone());
     out.mesh = g.mesh.clone();
@@ -201,9 +214,61 @@ pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
     let report = Report {
         nodes_before: g.node_count(),
         nodes_after: out.node_count(),
-        iterations: runner.iterations.len(),
+        iterations,
         egraph_nodes: egraph.total_number_of_nodes(),
         stop_reason: stop,
     };
     Ok((out, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::{BinaryOp, DType, Literal, TensorType};
+
+    /// `x * 1` over and over: the rules remove every multiply, unless the program is larger
+    /// than the node limit, where only CSE runs and the report says so.
+    fn times_one(n: usize) -> Graph {
+        let ty = TensorType::new(DType::F32, vec![4]);
+        let mut g = Graph::new("times_one");
+        let mut y = g.add_param(ty.clone());
+        for _ in 0..n {
+            let one = g.add(Op::Constant(Literal::splat(&ty, 1.0)), &[]).unwrap();
+            y = g.add(Op::Binary(BinaryOp::Mul), &[y, one]).unwrap();
+        }
+        g.set_outputs(vec![y]);
+        g
+    }
+
+    #[test]
+    fn a_program_over_the_node_limit_is_only_deduplicated_and_the_report_says_so() {
+        let g = times_one(10);
+        let (small, report) = simplify(&g, Limits::default()).unwrap();
+        assert_eq!(small.node_count(), 1, "{report}");
+        let limits = Limits {
+            nodes: 8,
+            ..Limits::default()
+        };
+        let (big, report) = simplify(&g, limits).unwrap();
+        // The ten constants are one; the ten multiplies stay.
+        assert_eq!(big.node_count(), 12, "{report}");
+        assert_eq!(report.iterations, 0);
+        assert!(
+            report.stop_reason.contains("exceeds the node limit (8)"),
+            "{report}"
+        );
+    }
+
+    /// Rebuilding the extracted program is a loop: a 20,000-deep chain needs no stack.
+    #[test]
+    fn a_deep_chain_rebuilds_on_a_small_stack() {
+        let g = times_one(20_000);
+        let out = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || simplify(&g, Limits::default()).unwrap().0.node_count())
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(out, 20_000 + 2);
+    }
 }
