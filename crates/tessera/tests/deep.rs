@@ -263,3 +263,21 @@ fn dump_child_writes_the_deep_program() {
         assert_close("dumped program", &y, &want, 1e-5);
     });
 }
+
+/// Inputs placed on a mesh: propagation, partitioning and the all-reduce combiner walk the
+/// 100k-op program, and the per-device program runs (on the interpreter: the native backend
+/// compiles this program in the first test).
+#[test]
+fn sharded_chain_of_100k_ops() {
+    on_small_stack(|| {
+        let steps = ops() / 2;
+        let mesh = Mesh::new([1], ["dp"]);
+        let x = device_put(input(), &NamedSharding::new(&mesh, P!["dp"]));
+        let f = jit(move |x: Tensor| chain(&x, steps)).backend(Backend::Interpreter);
+        let t = Instant::now();
+        let y = f.call(x).unwrap().to_vec::<f32>();
+        eprintln!("sharded {}-op chain, interpreter: {:?}", ops(), t.elapsed());
+        let want: Vec<f64> = xs().iter().map(|&x| chain_f64(x, steps)).collect();
+        assert_close("sharded chain", &y, &want, 1e-5);
+    });
+}
