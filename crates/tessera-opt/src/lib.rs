@@ -271,4 +271,23 @@ mod tests {
             .unwrap();
         assert_eq!(out, 20_000 + 2);
     }
+
+    /// egg's own passes (search, union, rebuild, extraction) are loops too: rewrites that
+    /// shorten a 900-deep chain to nothing run on a 64 KiB stack. (Fewer than egg's 1,000
+    /// matches per rule and iteration, above which its scheduler bans a rule for a while.)
+    #[test]
+    fn rewrites_run_on_a_deep_chain_on_a_small_stack() {
+        let g = times_one(900);
+        let (n, report) = std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let (out, report) = simplify(&g, Limits::default()).unwrap();
+                (out.node_count(), report)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(report.iterations > 0, "{report}");
+        assert_eq!(n, 1, "{report}");
+    }
 }
