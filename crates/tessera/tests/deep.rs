@@ -281,3 +281,54 @@ fn sharded_chain_of_100k_ops() {
         assert_close("sharded chain", &y, &want, 1e-5);
     });
 }
+
+/// One step of `mixed`: views, a select (relu), a transcendental, slices and a concatenate
+/// (whose operands fusion materializes), a reshape pair, and the running sum: 17 ops.
+fn mixed_step(y: &Tensor, acc: &Tensor) -> (Tensor, Tensor) {
+    let a = y.t();
+    let b = a.relu() * 0.9 + a.sigmoid() * 0.1;
+    let c = b.t();
+    let d = Tensor::concatenate(&[&c.slice(&[0, 0], &[3, 1]), &c.slice(&[0, 1], &[3, 4])], 1);
+    let y = d.reshape([12]).reshape([3, 4]);
+    let acc = acc + &y;
+    (y, acc)
+}
+
+fn mixed(x: &Tensor, steps: usize) -> Tensor {
+    let (mut y, mut acc) = (x.clone(), x.zeros_like());
+    for _ in 0..steps {
+        (y, acc) = mixed_step(&y, &acc);
+    }
+    acc.sum()
+}
+
+/// A deep chain of many kinds of ops, differentiated: native against the interpreter.
+#[test]
+fn grad_of_a_deep_chain_of_mixed_ops() {
+    on_small_stack(|| {
+        let steps = ops() / 40;
+        let x = Tensor::from_vec(
+            (0..12)
+                .map(|i| (i as f32 - 5.5) * 0.4)
+                .collect::<Vec<f32>>(),
+            [3, 4],
+        );
+        let f = move |x: Tensor| value_and_grad(move |x: &Tensor| mixed(x, steps))(&x);
+        let t = Instant::now();
+        let (va, ga) = jit(f).call(x.clone()).unwrap();
+        eprintln!(
+            "value_and_grad of {} mixed steps, native: {:?}",
+            steps,
+            t.elapsed()
+        );
+        let (vb, gb) = jit(f).backend(Backend::Interpreter).call(x).unwrap();
+        assert_close(
+            "value",
+            &[va.item::<f32>()],
+            &[vb.item::<f32>() as f64],
+            1e-4,
+        );
+        assert_close("grad", &ga.to_vec(), &as_f64(&gb.to_vec()), 1e-4);
+        assert!(gb.to_vec::<f32>().iter().all(|g| g.abs() > 1e-3), "{gb:?}");
+    });
+}
