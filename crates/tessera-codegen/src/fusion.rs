@@ -460,56 +460,20 @@ impl Fuser<'_> {
                 }
             }
             Op::Concatenate { dim } => {
-                // Nested guards, last operand innermost: operand k where its range holds.
                 let mut offsets = Vec::new();
                 let mut acc = 0i64;
                 for &o in &ops {
                     offsets.push(acc);
                     acc += g.ty(o).dims()[dim] as i64;
                 }
-                let mut e: Option<Expr> = None;
-                for (k, &o) in ops.iter().enumerate().rev() {
-                    let src = g.ty(o).clone();
+                offsets.push(acc);
+                // Input slots in the order of the former linear guard chain (last operand
+                // first), so small concatenates keep their kernels.
+                for &o in ops.iter().rev() {
                     let b = self.materialized_buf(o);
-                    let extent = src.dims()[dim] as i64;
-                    let coords: Vec<Coord> = (0..src.rank())
-                        .map(|d| {
-                            if d == dim {
-                                Coord {
-                                    lin: map[d].offset(-offsets[k]),
-                                    div: 1,
-                                    clamp: Some(extent),
-                                }
-                            } else {
-                                Coord {
-                                    lin: map[d].clone(),
-                                    div: 1,
-                                    clamp: None,
-                                }
-                            }
-                        })
-                        .collect();
-                    let load = Expr::Load {
-                        buf: Self::slot(inputs, b),
-                        dtype: src.dtype,
-                        strides: row_major(src.dims()),
-                        coords,
-                    };
-                    e = Some(match e {
-                        None => load,
-                        Some(rest) => Expr::Guard {
-                            dtype: dt,
-                            conds: vec![Cond {
-                                lin: map[dim].offset(-offsets[k]),
-                                div: 1,
-                                extent,
-                            }],
-                            then: Box::new(load),
-                            otherwise: Box::new(rest),
-                        },
-                    });
+                    Self::slot(inputs, b);
                 }
-                e.expect("concatenate has operands")
+                self.concat_tree(&ops, &offsets, 0, ops.len(), dim, dt, map, inputs)
             }
             Op::Parameter(_)
             | Op::DotGeneral(_)
@@ -525,6 +489,69 @@ impl Fuser<'_> {
                 let ty = g.ty(id);
                 load(Self::slot(inputs, b), ty.dtype, row_major(ty.dims()), map)
             }
+        }
+    }
+
+    /// Operands `lo..hi` of a concatenate along `dim` (`offsets[k]` is where operand `k`
+    /// starts, `offsets[hi]` where the last ends) as a balanced tree of guards: the index is
+    /// in the first half's range, or else in the second half's. Each operand is a load with
+    /// its concatenated coordinate clamped. The tree is `log2` of the operand count deep, so a
+    /// concatenate of any number of tensors is a shallow expression (a chain of guards, one
+    /// per operand, would be as deep as the operand count).
+    #[allow(clippy::too_many_arguments)]
+    fn concat_tree(
+        &mut self,
+        ops: &[NodeId],
+        offsets: &[i64],
+        lo: usize,
+        hi: usize,
+        dim: usize,
+        dt: DType,
+        map: &[Lin],
+        inputs: &mut Vec<usize>,
+    ) -> Expr {
+        if hi - lo == 1 {
+            let src = self.g.ty(ops[lo]).clone();
+            let b = self.materialized_buf(ops[lo]);
+            let extent = src.dims()[dim] as i64;
+            let coords: Vec<Coord> = (0..src.rank())
+                .map(|d| {
+                    if d == dim {
+                        Coord {
+                            lin: map[d].offset(-offsets[lo]),
+                            div: 1,
+                            clamp: Some(extent),
+                        }
+                    } else {
+                        Coord {
+                            lin: map[d].clone(),
+                            div: 1,
+                            clamp: None,
+                        }
+                    }
+                })
+                .collect();
+            return Expr::Load {
+                buf: Self::slot(inputs, b),
+                dtype: src.dtype,
+                strides: row_major(src.dims()),
+                coords,
+            };
+        }
+        // The first half is the smaller one: up to three operands, the tree is the chain of
+        // guards the kernels had before.
+        let mid = lo + (hi - lo) / 2;
+        let then = self.concat_tree(ops, offsets, lo, mid, dim, dt, map, inputs);
+        let otherwise = self.concat_tree(ops, offsets, mid, hi, dim, dt, map, inputs);
+        Expr::Guard {
+            dtype: dt,
+            conds: vec![Cond {
+                lin: map[dim].offset(-offsets[lo]),
+                div: 1,
+                extent: offsets[mid] - offsets[lo],
+            }],
+            then: Box::new(then),
+            otherwise: Box::new(otherwise),
         }
     }
 
@@ -839,5 +866,35 @@ mod tests {
             .join()
             .unwrap();
         assert_eq!(depth, n + 1);
+    }
+
+    /// A concatenate of many tensors is a balanced tree of guards, not a chain as long as the
+    /// operand list, and computes what the interpreter does.
+    #[test]
+    fn a_concatenate_of_many_operands_is_a_shallow_tree() {
+        let n = 5000;
+        let mut g = Graph::new("concat");
+        let parts: Vec<NodeId> = (0..n)
+            .map(|k| g.add_param(TensorType::new(DType::F32, vec![2, 1 + k % 3])))
+            .collect();
+        let c = g.add(Op::Concatenate { dim: 1 }, &parts).unwrap();
+        g.set_outputs(vec![c]);
+        let s = fuse(&g);
+        let ks = kernels(&s);
+        assert_eq!(ks.len(), 1);
+        // 5000 leaves: 13 levels of guards and the load.
+        assert_eq!(ks[0].body.depth(), 14);
+        let inputs: Vec<Literal> = (0..n)
+            .map(|k| {
+                let len = 2 * (1 + k % 3);
+                let data = (0..len).map(|i| (k * 10 + i) as f32).collect();
+                Literal::new(vec![2, 1 + k % 3], Data::F32(data)).unwrap()
+            })
+            .collect();
+        let want = tessera_interp::run(&g, &inputs).unwrap();
+        let exe = crate::compile(&g).unwrap();
+        let refs: Vec<&Literal> = inputs.iter().collect();
+        let got = exe.run(&refs, &tessera_interp::SingleDevice).unwrap();
+        assert!(got[0].data.bits_eq(&want[0].data));
     }
 }
