@@ -84,8 +84,8 @@ fn row_major(dims: &[usize]) -> Vec<i64> {
 /// depth is materialized, and its users load it. This bounds the recursion of fusion
 /// (`Fuser::expr`), of the kernel IR's walks and drops, and of lowering (`lower.rs`), so a
 /// chain of any length compiles on a small stack (a 100,000-op chain on a 2 MiB thread), and it
-/// keeps each Cranelift function small. Real programs fuse far less (the seed MLP's deepest
-/// kernel expression is a few dozen nodes), so their schedules do not change.
+/// keeps each Cranelift function small. Real programs fuse far less (the seed MLP's training
+/// step fuses at most 6 deep and 11 ops), so their schedules do not change.
 pub const MAX_FUSED_DEPTH: usize = 128;
 
 /// The most ops inlined into one kernel before a node is materialized: a kernel's expression
