@@ -51,10 +51,14 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
         .map(|i| {
             let out = steps[i].output;
             let next = steps.get(i + 1)?;
-            let only_reader = steps
-                .iter()
-                .enumerate()
-                .all(|(j, s)| j == i + 1 || !s.inputs.contains(&out));
+            // Scans every step: evaluated last, for the rare GEMM followed by an all-reduce
+            // (a program of many steps would otherwise take quadratic time here).
+            let only_reader = || {
+                steps
+                    .iter()
+                    .enumerate()
+                    .all(|(j, s)| j == i + 1 || !s.inputs.contains(&out))
+            };
             let fits = matches!(steps[i].kind, StepKind::Gemm(_))
                 && matches!(
                     next.kind,
@@ -64,8 +68,8 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
                     })
                 )
                 && next.inputs == [out]
-                && only_reader
-                && !schedule.outputs.contains(&out);
+                && !schedule.outputs.contains(&out)
+                && only_reader();
             fits.then_some(i + 1)
         })
         .collect()

@@ -8,7 +8,7 @@
 //! iota) is inlined into the kernel of each materialized node that uses it, as index arithmetic
 //! and scalar expressions: one loop nest per materialized node.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tessera_ir::{DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, TensorType};
 
@@ -80,6 +80,19 @@ fn row_major(dims: &[usize]) -> Vec<i64> {
     s
 }
 
+/// The deepest expression tree a kernel gets: a node whose inlined expression reaches this
+/// depth is materialized, and its users load it. This bounds the recursion of fusion
+/// (`Fuser::expr`), of the kernel IR's walks and drops, and of lowering (`lower.rs`), so a
+/// chain of any length compiles on a small stack (a 100,000-op chain on a 2 MiB thread), and it
+/// keeps each Cranelift function small. Real programs fuse far less (the seed MLP's training
+/// step fuses at most 6 deep and 11 ops), so their schedules do not change.
+pub const MAX_FUSED_DEPTH: usize = 128;
+
+/// The most ops inlined into one kernel before a node is materialized: a kernel's expression
+/// has fewer than `3 * MAX_FUSED_SIZE` ops (an op has at most three operands), however wide the
+/// tree of single-use nodes feeding it.
+pub const MAX_FUSED_SIZE: usize = 2048;
+
 struct Fuser<'a> {
     g: &'a Graph,
     materialized: HashMap<NodeId, usize>,
@@ -90,7 +103,7 @@ struct Fuser<'a> {
 pub fn fuse(g: &Graph) -> Schedule {
     let order = g.topo_order();
     let mut users: HashMap<NodeId, usize> = HashMap::new();
-    let mut forced: Vec<NodeId> = Vec::new();
+    let mut forced: HashSet<NodeId> = HashSet::new();
     for &id in &order {
         for o in g.operands(id) {
             *users.entry(o).or_default() += 1;
@@ -124,6 +137,9 @@ pub fn fuse(g: &Graph) -> Schedule {
     // For a node that would be inlined: its expression size, and whether it calls a
     // transcendental function somewhere inside.
     let mut size: HashMap<NodeId, (usize, bool)> = HashMap::new();
+    // For a node that would be inlined: the depth of its expression tree (the nodes on the
+    // longest path down to a load or a constant, both included).
+    let mut depth: HashMap<NodeId, usize> = HashMap::new();
     for &id in &order {
         let op = g.op(id);
         let decide = match op {
@@ -145,15 +161,20 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::CollectivePermute { .. }
             | Op::AxisIndex { .. } => true,
             _ => {
-                let (mut n, mut heavy) = (1, is_transcendental(op));
+                let (mut n, mut heavy, mut d) = (1, is_transcendental(op), 1);
                 for o in g.operands(id) {
-                    if !f.materialized.contains_key(&o) {
+                    if f.materialized.contains_key(&o) {
+                        // A load.
+                        d = d.max(2);
+                    } else {
                         let (on, oh) = size.get(&o).copied().unwrap_or((1, false));
                         n += on;
                         heavy |= oh;
+                        d = d.max(1 + depth.get(&o).copied().unwrap_or(1));
                     }
                 }
                 size.insert(id, (n, heavy));
+                depth.insert(id, d);
                 let is_cheap = match op {
                     Op::Constant(_) | Op::Iota { .. } => true,
                     Op::BroadcastInDim { .. }
@@ -175,6 +196,9 @@ pub fn fuse(g: &Graph) -> Schedule {
                 forced.contains(&id)
                     || g.outputs().contains(&id)
                     || (users.get(&id).copied().unwrap_or(0) > 1 && !is_cheap)
+                    // The bound on every kernel's expression tree (see `MAX_FUSED_DEPTH`).
+                    || d >= MAX_FUSED_DEPTH
+                    || n >= MAX_FUSED_SIZE
             }
         };
         if decide {
@@ -439,63 +463,28 @@ impl Fuser<'_> {
                 }
             }
             Op::Concatenate { dim } => {
-                // Nested guards, last operand innermost: operand k where its range holds.
+                // An empty operand holds no coordinate of the result: it is never read (its
+                // clamp range would be empty), so it takes no part in the guards.
+                let ops: Vec<NodeId> = ops.into_iter().filter(|&o| g.ty(o).numel() > 0).collect();
                 let mut offsets = Vec::new();
                 let mut acc = 0i64;
                 for &o in &ops {
                     offsets.push(acc);
                     acc += g.ty(o).dims()[dim] as i64;
                 }
-                let mut e: Option<Expr> = None;
-                for (k, &o) in ops.iter().enumerate().rev() {
-                    let src = g.ty(o).clone();
-                    // An empty operand holds no coordinate of the result: it is never read
-                    // (its clamp range would be empty).
-                    if src.numel() == 0 {
-                        continue;
-                    }
-                    let b = self.materialized_buf(o);
-                    let extent = src.dims()[dim] as i64;
-                    let coords: Vec<Coord> = (0..src.rank())
-                        .map(|d| {
-                            if d == dim {
-                                Coord {
-                                    lin: map[d].offset(-offsets[k]),
-                                    div: 1,
-                                    clamp: Some(extent),
-                                }
-                            } else {
-                                Coord {
-                                    lin: map[d].clone(),
-                                    div: 1,
-                                    clamp: None,
-                                }
-                            }
-                        })
-                        .collect();
-                    let load = Expr::Load {
-                        buf: Self::slot(inputs, b),
-                        dtype: src.dtype,
-                        strides: row_major(src.dims()),
-                        coords,
-                    };
-                    e = Some(match e {
-                        None => load,
-                        Some(rest) => Expr::Guard {
-                            dtype: dt,
-                            conds: vec![Cond {
-                                lin: map[dim].offset(-offsets[k]),
-                                div: 1,
-                                extent,
-                            }],
-                            then: Box::new(load),
-                            otherwise: Box::new(rest),
-                        },
-                    });
+                offsets.push(acc);
+                if ops.is_empty() {
+                    // With every operand empty the result is empty too, and the kernel's loops
+                    // run zero times: any expression of the right dtype will do.
+                    return Expr::Const(dt, scalar_of(&Data::zeros(dt, 1)));
                 }
-                // With every operand empty the result is empty too, and the kernel's loops run
-                // zero times: any expression of the right dtype will do.
-                e.unwrap_or_else(|| Expr::Const(dt, scalar_of(&Data::zeros(dt, 1))))
+                // Input slots in the order of the former linear guard chain (last operand
+                // first), so small concatenates keep their kernels.
+                for &o in ops.iter().rev() {
+                    let b = self.materialized_buf(o);
+                    Self::slot(inputs, b);
+                }
+                self.concat_tree(&ops, &offsets, 0, ops.len(), dim, dt, map, inputs)
             }
             Op::Parameter(_)
             | Op::DotGeneral(_)
@@ -511,6 +500,69 @@ impl Fuser<'_> {
                 let ty = g.ty(id);
                 load(Self::slot(inputs, b), ty.dtype, row_major(ty.dims()), map)
             }
+        }
+    }
+
+    /// Operands `lo..hi` of a concatenate along `dim` (`offsets[k]` is where operand `k`
+    /// starts, `offsets[hi]` where the last ends) as a balanced tree of guards: the index is
+    /// in the first half's range, or else in the second half's. Each operand is a load with
+    /// its concatenated coordinate clamped. The tree is `log2` of the operand count deep, so a
+    /// concatenate of any number of tensors is a shallow expression (a chain of guards, one
+    /// per operand, would be as deep as the operand count).
+    #[allow(clippy::too_many_arguments)]
+    fn concat_tree(
+        &mut self,
+        ops: &[NodeId],
+        offsets: &[i64],
+        lo: usize,
+        hi: usize,
+        dim: usize,
+        dt: DType,
+        map: &[Lin],
+        inputs: &mut Vec<usize>,
+    ) -> Expr {
+        if hi - lo == 1 {
+            let src = self.g.ty(ops[lo]).clone();
+            let b = self.materialized_buf(ops[lo]);
+            let extent = src.dims()[dim] as i64;
+            let coords: Vec<Coord> = (0..src.rank())
+                .map(|d| {
+                    if d == dim {
+                        Coord {
+                            lin: map[d].offset(-offsets[lo]),
+                            div: 1,
+                            clamp: Some(extent),
+                        }
+                    } else {
+                        Coord {
+                            lin: map[d].clone(),
+                            div: 1,
+                            clamp: None,
+                        }
+                    }
+                })
+                .collect();
+            return Expr::Load {
+                buf: Self::slot(inputs, b),
+                dtype: src.dtype,
+                strides: row_major(src.dims()),
+                coords,
+            };
+        }
+        // The first half is the smaller one: up to three operands, the tree is the chain of
+        // guards the kernels had before.
+        let mid = lo + (hi - lo) / 2;
+        let then = self.concat_tree(ops, offsets, lo, mid, dim, dt, map, inputs);
+        let otherwise = self.concat_tree(ops, offsets, mid, hi, dim, dt, map, inputs);
+        Expr::Guard {
+            dtype: dt,
+            conds: vec![Cond {
+                lin: map[dim].offset(-offsets[lo]),
+                div: 1,
+                extent: offsets[mid] - offsets[lo],
+            }],
+            then: Box::new(then),
+            otherwise: Box::new(otherwise),
         }
     }
 
@@ -717,4 +769,143 @@ fn gemm_spec(dd: &DotDims, lt: &TensorType, rt: &TensorType, out: &TensorType) -
         rhs: [rk, rn],
         out: [om, on],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::{BinaryOp, UnaryOp};
+
+    fn kernels(s: &Schedule) -> Vec<&Kernel> {
+        s.steps
+            .iter()
+            .filter_map(|st| match &st.kind {
+                StepKind::Kernel(k) => Some(k),
+                StepKind::Gemm(_) | StepKind::Collective(_) => None,
+            })
+            .collect()
+    }
+
+    fn nodes(e: &Expr) -> usize {
+        let mut n = 0;
+        e.walk(&mut |_| n += 1);
+        n
+    }
+
+    /// A chain of single-use elementwise ops is cut into kernels no deeper than the cap, and
+    /// each cut is a buffer the next kernel loads: nothing is dropped.
+    #[test]
+    fn a_deep_chain_is_cut_at_the_depth_cap() {
+        let ty = TensorType::new(DType::F32, vec![5]);
+        let mut g = Graph::new("chain");
+        let mut y = g.add_param(ty);
+        let len = 5 * MAX_FUSED_DEPTH + 7;
+        for _ in 0..len {
+            y = g.add(Op::Unary(UnaryOp::Tanh), &[y]).unwrap();
+        }
+        g.set_outputs(vec![y]);
+        let s = fuse(&g);
+        let ks = kernels(&s);
+        assert!(ks.iter().all(|k| k.body.depth() <= MAX_FUSED_DEPTH));
+        // Every tanh is in exactly one kernel.
+        let tanhs: usize = ks
+            .iter()
+            .map(|k| {
+                let mut n = 0;
+                k.body
+                    .walk(&mut |e| n += matches!(e, Expr::Unary(UnaryOp::Tanh, ..)) as usize);
+                n
+            })
+            .sum();
+        assert_eq!(tanhs, len);
+        assert_eq!(ks.len(), len.div_ceil(MAX_FUSED_DEPTH - 1));
+    }
+
+    /// A wide tree of single-use adds (shallow, so the depth cap does not apply) is cut at the
+    /// size cap.
+    #[test]
+    fn a_wide_tree_is_cut_at_the_size_cap() {
+        let ty = TensorType::new(DType::F32, vec![3]);
+        let mut g = Graph::new("tree");
+        let mut level: Vec<NodeId> = (0..4 * MAX_FUSED_SIZE)
+            .map(|_| g.add_param(ty.clone()))
+            .collect();
+        while level.len() > 1 {
+            level = level
+                .chunks(2)
+                .map(|p| g.add(Op::Binary(BinaryOp::Add), p).unwrap())
+                .collect();
+        }
+        g.set_outputs(level);
+        let s = fuse(&g);
+        let ks = kernels(&s);
+        assert!(ks.len() > 1);
+        let adds: Vec<usize> = ks
+            .iter()
+            .map(|k| {
+                let mut n = 0;
+                k.body
+                    .walk(&mut |e| n += matches!(e, Expr::Binary(..)) as usize);
+                n
+            })
+            .collect();
+        assert!(adds.iter().all(|&n| n < 3 * MAX_FUSED_SIZE), "{adds:?}");
+        assert_eq!(adds.iter().sum::<usize>(), 4 * MAX_FUSED_SIZE - 1);
+    }
+
+    /// `walk` and `depth` need no stack for a deep tree (they are loops); dropping it does,
+    /// so the tree is taken apart by hand.
+    #[test]
+    fn walk_and_depth_of_a_deep_expression() {
+        let n = 200_000;
+        let mut e = Expr::Const(DType::F32, Scalar::F(1.0));
+        for _ in 0..n {
+            e = Expr::Unary(UnaryOp::Neg, DType::F32, Box::new(e));
+        }
+        let depth = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                let d = e.depth();
+                assert_eq!(nodes(&e), n + 1);
+                let mut e = e;
+                while let Expr::Unary(_, _, x) = e {
+                    e = *x;
+                }
+                d
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(depth, n + 1);
+    }
+
+    /// A concatenate of many tensors is a balanced tree of guards, not a chain as long as the
+    /// operand list, and computes what the interpreter does.
+    #[test]
+    fn a_concatenate_of_many_operands_is_a_shallow_tree() {
+        let n = 5000;
+        let mut g = Graph::new("concat");
+        let parts: Vec<NodeId> = (0..n)
+            .map(|k| g.add_param(TensorType::new(DType::F32, vec![2, 1 + k % 3])))
+            .collect();
+        let c = g.add(Op::Concatenate { dim: 1 }, &parts).unwrap();
+        g.set_outputs(vec![c]);
+        let s = fuse(&g);
+        let ks = kernels(&s);
+        assert_eq!(ks.len(), 1);
+        // 5000 leaves: 13 levels of guards and the load.
+        assert_eq!(ks[0].body.depth(), 14);
+        let inputs: Vec<Literal> = (0..n)
+            .map(|k| {
+                let len = 2 * (1 + k % 3);
+                let data = (0..len).map(|i| (k * 10 + i) as f32).collect();
+                Literal::new(vec![2, 1 + k % 3], Data::F32(data)).unwrap()
+            })
+            .collect();
+        let want = tessera_interp::run(&g, &inputs).unwrap();
+        let exe = crate::compile(&g).unwrap();
+        let refs: Vec<&Literal> = inputs.iter().collect();
+        let got = exe.run(&refs, &tessera_interp::SingleDevice).unwrap();
+        assert!(got[0].data.bits_eq(&want[0].data));
+    }
 }

@@ -135,28 +135,68 @@ impl Expr {
         }
     }
 
-    /// Visits this expression and every subexpression.
+    /// Visits this expression and every subexpression, parents before children and operands
+    /// left to right. An explicit stack, not recursion: a tree of any depth is walked on a
+    /// small stack (fusion bounds kernel depth, `fusion::MAX_FUSED_DEPTH`, but the kernel IR
+    /// does not rely on it here).
     pub fn walk(&self, f: &mut impl FnMut(&Expr)) {
-        f(self);
-        match self {
-            Expr::Load { .. } | Expr::Const(..) | Expr::Index(..) => {}
-            Expr::Unary(_, _, x) | Expr::Convert { x, .. } | Expr::Bitcast { x, .. } => x.walk(f),
-            Expr::Binary(_, _, a, b) | Expr::Compare(_, _, a, b) => {
-                a.walk(f);
-                b.walk(f);
-            }
-            Expr::Select(_, p, a, b) => {
-                p.walk(f);
-                a.walk(f);
-                b.walk(f);
-            }
-            Expr::Guard {
-                then, otherwise, ..
-            } => {
-                then.walk(f);
-                otherwise.walk(f);
+        let mut stack: Vec<&Expr> = vec![self];
+        while let Some(e) = stack.pop() {
+            f(e);
+            // Children pushed last first, so the first operand is visited next.
+            match e {
+                Expr::Load { .. } | Expr::Const(..) | Expr::Index(..) => {}
+                Expr::Unary(_, _, x) | Expr::Convert { x, .. } | Expr::Bitcast { x, .. } => {
+                    stack.push(x)
+                }
+                Expr::Binary(_, _, a, b) | Expr::Compare(_, _, a, b) => {
+                    stack.push(b);
+                    stack.push(a);
+                }
+                Expr::Select(_, p, a, b) => {
+                    stack.push(b);
+                    stack.push(a);
+                    stack.push(p);
+                }
+                Expr::Guard {
+                    then, otherwise, ..
+                } => {
+                    stack.push(otherwise);
+                    stack.push(then);
+                }
             }
         }
+    }
+
+    /// The number of nodes on the longest path from this expression to a leaf.
+    pub fn depth(&self) -> usize {
+        let mut deepest = 0;
+        let mut stack: Vec<(&Expr, usize)> = vec![(self, 1)];
+        while let Some((e, d)) = stack.pop() {
+            deepest = deepest.max(d);
+            match e {
+                Expr::Load { .. } | Expr::Const(..) | Expr::Index(..) => {}
+                Expr::Unary(_, _, x) | Expr::Convert { x, .. } | Expr::Bitcast { x, .. } => {
+                    stack.push((x, d + 1))
+                }
+                Expr::Binary(_, _, a, b) | Expr::Compare(_, _, a, b) => {
+                    stack.push((a, d + 1));
+                    stack.push((b, d + 1));
+                }
+                Expr::Select(_, p, a, b) => {
+                    stack.push((p, d + 1));
+                    stack.push((a, d + 1));
+                    stack.push((b, d + 1));
+                }
+                Expr::Guard {
+                    then, otherwise, ..
+                } => {
+                    stack.push((then, d + 1));
+                    stack.push((otherwise, d + 1));
+                }
+            }
+        }
+        deepest
     }
 }
 

@@ -10,7 +10,7 @@
 pub mod lang;
 pub mod rules;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use egg::{CostFunction, EGraph, Extractor, Id, Language, Runner};
@@ -124,18 +124,31 @@ pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
         class_of.insert(id, egraph.add(n));
     }
     let roots: Vec<Id> = g.outputs().iter().map(|o| class_of[o]).collect();
-    let runner: Runner<Node, TensorAnalysis, ()> = Runner::new(TensorAnalysis::new(g.mesh.clone()))
-        .with_egraph(egraph)
-        .with_iter_limit(limits.iterations)
-        .with_node_limit(limits.nodes)
-        // Limits are counts only: a wall clock would make the output depend on machine load.
-        .with_time_limit(Duration::from_secs(u64::MAX / 4))
-        .run(&rules::rules());
-    let stop = runner
-        .stop_reason
-        .as_ref()
-        .map_or("none".to_string(), |r| format!("{r:?}"));
-    let egraph = runner.egraph;
+    let size = egraph.total_size();
+    let (egraph, iterations, stop) = if size > limits.nodes {
+        // egg would stop before its first search; say why in the report.
+        egraph.rebuild();
+        let why = format!(
+            "NodeLimit({size}): the program alone exceeds the node limit ({}), so no rewrite \
+             ran (hash-consing CSE and DCE only)",
+            limits.nodes
+        );
+        (egraph, 0, why)
+    } else {
+        let runner: Runner<Node, TensorAnalysis, ()> =
+            Runner::new(TensorAnalysis::new(g.mesh.clone()))
+                .with_egraph(egraph)
+                .with_iter_limit(limits.iterations)
+                .with_node_limit(limits.nodes)
+                // Limits are counts only: a wall clock would make the output depend on load.
+                .with_time_limit(Duration::from_secs(u64::MAX / 4))
+                .run(&rules::rules());
+        let stop = runner
+            .stop_reason
+            .as_ref()
+            .map_or("none".to_string(), |r| format!("{r:?}"));
+        (runner.egraph, runner.iterations.len(), stop)
+    };
     let extractor = Extractor::new(&egraph, Cost { egraph: &egraph });
     let mut out = Graph::new(g.name.clone());
     out.mesh = g.mesh.clone();
@@ -146,46 +159,55 @@ pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
         out.node_mut(np).sharding = g.node(p).sharding.clone();
         built.insert(egraph.find(class_of[&p]), np);
     }
-    // Rebuild the cheapest program, sharing each class's node (a DAG, not a tree).
-    fn build(
-        class: Id,
-        egraph: &EGraph<Node, TensorAnalysis>,
-        ex: &Extractor<Cost, Node, TensorAnalysis>,
-        out: &mut Graph,
-        built: &mut HashMap<Id, NodeId>,
-        locs: &HashMap<Node, String>,
-    ) -> Result<NodeId, String> {
-        let class = egraph.find(class);
-        if let Some(&n) = built.get(&class) {
-            return Ok(n);
-        }
-        let node = ex.find_best_node(class).clone();
-        let mut args = Vec::new();
-        for &c in node.children() {
-            args.push(build(c, egraph, ex, out, built, locs)?);
-        }
-        let id = out
-            .add(node.op.clone(), &args)
-            .map_err(|e| format!("extraction built an ill-typed node: {e}"))?;
-        out.node_mut(id).loc = locs.get(&node).cloned();
-        built.insert(class, id);
-        Ok(id)
-    }
     // Locations were recorded under the original children ids; map them to canonical ones.
     let locs_canon: HashMap<Node, String> = locs
         .into_iter()
         .map(|(n, l)| (n.map_children(|c| egraph.find(c)), l))
         .collect();
+    // Rebuild the cheapest program, sharing each class's node (a DAG, not a tree). An explicit
+    // post-order walk (no recursion): a class is built once all its children are, so a chain
+    // of any depth rebuilds on a small stack.
     let mut outputs = Vec::new();
+    let mut in_progress: HashSet<Id> = HashSet::new();
     for r in roots {
-        outputs.push(build(
-            r,
-            &egraph,
-            &extractor,
-            &mut out,
-            &mut built,
-            &locs_canon,
-        )?);
+        let root = egraph.find(r);
+        // (class, whether its children have been pushed)
+        let mut stack: Vec<(Id, bool)> = vec![(root, false)];
+        while let Some((class, expanded)) = stack.pop() {
+            if built.contains_key(&class) {
+                continue;
+            }
+            let node = extractor.find_best_node(class);
+            if !expanded {
+                // A class whose children are being built is an ancestor of itself.
+                if !in_progress.insert(class) {
+                    return Err(format!(
+                        "extraction: the cheapest {} depends on itself (a cycle)",
+                        node.op.name()
+                    ));
+                }
+                stack.push((class, true));
+                for &c in node.children().iter().rev() {
+                    let c = egraph.find(c);
+                    if !built.contains_key(&c) {
+                        stack.push((c, false));
+                    }
+                }
+                continue;
+            }
+            let args: Vec<NodeId> = node
+                .children()
+                .iter()
+                .map(|&c| built[&egraph.find(c)])
+                .collect();
+            let id = out
+                .add(node.op.clone(), &args)
+                .map_err(|e| format!("extraction built an ill-typed node: {e}"))?;
+            out.node_mut(id).loc = locs_canon.get(node).cloned();
+            built.insert(class, id);
+            in_progress.remove(&class);
+        }
+        outputs.push(built[&root]);
     }
     out.set_outputs(outputs);
     out.remove_dead();
@@ -193,9 +215,80 @@ pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
     let report = Report {
         nodes_before: g.node_count(),
         nodes_after: out.node_count(),
-        iterations: runner.iterations.len(),
+        iterations,
         egraph_nodes: egraph.total_number_of_nodes(),
         stop_reason: stop,
     };
     Ok((out, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::{BinaryOp, DType, Literal, TensorType};
+
+    /// `x * 1` over and over: the rules remove every multiply, unless the program is larger
+    /// than the node limit, where only CSE runs and the report says so.
+    fn times_one(n: usize) -> Graph {
+        let ty = TensorType::new(DType::F32, vec![4]);
+        let mut g = Graph::new("times_one");
+        let mut y = g.add_param(ty.clone());
+        for _ in 0..n {
+            let one = g.add(Op::Constant(Literal::splat(&ty, 1.0)), &[]).unwrap();
+            y = g.add(Op::Binary(BinaryOp::Mul), &[y, one]).unwrap();
+        }
+        g.set_outputs(vec![y]);
+        g
+    }
+
+    #[test]
+    fn a_program_over_the_node_limit_is_only_deduplicated_and_the_report_says_so() {
+        let g = times_one(10);
+        let (small, report) = simplify(&g, Limits::default()).unwrap();
+        assert_eq!(small.node_count(), 1, "{report}");
+        let limits = Limits {
+            nodes: 8,
+            ..Limits::default()
+        };
+        let (big, report) = simplify(&g, limits).unwrap();
+        // The ten constants are one; the ten multiplies stay.
+        assert_eq!(big.node_count(), 12, "{report}");
+        assert_eq!(report.iterations, 0);
+        assert!(
+            report.stop_reason.contains("exceeds the node limit (8)"),
+            "{report}"
+        );
+    }
+
+    /// Rebuilding the extracted program is a loop: a 20,000-deep chain needs no stack.
+    #[test]
+    fn a_deep_chain_rebuilds_on_a_small_stack() {
+        let g = times_one(20_000);
+        let out = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || simplify(&g, Limits::default()).unwrap().0.node_count())
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(out, 20_000 + 2);
+    }
+
+    /// egg's own passes (search, union, rebuild, extraction) are loops too: rewrites that
+    /// shorten a 900-deep chain to nothing run on a 64 KiB stack. (Fewer than egg's 1,000
+    /// matches per rule and iteration, above which its scheduler bans a rule for a while.)
+    #[test]
+    fn rewrites_run_on_a_deep_chain_on_a_small_stack() {
+        let g = times_one(900);
+        let (n, report) = std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let (out, report) = simplify(&g, Limits::default()).unwrap();
+                (out.node_count(), report)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(report.iterations > 0, "{report}");
+        assert_eq!(n, 1, "{report}");
+    }
 }
