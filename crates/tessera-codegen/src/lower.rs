@@ -4,7 +4,10 @@
 //! array of buffer pointers (inputs, then the output). The innermost loop of an elementwise f32
 //! kernel runs on f32x4 vectors with a scalar tail when every load is contiguous or constant
 //! along it; everything else runs scalar. Transcendental f32 functions are inline polynomial
-//! approximations (`approx.rs`); f64 ones call Rust's libm through registered symbols.
+//! approximations (`approx.rs`), except f32 `pow` and the large-argument path of `sin`/`cos`,
+//! which call Rust functions per lane (`tessera_pow_f32`, `tessera_sin_f32`,
+//! `tessera_cos_f32`); f64 ones call Rust's libm through registered symbols, the same functions
+//! the interpreter uses, so f64 results agree bit for bit.
 //!
 //! Safety of generated code: every load and store is inside its buffer. Loop bounds are the
 //! buffer shapes, guarded coordinates (pad, concatenate) are clamped into range before the
