@@ -430,3 +430,73 @@ fn interpreter_functions_within_their_bounds() {
     }
     assert!(report_only || failures.is_empty(), "{failures:#?}");
 }
+
+/// The calls (sin/cos past the inline limit, pow) inside fused kernels and reductions: the
+/// vectorized accumulation over an outer dimension, a scalar reduction to rank 0 (wide f32
+/// sum) and an elementwise chain, all against the interpreter.
+#[test]
+fn calls_inside_fused_kernels_and_reductions() {
+    use tessera_ir::ReduceKind;
+    let mut rng = Rng(7);
+    let xs: Vec<f32> = (0..3 * 37)
+        .map(|i| {
+            let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+            // Mixed lanes: some inline, some past the limit.
+            if i % 3 == 0 {
+                u * 10.0
+            } else {
+                (u - 0.5) * 2e7
+            }
+        } as f32)
+        .collect();
+    let ys: Vec<f32> = (0..3 * 37).map(|i| 0.5 + (i % 5) as f32).collect();
+    for (axes, dims_out) in [(vec![0usize], vec![37usize]), (vec![0, 1], vec![])] {
+        let mut g = Graph::new("fused");
+        let p = g.add_param(TensorType::new(DType::F32, vec![3, 37]));
+        let q = g.add_param(TensorType::new(DType::F32, vec![3, 37]));
+        let s = g.add(Op::Unary(UnaryOp::Sin), &[p]).unwrap();
+        let c = g.add(Op::Unary(UnaryOp::Cos), &[p]).unwrap();
+        let a = g.add(Op::Unary(UnaryOp::Abs), &[p]).unwrap();
+        let w = g.add(Op::Binary(BinaryOp::Pow), &[a, q]).unwrap();
+        let sc = g.add(Op::Binary(BinaryOp::Mul), &[s, c]).unwrap();
+        let t = g.add(Op::Binary(BinaryOp::Add), &[sc, s]).unwrap();
+        let r = g
+            .add(
+                Op::Reduce {
+                    kind: ReduceKind::Sum,
+                    axes: axes.clone(),
+                },
+                &[t],
+            )
+            .unwrap();
+        let rw = g
+            .add(
+                Op::Reduce {
+                    kind: ReduceKind::Max,
+                    axes,
+                },
+                &[w],
+            )
+            .unwrap();
+        g.set_outputs(vec![r, rw, t]);
+        let lits = [
+            Literal::new([3, 37], Data::F32(xs.clone())).unwrap(),
+            Literal::new([3, 37], Data::F32(ys.clone())).unwrap(),
+        ];
+        let want = tessera_interp::run(&g, &lits).unwrap();
+        let exe = tessera_codegen::compile(&g).unwrap();
+        let refs: Vec<&Literal> = lits.iter().collect();
+        let got = exe.run(&refs, &SingleDevice).unwrap();
+        assert_eq!(got[0].ty.dims(), &dims_out[..]);
+        for (w, g) in want.iter().zip(&got) {
+            let (Data::F32(w), Data::F32(g)) = (&w.data, &g.data) else {
+                panic!("f32 results expected")
+            };
+            for (a, b) in w.iter().zip(g) {
+                // A few ulps of terms of magnitude <= 2 (sums of three), and pow bit for bit.
+                let tol = 1e-6 * a.abs().max(2.0);
+                assert!((a - b).abs() <= tol, "interpreter {a:e}, compiled {b:e}");
+            }
+        }
+    }
+}
