@@ -85,7 +85,8 @@ fn ulp(c: f32) -> f64 {
 }
 
 /// The error of `got` against the exact value `want` (in f64), in ulps of `want` rounded to
-/// f32; infinite for a wrong special (NaN, infinity, or a zero of the wrong sign).
+/// f32; infinite for a wrong special (NaN, infinity, a zero where the reference is not, or a
+/// zero of the wrong sign).
 fn ulps(got: f32, want: f64) -> f64 {
     let cr = want as f32;
     if cr.is_nan() || got.is_nan() {
@@ -98,7 +99,9 @@ fn ulps(got: f32, want: f64) -> f64 {
     if cr.is_infinite() || got.is_infinite() {
         return if cr == got { 0.0 } else { f64::INFINITY };
     }
-    if cr == 0.0 && got == 0.0 && cr.is_sign_negative() != got.is_sign_negative() {
+    // Zero (underflow included) is a special: exactly where the reference rounds to zero,
+    // with its sign.
+    if (cr == 0.0 || got == 0.0) && cr.to_bits() != got.to_bits() {
         return f64::INFINITY;
     }
     (got as f64 - want).abs() / ulp(cr)
