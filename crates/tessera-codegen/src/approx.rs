@@ -24,7 +24,7 @@
 //! | tanh | x below 2^-12; x + x^3 g(x^2) (degree-5 Chebyshev g) below 0.625; 1 - 2 / (exp(2x) + 1); +-1 past 9.1 | 1.5 / 1.5 ulp (1.23 / 1.23) |
 //! | logistic | e = exp(-abs x): 1 / (1 + e) for x >= 0, e / (1 + e) below | 2 / 2.5 ulp (1.95 / 2.19) |
 //! | sin, cos | abs(x) <= 8192 (FMA hosts; pi/4 without): round(x 2/pi), 3-part Cody-Waite by FMA, Taylor 9/10 per quadrant; else (any lane) a call: Payne-Hanek with 192 bits of 2/pi, f64 | 1.5 / 1.5 ulp (1.38 / 1.04; every f32 up to 16384: 1.486) |
-//! | erf | x + x P(x^2) (degree-6 Chebyshev P) below 0.84375; 1 - exp(-x^2) h(x), h = erfc exp(x^2) fitted on two intervals, below 3.92; +-1 beyond | 1.5 / 1.5 ulp (0.89 / 1.00) |
+//! | erf | x + x P(x^2) (degree-6 Chebyshev P) below 0.84375; 1 - exp(-x^2) h(x), h = erfc exp(x^2) a degree-12 Chebyshev fit, below 3.92; +-1 beyond | 1.5 / 1.5 ulp (1.05 / 1.03) |
 //! | erf_inv | Giles (2010), XLA's f32 constants, over the log1p above | 4e-6 relative (3.4e-6) on [-0.9999, 0.9999] |
 //! | pow | a call per element: f64 `pow` rounded once (C99 Annex F specials, subnormals) | 0.5 ulp + f64 error, bit for bit with the interpreter |
 //! | sqrt | `sqrt` instruction | 0.5 ulp (correctly rounded) |
@@ -631,25 +631,13 @@ pub fn erf(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let r = f.fma(b, xc, p, xc);
     let ax = b.ins().fabs(x);
     // From 0.84375 on (erf >= 0.77), 1 - exp(-x^2) h(abs(x)) with h = erfc(x) exp(x^2) as a
-    // degree-8 Chebyshev fit in x - mid on [0.84375, 1.875] and [1.875, 3.92] (1.4e-9 and
-    // 1.1e-8 relative), the coefficients selected per lane; exp(-x^2) corrected for the
-    // rounding of x^2 (exact by FMA); exactly +-1 past 3.92, where erfc < 2^-25.
+    // degree-12 Chebyshev fit in x - 2.381875 on [0.84375, 3.92] (3.8e-9); exp(-x^2)
+    // corrected for the rounding of x^2 (exact by FMA); exactly +-1 past 3.92, where
+    // erfc < 2^-25.
     let axc = f.clamp(b, ax, ERF_TAIL, 3.92);
-    let edge = f.c(b, 1.875);
-    let hi = f.fcmp(b, FloatCC::GreaterThanOrEqual, axc, edge);
-    let m_lo = f.c(b, ERF_MID[0]);
-    let m_hi = f.c(b, ERF_MID[1]);
-    let m = f.sel(b, hi, m_hi, m_lo);
+    let m = f.c(b, ERF_MID);
     let t = b.ins().fsub(axc, m);
-    let c0a = f.c(b, ERFC_LO[0]);
-    let c0b = f.c(b, ERFC_HI[0]);
-    let mut h = f.sel(b, hi, c0b, c0a);
-    for i in 1..ERFC_LO.len() {
-        let ca = f.c(b, ERFC_LO[i]);
-        let cb = f.c(b, ERFC_HI[i]);
-        let c = f.sel(b, hi, cb, ca);
-        h = f.fma(b, h, t, c);
-    }
+    let h = f.horner(b, t, &ERFC_FIT);
     let x2 = b.ins().fmul(axc, axc);
     let nx2 = b.ins().fneg(x2);
     let err = f.fma(b, axc, axc, nx2);
@@ -671,31 +659,23 @@ pub fn erf(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
 
 /// Where `erf` switches to its `erfc` form.
 const ERF_TAIL: f64 = 0.84375;
-/// The centres of the two intervals of the `erfc` fit.
-const ERF_MID: [f64; 2] = [1.359375, 2.8975];
-/// `erfc(x) exp(x^2)` on [0.84375, 1.875], in powers of `x - 1.359375`, highest first.
-const ERFC_LO: [f64; 9] = [
-    0.000_362_202_248_419_123_76,
-    -0.001_044_463_449_302_898_7,
-    0.002_675_785_938_561_807_2,
-    -0.007_036_642_811_029_729,
-    0.017_626_505_080_503_865,
-    -0.041_589_058_588_474_86,
-    0.091_785_996_047_608_95,
-    -0.187_153_568_215_460_34,
-    0.346_197_913_607_109_16,
-];
-/// `erfc(x) exp(x^2)` on [1.875, 3.92], in powers of `x - 2.8975`.
-const ERFC_HI: [f64; 9] = [
-    7.397_005_838_880_336_5e-6,
-    -2.976_195_287_206_985_8e-5,
-    9.947_102_842_828_083e-5,
-    -0.000_377_209_436_640_559,
-    0.001_403_381_543_754_118_8,
-    -0.005_017_772_864_869_584,
-    0.017_342_509_562_377_47,
-    -0.057_775_119_738_591_4,
-    0.184_746_155_631_159_26,
+/// The centre of the `erfc` fit (an f32).
+const ERF_MID: f64 = 2.381_875_038_146_972_7;
+/// `erfc(x) exp(x^2)` on [0.84375, 3.92], in powers of `x - ERF_MID`, highest first.
+const ERFC_FIT: [f64; 13] = [
+    1.560_676_374_090_245_3e-7,
+    -6.340_173_928_610_99e-7,
+    1.322_239_506_782_194e-6,
+    -4.940_775_142_721_088e-6,
+    2.148_211_071_520_090_8e-5,
+    -7.747_332_047_760_051e-5,
+    0.000_266_368_878_578_650_7,
+    -0.000_901_159_455_063_438_4,
+    0.002_948_165_760_777_556_4,
+    -0.009_277_231_453_196_986,
+    0.027_992_827_696_589_385,
+    -0.080_590_885_277_303_28,
+    0.219_950_300_515_622_8,
 ];
 
 /// `erf_inv(x)`: Giles (2010) with XLA's f32 constants, both branches computed and selected.
