@@ -503,3 +503,54 @@ fn calls_inside_fused_kernels_and_reductions() {
         }
     }
 }
+
+/// Every one of the 2^32 f32 inputs through the compiled functions named in `ULP_EXHAUSTIVE`
+/// (comma separated, e.g. `exp,log`; default all but sin/cos, which have their own exhaustive
+/// test), against the stated bounds. Minutes per function: run by hand with `--ignored`.
+#[test]
+#[ignore]
+fn every_f32_within_the_stated_bound() {
+    let wanted = std::env::var("ULP_EXHAUSTIVE")
+        .unwrap_or_else(|_| "exp,log,log1p,expm1,tanh,logistic,erf,sqrt,rsqrt".into());
+    let chunk = 1usize << 22;
+    let mut failures = Vec::new();
+    for b in BOUNDS {
+        let (op, reference, bound) = (b.0, b.1, stated(&b));
+        if !wanted.split(',').any(|w| w == op.name()) {
+            continue;
+        }
+        let mut g = Graph::new("exhaustive");
+        let p = g.add_param(TensorType::new(DType::F32, vec![chunk]));
+        let y = g.add(Op::Unary(op), &[p]).unwrap();
+        g.set_outputs(vec![y]);
+        let exe = tessera_codegen::compile(&g).unwrap();
+        let mut w = (0.0f64, 0.0f32);
+        for start in (0..1u64 << 32).step_by(chunk) {
+            let xs: Vec<f32> = (start..start + chunk as u64)
+                .map(|k| f32::from_bits(k as u32))
+                .collect();
+            let lit = Literal::new([chunk], Data::F32(xs.clone())).unwrap();
+            let out = exe.run(&[&lit], &SingleDevice).unwrap();
+            let Data::F32(got) = &out[0].data else {
+                panic!("f32 result expected")
+            };
+            for (&x, &g) in xs.iter().zip(got) {
+                let e = ulps(g, reference(x as f64));
+                if e > w.0 || e.is_nan() {
+                    w = (e, x);
+                }
+            }
+        }
+        let line = format!(
+            "{}: max {:.3} ulp at {:e}, bound {bound}",
+            op.name(),
+            w.0,
+            w.1
+        );
+        println!("{line}");
+        if w.0 > bound {
+            failures.push(line);
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
