@@ -141,7 +141,7 @@ const BOUNDS: [Bound; 11] = [
     (UnaryOp::Exp, f64::exp, 1.0, 1.5),
     (UnaryOp::Log, f64::ln, 1.0, 1.0),
     (UnaryOp::Log1p, f64::ln_1p, 2.0, 2.0),
-    (UnaryOp::Expm1, f64::exp_m1, 2.5, 3.0),
+    (UnaryOp::Expm1, f64::exp_m1, 2.0, 2.0),
     (UnaryOp::Tanh, f64::tanh, 1.5, 1.5),
     (UnaryOp::Logistic, logistic, 2.0, 2.5),
     (UnaryOp::Sin, f64::sin, 1.5, 1.5),
