@@ -4,7 +4,10 @@
 //! array of buffer pointers (inputs, then the output). The innermost loop of an elementwise f32
 //! kernel runs on f32x4 vectors with a scalar tail when every load is contiguous or constant
 //! along it; everything else runs scalar. Transcendental f32 functions are inline polynomial
-//! approximations (`approx.rs`); f64 ones call Rust's libm through registered symbols.
+//! approximations (`approx.rs`), except f32 `pow` and the large-argument path of `sin`/`cos`,
+//! which call Rust functions per lane (`tessera_pow_f32`, `tessera_sin_f32`,
+//! `tessera_cos_f32`); f64 ones call Rust's libm through registered symbols, the same functions
+//! the interpreter uses, so f64 results agree bit for bit.
 //!
 //! Safety of generated code: every load and store is inside its buffer. Loop bounds are the
 //! buffer shapes, guarded coordinates (pad, concatenate) are clamped into range before the
@@ -15,7 +18,7 @@ use cranelift_codegen::Context;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, F64, I8, I32, I32X4, I64};
 use cranelift_codegen::ir::{
-    AbiParam, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName, Value,
+    AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName, Value,
 };
 use cranelift_codegen::isa::CallConv;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
@@ -67,6 +70,7 @@ libcalls! {
     tessera_cos_f64: f64::cos,
     tessera_erf_f64: libm::erf,
     tessera_erf_inv_f64: tessera_interp::scalar::erf_inv_f64,
+    tessera_logistic_f64: tessera_interp::scalar::logistic_f64,
 }
 
 extern "C" fn tessera_pow_f64(x: f64, y: f64) -> f64 {
@@ -101,9 +105,11 @@ impl Drop for Compiled {
 }
 
 /// Whether the host has AVX and FMA, so that `fma` is one instruction (else it is emitted as a
-/// multiply and an add).
+/// multiply and an add). `TESSERA_NO_FMA=1` forces the second form, to test it on any host.
 pub fn host_has_fma() -> bool {
-    std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("avx")
+    std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("avx")
+        && std::env::var_os("TESSERA_NO_FMA").is_none()
 }
 
 /// Compiles every kernel into one module.
@@ -116,6 +122,9 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
     builder.symbol("tessera_pow_f64", tessera_pow_f64 as *const u8);
     builder.symbol("tessera_fmod_f64", tessera_fmod_f64 as *const u8);
     builder.symbol("tessera_fmod_f32", tessera_fmod_f32 as *const u8);
+    builder.symbol("tessera_sin_f32", approx::tessera_sin_f32 as *const u8);
+    builder.symbol("tessera_cos_f32", approx::tessera_cos_f32 as *const u8);
+    builder.symbol("tessera_pow_f32", approx::tessera_pow_f32 as *const u8);
     let mut module = JITModule::new(builder);
     let ptr = module.target_config().pointer_type();
     let mut ids = Vec::new();
@@ -178,6 +187,8 @@ struct Lower<'a, 'b> {
     lane_var: Option<usize>,
     /// The `lo..hi` parameters: the range of the outermost result index.
     range: (Value, Value),
+    /// The f32 functions generated code calls, declared on first use.
+    calls: Option<approx::Calls>,
 }
 
 fn clif_type(d: DType) -> Type {
@@ -221,6 +232,7 @@ fn build(
         fma: host_has_fma(),
         lane_var: None,
         range,
+        calls: None,
     };
     l.kernel(k);
     l.b.ins().return_(&[]);
@@ -747,9 +759,9 @@ impl Lower<'_, '_> {
         }
     }
 
-    fn call_libcall(&mut self, name: &str, ty: Type, args: &[Value]) -> Value {
+    fn import(&mut self, name: &str, ty: Type, arity: usize) -> FuncRef {
         let mut sig = self.module.make_signature();
-        for _ in args {
+        for _ in 0..arity {
             sig.params.push(AbiParam::new(ty));
         }
         sig.returns.push(AbiParam::new(ty));
@@ -757,16 +769,35 @@ impl Lower<'_, '_> {
             .module
             .declare_function(name, Linkage::Import, &sig)
             .expect("libcall signatures are consistent");
-        let fref = self.module.declare_func_in_func(id, self.b.func);
+        self.module.declare_func_in_func(id, self.b.func)
+    }
+
+    fn call_libcall(&mut self, name: &str, ty: Type, args: &[Value]) -> Value {
+        let fref = self.import(name, ty, args.len());
         let call = self.b.ins().call(fref, args);
         self.b.inst_results(call)[0]
+    }
+
+    /// The f32 slow paths and calls, declared in this function once.
+    fn calls(&mut self) -> approx::Calls {
+        if let Some(c) = self.calls {
+            return c;
+        }
+        let c = approx::Calls {
+            sin: self.import("tessera_sin_f32", F32, 1),
+            cos: self.import("tessera_cos_f32", F32, 1),
+            pow: self.import("tessera_pow_f32", F32, 2),
+        };
+        self.calls = Some(c);
+        c
     }
 
     fn unary(&mut self, u: UnaryOp, d: DType, x: Value, lanes: Lanes) -> Value {
         match d {
             DType::F32 => {
                 let fx = self.fx(lanes);
-                approx::unary_f32(&mut self.b, fx, u, x)
+                let calls = self.calls();
+                approx::unary_f32(&mut self.b, fx, u, x, calls)
             }
             DType::F64 => {
                 let f = match u {
@@ -787,13 +818,7 @@ impl Lower<'_, '_> {
                         };
                         return approx::unary_exact(&mut self.b, fx, u, x);
                     }
-                    UnaryOp::Logistic => {
-                        let n = self.b.ins().fneg(x);
-                        let e = self.call_libcall("tessera_exp_f64", F64, &[n]);
-                        let one = self.b.ins().f64const(1.0);
-                        let den = self.b.ins().fadd(one, e);
-                        return self.b.ins().fdiv(one, den);
-                    }
+                    UnaryOp::Logistic => "tessera_logistic_f64",
                     UnaryOp::Exp => "tessera_exp_f64",
                     UnaryOp::Log => "tessera_log_f64",
                     UnaryOp::Log1p => "tessera_log1p_f64",
@@ -838,7 +863,8 @@ impl Lower<'_, '_> {
 
     fn binary_vec(&mut self, op: BinaryOp, x: Value, y: Value) -> Value {
         let fx = self.fx(Lanes::Four);
-        approx::binary_f32(&mut self.b, fx, op, x, y)
+        let calls = self.calls();
+        approx::binary_f32(&mut self.b, fx, op, x, y, calls)
     }
 
     fn binary(&mut self, op: BinaryOp, d: DType, x: Value, y: Value) -> Value {
@@ -848,7 +874,8 @@ impl Lower<'_, '_> {
             }
             DType::F32 => {
                 let fx = self.fx(Lanes::One);
-                approx::binary_f32(&mut self.b, fx, op, x, y)
+                let calls = self.calls();
+                approx::binary_f32(&mut self.b, fx, op, x, y, calls)
             }
             DType::F64 => match op {
                 BinaryOp::Add => self.b.ins().fadd(x, y),

@@ -1,6 +1,7 @@
-//! The inline f32 approximations against f64 references over dense input ranges: each stays
-//! within the bound `approx.rs` states for it, scalar and f32x4 alike (the inputs run through
-//! a vectorized kernel with a scalar tail).
+//! The inline f32 approximations against f64 references over dense input ranges, as relative
+//! (or, below a floor, absolute) errors, scalar and f32x4 alike (the inputs run through a
+//! vectorized kernel with a scalar tail). A second net under `tests/ulp.rs`, which checks the
+//! ulp bounds `approx.rs` states over the whole f32 range.
 
 use tessera_interp::SingleDevice;
 use tessera_ir::{BinaryOp, DType, Data, Graph, Literal, Op, TensorType, UnaryOp};

@@ -640,7 +640,8 @@ fn bitcast(op: &Op, x: &Data, to: DType) -> Result<Data, InterpError> {
 /// rounded sum of its terms (the Cranelift backend does the same).
 fn reduce(kind: ReduceKind, axes: &[usize], x: &Literal, ty: &TensorType) -> Data {
     if let (ReduceKind::Sum, 0, Data::F32(v)) = (kind, ty.rank(), &x.data) {
-        let total: f64 = v.iter().map(|&a| a as f64).sum();
+        // From +0 (std's `Sum` for floats starts at -0): an empty sum is +0, as XLA's.
+        let total = v.iter().fold(0.0f64, |t, &a| t + a as f64);
         return Data::F32(vec![total as f32]);
     }
     let in_dims = x.ty.dims();

@@ -10,6 +10,7 @@ pub trait Float:
 {
     const ZERO: Self;
     const ONE: Self;
+    fn is_sign_negative(self) -> bool;
     fn unary(op: UnaryOp, x: Self) -> Self;
     fn binary(op: BinaryOp, x: Self, y: Self) -> Self;
     fn is_nan(self) -> bool;
@@ -26,26 +27,48 @@ fn sign<T: Float>(x: T) -> T {
     }
 }
 
-/// Maximum that propagates NaN, as `lax.max`.
+/// Maximum that propagates NaN, as `lax.max`, with -0 below +0 (`max(-0, +0) = +0` in either
+/// order, as XLA on CPU and Cranelift's `fmax`).
 pub fn fmax<T: Float>(x: T, y: T) -> T {
     if x.is_nan() || y.is_nan() {
         x + y
-    } else if y > x {
+    } else if y > x || (y == x && !y.is_sign_negative()) {
         y
     } else {
         x
     }
 }
 
-/// Minimum that propagates NaN, as `lax.min`.
+/// Minimum that propagates NaN, as `lax.min`, with -0 below +0 (`min(-0, +0) = -0`).
 pub fn fmin<T: Float>(x: T, y: T) -> T {
     if x.is_nan() || y.is_nan() {
         x + y
-    } else if y < x {
+    } else if y < x || (y == x && y.is_sign_negative()) {
         y
     } else {
         x
     }
+}
+
+/// `logistic(x)`: with `e = exp(-abs(x))`, `1 / (1 + e)` for `x >= 0` and `e / (1 + e)`
+/// below, so that large negative `x` gives `exp(x)` (down into the subnormals), not `1 / inf`.
+fn logistic<T: Float>(x: T) -> T {
+    let e = T::unary(UnaryOp::Exp, -T::unary(UnaryOp::Abs, x));
+    let num = if x >= T::ZERO { T::ONE } else { e };
+    T::binary(BinaryOp::Div, num, T::ONE + e)
+}
+
+/// f64 `logistic`, for the compiled code's calls.
+pub fn logistic_f64(x: f64) -> f64 {
+    logistic(x)
+}
+
+/// f32 `pow`: f64 `pow` rounded once. It has every C99 Annex F special case (`pow(x, +-0) =
+/// 1` even for NaN `x`, `pow(1, y) = 1`, `pow(-1, +-inf) = 1`, `pow(-0, -3) = -inf`,
+/// `pow(-inf, 0.5) = +inf`, negative `x` to a non-integer = NaN), keeps subnormals, and is
+/// within 0.5 ulp plus f64 `pow`'s own (sub-ulp) error: `pow(f32::MAX, 1) = f32::MAX`.
+pub fn pow_f32(x: f32, y: f32) -> f32 {
+    (x as f64).powf(y as f64) as f32
 }
 
 /// Giles (2010)'s f32 `erf_inv` coefficients for `w < 5`, highest power first, exactly as XLA
@@ -214,10 +237,13 @@ pub fn erf_inv_f64(y: f64) -> f64 {
 }
 
 macro_rules! impl_float {
-    ($t:ty, $erf:path, $erf_inv:path) => {
+    ($t:ty, $erf:path, $erf_inv:path, $pow:path) => {
         impl Float for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
+            fn is_sign_negative(self) -> bool {
+                <$t>::is_sign_negative(self)
+            }
             fn unary(op: UnaryOp, x: Self) -> Self {
                 match op {
                     UnaryOp::Neg => -x,
@@ -228,7 +254,7 @@ macro_rules! impl_float {
                     UnaryOp::Log1p => x.ln_1p(),
                     UnaryOp::Expm1 => x.exp_m1(),
                     UnaryOp::Tanh => x.tanh(),
-                    UnaryOp::Logistic => 1.0 / (1.0 + (-x).exp()),
+                    UnaryOp::Logistic => logistic(x),
                     UnaryOp::Sin => x.sin(),
                     UnaryOp::Cos => x.cos(),
                     UnaryOp::Sqrt => x.sqrt(),
@@ -251,7 +277,7 @@ macro_rules! impl_float {
                     BinaryOp::Rem => x % y,
                     BinaryOp::Max => fmax(x, y),
                     BinaryOp::Min => fmin(x, y),
-                    BinaryOp::Pow => x.powf(y),
+                    BinaryOp::Pow => $pow(x, y),
                     // The type rule admits bit and shift ops for integers and bool only.
                     BinaryOp::And
                     | BinaryOp::Or
@@ -267,8 +293,8 @@ macro_rules! impl_float {
     };
 }
 
-impl_float!(f32, libm::erff, erf_inv_f32);
-impl_float!(f64, libm::erf, erf_inv_f64);
+impl_float!(f32, libm::erff, erf_inv_f32, pow_f32);
+impl_float!(f64, libm::erf, erf_inv_f64, f64::powf);
 
 /// Integer semantics, for i32 and u32 (shift amounts are read as unsigned).
 pub trait Int: Copy + Ord {

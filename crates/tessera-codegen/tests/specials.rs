@@ -1,0 +1,353 @@
+//! Interpreter and compiled code agree on the special values, bit for bit: every float unary
+//! op on every special, every float binary op on every pair of specials, f32 and f64, on shape
+//! [1] (the scalar code) and [37] (f32x4 loops and a scalar tail). NaN payloads are not part of
+//! the semantics (any NaN matches any NaN); the sign of zero is. The f32 transcendental
+//! functions are approximations in compiled code: on non-special results they must be within
+//! their stated ulp bound of the interpreter instead, and bit for bit wherever either result
+//! is NaN, infinite or zero. Also: signed zeros through `max`/`min`/`round`/relu, and empty and
+//! signed-zero reductions.
+
+use tessera_interp::SingleDevice;
+use tessera_ir::{
+    BinaryOp, DType, Data, Graph, Literal, NodeId, Op, ReduceKind, TensorType, UnaryOp,
+};
+
+const SPECIALS: [f64; 16] = [
+    0.0,
+    -0.0,
+    1.401_298_464_324_817e-45, // f32 min subnormal
+    -1.401_298_464_324_817e-45,
+    1.175_494_350_822_287_5e-38, // f32::MIN_POSITIVE
+    1.0,
+    -1.0,
+    0.5,
+    -0.5,
+    2.5,
+    -2.5,
+    f64::INFINITY,
+    f64::NEG_INFINITY,
+    f64::NAN,
+    3.402_823_466_385_288_6e38, // f32::MAX
+    -3.402_823_466_385_288_6e38,
+];
+
+/// A value list of `dtype`.
+fn lit(dtype: DType, dims: &[usize], v: &[f64]) -> Literal {
+    let data = match dtype {
+        DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
+        DType::F64 => Data::F64(v.to_vec()),
+        other => panic!("float dtype expected, got {other:?}"),
+    };
+    Literal::new(dims.to_vec(), data).unwrap()
+}
+
+fn values(l: &Literal) -> Vec<f64> {
+    match &l.data {
+        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::F64(v) => v.clone(),
+        other => panic!("float result expected, got {other:?}"),
+    }
+}
+
+/// `(interpreter, compiled)` results of `g` on `inputs`.
+fn both(g: &Graph, exe: &tessera_codegen::Executable, inputs: &[Literal]) -> (Vec<f64>, Vec<f64>) {
+    let want = tessera_interp::run(g, inputs).unwrap();
+    let refs: Vec<&Literal> = inputs.iter().collect();
+    let got = exe.run(&refs, &SingleDevice).unwrap();
+    (values(&want[0]), values(&got[0]))
+}
+
+fn graph(op: Op, dtype: DType, n: usize, arity: usize) -> Graph {
+    let mut g = Graph::new("specials");
+    let ps: Vec<NodeId> = (0..arity)
+        .map(|_| g.add_param(TensorType::new(dtype, vec![n])))
+        .collect();
+    let y = g.add(op, &ps).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+/// The stated ulp bound of an f32 approximation (`approx.rs`), or `None` for the ops that are
+/// exact or computed like the interpreter (bit for bit).
+fn approximate(op: Op, dtype: DType) -> Option<f64> {
+    if dtype != DType::F32 {
+        return None;
+    }
+    match op {
+        Op::Unary(u) => match u {
+            // The looser of the FMA and no-FMA bounds (`tests/ulp.rs` checks each).
+            UnaryOp::Log => Some(1.0),
+            UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Erf => Some(1.5),
+            UnaryOp::Log1p | UnaryOp::Expm1 => Some(2.0),
+            UnaryOp::Logistic => Some(2.5),
+            // 4e-6 relative.
+            UnaryOp::ErfInv => Some(70.0),
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sign
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Not => None,
+        },
+        _ => None,
+    }
+}
+
+fn f32_ulp(c: f32) -> f64 {
+    let e = (c.to_bits() >> 23) & 0xff;
+    2f64.powi(e.max(1) as i32 - 150)
+}
+
+/// Whether `got` matches `want` under `bound` (see the module doc).
+fn agrees(want: f64, got: f64, bound: Option<f64>) -> bool {
+    if want.is_nan() || got.is_nan() {
+        return want.is_nan() && got.is_nan();
+    }
+    let special = |v: f64| v == 0.0 || v.is_infinite();
+    match bound {
+        Some(b) if !special(want) && !special(got) => {
+            (got - want).abs() <= b * f32_ulp(want as f32)
+        }
+        _ => want.to_bits() == got.to_bits(),
+    }
+}
+
+fn check(
+    op: Op,
+    dtype: DType,
+    inputs: &[Vec<f64>],
+    want: &[f64],
+    got: &[f64],
+    bad: &mut Vec<String>,
+) {
+    let bound = approximate(op.clone(), dtype);
+    for i in 0..want.len() {
+        if !agrees(want[i], got[i], bound) {
+            let args: Vec<String> = inputs.iter().map(|v| format!("{:e}", v[i])).collect();
+            bad.push(format!(
+                "{op:?} {dtype:?} n={} ({}): interpreter {:e} ({:#x}), compiled {:e} ({:#x})",
+                want.len(),
+                args.join(", "),
+                want[i],
+                want[i].to_bits(),
+                got[i],
+                got[i].to_bits()
+            ));
+        }
+    }
+}
+
+/// Runs `op` on the argument columns `cols` in shape [1], element by element, and in shape
+/// [37] chunks (the last chunk padded by repeating its first rows).
+fn table(op: Op, dtype: DType, cols: &[Vec<f64>], bad: &mut Vec<String>) {
+    let arity = cols.len();
+    let g1 = graph(op.clone(), dtype, 1, arity);
+    let e1 = tessera_codegen::compile(&g1).unwrap();
+    for i in 0..cols[0].len() {
+        let args: Vec<Vec<f64>> = cols.iter().map(|c| vec![c[i]]).collect();
+        let lits: Vec<Literal> = args.iter().map(|a| lit(dtype, &[1], a)).collect();
+        let (want, got) = both(&g1, &e1, &lits);
+        check(op.clone(), dtype, &args, &want, &got, bad);
+    }
+    let g37 = graph(op.clone(), dtype, 37, arity);
+    let e37 = tessera_codegen::compile(&g37).unwrap();
+    for start in (0..cols[0].len()).step_by(37) {
+        let args: Vec<Vec<f64>> = cols
+            .iter()
+            .map(|c| (0..37).map(|k| c[(start + k) % c.len()]).collect())
+            .collect();
+        let lits: Vec<Literal> = args.iter().map(|a| lit(dtype, &[37], a)).collect();
+        let (want, got) = both(&g37, &e37, &lits);
+        check(op.clone(), dtype, &args, &want, &got, bad);
+    }
+}
+
+fn float_binary_ops() -> Vec<BinaryOp> {
+    BinaryOp::ALL
+        .into_iter()
+        .filter(|b| {
+            matches!(
+                b,
+                BinaryOp::Add
+                    | BinaryOp::Sub
+                    | BinaryOp::Mul
+                    | BinaryOp::Div
+                    | BinaryOp::Rem
+                    | BinaryOp::Max
+                    | BinaryOp::Min
+                    | BinaryOp::Pow
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn unary_ops_agree_on_specials() {
+    let mut bad = Vec::new();
+    for dtype in [DType::F32, DType::F64] {
+        for u in UnaryOp::ALL {
+            if u == UnaryOp::Not {
+                continue;
+            }
+            table(Op::Unary(u), dtype, &[SPECIALS.to_vec()], &mut bad);
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} mismatches:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn binary_ops_agree_on_all_pairs_of_specials() {
+    let xs: Vec<f64> = SPECIALS.iter().flat_map(|&a| [a; 16]).collect();
+    let ys: Vec<f64> = (0..16).flat_map(|_| SPECIALS).collect();
+    let mut bad = Vec::new();
+    for dtype in [DType::F32, DType::F64] {
+        for op in float_binary_ops() {
+            table(Op::Binary(op), dtype, &[xs.clone(), ys.clone()], &mut bad);
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} mismatches:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+/// JAX's choices, on both backends: max(-0, +0) = +0 and min = -0 in either order, relu
+/// (max(x, 0)) of -0 is +0 and of NaN is NaN, round keeps the sign of zero.
+#[test]
+fn signed_zeros_and_nan_follow_jax() {
+    let bits = |v: &[f64]| -> Vec<u64> { v.iter().map(|x| x.to_bits()).collect() };
+    for dtype in [DType::F32, DType::F64] {
+        for n in [1usize, 37] {
+            let cases: [(Op, f64, f64, f64); 6] = [
+                (Op::Binary(BinaryOp::Max), -0.0, 0.0, 0.0),
+                (Op::Binary(BinaryOp::Max), 0.0, -0.0, 0.0),
+                (Op::Binary(BinaryOp::Min), -0.0, 0.0, -0.0),
+                (Op::Binary(BinaryOp::Min), 0.0, -0.0, -0.0),
+                (Op::Binary(BinaryOp::Max), -0.0, 0.0, 0.0),
+                (Op::Binary(BinaryOp::Max), f64::NAN, 0.0, f64::NAN),
+            ];
+            for (op, x, y, want) in cases {
+                let g = graph(op.clone(), dtype, n, 2);
+                let e = tessera_codegen::compile(&g).unwrap();
+                let lits = [lit(dtype, &[n], &vec![x; n]), lit(dtype, &[n], &vec![y; n])];
+                let (i, c) = both(&g, &e, &lits);
+                let w = values(&lit(dtype, &[n], &vec![want; n]));
+                if want.is_nan() {
+                    assert!(i.iter().chain(&c).all(|v| v.is_nan()), "{op:?}({x}, {y})");
+                } else {
+                    assert_eq!(bits(&i), bits(&w), "interpreter {op:?}({x}, {y}) {dtype:?}");
+                    assert_eq!(bits(&c), bits(&w), "compiled {op:?}({x}, {y}) {dtype:?}");
+                }
+            }
+            let g = graph(Op::Unary(UnaryOp::Round), dtype, n, 1);
+            let e = tessera_codegen::compile(&g).unwrap();
+            for (x, want) in [
+                (-0.4, -0.0),
+                (-0.0, -0.0),
+                (0.4, 0.0),
+                (-0.5, -1.0),
+                (2.5, 3.0),
+            ] {
+                let (i, c) = both(&g, &e, &[lit(dtype, &[n], &vec![x; n])]);
+                let w = values(&lit(dtype, &[n], &vec![want; n]));
+                assert_eq!(bits(&i), bits(&w), "interpreter round({x}) {dtype:?}");
+                assert_eq!(bits(&c), bits(&w), "compiled round({x}) {dtype:?}");
+            }
+        }
+    }
+}
+
+/// A reduction of `x` (shape `dims`) over `axes` on both backends, bit for bit.
+fn reduce_both(
+    kind: ReduceKind,
+    dtype: DType,
+    dims: &[usize],
+    axes: &[usize],
+    x: &[f64],
+) -> Vec<u64> {
+    let mut g = Graph::new("reduce");
+    let p = g.add_param(TensorType::new(dtype, dims.to_vec()));
+    let y = g
+        .add(
+            Op::Reduce {
+                kind,
+                axes: axes.to_vec(),
+            },
+            &[p],
+        )
+        .unwrap();
+    g.set_outputs(vec![y]);
+    let e = tessera_codegen::compile(&g).unwrap();
+    let (i, c) = both(&g, &e, &[lit(dtype, dims, x)]);
+    let (ib, cb): (Vec<u64>, Vec<u64>) = (
+        i.iter().map(|v| v.to_bits()).collect(),
+        c.iter().map(|v| v.to_bits()).collect(),
+    );
+    assert_eq!(ib, cb, "{kind:?} {dtype:?} {dims:?} over {axes:?} of {x:?}");
+    ib
+}
+
+/// Empty sum +0, empty max -inf, empty min +inf; a sum of -0s is +0 (XLA starts from +0);
+/// max/min of signed zeros order -0 below +0. Rank-0 results (the f32 sum accumulates in f64)
+/// and rank-1 results (the vectorized accumulation) alike.
+#[test]
+fn reductions_of_empty_and_signed_zeros() {
+    let b = |v: f64| v.to_bits();
+    for dtype in [DType::F32, DType::F64] {
+        assert_eq!(
+            reduce_both(ReduceKind::Sum, dtype, &[0], &[0], &[]),
+            vec![b(0.0)]
+        );
+        assert_eq!(
+            reduce_both(ReduceKind::Max, dtype, &[0], &[0], &[]),
+            vec![b(f64::NEG_INFINITY)]
+        );
+        assert_eq!(
+            reduce_both(ReduceKind::Min, dtype, &[0], &[0], &[]),
+            vec![b(f64::INFINITY)]
+        );
+        assert_eq!(
+            reduce_both(ReduceKind::Sum, dtype, &[8, 0], &[1], &[]),
+            vec![b(0.0); 8]
+        );
+        assert_eq!(
+            reduce_both(ReduceKind::Sum, dtype, &[0, 8], &[0], &[]),
+            vec![b(0.0); 8]
+        );
+        assert_eq!(
+            reduce_both(ReduceKind::Sum, dtype, &[3], &[0], &[-0.0; 3]),
+            vec![b(0.0)]
+        );
+        // Rows (-0, +0, -0, ...) and (+0, -0, +0, ...): each column has both zeros, in
+        // both orders across columns.
+        let zs: Vec<f64> = (0..16)
+            .map(|i| if (i / 8 + i % 8) % 2 == 0 { -0.0 } else { 0.0 })
+            .collect();
+        assert_eq!(
+            reduce_both(ReduceKind::Max, dtype, &[2, 8], &[0], &zs),
+            vec![b(0.0); 8]
+        );
+        assert_eq!(
+            reduce_both(ReduceKind::Min, dtype, &[2, 8], &[0], &zs),
+            vec![b(-0.0); 8]
+        );
+        assert_eq!(
+            reduce_both(ReduceKind::Max, dtype, &[16], &[0], &zs),
+            vec![b(0.0)]
+        );
+        assert_eq!(
+            reduce_both(ReduceKind::Min, dtype, &[16], &[0], &zs),
+            vec![b(-0.0)]
+        );
+    }
+}
