@@ -545,6 +545,9 @@ pub fn sin_cos(b: &mut FunctionBuilder, f: Fx, x: Value, cos: bool, slow: FuncRe
     b.switch_to_block(slow_block);
     b.seal_block(slow_block);
     let v = per_lane(b, f, slow, &[x]);
+    // Only the large lanes take the call's value: each element's result depends on it alone,
+    // not on which other elements share its vector (so it is the same fused or alone).
+    let v = f.sel(b, big, v, fast);
     b.ins().jump(merge, &[BlockArg::Value(v)]);
     b.switch_to_block(merge);
     b.seal_block(merge);

@@ -381,7 +381,6 @@ fn fuzz(first_seed: u64, count: u64, budget: Duration) -> Result<u64, String> {
 }
 
 #[test]
-#[ignore = "enabled once the zero-size and numerics fixes land (it finds them)"]
 fn fuzz_short() {
     // A fixed range of seeds, so the suite is deterministic; the time budget only guards
     // against a slow machine.
