@@ -16,6 +16,21 @@ fn pat(s: &str) -> Pattern<Node> {
 }
 
 /// `?v` is a splat of `value` with the matched class's type.
+/// `?v` is a splat of zero that leaves every `x` as it is under the rule: for floats only the
+/// zero of the given sign (`x + -0 == x` and `x - +0 == x` bit for bit, `-0` included, while
+/// `-0 + +0` is `+0`); for integers any zero.
+fn identity_zero(v: &'static str, negative: bool) -> impl Fn(&mut EG, Id, &Subst) -> bool {
+    let var: Var = v.parse().expect("a variable");
+    move |eg, class, subst| {
+        let data = &eg[subst[var]].data;
+        data.ty == eg[class].data.ty
+            && data.splat.is_some_and(|z| {
+                let float = data.ty.as_ref().is_some_and(|t| t.dtype.is_float());
+                z == 0.0 && (!float || z.is_sign_negative() == negative)
+            })
+    }
+}
+
 fn splat_of(v: &'static str, value: f64) -> impl Fn(&mut EG, Id, &Subst) -> bool {
     let var: Var = v.parse().expect("a variable");
     move |eg, class, subst| {
@@ -90,11 +105,11 @@ pub fn rules() -> Vec<Rewrite<Node, TensorAnalysis>> {
         // x * 1 = x
         cond("mul-one", "(mul ?x ?c)", "?x", splat_of("?c", 1.0)),
         cond("one-mul", "(mul ?c ?x)", "?x", splat_of("?c", 1.0)),
-        // x + 0 = x (numerically: -0 + 0 is +0, which compares equal to -0)
-        cond("add-zero", "(add ?x ?c)", "?x", splat_of("?c", 0.0)),
-        cond("zero-add", "(add ?c ?x)", "?x", splat_of("?c", 0.0)),
-        // x - 0 = x
-        cond("sub-zero", "(sub ?x ?c)", "?x", splat_of("?c", 0.0)),
+        // x + -0 = x (for floats not x + +0: -0 + +0 is +0)
+        cond("add-zero", "(add ?x ?c)", "?x", identity_zero("?c", true)),
+        cond("zero-add", "(add ?c ?x)", "?x", identity_zero("?c", true)),
+        // x - +0 = x (for floats not x - -0: -0 - -0 is +0)
+        cond("sub-zero", "(sub ?x ?c)", "?x", identity_zero("?c", false)),
         // -(-x) = x
         Rewrite::new("neg-neg", pat("(neg (neg ?x))"), pat("?x")).expect("rule"),
         // x / 1 = x

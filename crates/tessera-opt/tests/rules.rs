@@ -23,7 +23,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ),
     (
         "add-zero",
-        "func @f(%0: f32[N,M]) {\n  %1 = constant 0.0 : f32[N,M]\n  %2 = add %0, %1 : f32[N,M]\n  return %2\n}\n",
+        "func @f(%0: f32[N,M]) {\n  %1 = constant -0.0 : f32[N,M]\n  %2 = add %0, %1 : f32[N,M]\n  return %2\n}\n",
         "add",
     ),
     (

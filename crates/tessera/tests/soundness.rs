@@ -421,3 +421,17 @@ fn results_too_large_for_the_machine_are_errors() {
         assert!(text.contains(&want), "{text}");
     }
 }
+
+#[test]
+fn simplification_keeps_signed_zeros() {
+    // -0 + +0 is +0 and -0 - -0 is +0: the simplifier may drop only `+ -0` and `- +0`.
+    let x = Tensor::from_vec(vec![-0.0f32, 0.0, 1.0], [3]);
+    let plus_zero = |x: Tensor| (&x + 0.0, &x - (-0.0), &x + (-0.0), &x - 0.0);
+    for simplify in [true, false] {
+        let (a, b, c, d) = jit(plus_zero).simplify(simplify).call(x.clone()).unwrap();
+        assert_eq!(bits(&a)[0], 0, "x + 0 at -0, simplify {simplify}");
+        assert_eq!(bits(&b)[0], 0, "x - -0 at -0, simplify {simplify}");
+        assert_eq!(bits(&c)[0], (-0.0f32).to_bits(), "x + -0 at -0");
+        assert_eq!(bits(&d)[0], (-0.0f32).to_bits(), "x - 0 at -0");
+    }
+}
