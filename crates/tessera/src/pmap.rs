@@ -254,9 +254,13 @@ pub fn psum(x: &Tensor, axis: &str) -> Tensor {
     )
 }
 
-/// `lax.pmean`: the mean over the devices of `axis`.
+/// `lax.pmean`: the mean over the devices of `axis` (f32 for an integer or bool `x`, as JAX's
+/// true division gives, never a truncated integer).
 #[track_caller]
 pub fn pmean(x: &Tensor, axis: &str) -> Tensor {
+    if !x.dtype().is_float() {
+        return pmean(&x.astype(tessera_ir::DType::F32), axis);
+    }
     let n = axis_size("pmean", axis);
     let s = psum(x, axis);
     let d = s.scalar_like(n as f64);

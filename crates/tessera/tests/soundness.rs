@@ -435,3 +435,12 @@ fn simplification_keeps_signed_zeros() {
         assert_eq!(bits(&d)[0], (-0.0f32).to_bits(), "x - 0 at -0");
     }
 }
+
+#[test]
+fn pmean_of_integers_is_f32() {
+    two_devices();
+    let x = Tensor::from_vec(vec![1i32, 2], [2, 1]);
+    let m = pmap("i", |x: Tensor| pmean(&x, "i")).call(x).unwrap();
+    assert_eq!(m.dtype(), DType::F32);
+    assert_eq!(m.to_vec::<f32>(), vec![1.5, 1.5]);
+}
