@@ -8,6 +8,10 @@
 
 use std::process::Command;
 
+#[path = "support/ensure_valgrind.rs"]
+mod support;
+use support::ensure_valgrind;
+
 use tessera_interp::{SingleDevice, run};
 use tessera_ir::Literal;
 use tessera_ir::corpus::{Lcg, op_samples, random_inputs};
@@ -50,41 +54,5 @@ fn compiled_programs_run_clean_under_valgrind() {
         out.status.success(),
         "valgrind reported errors (exit {:?}):\n{stderr}",
         out.status.code()
-    );
-}
-
-/// Makes sure valgrind is there: installs it when it is missing and this process may
-/// (root, apt-get); otherwise fails with the line that installs it.
-fn ensure_valgrind() {
-    let present = || {
-        Command::new("valgrind")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if present() {
-        return;
-    }
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if root {
-        let apt = |args: &[&str]| {
-            Command::new("apt-get")
-                .args(args)
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !apt(&["install", "-y", "valgrind"]) {
-            apt(&["update"]);
-            apt(&["install", "-y", "valgrind"]);
-        }
-    }
-    assert!(
-        present(),
-        "valgrind is not installed (and could not be installed from here): the memcheck test \
-         cannot run. Install it with: sudo apt-get update && sudo apt-get install -y valgrind"
     );
 }

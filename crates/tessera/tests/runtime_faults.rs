@@ -6,6 +6,10 @@
 
 use std::process::Command;
 
+#[path = "../../tessera-codegen/tests/support/ensure_valgrind.rs"]
+mod support;
+use support::ensure_valgrind;
+
 use tessera::prelude::*;
 
 const CASE: &str = "TESSERA_RUNTIME_CASE";
@@ -137,42 +141,6 @@ fn an_empty_device_count_means_the_cores() {
 }
 
 // ---- The threaded runtime under memcheck.
-
-/// Makes sure valgrind is there: installs it when it is missing and this process may
-/// (root, apt-get); otherwise fails with the line that installs it.
-fn ensure_valgrind() {
-    let present = || {
-        Command::new("valgrind")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if present() {
-        return;
-    }
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if root {
-        let apt = |args: &[&str]| {
-            Command::new("apt-get")
-                .args(args)
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !apt(&["install", "-y", "valgrind"]) {
-            apt(&["update"]);
-            apt(&["install", "-y", "valgrind"]);
-        }
-    }
-    assert!(
-        present(),
-        "valgrind is not installed (and could not be installed from here): the memcheck test \
-         cannot run. Install it with: sudo apt-get update && sudo apt-get install -y valgrind"
-    );
-}
 
 #[derive(Tree, Clone)]
 struct Net {
