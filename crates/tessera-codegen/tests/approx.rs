@@ -3,30 +3,10 @@
 //! vectorized kernel with a scalar tail). A second net under `tests/ulp.rs`, which checks the
 //! ulp bounds `approx.rs` states over the whole f32 range.
 
-use tessera_interp::SingleDevice;
-use tessera_ir::{BinaryOp, DType, Data, Graph, Literal, Op, TensorType, UnaryOp};
-
-/// Runs `op` compiled on every input and returns the results.
-fn compiled(op: Op, inputs: &[Vec<f32>]) -> Vec<f32> {
-    let n = inputs[0].len();
-    let mut g = Graph::new("approx");
-    let ps: Vec<_> = inputs
-        .iter()
-        .map(|_| g.add_param(TensorType::new(DType::F32, vec![n])))
-        .collect();
-    let y = g.add(op, &ps).unwrap();
-    g.set_outputs(vec![y]);
-    let exe = tessera_codegen::compile(&g).unwrap();
-    let lits: Vec<Literal> = inputs
-        .iter()
-        .map(|v| Literal::new([n], Data::F32(v.clone())).unwrap())
-        .collect();
-    let refs: Vec<&Literal> = lits.iter().collect();
-    match &exe.run(&refs, &SingleDevice).unwrap()[0].data {
-        Data::F32(v) => v.clone(),
-        _ => unreachable!(),
-    }
-}
+#[path = "support/elementwise.rs"]
+mod support;
+use support::compiled;
+use tessera_ir::{BinaryOp, Op, UnaryOp};
 
 fn range(lo: f64, hi: f64, n: usize) -> Vec<f32> {
     (0..n)

@@ -5,22 +5,14 @@
 
 use std::time::Instant;
 use tessera_interp::SingleDevice;
-use tessera_ir::{BinaryOp, DType, Data, Graph, Literal, Op, TensorType, UnaryOp};
+#[path = "support/elementwise.rs"]
+mod support;
+
+use tessera_ir::{BinaryOp, Literal, Op, UnaryOp};
 
 fn ns_per_element(op: Op, inputs: &[Vec<f32>]) -> f64 {
     let n = inputs[0].len();
-    let mut g = Graph::new("speed");
-    let ps: Vec<_> = inputs
-        .iter()
-        .map(|_| g.add_param(TensorType::new(DType::F32, vec![n])))
-        .collect();
-    let y = g.add(op, &ps).unwrap();
-    g.set_outputs(vec![y]);
-    let exe = tessera_codegen::compile(&g).unwrap();
-    let lits: Vec<Literal> = inputs
-        .iter()
-        .map(|v| Literal::new([n], Data::F32(v.clone())).unwrap())
-        .collect();
+    let (exe, lits) = support::build(op, inputs);
     let refs: Vec<&Literal> = lits.iter().collect();
     (0..5)
         .map(|_| {

@@ -5,30 +5,11 @@
 //! +-inf, overflow to inf, underflow to 0) must match the reference exactly. Set
 //! `APPROX_REPORT=1` to print the measured maxima without asserting.
 
+#[path = "support/elementwise.rs"]
+mod support;
+use support::compiled;
 use tessera_interp::SingleDevice;
 use tessera_ir::{BinaryOp, DType, Data, Graph, Literal, Op, TensorType, UnaryOp};
-
-/// Runs `op` compiled, elementwise over the inputs.
-fn compiled(op: Op, inputs: &[Vec<f32>]) -> Vec<f32> {
-    let n = inputs[0].len();
-    let mut g = Graph::new("ulp");
-    let ps: Vec<_> = inputs
-        .iter()
-        .map(|_| g.add_param(TensorType::new(DType::F32, vec![n])))
-        .collect();
-    let y = g.add(op, &ps).unwrap();
-    g.set_outputs(vec![y]);
-    let exe = tessera_codegen::compile(&g).unwrap();
-    let lits: Vec<Literal> = inputs
-        .iter()
-        .map(|v| Literal::new([n], Data::F32(v.clone())).unwrap())
-        .collect();
-    let refs: Vec<&Literal> = lits.iter().collect();
-    match &exe.run(&refs, &SingleDevice).unwrap()[0].data {
-        Data::F32(v) => v.clone(),
-        other => panic!("f32 result expected, got {other:?}"),
-    }
-}
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
