@@ -325,6 +325,10 @@ fn summary(l: &Literal) -> String {
     s
 }
 
+/// Element pairs as f64 (compiled, interpreter, same bits, ulps apart) with their width's
+/// epsilon, smallest subnormal and largest finite value.
+type FloatPairs = (Vec<(f64, f64, bool, Option<u64>)>, f64, f64, f64);
+
 /// The first element outside the bound, described, or `None` when all are within it.
 fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) -> Option<String> {
     if got.ty != want.ty {
@@ -351,59 +355,67 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
             want.data.element_text(k)
         ))
     };
-    match (&got.data, &want.data) {
-        (Data::F32(g), Data::F32(w)) => {
-            for k in 0..w.len() {
-                let (x, y) = (g[k], w[k]);
-                if x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()) {
-                    continue;
-                }
-                let ok = match b {
-                    Bound::Exact | Bound::Unchecked => false,
-                    Bound::Ulps(u) => ulps_f32(x, y).is_some_and(|d| d <= u),
-                    Bound::Accumulated => {
-                        let m = magnitude.as_ref().map_or(0.0, |m| m[k]);
-                        // Relative error per step, plus, where values are subnormal, an
-                        // absolute half-ulp of the smallest subnormal per product and per sum.
-                        let tol = terms as f64 * (f32::EPSILON as f64 * m + 2.0 * 1.401_298_5e-45);
-                        within_sum_bound(x as f64, y as f64, m, tol, f32::MAX as f64)
-                    }
-                };
-                if !ok {
-                    let extra = match ulps_f32(x, y) {
-                        Some(d) => format!(" ({d} ulp, bound {b:?})"),
-                        None => format!(" (bound {b:?})"),
-                    };
-                    return describe(k, extra);
-                }
+    // One float path for both widths: the values as f64, with the width's ulp distance,
+    // epsilon, smallest subnormal and largest finite value.
+    let floats: Option<FloatPairs> = match (&got.data, &want.data) {
+        (Data::F32(g), Data::F32(w)) => Some((
+            g.iter()
+                .zip(w)
+                .map(|(&x, &y)| {
+                    (
+                        x as f64,
+                        y as f64,
+                        x.to_bits() == y.to_bits(),
+                        ulps_f32(x, y),
+                    )
+                })
+                .collect(),
+            f32::EPSILON as f64,
+            1.401_298_5e-45,
+            f32::MAX as f64,
+        )),
+        (Data::F64(g), Data::F64(w)) => Some((
+            g.iter()
+                .zip(w)
+                .map(|(&x, &y)| (x, y, x.to_bits() == y.to_bits(), ulps_f64(x, y)))
+                .collect(),
+            f64::EPSILON,
+            5e-324,
+            f64::MAX,
+        )),
+        _ => None,
+    };
+    if let Some((pairs, eps, tiny, max)) = floats {
+        for (k, &(x, y, same_bits, ulps)) in pairs.iter().enumerate() {
+            if same_bits || (x.is_nan() && y.is_nan()) {
+                continue;
             }
-            None
-        }
-        (Data::F64(g), Data::F64(w)) => {
-            for k in 0..w.len() {
-                let (x, y) = (g[k], w[k]);
-                if x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()) {
-                    continue;
+            let ok = match b {
+                Bound::Exact | Bound::Unchecked => false,
+                Bound::Ulps(u) => ulps.is_some_and(|d| d <= u),
+                Bound::Accumulated => {
+                    let m = magnitude.as_ref().map_or(0.0, |m| m[k]);
+                    // Relative error per step, plus, where values are subnormal, an absolute
+                    // half-ulp of the smallest subnormal per product and per sum.
+                    let tol = terms as f64 * (eps * m + 2.0 * tiny);
+                    within_sum_bound(x, y, m, tol, max)
                 }
-                let ok = match b {
-                    Bound::Exact | Bound::Unchecked => false,
-                    Bound::Ulps(u) => ulps_f64(x, y).is_some_and(|d| d <= u),
-                    Bound::Accumulated => {
-                        let m = magnitude.as_ref().map_or(0.0, |m| m[k]);
-                        let tol = terms as f64 * (f64::EPSILON * m + 2.0 * 5e-324);
-                        within_sum_bound(x, y, m, tol, f64::MAX)
-                    }
+            };
+            if !ok {
+                let extra = match ulps {
+                    Some(d) => format!(" ({d} ulp, bound {b:?})"),
+                    None => format!(" (bound {b:?})"),
                 };
-                if !ok {
-                    return describe(k, format!(" (bound {b:?})"));
-                }
+                return describe(k, extra);
             }
-            None
         }
-        (g, w) => (0..w.len())
-            .find(|&k| g.element_text(k) != w.element_text(k))
-            .and_then(|k| describe(k, String::new())),
+        return None;
     }
+    // Integers and bools: bit for bit.
+    let (g, w) = (&got.data, &want.data);
+    (0..w.len())
+        .find(|&k| g.element_text(k) != w.element_text(k))
+        .and_then(|k| describe(k, String::new()))
 }
 
 /// Whether a sum computed in some order (`got`) is within the rounding error of another
@@ -503,6 +515,23 @@ mod tests {
         assert!(diff.unwrap().contains("element 1"));
         let err = checker.report(t, &[&x], "element 1").to_string();
         assert!(err.contains("`tanh` at src/model.rs:7"), "{err}");
+    }
+
+    #[test]
+    fn exact_ops_tell_the_zeros_apart_and_ulps_bounds_hold() {
+        let l = |v: f32| Literal::new(Vec::<usize>::new(), Data::F32(vec![v])).unwrap();
+        let l64 = |v: f64| Literal::new(Vec::<usize>::new(), Data::F64(vec![v])).unwrap();
+        let neg = Op::Unary(UnaryOp::Neg);
+        assert!(compare(&neg, Bound::Exact, &l(0.0), &l(-0.0), &[]).is_some());
+        assert!(compare(&neg, Bound::Exact, &l64(0.0), &l64(-0.0), &[]).is_some());
+        assert_eq!(
+            compare(&neg, Bound::Exact, &l(f32::NAN), &l(-f32::NAN), &[]),
+            None
+        );
+        let near = f32::from_bits(1.0f32.to_bits() + 2);
+        assert_eq!(compare(&neg, Bound::Ulps(2), &l(near), &l(1.0), &[]), None);
+        assert!(compare(&neg, Bound::Ulps(1), &l(near), &l(1.0), &[]).is_some());
+        assert!(compare(&neg, Bound::Ulps(9), &l(f32::INFINITY), &l(f32::MAX), &[]).is_some());
     }
 
     #[test]

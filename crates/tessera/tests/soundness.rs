@@ -33,6 +33,14 @@ fn here() -> String {
     format!("{}:{}", l.file(), l.line())
 }
 
+/// Asserts that `err` names this file at `offset` lines below `line` (from `here()`).
+#[track_caller]
+fn names_line(err: &str, line: &str, offset: i64) {
+    let at: i64 = line.rsplit(':').next().unwrap().parse().unwrap();
+    let want = format!("tests/soundness.rs:{}", at + offset);
+    assert!(err.contains(&want), "{err}: expected {want}");
+}
+
 /// The message of an eager panic.
 fn panic_text(f: impl FnOnce()) -> String {
     let p =
@@ -183,11 +191,7 @@ fn broadcast_errors_name_the_callers_line() {
     let f = jit(|(a, b): (Tensor, Tensor)| a.mul(&b));
     let line = here();
     let err = f.call((a.clone(), b.clone())).unwrap_err().to_string();
-    let want_line: u32 = line.rsplit(':').next().unwrap().parse().unwrap();
-    assert!(
-        err.contains(&format!("tests/soundness.rs:{}", want_line - 1)),
-        "{err}"
-    );
+    names_line(&err, &line, -1);
 }
 
 #[test]
@@ -195,11 +199,7 @@ fn read_errors_name_the_callers_line() {
     let t = Tensor::zeros([2]);
     let line = here();
     let err = t.try_to_vec::<i32>().unwrap_err().to_string();
-    let want_line: u32 = line.rsplit(':').next().unwrap().parse().unwrap();
-    assert!(
-        err.contains(&format!("tests/soundness.rs:{}", want_line + 1)),
-        "{err}"
-    );
+    names_line(&err, &line, 1);
 }
 
 #[test]
@@ -212,11 +212,7 @@ fn inputs_on_two_meshes_name_the_call() {
     let f = jit(|(x, y): (Tensor, Tensor)| x + y);
     let line = here();
     let err = f.call((x, y)).unwrap_err().to_string();
-    let want_line: u32 = line.rsplit(':').next().unwrap().parse().unwrap();
-    assert!(
-        err.contains(&format!("tests/soundness.rs:{}", want_line + 1)),
-        "{err}"
-    );
+    names_line(&err, &line, 1);
 }
 
 #[test]
