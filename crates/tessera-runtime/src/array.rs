@@ -3,46 +3,22 @@
 use std::sync::{Arc, OnceLock};
 
 use tessera_interp::unravel;
+use tessera_ir::sharding::{Spec, is_replicated};
 use tessera_ir::{Data, Literal, Mesh, TensorType};
 
-/// How an array is laid over a mesh: for each dimension, the mesh axes it is split over (major
-/// first), and which device holds each mesh position.
+/// How an array is laid over a mesh: its split (`Spec`, the vocabulary shared with the compiler
+/// and the user API, `tessera_ir::sharding`), and which device holds each mesh position.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ShardSpec {
     pub mesh: Mesh,
     pub devices: Vec<usize>,
-    pub dims: Vec<Vec<String>>,
+    pub dims: Spec,
 }
 
 impl ShardSpec {
     /// The shard of mesh position `pos`: for each dim, (offset, size) in the global array.
     pub fn shard_range(&self, ty: &TensorType, pos: usize) -> Vec<(usize, usize)> {
-        let sizes: Vec<usize> = self.mesh.axes.iter().map(|(_, s)| *s).collect();
-        let mut coords = vec![0; sizes.len()];
-        let mut rest = pos;
-        for i in (0..sizes.len()).rev() {
-            coords[i] = rest % sizes[i];
-            rest /= sizes[i];
-        }
-        ty.dims()
-            .iter()
-            .zip(&self.dims)
-            .map(|(&d, axes)| {
-                let mut n = 1;
-                let mut k = 0;
-                for a in axes {
-                    let i = self
-                        .mesh
-                        .axes
-                        .iter()
-                        .position(|(m, _)| m == a)
-                        .expect("axis of the mesh");
-                    k = k * sizes[i] + coords[i];
-                    n *= sizes[i];
-                }
-                (k * d / n, d / n)
-            })
-            .collect()
+        self.mesh.shard_range(ty.dims(), &self.dims, pos)
     }
 
     /// The type of one shard.
@@ -57,7 +33,7 @@ impl ShardSpec {
     }
 
     pub fn is_replicated(&self) -> bool {
-        self.dims.iter().all(|d| d.is_empty())
+        is_replicated(&self.dims)
     }
 }
 
