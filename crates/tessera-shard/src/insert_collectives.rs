@@ -78,7 +78,7 @@ pub(crate) fn insert(g: &Graph) -> Result<Inserted, ShardError> {
     }
     if let Some(id) = g.node_ids().find(|&id| g.op(id).is_collective()) {
         return Err(ShardError::Invalid(format!(
-            "{PASS}: the input holds a {}; collectives are this pass's output",
+            "{PASS}: the input holds {}; collectives are this pass's output",
             g.op(id).name()
         )));
     }

@@ -71,8 +71,10 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
                 let src = operands[0];
                 if partial.get(&src) != Some(&(*kind, axes.clone())) {
                     return Err(ShardError::Invalid(format!(
-                        "{PASS}: all_reduce {kind:?} over {axes:?} of a {} that is not partial                          over exactly those axes",
-                        g.op(src).name()
+                        "{PASS}: all_reduce {kind:?} over {axes:?} of the {} : {}, which is not partial over \
+                         exactly those axes",
+                        g.op(src).name(),
+                        g.ty(src)
                     )));
                 }
                 let loc = g.node(id).loc.clone();
@@ -84,7 +86,8 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
             | Op::CollectivePermute { .. }
             | Op::AxisIndex { .. } => {
                 return Err(ShardError::Invalid(format!(
-                    "{PASS}: a {} in the input; the input's communication is sharding_constraint                      and all_reduce only",
+                    "{PASS}: {} in the input; its communication is sharding_constraint and \
+                     all_reduce only",
                     op.name()
                 )));
             }
@@ -136,7 +139,8 @@ fn incomplete(
 ) -> ShardError {
     let (kind, axes) = &partial[&id];
     ShardError::Invalid(format!(
-        "{PASS}: the {} : {} is partial ({kind:?} over {axes:?}) and used before an all_reduce          completes it",
+        "{PASS}: the {} : {} is partial ({kind:?} over {axes:?}) and is used or returned \
+         before an all_reduce completes it",
         g.op(id).name(),
         g.ty(id)
     ))
@@ -155,7 +159,8 @@ fn check_op(
     let a = settle(g, mesh, &rule, id, operands, result);
     let mismatch = |what: String, have: &Spec, want: Spec| {
         ShardError::Invalid(format!(
-            "{PASS}: {what} of the {} : {} is sharded {} but its factor rule makes it {};              run insert_collectives first",
+            "{PASS}: {what} of the {} : {} is sharded {} but its factor rule makes it {}; \
+             run insert_collectives first",
             g.op(id).name(),
             g.ty(id),
             spec_text(have),
@@ -266,7 +271,8 @@ impl Partitioner<'_> {
             }
             _ => {
                 return Err(ShardError::Invalid(format!(
-                    "{PASS}: all_reduce over {axes:?} from {} to {}: only one dim, whole before,                      may be split after, over some of the reduced axes",
+                    "{PASS}: all_reduce over {axes:?} from {} to {}: only one dim, whole before, \
+                     may be split after, over some of the reduced axes",
                     spec_text(from),
                     spec_text(to)
                 )));
