@@ -136,12 +136,7 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         Op::Reduce { kind, axes } => reduce_rule(from(), *kind, axes),
         Op::ArgMax { axis } => argmax_rule(from(), *axis),
         Op::DotGeneral(dd) => dot_rule(dd, from(), operands[1].dims()),
-        Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. }
-        | Op::AxisIndex { .. } => collective_rule(operands, rdims),
+        Op::Collective(_) => collective_rule(operands, rdims),
     }
 }
 

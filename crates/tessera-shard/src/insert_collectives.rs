@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use tessera_ir::{Graph, Mesh, NodeId, Op, ReduceKind};
+use tessera_ir::{CollectiveOp, Graph, Mesh, NodeId, Op, ReduceKind};
 
 use crate::factors::rule_of;
 use crate::propagate::{project, settle};
@@ -159,7 +159,11 @@ pub(crate) fn insert(g: &Graph) -> Result<Inserted, ShardError> {
             if let Some((dim, w)) = scatter {
                 out[dim] = w;
             }
-            n = p.add(Op::AllReduce { kind, axes }, &[n], &out)?;
+            n = p.add(
+                Op::Collective(CollectiveOp::AllReduce { kind, axes }),
+                &[n],
+                &out,
+            )?;
             p.x.node_mut(n).loc = g.node(id).loc.clone();
         }
         annotated.node_mut(id).sharding = Some(sharding_of(mesh, &out));

@@ -14,7 +14,9 @@
 
 use std::collections::HashMap;
 
-use tessera_ir::{CompareOp, DType, Graph, Literal, Mesh, NodeId, Op, ReduceKind, TensorType};
+use tessera_ir::{
+    CollectiveOp, CompareOp, DType, Graph, Literal, Mesh, NodeId, Op, ReduceKind, TensorType,
+};
 
 use crate::factors::rule_of;
 use crate::propagate::{project, settle};
@@ -67,7 +69,7 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
                 }
                 p.reshard(args[0], &specs[&operands[0]], spec)?
             }
-            Op::AllReduce { kind, axes } => {
+            Op::Collective(CollectiveOp::AllReduce { kind, axes }) => {
                 let src = operands[0];
                 if partial.get(&src) != Some(&(*kind, axes.clone())) {
                     return Err(ShardError::Invalid(format!(
@@ -80,11 +82,13 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
                 let loc = g.node(id).loc.clone();
                 p.complete(args[0], (*kind, axes), (&specs[&src], spec), loc)?
             }
-            Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. }
-            | Op::AxisIndex { .. } => {
+            Op::Collective(
+                CollectiveOp::AllGather { .. }
+                | CollectiveOp::ReduceScatter { .. }
+                | CollectiveOp::AllToAll { .. }
+                | CollectiveOp::CollectivePermute { .. }
+                | CollectiveOp::AxisIndex { .. },
+            ) => {
                 return Err(ShardError::Invalid(format!(
                     "{PASS}: {} in the input; its communication is sharding_constraint and \
                      all_reduce only",
@@ -228,12 +232,7 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         | Op::Reduce { .. }
         | Op::ArgMax { .. }
         | Op::DotGeneral(_)
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. }
-        | Op::AxisIndex { .. }
+        | Op::Collective(_)
         | Op::ShardingConstraint(_) => op.clone(),
     }
 }
@@ -284,11 +283,17 @@ impl Partitioner<'_> {
         }
         let mut n = v;
         if !rest.is_empty() {
-            n = self.add(Op::AllReduce { kind, axes: rest }, &[n])?;
+            n = self.add(
+                Op::Collective(CollectiveOp::AllReduce { kind, axes: rest }),
+                &[n],
+            )?;
             self.lg.node_mut(n).loc = loc.clone();
         }
         if let Some((dim, w)) = scatter {
-            n = self.add(Op::ReduceScatter { kind, dim, axes: w }, &[n])?;
+            n = self.add(
+                Op::Collective(CollectiveOp::ReduceScatter { kind, dim, axes: w }),
+                &[n],
+            )?;
             self.lg.node_mut(n).loc = loc;
         }
         Ok(n)
@@ -310,11 +315,11 @@ impl Partitioner<'_> {
                 (0..cur.len()).find(|&d2| d2 != d1 && cur[d2].is_empty() && to[d2] == cur[d1]);
             if let Some(d2) = moved {
                 v = self.add(
-                    Op::AllToAll {
+                    Op::Collective(CollectiveOp::AllToAll {
                         split_dim: d2,
                         concat_dim: d1,
                         axes: cur[d1].clone(),
-                    },
+                    }),
                     &[v],
                 )?;
                 cur[d2] = std::mem::take(&mut cur[d1]);
@@ -331,7 +336,10 @@ impl Partitioner<'_> {
                     0
                 };
                 let axes = cur[d].split_off(keep);
-                v = self.add(Op::AllGather { dim: d, axes }, &[v])?;
+                v = self.add(
+                    Op::Collective(CollectiveOp::AllGather { dim: d, axes }),
+                    &[v],
+                )?;
             }
         }
         for d in 0..cur.len() {
@@ -355,9 +363,9 @@ impl Partitioner<'_> {
         let n = group_size(self.mesh, axes);
         let chunk = ty.dims()[d] / n;
         let idx = self.add(
-            Op::AxisIndex {
+            Op::Collective(CollectiveOp::AxisIndex {
                 axes: axes.to_vec(),
-            },
+            }),
             &[],
         )?;
         let chunks: Vec<NodeId> = (0..n)

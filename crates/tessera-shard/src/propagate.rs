@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 
-use tessera_ir::{Graph, Mesh, NodeId, Op};
+use tessera_ir::{Graph, Mesh, NodeId, Op, OpClass};
 
 use crate::factors::{FactorKind, FactorRule, rule_of};
 use crate::spec::{ShardError, Spec, axes_text, check_spec, group_size, sharding_of};
@@ -239,28 +239,14 @@ fn absorb(cur: &mut Spec, new: &Spec) -> bool {
 /// 0: ops that move dims without communication; 1: dots and reductions; `None`: nothing to
 /// propagate (no operands, or a collective, which the input may not hold).
 fn priority(op: &Op) -> Option<u8> {
-    match op {
-        Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } => None,
-        Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. }
-        | Op::AxisIndex { .. } => None,
-        Op::DotGeneral(_) | Op::Reduce { .. } | Op::ArgMax { .. } => Some(1),
-        Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert(_)
-        | Op::Bitcast(_)
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape(_)
-        | Op::Transpose(_)
-        | Op::Slice { .. }
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::ShardingConstraint(_) => Some(0),
+    match op.class() {
+        OpClass::Parameter | OpClass::Constant | OpClass::Collective => None,
+        OpClass::Reduction | OpClass::Dot => Some(1),
+        OpClass::ElementwiseUnary
+        | OpClass::ElementwiseBinary
+        | OpClass::Select
+        | OpClass::Movement
+        | OpClass::Annotation => Some(0),
     }
 }
 
