@@ -54,7 +54,8 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
         p.lg.node_mut(l).loc = g.node(param).loc.clone();
         local.insert(param, l);
     }
-    // The partial results not yet completed: the node, its reduction and axes.
+    // The ops whose local results are partial, with their reduction and axes: only
+    // `all_reduce`s of exactly those may use them.
     let mut partial: HashMap<NodeId, (ReduceKind, Vec<String>)> = HashMap::new();
     for id in g.topo_order() {
         let op = g.op(id);
@@ -73,8 +74,8 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
                 let src = operands[0];
                 if partial.get(&src) != Some(&(*kind, axes.clone())) {
                     return Err(ShardError::Invalid(format!(
-                        "{PASS}: all_reduce {kind:?} over {axes:?} of the {} : {}, which is not partial over \
-                         exactly those axes",
+                        "{PASS}: all_reduce {kind:?} over {axes:?} of the {} : {}, which is not \
+                         partial over exactly those axes",
                         g.op(src).name(),
                         g.ty(src)
                     )));
