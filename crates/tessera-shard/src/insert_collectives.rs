@@ -23,11 +23,11 @@
 
 use std::collections::HashMap;
 
-use tessera_ir::{CollectiveOp, Graph, Mesh, NodeId, Op, ReduceKind};
+use tessera_ir::{CollectiveOp, Graph, Mesh, NodeId, Op, ReduceKind, Sharding};
 
 use crate::factors::rule_of;
 use crate::propagate::{project, settle};
-use crate::spec::{ShardError, Spec, annotation, check_spec, mesh_of, sharding_of, spec_text};
+use crate::spec::{ShardError, Spec, annotation, check_spec, mesh_of, spec_text};
 
 const PASS: &str = "insert_collectives";
 
@@ -93,7 +93,7 @@ pub(crate) fn insert(g: &Graph) -> Result<Inserted, ShardError> {
     for &param in g.params() {
         let l = p.x.add_param(g.ty(param).clone());
         p.x.node_mut(l).loc = g.node(param).loc.clone();
-        p.x.node_mut(l).sharding = Some(sharding_of(mesh, &wanted[&param]));
+        p.x.node_mut(l).sharding = Some(Sharding::closed(mesh, &wanted[&param]));
         p.at.insert(param, (l, wanted[&param].clone()));
     }
     for id in g.topo_order() {
@@ -118,7 +118,7 @@ pub(crate) fn insert(g: &Graph) -> Result<Inserted, ShardError> {
                         spec_text(&d.want[k])
                     ));
                     p.add(
-                        Op::ShardingConstraint(sharding_of(mesh, &d.want[k])),
+                        Op::ShardingConstraint(Sharding::closed(mesh, &d.want[k])),
                         &[xnode],
                         &d.want[k],
                     )?
@@ -138,7 +138,7 @@ pub(crate) fn insert(g: &Graph) -> Result<Inserted, ShardError> {
         }
         // A sharding constraint has done its work once its operand is resharded.
         if let Op::ShardingConstraint(_) = op {
-            annotated.node_mut(id).sharding = Some(sharding_of(mesh, &d.out));
+            annotated.node_mut(id).sharding = Some(Sharding::closed(mesh, &d.out));
             p.at.insert(id, (args[0], d.out));
             continue;
         }
@@ -166,7 +166,7 @@ pub(crate) fn insert(g: &Graph) -> Result<Inserted, ShardError> {
             )?;
             p.x.node_mut(n).loc = g.node(id).loc.clone();
         }
-        annotated.node_mut(id).sharding = Some(sharding_of(mesh, &out));
+        annotated.node_mut(id).sharding = Some(Sharding::closed(mesh, &out));
         p.at.insert(id, (n, out));
     }
     let outs: Vec<NodeId> = g.outputs().iter().map(|o| p.at[o].0).collect();
@@ -218,7 +218,7 @@ impl Inserter<'_> {
             .x
             .add(op, args)
             .map_err(|error| ShardError::Type { op: name, error })?;
-        self.x.node_mut(n).sharding = Some(sharding_of(self.mesh, spec));
+        self.x.node_mut(n).sharding = Some(Sharding::closed(self.mesh, spec));
         Ok(n)
     }
 

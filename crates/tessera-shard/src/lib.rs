@@ -22,7 +22,7 @@ pub use factors::{FactorKind, FactorRule};
 pub use insert_collectives::insert_collectives;
 pub use partition::per_device;
 pub use propagate::propagate;
-pub use spec::{ShardError, Spec, check_spec, local_type, sharding_of};
+pub use spec::{ShardError, Spec, check_spec, local_type};
 
 use tessera_ir::{Graph, Mesh};
 

@@ -20,9 +20,7 @@ use tessera_ir::{
 
 use crate::factors::rule_of;
 use crate::propagate::{project, settle};
-use crate::spec::{
-    ShardError, Spec, annotation, check_spec, group_size, local_type, mesh_of, spec_text,
-};
+use crate::spec::{ShardError, Spec, annotation, check_spec, local_type, mesh_of, spec_text};
 
 const PASS: &str = "partition";
 
@@ -361,7 +359,7 @@ impl Partitioner<'_> {
     /// integers included), which a masked sum would not be (`+0.0 + -0.0` is `+0.0`).
     fn local_slice(&mut self, v: NodeId, d: usize, axes: &[String]) -> Result<NodeId, ShardError> {
         let ty = self.lg.ty(v).clone();
-        let n = group_size(self.mesh, axes);
+        let n = self.mesh.group_size(axes);
         let chunk = ty.dims()[d] / n;
         let idx = self.add(
             Op::Collective(CollectiveOp::AxisIndex {

@@ -22,10 +22,10 @@
 
 use std::collections::HashMap;
 
-use tessera_ir::{Graph, Mesh, NodeId, Op, OpClass};
+use tessera_ir::{Graph, Mesh, NodeId, Op, OpClass, Sharding};
 
 use crate::factors::{FactorKind, FactorRule, rule_of};
-use crate::spec::{ShardError, Spec, axes_text, check_spec, group_size, sharding_of};
+use crate::spec::{ShardError, Spec, axes_text, check_spec};
 
 /// How an op's factors are split, as settled from its tensors' shardings.
 #[derive(Clone, Debug, PartialEq)]
@@ -97,7 +97,7 @@ pub fn project(mesh: &Mesh, rule: &FactorRule, dims: &[Vec<usize>], axes: &[Vec<
             let mut d = Vec::new();
             for &f in fs {
                 d.extend(axes[f].iter().cloned());
-                if group_size(mesh, &axes[f]) != rule.sizes[f] {
+                if mesh.group_size(&axes[f]) != rule.sizes[f] {
                     break;
                 }
             }
@@ -183,7 +183,7 @@ pub fn resolve(mesh: &Mesh, rule: &FactorRule, views: &[View]) -> Assignment {
                         axes[f].clear();
                         changed = true;
                     }
-                    partial |= group_size(mesh, &axes[f]) != rule.sizes[f];
+                    partial |= mesh.group_size(&axes[f]) != rule.sizes[f];
                 }
             }
         }
@@ -291,7 +291,7 @@ pub fn propagate(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Graph, Sha
     let mut annotated = g.clone();
     annotated.mesh = Some(mesh.clone());
     for (id, spec) in specs {
-        annotated.node_mut(id).sharding = Some(sharding_of(mesh, &spec));
+        annotated.node_mut(id).sharding = Some(Sharding::closed(mesh, &spec));
     }
     Ok(annotated)
 }

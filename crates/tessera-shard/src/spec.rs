@@ -1,10 +1,12 @@
 //! The vocabulary of a split, as the passes use it: a [`Spec`] (per dim, the mesh axes it is
 //! split over, major first; defined in `tessera_ir::sharding`, shared with the user API and the
-//! runtime), its check against a mesh and a type, the local type it gives, its IR annotation,
-//! and its text in messages. Every other module of the crate builds on this one and on nothing
+//! runtime), its check against a mesh and a type, the local type it gives, how a pass reads it
+//! from an annotated graph, and its text in messages. (Its IR annotation is
+//! `tessera_ir::Sharding::closed`; its group sizes and pieces are `Mesh::group_size` and
+//! `Mesh::shard_range`.) Every other module of the crate builds on this one and on nothing
 //! above it.
 
-use tessera_ir::{Graph, Mesh, NodeId, Sharding, TensorType, TypeError};
+use tessera_ir::{Graph, Mesh, NodeId, TensorType, TypeError};
 
 pub use tessera_ir::sharding::{Spec, is_replicated};
 
@@ -16,11 +18,6 @@ pub enum ShardError {
     Invalid(String),
     #[error("partitioning {op}: {error}")]
     Type { op: String, error: TypeError },
-}
-
-/// The devices in the group of `axes`.
-pub(crate) fn group_size(mesh: &Mesh, axes: &[String]) -> usize {
-    mesh.group_size(axes)
 }
 
 /// The type of one piece of a value of type `ty` split as `spec`.
@@ -53,7 +50,7 @@ pub fn check_spec(mesh: &Mesh, ty: &TensorType, spec: &Spec) -> Result<(), Shard
             }
             seen.push(a);
         }
-        let n = group_size(mesh, axes);
+        let n = mesh.group_size(axes);
         if !ty.dims()[d].is_multiple_of(n) {
             return Err(ShardError::Invalid(format!(
                 "dim {d} of {ty} (size {}) is not divisible by {n}, the size of {axes:?}",
@@ -62,11 +59,6 @@ pub fn check_spec(mesh: &Mesh, ty: &TensorType, spec: &Spec) -> Result<(), Shard
         }
     }
     Ok(())
-}
-
-/// The IR annotation of a spec (every dim closed).
-pub fn sharding_of(mesh: &Mesh, spec: &Spec) -> Sharding {
-    Sharding::closed(mesh, spec)
 }
 
 /// The spec a node of an annotated graph carries, or an error naming the pass, the node and the
