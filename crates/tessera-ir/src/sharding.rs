@@ -197,3 +197,44 @@ impl fmt::Display for Sharding {
         write!(f, ">")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mesh() -> Mesh {
+        Mesh::new("mesh", vec![("a".into(), 2), ("b".into(), 3)])
+    }
+
+    #[test]
+    fn shard_range_is_row_major_over_the_mesh_and_major_first_over_a_dims_axes() {
+        let m = mesh();
+        let ab: Spec = vec![vec!["a".into(), "b".into()], vec![]];
+        let ba: Spec = vec![vec!["b".into(), "a".into()], vec![]];
+        // Position 4 is coordinates (a=1, b=1).
+        assert_eq!(m.shard_range(&[12, 5], &ab, 4), vec![(8, 2), (0, 5)]);
+        assert_eq!(m.shard_range(&[12, 5], &ba, 4), vec![(6, 2), (0, 5)]);
+        let split: Spec = vec![vec!["b".into()], vec!["a".into()]];
+        assert_eq!(m.shard_range(&[6, 4], &split, 5), vec![(4, 2), (2, 2)]);
+        assert_eq!(m.local_dims(&[6, 4], &split), vec![2, 2]);
+        assert_eq!(m.group_size(&["a".into(), "b".into()]), 6);
+        // Every position holds a distinct piece, and the pieces tile the tensor.
+        let mut seen: Vec<Vec<(usize, usize)>> = (0..6)
+            .map(|pos| m.shard_range(&[12, 5], &ab, pos))
+            .collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 6);
+    }
+
+    #[test]
+    fn closed_annotation_and_spec_round_trip() {
+        let m = mesh();
+        let spec: Spec = vec![vec!["a".into()], vec![], vec!["b".into()]];
+        let s = Sharding::closed(&m, &spec);
+        assert_eq!(s.to_string(), "<@mesh, [{\"a\"}, {}, {\"b\"}]>");
+        assert_eq!(s.spec(), spec);
+        assert!(!is_replicated(&spec));
+        assert!(is_replicated(&vec![Vec::new(); 2]));
+    }
+}
