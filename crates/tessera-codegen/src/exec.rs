@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use tessera_interp::InterpError;
-use tessera_ir::{DType, Data, Literal, Mesh, Op, TensorType};
+use tessera_ir::{CollectiveOp, DType, Data, Literal, Mesh, Op, TensorType};
 use tessera_transport::values::{data_ptr, literal_from_raw};
 use tessera_transport::{Collectives, GemmCall, GemmPart, Group};
 
@@ -65,10 +65,10 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
             let fits = matches!(steps[i].kind, StepKind::Gemm(_))
                 && matches!(
                     next.kind,
-                    StepKind::Collective(Op::AllReduce {
+                    StepKind::Collective(Op::Collective(CollectiveOp::AllReduce {
                         kind: tessera_ir::ReduceKind::Sum,
                         ..
-                    })
+                    }))
                 )
                 && next.inputs == [out]
                 && !schedule.outputs.contains(&out)
@@ -566,7 +566,10 @@ impl Executable {
             let (done, b, fused) = match self.reduced_by[i] {
                 Some(next) => {
                     let reduce = &self.schedule.steps[next];
-                    let StepKind::Collective(Op::AllReduce { axes, .. }) = &reduce.kind else {
+                    let StepKind::Collective(Op::Collective(CollectiveOp::AllReduce {
+                        axes, ..
+                    })) = &reduce.kind
+                    else {
                         unreachable!("reduced_by names an all_reduce step")
                     };
                     let group = Group::of(mesh, axes, position);
@@ -607,11 +610,17 @@ impl Executable {
         collectives: &dyn Collectives,
     ) -> Result<(), InterpError> {
         let bufs = &self.schedule.bufs;
+        let Op::Collective(op) = op else {
+            return Err(InterpError::Op {
+                op: op.name().into(),
+                message: "a collective step of another op".into(),
+            });
+        };
         let mesh = self.mesh.as_ref().ok_or_else(|| InterpError::Op {
             op: op.name().into(),
             message: "collective in a program without a mesh".into(),
         })?;
-        if let (Op::AllReduce { kind, axes }, Some(&b)) = (op, step.inputs.first()) {
+        if let (CollectiveOp::AllReduce { kind, axes }, Some(&b)) = (op, step.inputs.first()) {
             let group = Group::of(mesh, axes, collectives.position());
             // SAFETY: buffer `b` holds a value of its type (written by an earlier step, or
             // bound at launch) and the output buffer has room for one; both live until `run`

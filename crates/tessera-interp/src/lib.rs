@@ -85,7 +85,7 @@ pub fn run_with(
         let operands = g.operands(id);
         let value = match &node.op {
             Op::Parameter(i) => inputs[*i].clone(),
-            op if op.is_collective() => {
+            Op::Collective(op) => {
                 let mesh = g.mesh.as_ref().ok_or_else(|| InterpError::Op {
                     op: op.name().into(),
                     message: "collective in a graph without a mesh".into(),
@@ -262,12 +262,7 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
         Op::Reduce { kind, axes } => reduce(*kind, axes, args[0], ty),
         Op::ArgMax { axis } => argmax(*axis, args[0], ty),
         Op::DotGeneral(dd) => dot_general(op, dd, args[0], args[1], ty)?,
-        Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. }
-        | Op::AxisIndex { .. } => {
+        Op::Collective(_) => {
             return Err(op_error(
                 op,
                 "collectives run through a Collectives transport",

@@ -316,14 +316,14 @@ impl Collectives for SharedCollectives<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_ir::{Data, Mesh, Op};
+    use tessera_ir::{CollectiveOp, Data, Mesh, Op};
 
     fn mesh() -> Mesh {
         Mesh::new("m", vec![("x".into(), 2), ("y".into(), 2)])
     }
 
-    fn all_reduce(kind: ReduceKind) -> Op {
-        Op::AllReduce {
+    fn all_reduce(kind: ReduceKind) -> CollectiveOp {
+        CollectiveOp::AllReduce {
             kind,
             axes: vec!["x".into(), "y".into()],
         }
@@ -334,7 +334,7 @@ mod tests {
         let r = Rendezvous::with_timeout(Duration::from_millis(50));
         let ids = [10, 11, 12, 13];
         let c = SharedCollectives::new(&r, 0, 0, &ids);
-        let op = Op::AllReduce {
+        let op = CollectiveOp::AllReduce {
             kind: ReduceKind::Sum,
             axes: vec!["x".into()],
         };
@@ -436,7 +436,7 @@ mod tests {
                         } else {
                             values::data_ptr_mut(&mut out.data)
                         };
-                        let group = Group::of(&mesh(), op.mesh_axes(), p);
+                        let group = Group::of(&mesh(), op.axes(), p);
                         // SAFETY: both buffers hold `len` elements of the type and live until
                         // the call returns.
                         unsafe { c.all_reduce_buffers(&group, kind, &x.ty, input, dst) }.unwrap();
@@ -463,21 +463,21 @@ mod tests {
         let refs: Vec<&Literal> = all.iter().collect();
         let axes = || vec!["x".into(), "y".into()];
         let ops = [
-            Op::AllGather {
+            CollectiveOp::AllGather {
                 dim: 1,
                 axes: axes(),
             },
-            Op::ReduceScatter {
+            CollectiveOp::ReduceScatter {
                 kind: ReduceKind::Sum,
                 dim: 1,
                 axes: axes(),
             },
-            Op::AllToAll {
+            CollectiveOp::AllToAll {
                 split_dim: 0,
                 concat_dim: 1,
                 axes: axes(),
             },
-            Op::CollectivePermute {
+            CollectiveOp::CollectivePermute {
                 axes: axes(),
                 pairs: vec![(0, 1), (1, 2), (2, 0)],
             },
@@ -485,26 +485,34 @@ mod tests {
         for op in &ops {
             let got = on_four(|c, p| {
                 let x = value(p);
-                let out = op.infer_type(&[&x.ty], Some(&mesh())).unwrap();
+                let out = Op::Collective(op.clone())
+                    .infer_type(&[&x.ty], Some(&mesh()))
+                    .unwrap();
                 tessera_transport::run(c, op, &mesh(), Some(&x), &out).unwrap()
             });
             for (p, got) in got.iter().enumerate() {
                 let want = match op {
-                    Op::AllGather { dim, .. } => values::concat("all_gather", &refs, *dim),
-                    Op::ReduceScatter { kind, dim, .. } => values::chunk(
+                    CollectiveOp::AllGather { dim, .. } => {
+                        values::concat("all_gather", &refs, *dim)
+                    }
+                    CollectiveOp::ReduceScatter { kind, dim, .. } => values::chunk(
                         "reduce_scatter",
                         &values::reduce(*kind, &refs).unwrap(),
                         *dim,
                         p,
                         4,
                     ),
-                    Op::AllToAll {
+                    CollectiveOp::AllToAll {
                         split_dim,
                         concat_dim,
                         ..
                     } => values::all_to_all(&refs, *split_dim, *concat_dim, p),
-                    Op::CollectivePermute { pairs, .. } => Ok(values::permute(&refs, pairs, p)),
-                    other => panic!("not in the table: {}", other.name()),
+                    CollectiveOp::CollectivePermute { pairs, .. } => {
+                        Ok(values::permute(&refs, pairs, p))
+                    }
+                    CollectiveOp::AllReduce { .. } | CollectiveOp::AxisIndex { .. } => {
+                        unreachable!("not in the table")
+                    }
                 }
                 .unwrap();
                 assert_eq!(got, &want, "{} at {p}", op.name());

@@ -23,7 +23,7 @@ pub mod values;
 
 use std::time::Duration;
 
-use tessera_ir::{DType, Literal, Mesh, Op, ReduceKind, TensorType};
+use tessera_ir::{CollectiveOp, DType, Literal, Mesh, ReduceKind, TensorType};
 
 /// How many times a thread that waits for another (at a meeting, or for its next job) yields
 /// its core before it parks: with more devices than cores the others need this core to
@@ -348,17 +348,17 @@ fn check_result(op: &'static str, r: &Literal, out: &TensorType) -> Result<(), T
     Ok(())
 }
 
-/// Runs the collective `op` (one of `Op::is_collective`) through `c` on this device's `input`
-/// (`None` for `axis_index`), returning this device's result of type `out`.
+/// Runs the collective `op` through `c` on this device's `input` (`None` for `axis_index`),
+/// returning this device's result of type `out`.
 pub fn run(
     c: &dyn Collectives,
-    op: &Op,
+    op: &CollectiveOp,
     mesh: &Mesh,
     input: Option<&Literal>,
     out: &TensorType,
 ) -> Result<Literal, TransportError> {
     let name = op.name();
-    let group = Group::of(mesh, op.mesh_axes(), c.position());
+    let group = Group::of(mesh, op.axes(), c.position());
     let x = || {
         input.ok_or_else(|| TransportError::Invalid {
             op: name,
@@ -366,27 +366,25 @@ pub fn run(
         })
     };
     let r = match op {
-        Op::AllReduce { kind, .. } => c.all_reduce(&group, *kind, x()?)?,
-        Op::AllGather { dim, .. } => c.all_gather(&group, *dim, x()?)?,
-        Op::ReduceScatter { kind, dim, .. } => c.reduce_scatter(&group, *kind, *dim, x()?)?,
-        Op::AllToAll {
+        CollectiveOp::AllReduce { kind, .. } => c.all_reduce(&group, *kind, x()?)?,
+        CollectiveOp::AllGather { dim, .. } => c.all_gather(&group, *dim, x()?)?,
+        CollectiveOp::ReduceScatter { kind, dim, .. } => {
+            c.reduce_scatter(&group, *kind, *dim, x()?)?
+        }
+        CollectiveOp::AllToAll {
             split_dim,
             concat_dim,
             ..
         } => c.all_to_all(&group, *split_dim, *concat_dim, x()?)?,
-        Op::CollectivePermute { pairs, .. } => c.collective_permute(&group, pairs, x()?)?,
-        Op::AxisIndex { .. } => {
+        CollectiveOp::CollectivePermute { pairs, .. } => {
+            c.collective_permute(&group, pairs, x()?)?
+        }
+        CollectiveOp::AxisIndex { .. } => {
             let me = c.axis_index(&group)?;
             Literal {
                 ty: out.clone(),
                 data: tessera_ir::Data::I32(vec![me as i32]),
             }
-        }
-        other => {
-            return Err(TransportError::Invalid {
-                op: other.name(),
-                message: "not a collective".into(),
-            });
         }
     };
     check_result(name, &r, out)?;
@@ -507,7 +505,7 @@ mod tests {
     /// now goes through `run`'s group, with the same message.
     #[test]
     fn a_single_device_refuses_a_larger_group_naming_it() {
-        let op = Op::AllGather {
+        let op = CollectiveOp::AllGather {
             dim: 0,
             axes: vec!["x".into()],
         };
@@ -523,7 +521,7 @@ mod tests {
             "all_gather: a group of 2 devices over [\"x\"] needs the sharded runtime"
         );
         let one = Mesh::new("m", vec![("x".into(), 1)]);
-        let permute = Op::CollectivePermute {
+        let permute = CollectiveOp::CollectivePermute {
             axes: vec!["x".into()],
             pairs: vec![],
         };
@@ -531,7 +529,7 @@ mod tests {
             run(&SingleDevice, &permute, &one, Some(&x), &x.ty).unwrap(),
             Literal::zeros(&x.ty)
         );
-        let index = Op::AxisIndex {
+        let index = CollectiveOp::AxisIndex {
             axes: vec!["x".into()],
         };
         let i32_scalar = TensorType::scalar(DType::I32);

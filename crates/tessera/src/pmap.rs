@@ -13,7 +13,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use hashbrown::HashMap;
-use tessera_ir::{Data, Literal, Mesh, Op, ReduceKind, TensorType};
+use tessera_ir::{CollectiveOp, Data, Literal, Mesh, Op, ReduceKind, TensorType};
 use tessera_runtime::try_device_count;
 
 use crate::error::{Error, Result, loc_text, raise};
@@ -246,10 +246,10 @@ fn axis_size(op: &str, axis: &str) -> usize {
 pub fn psum(x: &Tensor, axis: &str) -> Tensor {
     axis_size("psum", axis);
     apply(
-        Op::AllReduce {
+        Op::Collective(CollectiveOp::AllReduce {
             kind: ReduceKind::Sum,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
@@ -272,10 +272,10 @@ pub fn pmean(x: &Tensor, axis: &str) -> Tensor {
 pub fn pmax(x: &Tensor, axis: &str) -> Tensor {
     axis_size("pmax", axis);
     apply(
-        Op::AllReduce {
+        Op::Collective(CollectiveOp::AllReduce {
             kind: ReduceKind::Max,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
@@ -285,10 +285,10 @@ pub fn pmax(x: &Tensor, axis: &str) -> Tensor {
 pub fn pmin(x: &Tensor, axis: &str) -> Tensor {
     axis_size("pmin", axis);
     apply(
-        Op::AllReduce {
+        Op::Collective(CollectiveOp::AllReduce {
             kind: ReduceKind::Min,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
@@ -301,10 +301,10 @@ pub fn all_gather(x: &Tensor, axis: &str) -> Tensor {
     dims.extend_from_slice(x.shape());
     let x1 = x.reshape(dims);
     apply(
-        Op::AllGather {
+        Op::Collective(CollectiveOp::AllGather {
             dim: 0,
             axes: vec![axis.into()],
-        },
+        }),
         &[&x1],
     )
 }
@@ -315,10 +315,10 @@ pub fn all_gather(x: &Tensor, axis: &str) -> Tensor {
 pub fn ppermute(x: &Tensor, axis: &str, perm: &[(usize, usize)]) -> Tensor {
     axis_size("ppermute", axis);
     apply(
-        Op::CollectivePermute {
+        Op::Collective(CollectiveOp::CollectivePermute {
             axes: vec![axis.into()],
             pairs: perm.to_vec(),
-        },
+        }),
         &[x],
     )
 }
@@ -328,9 +328,9 @@ pub fn ppermute(x: &Tensor, axis: &str, perm: &[(usize, usize)]) -> Tensor {
 pub fn axis_index(axis: &str) -> Tensor {
     axis_size("axis_index", axis);
     apply(
-        Op::AxisIndex {
+        Op::Collective(CollectiveOp::AxisIndex {
             axes: vec![axis.into()],
-        },
+        }),
         &[],
     )
 }
@@ -341,11 +341,11 @@ pub fn axis_index(axis: &str) -> Tensor {
 pub fn psum_scatter(x: &Tensor, axis: &str, dim: usize) -> Tensor {
     axis_size("psum_scatter", axis);
     apply(
-        Op::ReduceScatter {
+        Op::Collective(CollectiveOp::ReduceScatter {
             kind: ReduceKind::Sum,
             dim,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
@@ -357,11 +357,11 @@ pub fn psum_scatter(x: &Tensor, axis: &str, dim: usize) -> Tensor {
 pub fn all_to_all(x: &Tensor, axis: &str, split: usize, concat: usize) -> Tensor {
     axis_size("all_to_all", axis);
     apply(
-        Op::AllToAll {
+        Op::Collective(CollectiveOp::AllToAll {
             split_dim: split,
             concat_dim: concat,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
