@@ -290,3 +290,178 @@ impl SharedProducts for SharedCollectives<'_> {
         Ok(Some(out as *const u8))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::Mesh;
+    use tessera_transport::rendezvous::Rendezvous;
+
+    /// `out = lhs x rhs` over f32 views, element by element (the test's GEMM).
+    fn naive(c: &GemmCall) {
+        for i in 0..c.m as isize {
+            for j in 0..c.n as isize {
+                let mut acc = 0f32;
+                for p in 0..c.k as isize {
+                    // SAFETY: the transport passes views inside live f32 buffers.
+                    unsafe {
+                        let l = *(c.lhs as *const f32)
+                            .offset(i * c.lhs_strides[0] + p * c.lhs_strides[1]);
+                        let r = *(c.rhs as *const f32)
+                            .offset(p * c.rhs_strides[0] + j * c.rhs_strides[1]);
+                        acc += l * r;
+                    }
+                }
+                // SAFETY: as above, and only this call writes `out`.
+                unsafe {
+                    *(c.out as *mut f32).offset(i * c.out_strides[0] + j * c.out_strides[1]) = acc
+                };
+            }
+        }
+    }
+
+    /// Integer-valued, so every sum is exact whatever the order.
+    fn matrix(rows: usize, cols: usize, seed: usize) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| ((i * 7 + seed * 3) % 5) as f32 - 2.0)
+            .collect()
+    }
+
+    /// Row-major `lhs (m x k) x rhs (k x n)`.
+    fn product(lhs: &[f32], rhs: &[f32], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k).map(|p| lhs[i * k + p] * rhs[p * n + j]).sum();
+            }
+        }
+        out
+    }
+
+    /// Runs `f(collectives, group)` on one thread per position of a `dp=3` mesh.
+    fn on_three<T: Send>(f: impl Fn(&SharedCollectives<'_>, &Group) -> T + Sync) -> Vec<T> {
+        let r = Rendezvous::with_timeout(std::time::Duration::from_secs(10));
+        let ids = [0, 1, 2];
+        let mesh = Mesh::new("m", vec![("dp".into(), 3)]);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|p| {
+                    let (r, ids, f, mesh) = (&r, &ids, &f, &mesh);
+                    s.spawn(move || {
+                        f(
+                            &SharedCollectives::new(r, 0, p, ids),
+                            &Group::whole(mesh, p),
+                        )
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Three members with 2, 3 and 1 rows times one shared weight: each gets its own rows of
+    /// the one stacked product. Members with different weights do not share (`None`).
+    #[test]
+    fn a_shared_rhs_product_gives_every_member_its_rows() {
+        let (n, k) = (4, 5);
+        let rows = [2, 3, 1];
+        let w = matrix(k, n, 9);
+        let before = shared_gemm_count();
+        let got = on_three(|c, g| {
+            let m = rows[g.me];
+            let x = matrix(m, k, g.me);
+            let part = GemmPart {
+                dtype: DType::F32,
+                m,
+                n,
+                k,
+                lhs: x.as_ptr() as *const u8,
+                lhs_strides: [k as isize, 1],
+                rhs: w.as_ptr() as *const u8,
+                rhs_strides: [n as isize, 1],
+                out: std::ptr::null_mut(),
+                out_strides: [n as isize, 1],
+            };
+            // SAFETY: the views lie inside `x` and `w`, alive and unwritten during the call.
+            let block = unsafe { c.gemm_shared_rhs(g, &part, &naive) }
+                .unwrap()
+                .unwrap();
+            // SAFETY: the block is a dense `m x n` f32 product alive until the launch (the
+            // rendezvous) ends, after this copy.
+            let got = unsafe { std::slice::from_raw_parts(block as *const f32, m * n) }.to_vec();
+            (got, product(&x, &w, (m, n, k)))
+        });
+        for (p, (got, want)) in got.iter().enumerate() {
+            assert_eq!(got, want, "member {p}");
+        }
+        assert!(shared_gemm_count() > before);
+        // Each member its own weight: nothing to share, every member multiplies alone.
+        let declined = on_three(|c, g| {
+            let (x, w) = (matrix(1, k, 0), matrix(k, n, g.me));
+            let part = GemmPart {
+                dtype: DType::F32,
+                m: 1,
+                n,
+                k,
+                lhs: x.as_ptr() as *const u8,
+                lhs_strides: [k as isize, 1],
+                rhs: w.as_ptr() as *const u8,
+                rhs_strides: [n as isize, 1],
+                out: std::ptr::null_mut(),
+                out_strides: [n as isize, 1],
+            };
+            // SAFETY: as above.
+            unsafe { c.gemm_shared_rhs(g, &part, &naive) }
+                .unwrap()
+                .is_none()
+        });
+        assert_eq!(declined, [true, true, true]);
+    }
+
+    /// A weight gradient and its all-reduce as one product: every member's `x_p^T dy_p`
+    /// (the left operand a transposed view, as fusion gives it), summed over the members,
+    /// with contractions of different depths.
+    #[test]
+    fn a_product_and_its_all_reduce_are_one_product_over_every_members_rows() {
+        let (m, n) = (3, 4);
+        let depth = [2, 5, 3];
+        let got = on_three(|c, g| {
+            let k = depth[g.me];
+            // `x` is `k x m` row-major: the left operand `x^T` is its transposed view.
+            let x = matrix(k, m, g.me);
+            let dy = matrix(k, n, g.me + 4);
+            let part = GemmPart {
+                dtype: DType::F32,
+                m,
+                n,
+                k,
+                lhs: x.as_ptr() as *const u8,
+                lhs_strides: [1, m as isize],
+                rhs: dy.as_ptr() as *const u8,
+                rhs_strides: [n as isize, 1],
+                out: std::ptr::null_mut(),
+                out_strides: [n as isize, 1],
+            };
+            // SAFETY: the views lie inside `x` and `dy`, alive and unwritten during the call.
+            let sum = unsafe { c.gemm_all_reduce(g, &part, &naive) }
+                .unwrap()
+                .unwrap();
+            // SAFETY: a dense `m x n` f32 block alive until the rendezvous ends.
+            unsafe { std::slice::from_raw_parts(sum as *const f32, m * n) }.to_vec()
+        });
+        let mut want = vec![0f32; m * n];
+        for (p, &k) in depth.iter().enumerate() {
+            let x = matrix(k, m, p);
+            let xt: Vec<f32> = (0..m * k).map(|i| x[(i % k) * m + i / k]).collect();
+            for (w, v) in want
+                .iter_mut()
+                .zip(product(&xt, &matrix(k, n, p + 4), (m, n, k)))
+            {
+                *w += v;
+            }
+        }
+        for (p, got) in got.iter().enumerate() {
+            assert_eq!(got, &want, "member {p}");
+        }
+    }
+}
