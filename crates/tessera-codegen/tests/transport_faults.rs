@@ -1,5 +1,6 @@
-//! The transport under faults: a device that arrives late, one that panics, a timeout at
-//! every kind of wait. Scenarios that could crash the process (a use-after-free) run in a
+//! The transport under faults, with compiled programs on the runtime's devices: a device that
+//! arrives late, one that panics, a timeout at every kind of wait. (Here rather than in
+//! `tessera-runtime`, which depends on neither codegen nor the interpreter.) Scenarios that could crash the process (a use-after-free) run in a
 //! child process, so a crash is reported as this test failing instead of taking the harness
 //! down with it.
 
