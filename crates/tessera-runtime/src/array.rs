@@ -2,7 +2,6 @@
 
 use std::sync::{Arc, OnceLock};
 
-use tessera_interp::unravel;
 use tessera_ir::sharding::{Spec, is_replicated};
 use tessera_ir::{Data, Literal, Mesh, TensorType};
 
@@ -46,14 +45,16 @@ pub struct Array {
     shards: Option<(ShardSpec, Vec<Arc<Literal>>)>,
 }
 
-fn copy_block(
+/// Copies the elements of a shard between it and the global array: from `src` (the global
+/// array, or with `to_global` the shard) into `dst` (the shard, or the global array of dims
+/// `dst_dims`); `offsets` are the shard's (offset, size) per dim.
+fn copy_shard(
     src: &Literal,
     dst: &mut Data,
     dst_dims: &[usize],
     offsets: &[(usize, usize)],
     to_global: bool,
 ) {
-    // Copies between a shard (`src` or the destination, per `to_global`) and the global array.
     let n = if to_global { src.ty.numel() } else { dst.len() };
     let local_dims: Vec<usize> = offsets.iter().map(|&(_, s)| s).collect();
     for f in 0..n {
@@ -78,6 +79,18 @@ fn copy_block(
             _ => {}
         }
     }
+}
+
+/// The row-major index of element `f` of an array of `dims`.
+fn unravel(mut f: usize, dims: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; dims.len()];
+    for i in (0..dims.len()).rev() {
+        if dims[i] > 0 {
+            idx[i] = f % dims[i];
+            f /= dims[i];
+        }
+    }
+    idx
 }
 
 fn global_strides(dims: &[usize]) -> Vec<usize> {
@@ -126,7 +139,7 @@ impl Array {
         let shards = (0..spec.devices.len())
             .map(|pos| {
                 let mut data = Data::zeros(local.dtype, local.numel());
-                copy_block(
+                copy_shard(
                     global,
                     &mut data,
                     self.ty.dims(),
@@ -172,7 +185,7 @@ impl Array {
             }
             let mut data = Data::zeros(self.ty.dtype, self.ty.numel());
             for (pos, s) in shards.iter().enumerate() {
-                copy_block(
+                copy_shard(
                     s,
                     &mut data,
                     self.ty.dims(),
