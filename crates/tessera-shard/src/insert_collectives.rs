@@ -27,7 +27,7 @@ use tessera_ir::{CollectiveOp, Graph, Mesh, NodeId, Op, ReduceKind, Sharding};
 
 use crate::factors::rule_of;
 use crate::propagate::{project, settle};
-use crate::spec::{ShardError, Spec, annotation, check_spec, mesh_of, spec_text};
+use crate::spec::{ShardError, Spec, annotation, check_spec, mesh_of, order, spec_text};
 
 const PASS: &str = "insert_collectives";
 
@@ -67,7 +67,7 @@ struct Inserter<'a> {
 }
 
 pub(crate) fn insert(g: &Graph) -> Result<Inserted, ShardError> {
-    tessera_ir::verify(g).map_err(|e| ShardError::Invalid(format!("{PASS}: {e}")))?;
+    let order = order(g, PASS)?;
     let mesh = mesh_of(g, PASS)?;
     let mut wanted: HashMap<NodeId, Spec> = HashMap::new();
     for id in g.node_ids() {
@@ -96,7 +96,7 @@ pub(crate) fn insert(g: &Graph) -> Result<Inserted, ShardError> {
         p.x.node_mut(l).sharding = Some(Sharding::closed(mesh, &wanted[&param]));
         p.at.insert(param, (l, wanted[&param].clone()));
     }
-    for id in g.topo_order() {
+    for id in order {
         let op = g.op(id).clone();
         if let Op::Parameter(_) = op {
             continue;

@@ -20,7 +20,9 @@ use tessera_ir::{
 
 use crate::factors::rule_of;
 use crate::propagate::{project, settle};
-use crate::spec::{ShardError, Spec, annotation, check_spec, local_type, mesh_of, spec_text};
+use crate::spec::{
+    ShardError, Spec, annotation, check_spec, local_type, mesh_of, order, spec_text,
+};
 
 const PASS: &str = "partition";
 
@@ -31,7 +33,7 @@ struct Partitioner<'a> {
 
 /// The pass (see the module doc).
 pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
-    tessera_ir::verify(g).map_err(|e| ShardError::Invalid(format!("{PASS}: {e}")))?;
+    let order = order(g, PASS)?;
     let mesh = mesh_of(g, PASS)?;
     let mut specs: HashMap<NodeId, Spec> = HashMap::new();
     for id in g.node_ids() {
@@ -55,7 +57,7 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
     // The ops whose local results are partial, with their reduction and axes: only
     // `all_reduce`s of exactly those may use them.
     let mut partial: HashMap<NodeId, (ReduceKind, Vec<String>)> = HashMap::new();
-    for id in g.topo_order() {
+    for id in order {
         let op = g.op(id);
         let operands = g.operands(id);
         let args: Vec<NodeId> = operands.iter().map(|o| local[o]).collect();

@@ -79,6 +79,13 @@ pub(crate) fn annotation(
     }
 }
 
+/// The nodes of a pass's input in the canonical order, or an error for a cycle. (The other
+/// invariants are the verifier's, which the pipeline runs between passes.)
+pub(crate) fn order(g: &Graph, pass: &str) -> Result<Vec<NodeId>, ShardError> {
+    g.try_topo_order()
+        .ok_or_else(|| ShardError::Invalid(format!("{pass}: the graph has a cycle")))
+}
+
 /// The mesh of an annotated graph, or an error naming the pass.
 pub(crate) fn mesh_of<'g>(g: &'g Graph, pass: &str) -> Result<&'g Mesh, ShardError> {
     g.mesh
