@@ -823,4 +823,47 @@ mod tests {
             got[0]
         );
     }
+
+    /// A member that leaves while reading wakes a member that bailed and waits for the
+    /// readers (before, leaving did not notify: the bailing member, whose wait has no timeout,
+    /// slept until some other event).
+    #[test]
+    fn leaving_wakes_a_member_that_waits_for_the_readers() {
+        let r = Rendezvous::with_timeout(Duration::from_secs(30));
+        let (passed_tx, passed_rx) = std::sync::mpsc::channel();
+        let (failed_tx, failed_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let r = &r;
+            s.spawn(move || {
+                let mut seat: Seat<'_, u8> = r.seat(member(0, 0, 2));
+                seat.arrive(0, |_| (), true).unwrap();
+                seat.advance(2, None);
+                seat.wait(Barrier::all(2, "did not finish")).unwrap();
+                passed_tx.send(()).unwrap();
+                // Still reading while the other member fails.
+                failed_rx.recv().unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                seat.leave();
+            });
+            s.spawn(move || {
+                let mut seat: Seat<'_, u8> = r.seat(member(0, 1, 2));
+                seat.arrive(0, |_| (), true).unwrap();
+                seat.advance(2, None);
+                passed_rx.recv().unwrap();
+                // Another device of the launch fails: this member's next wait gives up.
+                r.give_up_as(99);
+                failed_tx.send(()).unwrap();
+                let e = seat.wait(Barrier::all(3, "did not finish")).unwrap_err();
+                done_tx.send(e.to_string()).unwrap();
+            });
+            let e = done_rx.recv_timeout(Duration::from_secs(5));
+            if e.is_err() {
+                // Wake it, so the test fails instead of hanging.
+                r.give_up_as(100);
+            }
+            let e = e.expect("the member waiting for the readers was never woken");
+            assert!(e.contains("device 99 gave up"), "{e}");
+        });
+    }
 }

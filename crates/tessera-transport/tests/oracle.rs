@@ -154,3 +154,46 @@ fn chunks_and_concatenations_are_the_interpreters_slices_and_concatenations() {
         }
     }
 }
+
+/// Every combination over four members of +0, -0, NaN, the infinities and 1 at one element
+/// (the cases where max and min order zeros and propagate NaN).
+#[test]
+fn every_combination_of_special_values_reduces_as_the_interpreter() {
+    let specials = [0.0, -0.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1.0];
+    let n = specials.len().pow(4);
+    for dtype in [DType::F32, DType::F64] {
+        let vs: Vec<Literal> = (0..4)
+            .map(|p| {
+                let f = |i: usize| specials[(i / specials.len().pow(p as u32)) % specials.len()];
+                let data = match dtype {
+                    DType::F32 => Data::F32((0..n).map(|i| f(i) as f32).collect()),
+                    DType::F64 | DType::I32 | DType::U32 | DType::Bool => {
+                        Data::F64((0..n).map(f).collect())
+                    }
+                };
+                Literal::new([n], data).unwrap()
+            })
+            .collect();
+        let refs: Vec<&Literal> = vs.iter().collect();
+        for kind in KINDS {
+            let mut want = vs[0].clone();
+            for v in &vs[1..] {
+                want = eval_op(&binary(kind), &[&want, v], &v.ty).unwrap();
+            }
+            assert_eq!(
+                values::reduce(kind, &refs).unwrap(),
+                want,
+                "{dtype:?} {kind:?}"
+            );
+            let wide = values::reduce_widened(kind, &refs, 0..n).unwrap();
+            if kind != ReduceKind::Sum {
+                // Max and min are exact: widening changes nothing.
+                assert_eq!(
+                    Literal::new([n], wide).unwrap(),
+                    want,
+                    "{dtype:?} {kind:?} widened"
+                );
+            }
+        }
+    }
+}
