@@ -13,8 +13,8 @@
 use std::collections::{HashMap, HashSet};
 
 use tessera_ir::{
-    BinaryOp, CompareOp, DType, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape, TensorType,
-    TypeError, UnaryOp,
+    BinaryOp, CollectiveOp, CompareOp, DType, DotDims, Graph, Literal, NodeId, Op, ReduceKind,
+    Shape, TensorType, TypeError, UnaryOp,
 };
 
 /// Why a graph could not be differentiated.
@@ -260,7 +260,10 @@ fn vjp_rule(
         why: why.into(),
     };
     Ok(match op {
-        Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } | Op::AxisIndex { .. } => vec![],
+        Op::Parameter(_)
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Collective(CollectiveOp::AxisIndex { .. }) => vec![],
         Op::Unary(u) => {
             let x = xs[0];
             let ct = match u {
@@ -553,12 +556,12 @@ fn vjp_rule(
         }
         Op::ArgMax { .. } => vec![],
         Op::DotGeneral(dd) => dot_general_vjp(b, dd, xs[0], xs[1], needed, g)?,
-        Op::AllReduce { kind, axes } => match kind {
+        Op::Collective(CollectiveOp::AllReduce { kind, axes }) => match kind {
             ReduceKind::Sum => vec![Some(b.add(
-                Op::AllReduce {
+                Op::Collective(CollectiveOp::AllReduce {
                     kind: ReduceKind::Sum,
                     axes: axes.clone(),
-                },
+                }),
                 &[g],
             )?)],
             ReduceKind::Max | ReduceKind::Min => {
@@ -567,43 +570,43 @@ fn vjp_rule(
                 ));
             }
         },
-        Op::AllGather { dim, axes } => vec![Some(b.add(
-            Op::ReduceScatter {
+        Op::Collective(CollectiveOp::AllGather { dim, axes }) => vec![Some(b.add(
+            Op::Collective(CollectiveOp::ReduceScatter {
                 kind: ReduceKind::Sum,
                 dim: *dim,
                 axes: axes.clone(),
-            },
+            }),
             &[g],
         )?)],
-        Op::ReduceScatter { kind, dim, axes } => match kind {
+        Op::Collective(CollectiveOp::ReduceScatter { kind, dim, axes }) => match kind {
             ReduceKind::Sum => vec![Some(b.add(
-                Op::AllGather {
+                Op::Collective(CollectiveOp::AllGather {
                     dim: *dim,
                     axes: axes.clone(),
-                },
+                }),
                 &[g],
             )?)],
             ReduceKind::Max | ReduceKind::Min => {
                 return Err(not_diff(" (only the sum reduce_scatter has a gradient)"));
             }
         },
-        Op::AllToAll {
+        Op::Collective(CollectiveOp::AllToAll {
             split_dim,
             concat_dim,
             axes,
-        } => vec![Some(b.add(
-            Op::AllToAll {
+        }) => vec![Some(b.add(
+            Op::Collective(CollectiveOp::AllToAll {
                 split_dim: *concat_dim,
                 concat_dim: *split_dim,
                 axes: axes.clone(),
-            },
+            }),
             &[g],
         )?)],
-        Op::CollectivePermute { axes, pairs } => vec![Some(b.add(
-            Op::CollectivePermute {
+        Op::Collective(CollectiveOp::CollectivePermute { axes, pairs }) => vec![Some(b.add(
+            Op::Collective(CollectiveOp::CollectivePermute {
                 axes: axes.clone(),
                 pairs: pairs.iter().map(|&(s, d)| (d, s)).collect(),
-            },
+            }),
             &[g],
         )?)],
         Op::ShardingConstraint(s) => vec![Some(b.add(Op::ShardingConstraint(s.clone()), &[g])?)],

@@ -902,32 +902,32 @@ pub fn erf_inv(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     f.sel(b, tiny, signed_zero, r)
 }
 
-/// `round` (half away from zero) and `sign`, exact for any float type.
-pub fn unary_exact(b: &mut FunctionBuilder, f: Fx, u: UnaryOp, x: Value) -> Value {
+/// `round` (half away from zero), exact for any float type.
+pub fn round_exact(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let zero = f.c(b, 0.0);
     let one = f.c(b, 1.0);
-    match u {
-        UnaryOp::Round => {
-            let t = b.ins().trunc(x);
-            let d = b.ins().fsub(x, t);
-            let ad = b.ins().fabs(d);
-            let half = f.c(b, 0.5);
-            let up = f.fcmp(b, FloatCC::GreaterThanOrEqual, ad, half);
-            let m1 = f.c(b, -1.0);
-            let neg = f.fcmp(b, FloatCC::LessThan, x, zero);
-            let s = f.sel(b, neg, m1, one);
-            // `t` itself unless rounding away: round(-0.4) = -0 (`-0 + 0` would be +0).
-            let away = b.ins().fadd(t, s);
-            f.sel(b, up, away, t)
-        }
-        _ => {
-            let m1 = f.c(b, -1.0);
-            let pos = f.fcmp(b, FloatCC::GreaterThan, x, zero);
-            let neg = f.fcmp(b, FloatCC::LessThan, x, zero);
-            let r = f.sel(b, neg, m1, x);
-            f.sel(b, pos, one, r)
-        }
-    }
+    let t = b.ins().trunc(x);
+    let d = b.ins().fsub(x, t);
+    let ad = b.ins().fabs(d);
+    let half = f.c(b, 0.5);
+    let up = f.fcmp(b, FloatCC::GreaterThanOrEqual, ad, half);
+    let m1 = f.c(b, -1.0);
+    let neg = f.fcmp(b, FloatCC::LessThan, x, zero);
+    let s = f.sel(b, neg, m1, one);
+    // `t` itself unless rounding away: round(-0.4) = -0 (`-0 + 0` would be +0).
+    let away = b.ins().fadd(t, s);
+    f.sel(b, up, away, t)
+}
+
+/// `sign`: -1, +1, or `x` itself for +-0 and NaN, exact for any float type.
+pub fn sign_exact(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
+    let zero = f.c(b, 0.0);
+    let one = f.c(b, 1.0);
+    let m1 = f.c(b, -1.0);
+    let pos = f.fcmp(b, FloatCC::GreaterThan, x, zero);
+    let neg = f.fcmp(b, FloatCC::LessThan, x, zero);
+    let r = f.sel(b, neg, m1, x);
+    f.sel(b, pos, one, r)
 }
 
 /// Every f32 unary op, scalar or vector.
@@ -935,7 +935,8 @@ pub fn unary_f32(b: &mut FunctionBuilder, f: Fx, u: UnaryOp, x: Value, calls: Ca
     match u {
         UnaryOp::Neg => b.ins().fneg(x),
         UnaryOp::Abs => b.ins().fabs(x),
-        UnaryOp::Sign | UnaryOp::Round => unary_exact(b, f, u, x),
+        UnaryOp::Sign => sign_exact(b, f, x),
+        UnaryOp::Round => round_exact(b, f, x),
         UnaryOp::Exp => exp(b, f, x),
         UnaryOp::Log => log(b, f, x),
         UnaryOp::Log1p => log1p(b, f, x),

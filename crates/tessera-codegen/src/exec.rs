@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use tessera_interp::{Collectives, GemmCall, GemmPart, InterpError};
-use tessera_ir::{DType, Data, Literal, Mesh, Op, TensorType};
+use tessera_ir::{CollectiveOp, DType, Data, Literal, Mesh, Op, TensorType};
 
 use crate::fusion::{BufKind, GemmSpec, Schedule, StepKind};
 use crate::lower::{Compiled, KernelFn};
@@ -62,10 +62,10 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
             let fits = matches!(steps[i].kind, StepKind::Gemm(_))
                 && matches!(
                     next.kind,
-                    StepKind::Collective(Op::AllReduce {
+                    StepKind::Collective(Op::Collective(CollectiveOp::AllReduce {
                         kind: tessera_ir::ReduceKind::Sum,
                         ..
-                    })
+                    }))
                 )
                 && next.inputs == [out]
                 && !schedule.outputs.contains(&out)
@@ -594,7 +594,9 @@ impl Executable {
                         op: op.name().into(),
                         message: "collective in a program without a mesh".into(),
                     })?;
-                    if let (Op::AllReduce { .. }, Some(&b)) = (op, step.inputs.first()) {
+                    if let (Op::Collective(CollectiveOp::AllReduce { .. }), Some(&b)) =
+                        (op, step.inputs.first())
+                    {
                         // SAFETY: buffer `b` holds a value of its type (written by an earlier
                         // step, or bound at launch) and the output buffer has room for one;
                         // both live until `run` returns, and this thread is blocked in the call.

@@ -108,14 +108,29 @@ pub fn fuse(g: &Graph) -> Schedule {
         for o in g.operands(id) {
             *users.entry(o).or_default() += 1;
         }
-        match g.op(id) {
-            Op::DotGeneral(dd) if is_outer_product(dd, g.ty(g.operands(id)[0])) => {}
-            Op::Reshape(_) | Op::Pad { .. } | Op::Concatenate { .. } | Op::DotGeneral(_) => {
-                forced.extend(g.operands(id));
-            }
-            // The transport reads and writes whole buffers.
-            op if op.is_collective() => forced.extend(g.operands(id)),
-            _ => {}
+        // Operands that must be buffers: what a kernel cannot index affinely, a GEMM's
+        // operands, and what the transport reads and writes as whole buffers.
+        let must_be_buffers = match g.op(id) {
+            Op::DotGeneral(dd) => !is_outer_product(dd, g.ty(g.operands(id)[0])),
+            Op::Reshape(_) | Op::Pad { .. } | Op::Concatenate { .. } | Op::Collective(_) => true,
+            Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::BroadcastInDim { .. }
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::ShardingConstraint(_) => false,
+        };
+        if must_be_buffers {
+            forced.extend(g.operands(id));
         }
     }
     for &o in g.outputs() {
@@ -152,15 +167,24 @@ pub fn fuse(g: &Graph) -> Schedule {
                 continue;
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
-            Op::Reduce { .. }
-            | Op::ArgMax { .. }
-            | Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. }
-            | Op::AxisIndex { .. } => true,
-            _ => {
+            Op::Reduce { .. } | Op::ArgMax { .. } | Op::Collective(_) => true,
+            // Inlined into its users unless a rule below writes it out.
+            Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::DotGeneral(_)
+            | Op::ShardingConstraint(_) => {
                 let (mut n, mut heavy, mut d) = (1, is_transcendental(op), 1);
                 for o in g.operands(id) {
                     if f.materialized.contains_key(&o) {
@@ -190,7 +214,14 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::Select
                     | Op::Convert(_)
                     | Op::DotGeneral(_) => !heavy && n <= 8,
-                    _ => false,
+                    Op::Bitcast(_) | Op::Reshape(_) | Op::Concatenate { .. } | Op::Pad { .. } => {
+                        false
+                    }
+                    // Written out above, never inlined.
+                    Op::Parameter(_)
+                    | Op::Reduce { .. }
+                    | Op::ArgMax { .. }
+                    | Op::Collective(_) => false,
                 };
                 cheap.insert(id, is_cheap);
                 forced.contains(&id)
@@ -228,12 +259,7 @@ impl Fuser<'_> {
         let op = g.op(id).clone();
         let name = format!("{}_{}", op.name(), self.sched.steps.len());
         let (kind, inputs) = match &op {
-            Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. }
-            | Op::AxisIndex { .. } => {
+            Op::Collective(_) => {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Collective(op.clone()), inputs)
             }
@@ -270,7 +296,24 @@ impl Fuser<'_> {
                 );
                 (StepKind::Kernel(k), inputs)
             }
-            _ => {
+            // One elementwise kernel over the result's index space.
+            Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::DotGeneral(_)
+            | Op::ShardingConstraint(_) => {
                 let n = ty.rank();
                 let map: Vec<Lin> = (0..n).map(|j| Lin::var(n, j)).collect();
                 let mut inputs = Vec::new();
@@ -490,12 +533,7 @@ impl Fuser<'_> {
             | Op::DotGeneral(_)
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
-            | Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. }
-            | Op::AxisIndex { .. } => {
+            | Op::Collective(_) => {
                 let b = self.materialized_buf(id);
                 let ty = g.ty(id);
                 load(Self::slot(inputs, b), ty.dtype, row_major(ty.dims()), map)
@@ -659,18 +697,59 @@ fn is_outer_product(dd: &DotDims, lhs: &TensorType) -> bool {
 fn is_transcendental(op: &Op) -> bool {
     use tessera_ir::{BinaryOp, UnaryOp};
     match op {
-        Op::Unary(u) => !matches!(
-            u,
+        Op::Unary(u) => match u {
             UnaryOp::Neg
-                | UnaryOp::Abs
-                | UnaryOp::Sign
-                | UnaryOp::Floor
-                | UnaryOp::Ceil
-                | UnaryOp::Round
-                | UnaryOp::Not
-        ),
-        Op::Binary(b) => matches!(b, BinaryOp::Pow | BinaryOp::Rem),
-        _ => false,
+            | UnaryOp::Abs
+            | UnaryOp::Sign
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Not => false,
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1
+            | UnaryOp::Tanh
+            | UnaryOp::Logistic
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Erf
+            | UnaryOp::ErfInv => true,
+        },
+        Op::Binary(b) => match b {
+            BinaryOp::Pow | BinaryOp::Rem => true,
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::Xor
+            | BinaryOp::ShiftLeft
+            | BinaryOp::ShiftRightLogical => false,
+        },
+        Op::Parameter(_)
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::Bitcast(_)
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape(_)
+        | Op::Transpose(_)
+        | Op::Slice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::DotGeneral(_)
+        | Op::Collective(_)
+        | Op::ShardingConstraint(_) => false,
     }
 }
 

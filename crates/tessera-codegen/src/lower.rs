@@ -816,7 +816,11 @@ impl Lower<'_, '_> {
                             ty: F64,
                             fma: self.fma,
                         };
-                        return approx::unary_exact(&mut self.b, fx, u, x);
+                        return if u == UnaryOp::Round {
+                            approx::round_exact(&mut self.b, fx, x)
+                        } else {
+                            approx::sign_exact(&mut self.b, fx, x)
+                        };
                     }
                     UnaryOp::Logistic => "tessera_logistic_f64",
                     UnaryOp::Exp => "tessera_exp_f64",
@@ -851,8 +855,25 @@ impl Lower<'_, '_> {
                     self.b.ins().uextend(I32, pos)
                 }
                 UnaryOp::Not => self.b.ins().bnot(x),
-                // The type rule admits only the ops above for integers.
-                _ => x,
+                UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Log1p
+                | UnaryOp::Expm1
+                | UnaryOp::Tanh
+                | UnaryOp::Logistic
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Erf
+                | UnaryOp::ErfInv => {
+                    unreachable!(
+                        "the verifier's type rule (UnaryOp::accepts) admits {u:?} on floats only"
+                    )
+                }
             },
             DType::Bool => {
                 // not: 1 - x on 0/1 bytes.
@@ -886,14 +907,35 @@ impl Lower<'_, '_> {
                 BinaryOp::Min => self.b.ins().fmin(x, y),
                 BinaryOp::Pow => self.call_libcall("tessera_pow_f64", F64, &[x, y]),
                 BinaryOp::Rem => self.call_libcall("tessera_fmod_f64", F64, &[x, y]),
-                _ => x,
+                BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+                | BinaryOp::ShiftLeft
+                | BinaryOp::ShiftRightLogical => {
+                    unreachable!(
+                        "the verifier's type rule (BinaryOp::accepts) admits {op:?} on integers and bool only"
+                    )
+                }
             },
             DType::I32 | DType::U32 => self.int_binary(op, d == DType::I32, x, y),
             DType::Bool => match op {
                 BinaryOp::And => self.b.ins().band(x, y),
                 BinaryOp::Or => self.b.ins().bor(x, y),
                 BinaryOp::Xor => self.b.ins().bxor(x, y),
-                _ => x,
+                BinaryOp::Add
+                | BinaryOp::Sub
+                | BinaryOp::Mul
+                | BinaryOp::Div
+                | BinaryOp::Rem
+                | BinaryOp::Max
+                | BinaryOp::Min
+                | BinaryOp::Pow
+                | BinaryOp::ShiftLeft
+                | BinaryOp::ShiftRightLogical => {
+                    unreachable!(
+                        "the verifier's type rule (BinaryOp::accepts) admits only and/or/xor on bool, not {op:?}"
+                    )
+                }
             },
         }
     }

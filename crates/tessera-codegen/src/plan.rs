@@ -96,7 +96,7 @@ impl Plan {
 mod tests {
     use super::*;
     use crate::fusion::{Buf, Step, StepKind};
-    use tessera_ir::{DType, Op, ReduceKind, TensorType};
+    use tessera_ir::{CollectiveOp, DType, Op, ReduceKind, TensorType};
 
     /// Two live temporaries of almost `isize::MAX` bytes each: their sum overflows `usize`.
     /// The plan must not wrap the arena's end around to a small size.
@@ -108,10 +108,10 @@ mod tests {
             kind,
         };
         let step = |inputs: Vec<usize>, output| Step {
-            kind: StepKind::Collective(Op::AllReduce {
+            kind: StepKind::Collective(Op::Collective(CollectiveOp::AllReduce {
                 kind: ReduceKind::Sum,
                 axes: vec!["x".into()],
-            }),
+            })),
             inputs,
             output,
         };

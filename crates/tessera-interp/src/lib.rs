@@ -11,8 +11,8 @@ pub mod scalar;
 use std::collections::HashMap;
 
 use tessera_ir::{
-    BinaryOp, CompareOp, DType, Data, DotDims, Graph, Literal, Mesh, NodeId, Op, ReduceKind, Shape,
-    TensorType, UnaryOp,
+    BinaryOp, CollectiveOp, CompareOp, DType, Data, DotDims, Graph, Literal, Mesh, NodeId, Op,
+    ReduceKind, Shape, TensorType, UnaryOp,
 };
 
 use scalar::{Float, Int, bool_binary, bool_unary, compare, fmax, fmin};
@@ -163,8 +163,8 @@ impl Collectives for SingleDevice {
             });
         }
         Ok(match (op, input) {
-            (Op::AxisIndex { .. }, _) => Literal::zeros(out),
-            (Op::CollectivePermute { pairs, .. }, Some(x)) => {
+            (Op::Collective(CollectiveOp::AxisIndex { .. }), _) => Literal::zeros(out),
+            (Op::Collective(CollectiveOp::CollectivePermute { pairs, .. }), Some(x)) => {
                 if pairs.is_empty() {
                     Literal::zeros(out)
                 } else {
@@ -407,12 +407,7 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
         Op::Reduce { kind, axes } => reduce(*kind, axes, args[0], ty),
         Op::ArgMax { axis } => argmax(*axis, args[0], ty),
         Op::DotGeneral(dd) => dot_general(op, dd, args[0], args[1], ty)?,
-        Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. }
-        | Op::AxisIndex { .. } => {
+        Op::Collective(_) => {
             return Err(op_error(
                 op,
                 "collectives run through a Collectives transport",

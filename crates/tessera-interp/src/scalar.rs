@@ -309,8 +309,22 @@ impl Int for i32 {
             UnaryOp::Abs => x.wrapping_abs(),
             UnaryOp::Sign => x.signum(),
             UnaryOp::Not => !x,
-            // Float-only ops are rejected by the type rule.
-            _ => 0,
+            // Float-only ops, rejected by the type rule.
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1
+            | UnaryOp::Tanh
+            | UnaryOp::Logistic
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Erf
+            | UnaryOp::ErfInv => 0,
         }
     }
     fn binary(op: BinaryOp, x: i32, y: i32) -> i32 {
@@ -351,7 +365,22 @@ impl Int for u32 {
             UnaryOp::Abs => x,
             UnaryOp::Sign => (x > 0) as u32,
             UnaryOp::Not => !x,
-            _ => 0,
+            // Float-only ops, rejected by the type rule.
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1
+            | UnaryOp::Tanh
+            | UnaryOp::Logistic
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Erf
+            | UnaryOp::ErfInv => 0,
         }
     }
     fn binary(op: BinaryOp, x: u32, y: u32) -> u32 {
@@ -376,7 +405,25 @@ impl Int for u32 {
 pub fn bool_unary(op: UnaryOp, x: bool) -> bool {
     match op {
         UnaryOp::Not => !x,
-        _ => x,
+        // Rejected for bool by the type rule.
+        UnaryOp::Neg
+        | UnaryOp::Abs
+        | UnaryOp::Sign
+        | UnaryOp::Exp
+        | UnaryOp::Log
+        | UnaryOp::Log1p
+        | UnaryOp::Expm1
+        | UnaryOp::Tanh
+        | UnaryOp::Logistic
+        | UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Sqrt
+        | UnaryOp::Rsqrt
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Round
+        | UnaryOp::Erf
+        | UnaryOp::ErfInv => x,
     }
 }
 
@@ -385,7 +432,17 @@ pub fn bool_binary(op: BinaryOp, x: bool, y: bool) -> bool {
         BinaryOp::And => x & y,
         BinaryOp::Or => x | y,
         BinaryOp::Xor => x ^ y,
-        _ => false,
+        // Rejected for bool by the type rule.
+        BinaryOp::Add
+        | BinaryOp::Sub
+        | BinaryOp::Mul
+        | BinaryOp::Div
+        | BinaryOp::Rem
+        | BinaryOp::Max
+        | BinaryOp::Min
+        | BinaryOp::Pow
+        | BinaryOp::ShiftLeft
+        | BinaryOp::ShiftRightLogical => false,
     }
 }
 

@@ -6,8 +6,8 @@
 use tessera_interp::run;
 use tessera_ir::corpus::{Lcg, covered_op_names, op_samples, random_inputs};
 use tessera_ir::{
-    ALL_OP_NAMES, BinaryOp, CompareOp, DType, Data, Graph, Literal, Op, ReduceKind, TensorType,
-    UnaryOp,
+    ALL_OP_NAMES, BinaryOp, CollectiveOp, CompareOp, DType, Data, Graph, Literal, Op, ReduceKind,
+    TensorType, UnaryOp,
 };
 
 /// One element, widened.
@@ -314,18 +314,18 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
             out
         }
         Op::Reshape(_) | Op::ShardingConstraint(_) => args[0].clone(),
-        Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. } => args[0].clone(),
-        Op::CollectivePermute { pairs, .. } => {
+        Op::Collective(CollectiveOp::AllReduce { .. })
+        | Op::Collective(CollectiveOp::AllGather { .. })
+        | Op::Collective(CollectiveOp::ReduceScatter { .. })
+        | Op::Collective(CollectiveOp::AllToAll { .. }) => args[0].clone(),
+        Op::Collective(CollectiveOp::CollectivePermute { pairs, .. }) => {
             if pairs.is_empty() {
                 vec![V::F(0.0); n]
             } else {
                 args[0].clone()
             }
         }
-        Op::AxisIndex { .. } => vec![V::I(0)],
+        Op::Collective(CollectiveOp::AxisIndex { .. }) => vec![V::I(0)],
         Op::Transpose(perm) => {
             let mut out = vec![V::B(false); n];
             for ix in indices(in_ty(0).dims()) {

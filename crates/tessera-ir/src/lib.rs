@@ -18,7 +18,10 @@ pub mod verify;
 
 pub use graph::{Graph, Node, NodeId};
 pub use literal::{Data, Literal};
-pub use op::{ALL_OP_NAMES, BinaryOp, CompareOp, DotDims, Op, ReduceKind, TypeError, UnaryOp};
+pub use op::{
+    ALL_OP_NAMES, BinaryOp, CollectiveOp, CompareOp, DotDims, Op, OpClass, ReduceKind, TypeError,
+    UnaryOp,
+};
 pub use parse::{ParseError, parse};
 pub use print::{attrs_text, print};
 pub use sharding::{DimSharding, Mesh, Sharding};

@@ -269,6 +269,103 @@ impl DotDims {
     }
 }
 
+/// The ops that run over a group of devices (the mesh axes `axes`). Their value on one device
+/// depends on the other devices of the group; every other op is computed from its operands alone.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CollectiveOp {
+    /// Combines the values of every device in the group of mesh axes `axes`.
+    AllReduce { kind: ReduceKind, axes: Vec<String> },
+    /// Concatenates along `dim` the values of every device of the group, in group order.
+    AllGather { dim: usize, axes: Vec<String> },
+    /// All-reduce, then each device keeps its chunk of `dim`.
+    ReduceScatter {
+        kind: ReduceKind,
+        dim: usize,
+        axes: Vec<String>,
+    },
+    /// Splits `split_dim` into group-size chunks, sends chunk `j` to device `j`, concatenates the
+    /// received chunks along `concat_dim`.
+    AllToAll {
+        split_dim: usize,
+        concat_dim: usize,
+        axes: Vec<String>,
+    },
+    /// Device `src` sends its value to device `dst` for each pair (indices within the group);
+    /// a device that receives nothing gets zeros.
+    CollectivePermute {
+        axes: Vec<String>,
+        pairs: Vec<(usize, usize)>,
+    },
+    /// This device's index (i32 scalar) within the group of `axes`.
+    AxisIndex { axes: Vec<String> },
+}
+
+impl CollectiveOp {
+    /// The op's mnemonic in the text format.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CollectiveOp::AllReduce { .. } => "all_reduce",
+            CollectiveOp::AllGather { .. } => "all_gather",
+            CollectiveOp::ReduceScatter { .. } => "reduce_scatter",
+            CollectiveOp::AllToAll { .. } => "all_to_all",
+            CollectiveOp::CollectivePermute { .. } => "collective_permute",
+            CollectiveOp::AxisIndex { .. } => "axis_index",
+        }
+    }
+
+    /// The mesh axes whose device group the op runs over.
+    pub fn axes(&self) -> &[String] {
+        match self {
+            CollectiveOp::AllReduce { axes, .. }
+            | CollectiveOp::AllGather { axes, .. }
+            | CollectiveOp::ReduceScatter { axes, .. }
+            | CollectiveOp::AllToAll { axes, .. }
+            | CollectiveOp::CollectivePermute { axes, .. }
+            | CollectiveOp::AxisIndex { axes } => axes,
+        }
+    }
+
+    /// The number of operands.
+    pub fn arity(&self) -> usize {
+        match self {
+            CollectiveOp::AxisIndex { .. } => 0,
+            CollectiveOp::AllReduce { .. }
+            | CollectiveOp::AllGather { .. }
+            | CollectiveOp::ReduceScatter { .. }
+            | CollectiveOp::AllToAll { .. }
+            | CollectiveOp::CollectivePermute { .. } => 1,
+        }
+    }
+}
+
+/// What kind of computation an op is. Policy that is the same for every op of a class (fusion,
+/// cost, sharding priority) matches on this instead of listing ops, so that a new op is placed
+/// once, here, and the compiler flags every table that must decide about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// A function input.
+    Parameter,
+    /// A value from attributes alone: `constant`, `iota`.
+    Constant,
+    /// One operand, one scalar function per element: unary ops, `convert`, `bitcast`.
+    ElementwiseUnary,
+    /// Two same-shaped operands, one scalar function per element: binary ops and comparisons.
+    ElementwiseBinary,
+    /// `select`: three same-shaped operands.
+    Select,
+    /// Moves or copies elements without arithmetic: broadcast, reshape, transpose, slice,
+    /// concatenate, pad.
+    Movement,
+    /// Combines elements along axes: `reduce_*`, `argmax`.
+    Reduction,
+    /// `dot_general`.
+    Dot,
+    /// Runs over a group of devices ([`CollectiveOp`]).
+    Collective,
+    /// The identity on values, carrying a hint for a pass: `sharding_constraint`.
+    Annotation,
+}
+
 /// One primitive op with its attributes. The result type of a node is stored on the node; the
 /// attributes here are what the type rule needs to compute it.
 #[derive(Clone, Debug, PartialEq)]
@@ -321,39 +418,9 @@ pub enum Op {
         axis: usize,
     },
     DotGeneral(DotDims),
-    /// Combines the values of every device in the group of mesh axes `axes`.
-    AllReduce {
-        kind: ReduceKind,
-        axes: Vec<String>,
-    },
-    /// Concatenates along `dim` the values of every device of the group, in group order.
-    AllGather {
-        dim: usize,
-        axes: Vec<String>,
-    },
-    /// All-reduce, then each device keeps its chunk of `dim`.
-    ReduceScatter {
-        kind: ReduceKind,
-        dim: usize,
-        axes: Vec<String>,
-    },
-    /// Splits `split_dim` into group-size chunks, sends chunk `j` to device `j`, concatenates the
-    /// received chunks along `concat_dim`.
-    AllToAll {
-        split_dim: usize,
-        concat_dim: usize,
-        axes: Vec<String>,
-    },
-    /// Device `src` sends its value to device `dst` for each pair (indices within the group);
-    /// a device that receives nothing gets zeros.
-    CollectivePermute {
-        axes: Vec<String>,
-        pairs: Vec<(usize, usize)>,
-    },
-    /// This device's index (i32 scalar) within the group of `axes`.
-    AxisIndex {
-        axes: Vec<String>,
-    },
+    /// An op whose value depends on the device group: the communicating collectives and
+    /// `axis_index`. Each runs over the group of mesh axes it names.
+    Collective(CollectiveOp),
     /// A user hint that sharding propagation must respect; the identity on values.
     ShardingConstraint(Sharding),
 }
@@ -471,12 +538,7 @@ impl Op {
             },
             Op::ArgMax { .. } => "argmax",
             Op::DotGeneral(_) => "dot_general",
-            Op::AllReduce { .. } => "all_reduce",
-            Op::AllGather { .. } => "all_gather",
-            Op::ReduceScatter { .. } => "reduce_scatter",
-            Op::AllToAll { .. } => "all_to_all",
-            Op::CollectivePermute { .. } => "collective_permute",
-            Op::AxisIndex { .. } => "axis_index",
+            Op::Collective(c) => c.name(),
             Op::ShardingConstraint(_) => "sharding_constraint",
         }
     }
@@ -484,46 +546,69 @@ impl Op {
     /// Ops that apply one scalar function at every index of same-shaped operands.
     pub fn is_elementwise(&self) -> bool {
         matches!(
-            self,
-            Op::Unary(_)
-                | Op::Binary(_)
-                | Op::Compare(_)
-                | Op::Select
-                | Op::Convert(_)
-                | Op::Bitcast(_)
+            self.class(),
+            OpClass::ElementwiseUnary | OpClass::ElementwiseBinary | OpClass::Select
         )
     }
 
-    /// Ops that communicate between devices.
+    /// Ops whose value depends on the device group (collectives and `axis_index`).
     pub fn is_collective(&self) -> bool {
-        matches!(
-            self,
-            Op::AllReduce { .. }
-                | Op::AllGather { .. }
-                | Op::ReduceScatter { .. }
-                | Op::AllToAll { .. }
-                | Op::CollectivePermute { .. }
-                | Op::AxisIndex { .. }
-        )
+        self.class() == OpClass::Collective
     }
 
     /// The mesh axes a collective runs over (empty for other ops).
     pub fn mesh_axes(&self) -> &[String] {
         match self {
-            Op::AllReduce { axes, .. }
-            | Op::AllGather { axes, .. }
-            | Op::ReduceScatter { axes, .. }
-            | Op::AllToAll { axes, .. }
-            | Op::CollectivePermute { axes, .. }
-            | Op::AxisIndex { axes } => axes,
-            _ => &[],
+            Op::Collective(c) => c.axes(),
+            Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::DotGeneral(_)
+            | Op::ShardingConstraint(_) => &[],
+        }
+    }
+
+    /// The op's class: the one exhaustive table that per-op policy elsewhere may match on
+    /// instead of listing ops (see `docs/add-an-op.md`).
+    pub fn class(&self) -> OpClass {
+        match self {
+            Op::Parameter(_) => OpClass::Parameter,
+            Op::Constant(_) | Op::Iota { .. } => OpClass::Constant,
+            Op::Unary(_) | Op::Convert(_) | Op::Bitcast(_) => OpClass::ElementwiseUnary,
+            Op::Binary(_) | Op::Compare(_) => OpClass::ElementwiseBinary,
+            Op::Select => OpClass::Select,
+            Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. } => OpClass::Movement,
+            Op::Reduce { .. } | Op::ArgMax { .. } => OpClass::Reduction,
+            Op::DotGeneral(_) => OpClass::Dot,
+            Op::Collective(_) => OpClass::Collective,
+            Op::ShardingConstraint(_) => OpClass::Annotation,
         }
     }
 
     /// The number of operands, `None` for variadic ops.
     pub fn arity(&self) -> Option<usize> {
         Some(match self {
-            Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } | Op::AxisIndex { .. } => 0,
+            Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } => 0,
+            Op::Collective(c) => c.arity(),
             Op::Unary(_)
             | Op::Convert(_)
             | Op::Bitcast(_)
@@ -533,11 +618,6 @@ impl Op {
             | Op::Slice { .. }
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
-            | Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. }
             | Op::ShardingConstraint(_) => 1,
             Op::Binary(_) | Op::Compare(_) | Op::DotGeneral(_) | Op::Pad { .. } => 2,
             Op::Select => 3,
@@ -868,14 +948,14 @@ impl Op {
                 dims.extend(dd.rhs_free(r.rank()).iter().map(|&d| r.dims()[d]));
                 Ok(TensorType::new(l.dtype, dims))
             }
-            Op::AllReduce { axes, .. } => {
+            Op::Collective(CollectiveOp::AllReduce { axes, .. }) => {
                 check_axes(axes)?;
                 if operands[0].dtype == DType::Bool {
                     return Err(fail("reduction of bool".into()));
                 }
                 Ok(operands[0].clone())
             }
-            Op::AllGather { dim, axes } => {
+            Op::Collective(CollectiveOp::AllGather { dim, axes }) => {
                 let n = check_axes(axes)?;
                 let t = operands[0];
                 check_dim(*dim, t.rank(), "dimension")?;
@@ -885,7 +965,7 @@ impl Op {
                     .ok_or_else(|| fail(format!("the size of dim {dim} overflows")))?;
                 Ok(TensorType::new(t.dtype, dims))
             }
-            Op::ReduceScatter { dim, axes, .. } => {
+            Op::Collective(CollectiveOp::ReduceScatter { dim, axes, .. }) => {
                 let n = check_axes(axes)?;
                 let t = operands[0];
                 check_dim(*dim, t.rank(), "dimension")?;
@@ -902,11 +982,11 @@ impl Op {
                 dims[*dim] /= n;
                 Ok(TensorType::new(t.dtype, dims))
             }
-            Op::AllToAll {
+            Op::Collective(CollectiveOp::AllToAll {
                 split_dim,
                 concat_dim,
                 axes,
-            } => {
+            }) => {
                 let n = check_axes(axes)?;
                 let t = operands[0];
                 check_dim(*split_dim, t.rank(), "split dim")?;
@@ -924,7 +1004,7 @@ impl Op {
                 })?;
                 Ok(TensorType::new(t.dtype, dims))
             }
-            Op::CollectivePermute { axes, pairs } => {
+            Op::Collective(CollectiveOp::CollectivePermute { axes, pairs }) => {
                 let n = check_axes(axes)?;
                 for (i, &(s, d)) in pairs.iter().enumerate() {
                     if s >= n || d >= n {
@@ -938,7 +1018,7 @@ impl Op {
                 }
                 Ok(operands[0].clone())
             }
-            Op::AxisIndex { axes } => {
+            Op::Collective(CollectiveOp::AxisIndex { axes }) => {
                 check_axes(axes)?;
                 Ok(TensorType::scalar(DType::I32))
             }

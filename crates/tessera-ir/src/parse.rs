@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use crate::graph::{Graph, NodeId};
 use crate::literal::{Data, Literal};
-use crate::op::{BinaryOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
+use crate::op::{BinaryOp, CollectiveOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
 use crate::sharding::{DimSharding, Mesh, Sharding};
 use crate::types::{DType, TensorType};
 
@@ -908,24 +908,24 @@ fn build_op(
                 rhs_contract,
             })
         }
-        "all_reduce" => Op::AllReduce {
+        "all_reduce" => Op::Collective(CollectiveOp::AllReduce {
             kind: reduce_kind(kind)?,
             axes: axes_attr(attrs)?,
-        },
-        "all_gather" => Op::AllGather {
+        }),
+        "all_gather" => Op::Collective(CollectiveOp::AllGather {
             dim: uint_attr(attrs, "dim")?,
             axes: axes_attr(attrs)?,
-        },
-        "reduce_scatter" => Op::ReduceScatter {
+        }),
+        "reduce_scatter" => Op::Collective(CollectiveOp::ReduceScatter {
             kind: reduce_kind(kind)?,
             dim: uint_attr(attrs, "dim")?,
             axes: axes_attr(attrs)?,
-        },
-        "all_to_all" => Op::AllToAll {
+        }),
+        "all_to_all" => Op::Collective(CollectiveOp::AllToAll {
             split_dim: uint_attr(attrs, "split_dim")?,
             concat_dim: uint_attr(attrs, "concat_dim")?,
             axes: axes_attr(attrs)?,
-        },
+        }),
         "collective_permute" => {
             let pairs = as_list(need(attrs, "pairs")?, "pairs")?
                 .iter()
@@ -934,14 +934,14 @@ fn build_op(
                     _ => Err("each entry of 'pairs' is [source,target]".to_string()),
                 })
                 .collect::<Result<_, _>>()?;
-            Op::CollectivePermute {
+            Op::Collective(CollectiveOp::CollectivePermute {
                 axes: axes_attr(attrs)?,
                 pairs,
-            }
+            })
         }
-        "axis_index" => Op::AxisIndex {
+        "axis_index" => Op::Collective(CollectiveOp::AxisIndex {
             axes: axes_attr(attrs)?,
-        },
+        }),
         "sharding_constraint" => match need(attrs, "sharding")? {
             Attr::Sharding(s) => Op::ShardingConstraint(s.clone()),
             _ => return Err("attribute 'sharding' must be <@mesh, [...]>".into()),

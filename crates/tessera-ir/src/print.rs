@@ -9,7 +9,7 @@ use std::fmt::Write;
 
 use crate::graph::{Graph, NodeId};
 use crate::literal::Literal;
-use crate::op::Op;
+use crate::op::{CollectiveOp, Op};
 
 /// Prints a graph (its mesh line, if any, then the function) in the IR text format.
 pub fn print(g: &Graph) -> String {
@@ -162,24 +162,28 @@ pub fn attrs_text(op: &Op) -> String {
             .unwrap();
             s
         }
-        Op::AllReduce { kind, axes: a } => format!("{} axes={}", kind.name(), axes(a)),
-        Op::AllGather { dim, axes: a } => format!("dim={dim} axes={}", axes(a)),
-        Op::ReduceScatter { kind, dim, axes: a } => {
+        Op::Collective(CollectiveOp::AllReduce { kind, axes: a }) => {
+            format!("{} axes={}", kind.name(), axes(a))
+        }
+        Op::Collective(CollectiveOp::AllGather { dim, axes: a }) => {
+            format!("dim={dim} axes={}", axes(a))
+        }
+        Op::Collective(CollectiveOp::ReduceScatter { kind, dim, axes: a }) => {
             format!("{} dim={dim} axes={}", kind.name(), axes(a))
         }
-        Op::AllToAll {
+        Op::Collective(CollectiveOp::AllToAll {
             split_dim,
             concat_dim,
             axes: a,
-        } => format!(
+        }) => format!(
             "split_dim={split_dim} concat_dim={concat_dim} axes={}",
             axes(a)
         ),
-        Op::CollectivePermute { axes: a, pairs } => {
+        Op::Collective(CollectiveOp::CollectivePermute { axes: a, pairs }) => {
             let p: Vec<String> = pairs.iter().map(|(s, d)| format!("[{s},{d}]")).collect();
             format!("axes={} pairs=[{}]", axes(a), p.join(","))
         }
-        Op::AxisIndex { axes: a } => format!("axes={}", axes(a)),
+        Op::Collective(CollectiveOp::AxisIndex { axes: a }) => format!("axes={}", axes(a)),
         Op::ShardingConstraint(s) => format!("sharding={s}"),
     }
 }

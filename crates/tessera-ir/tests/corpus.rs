@@ -118,46 +118,46 @@ fn type_rules_reject_bad_operands() {
         ),
         (Op::Constant(Literal::scalar_f32(1.0)), vec![f.clone()]),
         (
-            Op::AllReduce {
+            Op::Collective(CollectiveOp::AllReduce {
                 kind: ReduceKind::Sum,
                 axes: vec!["y".into()],
-            },
+            }),
             vec![f.clone()],
         ),
         (
-            Op::AllGather {
+            Op::Collective(CollectiveOp::AllGather {
                 dim: 2,
                 axes: vec!["x".into()],
-            },
+            }),
             vec![f.clone()],
         ),
         (
-            Op::ReduceScatter {
+            Op::Collective(CollectiveOp::ReduceScatter {
                 kind: ReduceKind::Sum,
                 dim: 1,
                 axes: vec!["x".into()],
-            },
+            }),
             vec![f.clone()],
         ),
         (
-            Op::AllToAll {
+            Op::Collective(CollectiveOp::AllToAll {
                 split_dim: 1,
                 concat_dim: 0,
                 axes: vec!["x".into()],
-            },
+            }),
             vec![f.clone()],
         ),
         (
-            Op::CollectivePermute {
+            Op::Collective(CollectiveOp::CollectivePermute {
                 axes: vec!["x".into()],
                 pairs: vec![(0, 1), (1, 1)],
-            },
+            }),
             vec![f.clone()],
         ),
         (
-            Op::AxisIndex {
+            Op::Collective(CollectiveOp::AxisIndex {
                 axes: vec!["x".into(), "x".into()],
-            },
+            }),
             vec![],
         ),
         (

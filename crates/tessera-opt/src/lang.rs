@@ -32,8 +32,7 @@ impl Node {
             Op::Constant(l) if l.data.is_splat() && !l.data.is_empty() => {
                 format!("constant {} splat {}", l.ty, l.data.element_text(0))
             }
-            Op::Constant(l) if l.data.len() <= 64 => format!("{op:?}"),
-            Op::Constant(l) => {
+            Op::Constant(l) if l.data.len() > 64 => {
                 static NEXT: AtomicU64 = AtomicU64::new(0);
                 format!(
                     "constant {} #{}",
@@ -41,7 +40,26 @@ impl Node {
                     NEXT.fetch_add(1, AtomicOrdering::Relaxed)
                 )
             }
-            _ => format!("{op:?}"),
+            Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::DotGeneral(_)
+            | Op::Collective(_)
+            | Op::ShardingConstraint(_) => format!("{op:?}"),
         };
         if let Some(t) = &param_ty {
             key.push_str(&format!(" : {t}"));
@@ -167,23 +185,41 @@ impl egg::Analysis<Node> for TensorAnalysis {
             }
         };
         // Scalar constant folding: every operand a known one-element constant.
-        let constant = match (&enode.op, &ty) {
-            (Op::Constant(l), _) if l.ty.numel() <= 1 => Some(l.clone()),
-            (op, Some(t))
-                if t.numel() == 1 && !enode.children.is_empty() && !op.is_collective() =>
-            {
-                let args: Option<Vec<&Literal>> =
-                    kids.iter().map(|k| k.constant.as_ref()).collect();
-                args.and_then(|a| eval_op(op, &a, t).ok())
-            }
-            _ => None,
+        let constant = if let Op::Constant(l) = &enode.op {
+            (l.ty.numel() <= 1).then(|| l.clone())
+        } else if let Some(t) = &ty
+            && t.numel() == 1
+            && !enode.children.is_empty()
+            && !enode.op.is_collective()
+        {
+            let args: Option<Vec<&Literal>> = kids.iter().map(|k| k.constant.as_ref()).collect();
+            args.and_then(|a| eval_op(&enode.op, &a, t).ok())
+        } else {
+            None
         };
         let splat = match &enode.op {
             Op::Constant(l) if l.data.is_splat() && !l.data.is_empty() => Some(l.data.get_f64(0)),
+            // Moving a splat's elements leaves a splat.
             Op::BroadcastInDim { .. } | Op::Reshape(_) | Op::Transpose(_) => {
                 kids.first().and_then(|k| k.splat)
             }
-            _ => constant
+            Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::DotGeneral(_)
+            | Op::Collective(_)
+            | Op::ShardingConstraint(_) => constant
                 .as_ref()
                 .filter(|l| l.data.len() == 1)
                 .map(|l| l.data.get_f64(0)),

@@ -97,8 +97,25 @@ impl CostFunction<Node> for Cost<'_> {
                     });
                 bytes + 2.0 * numel * k
             }
-            // Views cost what the data they move costs.
-            _ => bytes + numel,
+            // Every other op costs the bytes it writes plus one per element: views cost what the
+            // data they move costs.
+            Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::Collective(_)
+            | Op::ShardingConstraint(_) => bytes + numel,
         };
         own + children
     }

@@ -24,7 +24,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tessera_interp::{Collectives, GemmCall, GemmPart, InterpError, eval_op};
-use tessera_ir::{BinaryOp, DType, Data, Literal, Mesh, Op, ReduceKind, TensorType};
+use tessera_ir::{BinaryOp, CollectiveOp, DType, Data, Literal, Mesh, Op, ReduceKind, TensorType};
 
 pub(crate) type Key = (u64, u64, Vec<usize>);
 
@@ -373,7 +373,7 @@ impl Collectives for SharedCollectives<'_> {
         input: *const u8,
         out: *mut u8,
     ) -> Result<bool, InterpError> {
-        let Op::AllReduce { axes, .. } = op else {
+        let Op::Collective(CollectiveOp::AllReduce { axes, .. }) = op else {
             return Ok(false);
         };
         let (members, me) = group(mesh, axes, self.position);
@@ -415,7 +415,7 @@ impl Collectives for SharedCollectives<'_> {
     ) -> Result<Literal, InterpError> {
         let (members, me) = group(mesh, op.mesh_axes(), self.position);
         let n = members.len();
-        if let Op::AxisIndex { .. } = op {
+        if let Op::Collective(CollectiveOp::AxisIndex { .. }) = op {
             return Ok(Literal {
                 ty: out.clone(),
                 data: tessera_ir::Data::I32(vec![me as i32]),
@@ -425,7 +425,7 @@ impl Collectives for SharedCollectives<'_> {
             op: op.name().into(),
             message: "missing operand".into(),
         })?;
-        if let (Op::AllReduce { kind, .. }, true) = (op, n > 1) {
+        if let (Op::Collective(CollectiveOp::AllReduce { kind, .. }), true) = (op, n > 1) {
             return self.all_reduce(op, *kind, &members, me, input, out);
         }
         let values: Vec<Literal> = if n == 1 {
@@ -437,24 +437,28 @@ impl Collectives for SharedCollectives<'_> {
             vals
         };
         let r = match op {
-            Op::AllReduce { kind, .. } => combine(*kind, &values)?,
-            Op::AllGather { dim, .. } => concat(&values, *dim)?,
-            Op::ReduceScatter { kind, dim, .. } => chunk(&combine(*kind, &values)?, *dim, me, n)?,
-            Op::AllToAll {
+            Op::Collective(CollectiveOp::AllReduce { kind, .. }) => combine(*kind, &values)?,
+            Op::Collective(CollectiveOp::AllGather { dim, .. }) => concat(&values, *dim)?,
+            Op::Collective(CollectiveOp::ReduceScatter { kind, dim, .. }) => {
+                chunk(&combine(*kind, &values)?, *dim, me, n)?
+            }
+            Op::Collective(CollectiveOp::AllToAll {
                 split_dim,
                 concat_dim,
                 ..
-            } => {
+            }) => {
                 let parts: Vec<Literal> = values
                     .iter()
                     .map(|v| chunk(v, *split_dim, me, n))
                     .collect::<Result<_, _>>()?;
                 concat(&parts, *concat_dim)?
             }
-            Op::CollectivePermute { pairs, .. } => match pairs.iter().find(|(_, d)| *d == me) {
-                Some(&(s, _)) => values[s].clone(),
-                None => Literal::zeros(out),
-            },
+            Op::Collective(CollectiveOp::CollectivePermute { pairs, .. }) => {
+                match pairs.iter().find(|(_, d)| *d == me) {
+                    Some(&(s, _)) => values[s].clone(),
+                    None => Literal::zeros(out),
+                }
+            }
             other => {
                 return Err(InterpError::Op {
                     op: other.name().into(),
@@ -949,7 +953,7 @@ impl<'r> SharedCollectives<'r> {
         input: *const u8,
         out: *mut u8,
     ) -> Result<(), InterpError> {
-        let Op::AllReduce { kind, .. } = *op else {
+        let Op::Collective(CollectiveOp::AllReduce { kind, .. }) = *op else {
             unreachable!("called for all_reduce only")
         };
         let n = members.len();
@@ -1122,10 +1126,10 @@ mod tests {
         let r = Rendezvous::with_timeout(Duration::from_millis(50));
         let ids = [10, 11, 12, 13];
         let c = SharedCollectives::new(&r, 0, 0, &ids);
-        let op = Op::AllReduce {
+        let op = Op::Collective(CollectiveOp::AllReduce {
             kind: ReduceKind::Sum,
             axes: vec!["x".into()],
-        };
+        });
         let x = Literal::scalar_f32(1.0);
         let err = c
             .run(&op, &mesh(), Some(&x), &x.ty)
@@ -1164,10 +1168,10 @@ mod tests {
         let r = Rendezvous::with_timeout(Duration::from_millis(100));
         let ids = [10, 11];
         let m = Mesh::new("m", vec![("x".into(), 2)]);
-        let op = Op::AllReduce {
+        let op = Op::Collective(CollectiveOp::AllReduce {
             kind: ReduceKind::Sum,
             axes: vec!["x".into()],
-        };
+        });
         let (members, _) = group(&m, &["x".into()], 0);
         let member = |p: usize, work: Duration| {
             let c = SharedCollectives::new(&r, 0, p, &ids);
@@ -1216,10 +1220,10 @@ mod tests {
         for len in [3, SMALL_ALL_REDUCE + 5] {
             let r = Rendezvous::default();
             let ids = [0, 1, 2, 3];
-            let op = Op::AllReduce {
+            let op = Op::Collective(CollectiveOp::AllReduce {
                 kind: ReduceKind::Sum,
                 axes: vec!["x".into(), "y".into()],
-            };
+            });
             let results: Vec<Literal> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..4)
                     .map(|p| {
@@ -1258,10 +1262,10 @@ mod tests {
                 for aliased in [false, true] {
                     let r = Rendezvous::default();
                     let ids = [0, 1, 2, 3];
-                    let op = Op::AllReduce {
+                    let op = Op::Collective(CollectiveOp::AllReduce {
                         kind,
                         axes: vec!["x".into(), "y".into()],
-                    };
+                    });
                     let make = |p: usize| {
                         let vs = (0..len).map(|i| value(p, i));
                         let ints = || vs.clone().map(|v| (v * 10.0 + 4.0).round());

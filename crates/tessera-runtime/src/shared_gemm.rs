@@ -27,7 +27,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tessera_interp::{GemmCall, GemmPart, InterpError};
-use tessera_ir::{DType, DotDims, Mesh, Op, ReduceKind};
+use tessera_ir::{CollectiveOp, DType, DotDims, Mesh, Op, ReduceKind};
 
 use crate::collectives::{Seat, SharedCollectives, Wait, group};
 
@@ -356,10 +356,10 @@ pub(crate) unsafe fn all_reduce(
     part: &GemmPart,
     gemm: &(dyn Fn(&GemmCall) + Sync),
 ) -> Result<Option<*const u8>, InterpError> {
-    let Op::AllReduce {
+    let Op::Collective(CollectiveOp::AllReduce {
         kind: ReduceKind::Sum,
         axes,
-    } = op
+    }) = op
     else {
         return Ok(None);
     };

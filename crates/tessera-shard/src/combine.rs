@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tessera_ir::{Graph, NodeId, Op, ReduceKind, Shape};
+use tessera_ir::{CollectiveOp, Graph, NodeId, Op, ReduceKind, Shape};
 
 use crate::ShardError;
 
@@ -37,7 +37,7 @@ pub fn combine_all_reduces(g: &mut Graph) -> Result<usize, ShardError> {
             if let Some(od) = deps.get(&o) {
                 d.extend(od.iter().copied());
             }
-            if matches!(g.op(o), Op::AllReduce { .. }) {
+            if matches!(g.op(o), Op::Collective(CollectiveOp::AllReduce { .. })) {
                 d.insert(o);
             }
         }
@@ -47,7 +47,7 @@ pub fn combine_all_reduces(g: &mut Graph) -> Result<usize, ShardError> {
     // unless it depends on one of its members.
     let mut batches: Vec<(GroupKey, Vec<NodeId>)> = Vec::new();
     for &id in &order {
-        let Op::AllReduce { kind, axes } = g.op(id).clone() else {
+        let Op::Collective(CollectiveOp::AllReduce { kind, axes }) = g.op(id).clone() else {
             continue;
         };
         if g.ty(id).numel() >= COMBINE_BELOW {
@@ -83,10 +83,10 @@ pub fn combine_all_reduces(g: &mut Graph) -> Result<usize, ShardError> {
         let cat = add(g, Op::Concatenate { dim: 0 }, &flat)?;
         let all = add(
             g,
-            Op::AllReduce {
+            Op::Collective(CollectiveOp::AllReduce {
                 kind,
                 axes: axes.clone(),
-            },
+            }),
             &[cat],
         )?;
         g.node_mut(all).loc = Some(format!("{} all-reduces combined", members.len()));

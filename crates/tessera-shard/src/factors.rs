@@ -234,12 +234,7 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         }
         // Collectives and `axis_index` only exist in per-device programs (pmap, or the
         // partitioner's output): every dim is whole as far as propagation is concerned.
-        Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. }
-        | Op::AxisIndex { .. } => {
+        Op::Collective(_) => {
             let mut r = FactorRule::new(operands.len());
             for (k, t) in operands.iter().enumerate() {
                 for &size in t.dims() {

@@ -18,8 +18,8 @@
 use std::collections::HashMap;
 
 use tessera_ir::{
-    CompareOp, DType, DimSharding, Graph, Literal, Mesh, NodeId, Op, ReduceKind, Sharding,
-    TensorType, TypeError,
+    CollectiveOp, CompareOp, DType, DimSharding, Graph, Literal, Mesh, NodeId, Op, ReduceKind,
+    Sharding, TensorType, TypeError,
 };
 
 use crate::factors::{FactorKind, rule_of};
@@ -247,16 +247,16 @@ pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitione
                 axes.retain(|a| !w.contains(a));
             }
             if !axes.is_empty() {
-                n = p.add(Op::AllReduce { kind, axes }, &[n])?;
+                n = p.add(Op::Collective(CollectiveOp::AllReduce { kind, axes }), &[n])?;
                 p.lg.node_mut(n).loc = g.node(id).loc.clone();
             }
             if let Some((dim, w)) = scatter {
                 n = p.add(
-                    Op::ReduceScatter {
+                    Op::Collective(CollectiveOp::ReduceScatter {
                         kind,
                         dim,
                         axes: w.clone(),
-                    },
+                    }),
                     &[n],
                 )?;
                 p.lg.node_mut(n).loc = g.node(id).loc.clone();
@@ -423,11 +423,11 @@ impl Partitioner<'_> {
                 (0..cur.len()).find(|&d2| d2 != d1 && cur[d2].is_empty() && to[d2] == cur[d1]);
             if let Some(d2) = moved {
                 v = self.add(
-                    Op::AllToAll {
+                    Op::Collective(CollectiveOp::AllToAll {
                         split_dim: d2,
                         concat_dim: d1,
                         axes: cur[d1].clone(),
-                    },
+                    }),
                     &[v],
                 )?;
                 cur[d2] = std::mem::take(&mut cur[d1]);
@@ -444,7 +444,10 @@ impl Partitioner<'_> {
                     0
                 };
                 let axes = cur[d].split_off(keep);
-                v = self.add(Op::AllGather { dim: d, axes }, &[v])?;
+                v = self.add(
+                    Op::Collective(CollectiveOp::AllGather { dim: d, axes }),
+                    &[v],
+                )?;
             }
         }
         for d in 0..cur.len() {
@@ -468,9 +471,9 @@ impl Partitioner<'_> {
         let n = group_size(self.mesh, axes);
         let chunk = ty.dims()[d] / n;
         let idx = self.add(
-            Op::AxisIndex {
+            Op::Collective(CollectiveOp::AxisIndex {
                 axes: axes.to_vec(),
-            },
+            }),
             &[],
         )?;
         let chunks: Vec<NodeId> = (0..n)

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 
-use tessera_ir::{Graph, Mesh, NodeId, Op};
+use tessera_ir::{CollectiveOp, Graph, Mesh, NodeId, Op};
 
 use crate::factors::{FactorKind, FactorRule, rule_of};
 use crate::partition::{ShardError, Spec, axes_text, check_spec, group_size};
@@ -235,7 +235,10 @@ fn absorb(cur: &mut Spec, new: &Spec) -> bool {
 /// propagate (no operands).
 fn priority(op: &Op) -> Option<u8> {
     match op {
-        Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } | Op::AxisIndex { .. } => None,
+        Op::Parameter(_)
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Collective(CollectiveOp::AxisIndex { .. }) => None,
         Op::DotGeneral(_) | Op::Reduce { .. } | Op::ArgMax { .. } => Some(1),
         _ => Some(0),
     }

@@ -117,12 +117,7 @@ fn bound(op: &Op) -> Bound {
             ReduceKind::Max | ReduceKind::Min => Bound::Exact,
         },
         Op::DotGeneral(_) => Bound::Accumulated,
-        Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. }
-        | Op::AxisIndex { .. } => Bound::Unchecked,
+        Op::Collective(_) => Bound::Unchecked,
     }
 }
 
@@ -345,7 +340,25 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
             .iter()
             .map(|&a| args[0].ty.dims()[a])
             .product(),
-        _ => 1usize,
+        // One rounding per element.
+        Op::Parameter(_)
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::Bitcast(_)
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape(_)
+        | Op::Transpose(_)
+        | Op::Slice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::ArgMax { .. }
+        | Op::Collective(_)
+        | Op::ShardingConstraint(_) => 1usize,
     };
     let describe = |k: usize, extra: String| {
         Some(format!(

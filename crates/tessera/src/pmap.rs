@@ -10,7 +10,7 @@ use std::marker::PhantomData;
 use std::panic::Location;
 use std::sync::Arc;
 
-use tessera_ir::{Data, Literal, Mesh, Op, ReduceKind, TensorType};
+use tessera_ir::{CollectiveOp, Data, Literal, Mesh, Op, ReduceKind, TensorType};
 use tessera_runtime::try_device_count;
 
 use crate::cache::{Cache, Signature};
@@ -264,10 +264,10 @@ fn axis_size(op: &str, axis: &str) -> usize {
 pub fn psum(x: &Tensor, axis: &str) -> Tensor {
     axis_size("psum", axis);
     apply(
-        Op::AllReduce {
+        Op::Collective(CollectiveOp::AllReduce {
             kind: ReduceKind::Sum,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
@@ -290,10 +290,10 @@ pub fn pmean(x: &Tensor, axis: &str) -> Tensor {
 pub fn pmax(x: &Tensor, axis: &str) -> Tensor {
     axis_size("pmax", axis);
     apply(
-        Op::AllReduce {
+        Op::Collective(CollectiveOp::AllReduce {
             kind: ReduceKind::Max,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
@@ -303,10 +303,10 @@ pub fn pmax(x: &Tensor, axis: &str) -> Tensor {
 pub fn pmin(x: &Tensor, axis: &str) -> Tensor {
     axis_size("pmin", axis);
     apply(
-        Op::AllReduce {
+        Op::Collective(CollectiveOp::AllReduce {
             kind: ReduceKind::Min,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
@@ -319,10 +319,10 @@ pub fn all_gather(x: &Tensor, axis: &str) -> Tensor {
     dims.extend_from_slice(x.shape());
     let x1 = x.reshape(dims);
     apply(
-        Op::AllGather {
+        Op::Collective(CollectiveOp::AllGather {
             dim: 0,
             axes: vec![axis.into()],
-        },
+        }),
         &[&x1],
     )
 }
@@ -333,10 +333,10 @@ pub fn all_gather(x: &Tensor, axis: &str) -> Tensor {
 pub fn ppermute(x: &Tensor, axis: &str, perm: &[(usize, usize)]) -> Tensor {
     axis_size("ppermute", axis);
     apply(
-        Op::CollectivePermute {
+        Op::Collective(CollectiveOp::CollectivePermute {
             axes: vec![axis.into()],
             pairs: perm.to_vec(),
-        },
+        }),
         &[x],
     )
 }
@@ -346,9 +346,9 @@ pub fn ppermute(x: &Tensor, axis: &str, perm: &[(usize, usize)]) -> Tensor {
 pub fn axis_index(axis: &str) -> Tensor {
     axis_size("axis_index", axis);
     apply(
-        Op::AxisIndex {
+        Op::Collective(CollectiveOp::AxisIndex {
             axes: vec![axis.into()],
-        },
+        }),
         &[],
     )
 }
@@ -359,11 +359,11 @@ pub fn axis_index(axis: &str) -> Tensor {
 pub fn psum_scatter(x: &Tensor, axis: &str, dim: usize) -> Tensor {
     axis_size("psum_scatter", axis);
     apply(
-        Op::ReduceScatter {
+        Op::Collective(CollectiveOp::ReduceScatter {
             kind: ReduceKind::Sum,
             dim,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
@@ -375,11 +375,11 @@ pub fn psum_scatter(x: &Tensor, axis: &str, dim: usize) -> Tensor {
 pub fn all_to_all(x: &Tensor, axis: &str, split: usize, concat: usize) -> Tensor {
     axis_size("all_to_all", axis);
     apply(
-        Op::AllToAll {
+        Op::Collective(CollectiveOp::AllToAll {
             split_dim: split,
             concat_dim: concat,
             axes: vec![axis.into()],
-        },
+        }),
         &[x],
     )
 }
