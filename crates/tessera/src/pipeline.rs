@@ -596,3 +596,96 @@ fn timing_from_env() -> Result<bool> {
 pub(crate) fn simplify_enabled() -> bool {
     std::env::var("TESSERA_SIMPLIFY").map_or(true, |v| v != "0")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::DType;
+
+    /// `tanh` of an f32[3] declared as f32[4]: the verifier's invariant 3 is broken.
+    fn malformed() -> Graph {
+        let mut g =
+            tessera_ir::parse("func @bad(%0: f32[3]) {\n  %1 = tanh %0 : f32[3]\n  return %1\n}\n")
+                .unwrap();
+        let out = g.outputs()[0];
+        g.node_mut(out).ty = TensorType::new(DType::F32, vec![4]);
+        g
+    }
+
+    fn ctx<'a>(target: &'a Target) -> Ctx<'a> {
+        Ctx {
+            target,
+            simplify: true,
+            name: "bad",
+            location: "here.rs:1",
+            annotated: None,
+            out_specs: None,
+            comment: None,
+        }
+    }
+
+    #[test]
+    fn a_simplifier_failure_is_a_simplify_error() {
+        let target = Target::Single;
+        let err = simplify(&mut ctx(&target), malformed()).err().unwrap();
+        assert!(
+            matches!(&err, Error::Simplify(m) if m.starts_with("bad: ")),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with("simplification of bad: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_verifier_rejects_a_malformed_stage_naming_it() {
+        let mut rec = Recorder {
+            dump: Dump::disabled("bad"),
+            index: 0,
+            timings: Vec::new(),
+            stages: Some(Vec::new()),
+        };
+        let g = malformed();
+        let err = rec
+            .record("bad", "combined", Instant::now(), 2, &g, None)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&err, Error::Stage { stage: "combined", function, .. } if function == "bad"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("IR verifier, after the combined stage of bad: %1 (tanh)"),
+            "{err}"
+        );
+        // A well-formed stage is kept, numbered and timed.
+        let good = tessera_ir::parse("func @ok(%0: f32[3]) {\n  return %0\n}\n").unwrap();
+        rec.record("ok", "trace", Instant::now(), 0, &good, None)
+            .unwrap();
+        assert_eq!(rec.index, 1);
+        assert_eq!(rec.stages.as_ref().unwrap().len(), 1);
+        assert_eq!(rec.timings[0].after, Some(1));
+    }
+
+    #[test]
+    fn the_pass_list_runs_by_target_and_options() {
+        let single = Target::Single;
+        let pmap = Target::PerDevice {
+            mesh: Mesh::new("pmap", vec![("i".into(), 2)]),
+        };
+        let names = |c: &Ctx<'_>| -> Vec<&str> {
+            PASSES
+                .iter()
+                .filter(|p| (p.when)(c))
+                .map(|p| p.name)
+                .collect()
+        };
+        assert_eq!(names(&ctx(&single)), ["simplified"]);
+        assert_eq!(names(&ctx(&pmap)), ["simplified", "combined"]);
+        let mut off = ctx(&pmap);
+        off.simplify = false;
+        assert_eq!(names(&off), ["combined"]);
+    }
+}

@@ -45,12 +45,51 @@ impl DeviceProgram {
                 program.run_partial(&refs, coll)
             }),
         )
-        .map_err(|e| match e {
-            LaunchError::Failed { error, .. } => error,
-            LaunchError::Config(message) => Error::Config(message),
-            other @ (LaunchError::Panicked { .. }
-            | LaunchError::Busy { .. }
-            | LaunchError::NoAnswer { .. }) => Error::Device(other.to_string()),
-        })
+        .map_err(launch_error)
+    }
+}
+
+/// A failed launch as the user's error: the failing device's own error, a configuration
+/// error, or a device failure (a panic, a busy or silent device).
+fn launch_error(e: LaunchError<Error>) -> Error {
+    match e {
+        LaunchError::Failed { error, .. } => error,
+        LaunchError::Config(message) => Error::Config(message),
+        other @ (LaunchError::Panicked { .. }
+        | LaunchError::Busy { .. }
+        | LaunchError::NoAnswer { .. }) => Error::Device(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_failures_get_their_own_error_variants() {
+        let config = launch_error(LaunchError::Config("TESSERA_DEVICES=\"x\"".into()));
+        assert_eq!(config, Error::Config("TESSERA_DEVICES=\"x\"".into()));
+        let panicked = launch_error(LaunchError::Panicked {
+            device: 3,
+            message: "boom".into(),
+        });
+        assert_eq!(panicked, Error::Device("device 3 panicked: boom".into()));
+        assert_eq!(panicked.to_string(), "device: device 3 panicked: boom");
+        let silent = launch_error(LaunchError::NoAnswer {
+            devices: vec![1],
+            timeout: std::time::Duration::from_secs(2),
+        });
+        assert!(
+            matches!(&silent, Error::Device(m) if m.contains("[1]")),
+            "{silent:?}"
+        );
+        let own = Error::Check("x".into());
+        assert_eq!(
+            launch_error(LaunchError::Failed {
+                device: 0,
+                error: own.clone()
+            }),
+            own
+        );
     }
 }
