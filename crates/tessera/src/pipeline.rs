@@ -280,7 +280,8 @@ impl<'a> Pipeline<'a> {
         self.rec.stages = keep_stages.then(Vec::new);
         let start = Instant::now();
         let (mut graph, out_def) = trace()?;
-        self.rec.record(name, "trace", start, 0, &graph, None)?;
+        self.rec
+            .record(name, "trace", start.elapsed(), 0, &graph, None)?;
         let mut ctx = Ctx {
             target: &self.target,
             simplify: self.options.simplify,
@@ -297,14 +298,16 @@ impl<'a> Pipeline<'a> {
             }
             let (start, before) = (Instant::now(), graph.node_count());
             graph = (pass.run)(&mut ctx, graph)?;
+            let time = start.elapsed();
             if let Some(annotated) = ctx.annotated.take() {
+                // Made by the same pass, whose row counts the time.
                 self.rec
-                    .record(name, "sharded", start, before, &annotated, None)?;
+                    .record(name, "sharded", Duration::ZERO, before, &annotated, None)?;
                 global = Some(annotated);
             }
             let comment = ctx.comment.take();
             self.rec
-                .record(name, pass.name, start, before, &graph, comment)?;
+                .record(name, pass.name, time, before, &graph, comment)?;
         }
         let out_specs = ctx.out_specs.take();
         let stages = self.rec.stages.take().unwrap_or_default();
@@ -422,17 +425,16 @@ impl<'a> Pipeline<'a> {
 
 impl Recorder {
     /// Verifies a stage's graph, dumps it (under `comment`), keeps it when lowering, and
-    /// times it (the stage's time runs from `start`; `before` is its input's node count).
+    /// times it (`time` it took to make; `before` is its input's node count).
     fn record(
         &mut self,
         function: &str,
         stage: &'static str,
-        start: Instant,
+        time: Duration,
         before: usize,
         graph: &Graph,
         comment: Option<String>,
     ) -> Result<()> {
-        let time = start.elapsed();
         let checked = Instant::now();
         verify(graph).map_err(|error| Error::Stage {
             stage,
@@ -648,7 +650,7 @@ mod tests {
         };
         let g = malformed();
         let err = rec
-            .record("bad", "combined", Instant::now(), 2, &g, None)
+            .record("bad", "combined", Duration::ZERO, 2, &g, None)
             .err()
             .unwrap();
         assert!(
@@ -662,7 +664,7 @@ mod tests {
         );
         // A well-formed stage is kept, numbered and timed.
         let good = tessera_ir::parse("func @ok(%0: f32[3]) {\n  return %0\n}\n").unwrap();
-        rec.record("ok", "trace", Instant::now(), 0, &good, None)
+        rec.record("ok", "trace", Duration::ZERO, 0, &good, None)
             .unwrap();
         assert_eq!(rec.index, 1);
         assert_eq!(rec.stages.as_ref().unwrap().len(), 1);
