@@ -26,22 +26,15 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
             },
             Err(e) => format!("parse error: {e}"),
         }),
-        // Sharding: parameters' annotations are the input shardings; prints every value's
-        // sharding, then the per-device program after all-reduce combining.
+        // Sharding, the three passes and `combine_all_reduces`: parameters' annotations are the
+        // input shardings; prints every value's sharding, then the per-device program after
+        // all-reduce combining.
         "partition" => Ok(match parse(input) {
             Ok(g) => {
                 let Some(mesh) = g.mesh.clone() else {
                     return Ok("error: a partition test needs a mesh".into());
                 };
-                let specs: Vec<tessera_shard::Spec> = g
-                    .params()
-                    .iter()
-                    .map(|&p| match &g.node(p).sharding {
-                        Some(s) => s.dims.iter().map(|d| d.axes.clone()).collect(),
-                        None => vec![Vec::new(); g.ty(p).rank()],
-                    })
-                    .collect();
-                match tessera_shard::partition(&g, &mesh, &specs) {
+                match tessera_shard::partition(&g, &mesh, &param_specs(&g)) {
                     Ok(mut p) => {
                         let combined = tessera_shard::combine_all_reduces(&mut p.local);
                         match (combined, verify(&p.local)) {
@@ -57,6 +50,26 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
                     Err(e) => format!("error: {e}"),
                 }
             }
+            Err(e) => format!("error: {e}"),
+        }),
+        // Sharding propagation alone: parameters' annotations are the input shardings; prints
+        // where propagation wants every value.
+        "propagate" => Ok(match parse(input) {
+            Ok(g) => match &g.mesh {
+                Some(mesh) => shard_pass(tessera_shard::propagate(&g, mesh, &param_specs(&g))),
+                None => "error: a propagate test needs a mesh".into(),
+            },
+            Err(e) => format!("error: {e}"),
+        }),
+        // Collective insertion: an annotated global program (propagate's output) in, the
+        // program with its reshards and all-reduces explicit out.
+        "insert_collectives" => Ok(match parse(input) {
+            Ok(g) => shard_pass(tessera_shard::insert_collectives(&g)),
+            Err(e) => format!("error: {e}"),
+        }),
+        // The per-device program of an explicit global program (insert_collectives' output).
+        "per_device" => Ok(match parse(input) {
+            Ok(g) => shard_pass(tessera_shard::per_device(&g)),
             Err(e) => format!("error: {e}"),
         }),
         // Simplification (egg rules, CSE, DCE): the simplified program.
@@ -123,6 +136,28 @@ fn gradient_ir(mut g: tessera_ir::Graph) -> String {
                 Err(e) => format!("error: the gradient graph is malformed: {e}"),
             }
         }
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// The input shardings of a sharding filetest: each parameter's annotation, whole if none.
+fn param_specs(g: &tessera_ir::Graph) -> Vec<tessera_shard::Spec> {
+    g.params()
+        .iter()
+        .map(|&p| match &g.node(p).sharding {
+            Some(s) => s.spec(),
+            None => vec![Vec::new(); g.ty(p).rank()],
+        })
+        .collect()
+}
+
+/// A sharding pass's output: the verified graph's text, or the error.
+fn shard_pass(out: Result<tessera_ir::Graph, tessera_shard::ShardError>) -> String {
+    match out {
+        Ok(g) => match verify(&g) {
+            Ok(()) => print(&g),
+            Err(e) => format!("error: the pass's output: {e}"),
+        },
         Err(e) => format!("error: {e}"),
     }
 }

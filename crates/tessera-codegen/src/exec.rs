@@ -5,10 +5,13 @@ use std::cell::RefCell;
 use std::fmt::Write;
 use std::sync::Arc;
 
-use tessera_interp::{Collectives, GemmCall, GemmPart, InterpError};
+use tessera_interp::InterpError;
 use tessera_ir::{CollectiveOp, DType, Data, Literal, Mesh, Op, TensorType};
+use tessera_transport::values::{data_ptr, literal_from_raw};
+use tessera_transport::{Collectives, GemmCall, GemmPart, Group};
 
-use crate::fusion::{BufKind, GemmSpec, Schedule, StepKind};
+use crate::fusion::{BufKind, GemmSpec, Schedule, Step, StepKind};
+use crate::kernel::Kernel;
 use crate::lower::{Compiled, KernelFn};
 use crate::plan::Plan;
 
@@ -29,7 +32,7 @@ pub struct Executable {
     /// Split elementwise kernels with this many elements over two threads.
     parallel_kernel_from: usize,
     /// Offer GEMMs this large (m*n*k) whose right operand is a program input to the
-    /// transport, to be done once for all devices (`Collectives::gemm_shared_rhs`).
+    /// transport, to be done once for all devices (`SharedProducts::gemm_shared_rhs`).
     shared_gemm_from: usize,
     /// For a GEMM step whose result only feeds a sum all-reduce right after: that step.
     reduced_by: Vec<Option<usize>>,
@@ -231,36 +234,11 @@ impl OutVec {
     }
 }
 
-fn data_ptr(d: &Data) -> *const u8 {
-    match d {
-        Data::F32(v) => v.as_ptr() as *const u8,
-        Data::F64(v) => v.as_ptr() as *const u8,
-        Data::I32(v) => v.as_ptr() as *const u8,
-        Data::U32(v) => v.as_ptr() as *const u8,
-        Data::Bool(v) => v.as_ptr() as *const u8,
-    }
-}
-
-/// Copies `ty.numel()` elements of type `ty.dtype` from `p` into a new literal.
-///
-/// # Safety
-/// `p` must point to that many initialized elements of that type (bools as bytes 0 or 1).
-unsafe fn literal_from(ty: &TensorType, p: *const u8) -> Literal {
-    let n = ty.numel();
-    // SAFETY: the caller guarantees `n` valid elements at `p`; each slice is copied at once.
-    let data = unsafe {
-        match ty.dtype {
-            DType::F32 => Data::F32(std::slice::from_raw_parts(p as *const f32, n).to_vec()),
-            DType::F64 => Data::F64(std::slice::from_raw_parts(p as *const f64, n).to_vec()),
-            DType::I32 => Data::I32(std::slice::from_raw_parts(p as *const i32, n).to_vec()),
-            DType::U32 => Data::U32(std::slice::from_raw_parts(p as *const u32, n).to_vec()),
-            DType::Bool => Data::Bool(std::slice::from_raw_parts(p as *const bool, n).to_vec()),
-        }
-    };
-    Literal {
-        ty: ty.clone(),
-        data,
-    }
+/// The buffers of one run (`Executable::bind`): every buffer's address, and the program
+/// outputs the run allocates (buffer, vector).
+struct Bound {
+    ptrs: Vec<*mut u8>,
+    outs: Vec<(usize, OutVec)>,
 }
 
 impl Executable {
@@ -317,7 +295,7 @@ impl Executable {
     ///
     /// Large GEMMs with a right operand from the program's inputs are offered to the
     /// transport: when every device passes the same buffer (a replicated weight), one thread
-    /// multiplies all the devices' rows at once on both cores (`Collectives::gemm_shared_rhs`).
+    /// multiplies all the devices' rows at once on both cores (`SharedProducts::gemm_shared_rhs`).
     pub fn single_threaded(mut self) -> Executable {
         self.parallel_gemm_from = usize::MAX;
         self.parallel_kernel_from = usize::MAX;
@@ -420,13 +398,37 @@ impl Executable {
             .collect())
     }
 
-    /// Like `run`, with `None` for the outputs `dropping_outputs` dropped.
+    /// Like `run`, with `None` for the outputs `dropping_outputs` dropped: binds the buffers,
+    /// runs each step that is not skipped, and collects the outputs.
     pub fn run_partial(
         &self,
         inputs: &[&Literal],
         collectives: &dyn Collectives,
     ) -> Result<Vec<Option<Literal>>, InterpError> {
         let mut arena = self.arena.borrow_mut();
+        let mut bound = self.bind(&mut arena, inputs)?;
+        let mut args: Vec<*mut u8> = Vec::new();
+        // The all-reduce step a shared product did along with its GEMM.
+        let mut fused = None;
+        for (i, step) in self.schedule.steps.iter().enumerate() {
+            if fused == Some(i) || self.skipped[i] {
+                continue;
+            }
+            match &step.kind {
+                StepKind::Kernel(k) => self.run_kernel(i, k, &bound.ptrs, &mut args),
+                StepKind::Gemm(g) => fused = self.run_gemm(i, g, &mut bound.ptrs, collectives)?,
+                StepKind::Collective(op) => {
+                    self.run_collective(step, op, &bound.ptrs, collectives)?
+                }
+            }
+        }
+        Ok(self.collect(bound))
+    }
+
+    /// Sizes the arena and gives every buffer its address: an input's or constant's own
+    /// elements, a fresh vector for a program output, a place in the arena for a temporary
+    /// (none for one no step that runs touches).
+    fn bind(&self, arena: &mut Vec<u64>, inputs: &[&Literal]) -> Result<Bound, InterpError> {
         let words = self.plan.arena_bytes.div_ceil(8);
         if arena.len() < words {
             arena
@@ -476,166 +478,189 @@ impl Executable {
             };
             ptrs.push(p);
         }
-        let mut args: Vec<*mut u8> = Vec::new();
-        let mut skip = None;
-        for (i, (step, kernel)) in self.schedule.steps.iter().zip(&self.kernels).enumerate() {
-            if skip == Some(i) || self.skipped[i] {
-                continue;
-            }
-            match &step.kind {
-                StepKind::Kernel(k) => {
-                    args.clear();
-                    args.extend(step.inputs.iter().map(|&b| ptrs[b]));
-                    args.push(ptrs[step.output]);
-                    let f = kernel.expect("a kernel step has a compiled kernel");
-                    let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
-                    let n: usize = k.out_dims.iter().product();
-                    if k.reduce.is_none() && n >= self.parallel_kernel_from && outer >= 2 {
-                        // Two halves of the outermost index on two threads; a rank-1 split falls
-                        // on a multiple of 8 so both halves keep whole vector iterations.
-                        let mid = if k.out_dims.len() == 1 {
-                            (outer / 2) & !7
-                        } else {
-                            outer / 2
-                        };
-                        let a = SendArgs(args.as_ptr());
-                        // SAFETY: as below; the halves write disjoint parts of the output and
-                        // only read the inputs.
-                        rayon::join(
-                            || unsafe { f(a.get(), 0, mid) },
-                            || unsafe { f(a.get(), mid, outer) },
-                        );
-                    } else {
-                        // SAFETY: the kernel was compiled for exactly these buffers: inputs in
-                        // this order, then the output, each sized by its type, and it accesses
-                        // nothing outside them (see lower.rs).
-                        unsafe { f(args.as_ptr(), 0, outer) };
-                    }
+        Ok(Bound { ptrs, outs })
+    }
+
+    /// Runs step `i`, the fused kernel `k`, on the bound buffers: split in two halves of its
+    /// outermost index over two threads when it is large and not a reduction.
+    fn run_kernel(&self, i: usize, k: &Kernel, ptrs: &[*mut u8], args: &mut Vec<*mut u8>) {
+        let step = &self.schedule.steps[i];
+        args.clear();
+        args.extend(step.inputs.iter().map(|&b| ptrs[b]));
+        args.push(ptrs[step.output]);
+        let f = self.kernels[i].expect("a kernel step has a compiled kernel");
+        let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
+        let n: usize = k.out_dims.iter().product();
+        if k.reduce.is_none() && n >= self.parallel_kernel_from && outer >= 2 {
+            // A rank-1 split falls on a multiple of 8 so both halves keep whole vector
+            // iterations.
+            let mid = if k.out_dims.len() == 1 {
+                (outer / 2) & !7
+            } else {
+                outer / 2
+            };
+            let a = SendArgs(args.as_ptr());
+            // SAFETY: as below; the halves write disjoint parts of the output and only read
+            // the inputs.
+            rayon::join(
+                || unsafe { f(a.get(), 0, mid) },
+                || unsafe { f(a.get(), mid, outer) },
+            );
+        } else {
+            // SAFETY: the kernel was compiled for exactly these buffers: inputs in this order,
+            // then the output, each sized by its type, and it accesses nothing outside them
+            // (see lower.rs).
+            unsafe { f(args.as_ptr(), 0, outer) };
+        }
+    }
+
+    /// Runs step `i`, the GEMM `g`. One that meets the other devices (`meets_others`) is
+    /// offered to the transport's shared products, when it has them: the product then lands
+    /// in this step's result, or, fused, in the result of the sum all-reduce that follows,
+    /// whose step is returned (to be skipped). Otherwise it multiplies locally.
+    fn run_gemm(
+        &self,
+        i: usize,
+        g: &GemmSpec,
+        ptrs: &mut [*mut u8],
+        collectives: &dyn Collectives,
+    ) -> Result<Option<usize>, InterpError> {
+        let step = &self.schedule.steps[i];
+        let (l, r, o) = (
+            ptrs[step.inputs[0]],
+            ptrs[step.inputs[1]],
+            ptrs[step.output],
+        );
+        if let (true, Some(mesh), Some(shared)) = (
+            self.meets_others(i),
+            &self.mesh,
+            collectives.shared_products(),
+        ) {
+            let whole = |c: &GemmCall| {
+                // SAFETY: the transport passes views inside live buffers: stacked copies, or
+                // the devices' own, alive while they wait in the call.
+                unsafe {
+                    gemm_view(
+                        g.dtype,
+                        (c.m, c.n, c.k),
+                        (c.lhs, c.lhs_strides),
+                        (c.rhs, c.rhs_strides),
+                        (c.out, c.out_strides),
+                        gemm::Parallelism::Rayon(0),
+                    )
                 }
-                StepKind::Gemm(g) => {
-                    let (l, r, o) = (
-                        ptrs[step.inputs[0]],
-                        ptrs[step.inputs[1]],
-                        ptrs[step.output],
-                    );
-                    if let (true, Some(mesh)) = (self.meets_others(i), &self.mesh) {
-                        let whole = |c: &GemmCall| {
-                            // SAFETY: the transport passes views inside live buffers: stacked
-                            // copies, or the devices' own, alive while they wait in the call.
-                            unsafe {
-                                gemm_view(
-                                    g.dtype,
-                                    (c.m, c.n, c.k),
-                                    (c.lhs, c.lhs_strides),
-                                    (c.rhs, c.rhs_strides),
-                                    (c.out, c.out_strides),
-                                    gemm::Parallelism::Rayon(0),
-                                )
-                            }
-                        };
-                        let part = GemmPart {
-                            dtype: g.dtype,
-                            m: g.m,
-                            n: g.n,
-                            k: g.k,
-                            lhs: l,
-                            lhs_strides: g.lhs,
-                            rhs: r,
-                            rhs_strides: g.rhs,
-                            out: o,
-                            out_strides: g.out,
-                        };
-                        // The product lands in this step's result, or, fused, in the sum
-                        // all-reduce's that follows (which is then skipped).
-                        let (done, b) = match self.reduced_by[i] {
-                            Some(next) => {
-                                let reduce = &self.schedule.steps[next];
-                                let StepKind::Collective(op) = &reduce.kind else {
-                                    unreachable!("reduced_by names an all_reduce step")
-                                };
-                                skip = Some(next);
-                                // SAFETY: the views lie inside this step's buffers (fusion.rs),
-                                // which live until `run` returns; this thread is blocked in
-                                // the call.
-                                let done = unsafe {
-                                    collectives.gemm_all_reduce(op, mesh, &part, &whole)?
-                                };
-                                (done, reduce.output)
-                            }
-                            // The right operand is a program input (`meets_others`).
-                            // SAFETY: as above.
-                            None => (
-                                unsafe { collectives.gemm_shared_rhs(mesh, &part, &whole)? },
-                                step.output,
-                            ),
-                        };
-                        if let Some(block) = done {
-                            // SAFETY: `block` is a dense row-major `m x n` product that stays
-                            // until the launch ends, after `run` returns; buffer `b` has the
-                            // product's type, laid out as `g.out` says.
-                            unsafe { self.place(&mut ptrs, b, block, g) };
-                            continue;
-                        }
-                        skip = None;
-                    }
-                    // SAFETY: the spec's extents and strides describe views inside the operand
-                    // and result buffers (fusion.rs builds them from the buffer shapes).
-                    unsafe {
-                        self.gemm(
-                            g,
-                            ptrs[step.inputs[0]],
-                            ptrs[step.inputs[1]],
-                            ptrs[step.output],
-                        )
+            };
+            let part = GemmPart {
+                dtype: g.dtype,
+                m: g.m,
+                n: g.n,
+                k: g.k,
+                lhs: l,
+                lhs_strides: g.lhs,
+                rhs: r,
+                rhs_strides: g.rhs,
+                out: o,
+                out_strides: g.out,
+            };
+            let position = collectives.position();
+            let (done, b, fused) = match self.reduced_by[i] {
+                Some(next) => {
+                    let reduce = &self.schedule.steps[next];
+                    let StepKind::Collective(Op::Collective(CollectiveOp::AllReduce {
+                        axes, ..
+                    })) = &reduce.kind
+                    else {
+                        unreachable!("reduced_by names an all_reduce step")
                     };
+                    let group = Group::of(mesh, axes, position);
+                    // SAFETY: the views lie inside this step's buffers (fusion.rs), which
+                    // live until `run` returns; this thread is blocked in the call.
+                    let done = unsafe { shared.gemm_all_reduce(&group, &part, &whole)? };
+                    (done, reduce.output, Some(next))
                 }
-                StepKind::Collective(op) => {
-                    let mesh = self.mesh.as_ref().ok_or_else(|| InterpError::Op {
-                        op: op.name().into(),
-                        message: "collective in a program without a mesh".into(),
-                    })?;
-                    if let (Op::Collective(CollectiveOp::AllReduce { .. }), Some(&b)) =
-                        (op, step.inputs.first())
-                    {
-                        // SAFETY: buffer `b` holds a value of its type (written by an earlier
-                        // step, or bound at launch) and the output buffer has room for one;
-                        // both live until `run` returns, and this thread is blocked in the call.
-                        let done = unsafe {
-                            collectives.all_reduce_in_place(
-                                op,
-                                mesh,
-                                &bufs[step.output].ty,
-                                ptrs[b],
-                                ptrs[step.output],
-                            )?
-                        };
-                        if done {
-                            continue;
-                        }
-                    }
-                    // SAFETY: the input buffer holds a value of its type (written by an earlier
-                    // step, or bound at launch).
-                    let input = step
-                        .inputs
-                        .first()
-                        .map(|&b| unsafe { literal_from(&bufs[b].ty, ptrs[b]) });
-                    let out_ty = &bufs[step.output].ty;
-                    let r = collectives.run(op, mesh, input.as_ref(), out_ty)?;
-                    let n = out_ty.byte_size();
-                    // SAFETY: the result has the output's type, so `n` bytes fit the buffer.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(data_ptr(&r.data), ptrs[step.output], n)
-                    };
+                // The right operand is a program input (`meets_others`).
+                None => {
+                    let group = Group::whole(mesh, position);
+                    // SAFETY: as above.
+                    let done = unsafe { shared.gemm_shared_rhs(&group, &part, &whole)? };
+                    (done, step.output, None)
                 }
+            };
+            if let Some(block) = done {
+                // SAFETY: `block` is a dense row-major `m x n` product that stays until the
+                // launch ends, after `run` returns; buffer `b` has the product's type, laid
+                // out as `g.out` says.
+                unsafe { self.place(ptrs, b, block, g) };
+                return Ok(fused);
             }
         }
+        // SAFETY: the spec's extents and strides describe views inside the operand and result
+        // buffers (fusion.rs builds them from the buffer shapes).
+        unsafe { self.gemm(g, l, r, o) };
+        Ok(None)
+    }
+
+    /// Runs `step`, the collective `op`, through the transport: an all-reduce on the buffers
+    /// themselves (`Collectives::all_reduce_buffers`), any other through a copy of its operand.
+    fn run_collective(
+        &self,
+        step: &Step,
+        op: &Op,
+        ptrs: &[*mut u8],
+        collectives: &dyn Collectives,
+    ) -> Result<(), InterpError> {
+        let bufs = &self.schedule.bufs;
+        let Op::Collective(op) = op else {
+            return Err(InterpError::Op {
+                op: op.name().into(),
+                message: "a collective step of another op".into(),
+            });
+        };
+        let mesh = self.mesh.as_ref().ok_or_else(|| InterpError::Op {
+            op: op.name().into(),
+            message: "collective in a program without a mesh".into(),
+        })?;
+        if let (CollectiveOp::AllReduce { kind, axes }, Some(&b)) = (op, step.inputs.first()) {
+            let group = Group::of(mesh, axes, collectives.position());
+            // SAFETY: buffer `b` holds a value of its type (written by an earlier step, or
+            // bound at launch) and the output buffer has room for one; both live until `run`
+            // returns, and this thread is blocked in the call.
+            unsafe {
+                collectives.all_reduce_buffers(
+                    &group,
+                    *kind,
+                    &bufs[step.output].ty,
+                    ptrs[b],
+                    ptrs[step.output],
+                )?
+            };
+            return Ok(());
+        }
+        // SAFETY: the input buffer holds a value of its type (written by an earlier step, or
+        // bound at launch).
+        let input = step
+            .inputs
+            .first()
+            .map(|&b| unsafe { literal_from_raw(&bufs[b].ty, ptrs[b]) });
+        let out_ty = &bufs[step.output].ty;
+        let r = tessera_transport::run(collectives, op, mesh, input.as_ref(), out_ty)?;
+        let n = out_ty.byte_size();
+        // SAFETY: the result has the output's type (`run` checks), so `n` bytes fit the buffer.
+        unsafe { std::ptr::copy_nonoverlapping(data_ptr(&r.data), ptrs[step.output], n) };
+        Ok(())
+    }
+
+    /// The program's outputs after a run: the vectors `bind` allocated, or copies of the
+    /// buffers (an input or constant returned as is, an output returned twice); `None` for a
+    /// dropped one.
+    fn collect(&self, Bound { ptrs, outs }: Bound) -> Vec<Option<Literal>> {
+        let bufs = &self.schedule.bufs;
         let mut owned: Vec<(usize, Option<Data>)> = outs
             .into_iter()
             // SAFETY: the step that writes each output buffer ran and wrote every element.
             .map(|(b, v)| (b, Some(unsafe { v.into_data(bufs[b].ty.numel()) })))
             .collect();
-        Ok(self
-            .schedule
+        self.schedule
             .outputs
             .iter()
             .map(|&b| {
@@ -652,13 +677,12 @@ impl Executable {
                             ty: bufs[b].ty.clone(),
                             data,
                         },
-                        // An input or constant returned as is, or an output returned twice.
                         // SAFETY: the buffer holds a value of its type.
-                        None => unsafe { literal_from(&bufs[b].ty, ptrs[b]) },
+                        None => unsafe { literal_from_raw(&bufs[b].ty, ptrs[b]) },
                     },
                 )
             })
-            .collect())
+            .collect()
     }
 
     /// Makes buffer `b` hold the product `block` (dense row-major `g.m x g.n`, read-only,

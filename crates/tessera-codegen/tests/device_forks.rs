@@ -4,22 +4,68 @@
 
 use std::cell::Cell;
 
-use tessera_interp::{Collectives, InterpError, SingleDevice};
-use tessera_ir::{Literal, Mesh, Op, TensorType, parse};
+use tessera_ir::{Literal, ReduceKind, parse};
+use tessera_transport::{Collectives, Group, SingleDevice, TransportError};
 
 /// One device alone, counting the collectives it is asked to run.
 struct Counting(Cell<usize>);
 
-impl Collectives for Counting {
-    fn run(
-        &self,
-        op: &Op,
-        mesh: &Mesh,
-        input: Option<&Literal>,
-        out: &TensorType,
-    ) -> Result<Literal, InterpError> {
+impl Counting {
+    fn count(&self) -> &SingleDevice {
         self.0.set(self.0.get() + 1);
-        SingleDevice.run(op, mesh, input, out)
+        &SingleDevice
+    }
+}
+
+impl Collectives for Counting {
+    fn position(&self) -> usize {
+        0
+    }
+
+    fn all_reduce(
+        &self,
+        g: &Group,
+        kind: ReduceKind,
+        x: &Literal,
+    ) -> Result<Literal, TransportError> {
+        self.count().all_reduce(g, kind, x)
+    }
+
+    fn all_gather(&self, g: &Group, dim: usize, x: &Literal) -> Result<Literal, TransportError> {
+        self.count().all_gather(g, dim, x)
+    }
+
+    fn reduce_scatter(
+        &self,
+        g: &Group,
+        kind: ReduceKind,
+        dim: usize,
+        x: &Literal,
+    ) -> Result<Literal, TransportError> {
+        self.count().reduce_scatter(g, kind, dim, x)
+    }
+
+    fn all_to_all(
+        &self,
+        g: &Group,
+        split: usize,
+        concat: usize,
+        x: &Literal,
+    ) -> Result<Literal, TransportError> {
+        self.count().all_to_all(g, split, concat, x)
+    }
+
+    fn collective_permute(
+        &self,
+        g: &Group,
+        pairs: &[(usize, usize)],
+        x: &Literal,
+    ) -> Result<Literal, TransportError> {
+        self.count().collective_permute(g, pairs, x)
+    }
+
+    fn axis_index(&self, g: &Group) -> Result<usize, TransportError> {
+        self.count().axis_index(g)
     }
 }
 

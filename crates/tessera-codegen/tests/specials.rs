@@ -92,6 +92,7 @@ fn approximate(op: Op, dtype: DType) -> Option<f64> {
             | UnaryOp::Round
             | UnaryOp::Not => None,
         },
+        // tidy: allow-wildcard(a test table: only unary float functions have an ulp bound here)
         _ => None,
     }
 }

@@ -3,19 +3,22 @@
 //! baseline of the compiled-vs-interpreted benchmarks.
 //!
 //! Consumes a verified `Graph` and input `Literal`s; produces the output `Literal`s. Collectives
-//! are delegated to a `Collectives` implementation: `SingleDevice` here (every group has one
-//! member), the runtime's shared-memory transport for sharded programs.
+//! are delegated to a transport (`tessera_transport::Collectives`): `SingleDevice` (every group
+//! has one member), or the runtime's shared-memory transport for sharded programs.
 
 pub mod scalar;
 
 use std::collections::HashMap;
 
 use tessera_ir::{
-    BinaryOp, CollectiveOp, CompareOp, DType, Data, DotDims, Graph, Literal, Mesh, NodeId, Op,
-    ReduceKind, Shape, TensorType, UnaryOp,
+    BinaryOp, CompareOp, DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape,
+    TensorType, UnaryOp,
 };
 
 use scalar::{Float, Int, bool_binary, bool_unary, compare, fmax, fmin};
+
+/// The transport the interpreter runs collectives through; `run_with` takes any.
+pub use tessera_transport::{Collectives, SingleDevice, TransportError};
 
 /// Why an interpretation failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -32,157 +35,9 @@ pub enum InterpError {
     Op { op: String, message: String },
     #[error("the graph to run is malformed: {0}")]
     Malformed(#[from] tessera_ir::VerifyError),
-}
-
-/// How a program reaches the other devices of its mesh.
-pub trait Collectives {
-    /// Runs the collective `op` (one of `Op::is_collective`) on this device's `input`
-    /// (`None` for `axis_index`), returning this device's result of type `out`.
-    fn run(
-        &self,
-        op: &Op,
-        mesh: &Mesh,
-        input: Option<&Literal>,
-        out: &TensorType,
-    ) -> Result<Literal, InterpError>;
-
-    /// An `all_reduce` straight between the devices' buffers, for a transport that can read
-    /// the other devices' memory: no copy of the operand, the result written in place.
-    /// `Ok(false)` means this transport does not do that one here: call `run`.
-    ///
-    /// # Safety
-    /// `input` must point to an initialized value of type `ty` and `out` to room for one
-    /// (`out` may equal `input`); both stay valid, and nothing else accesses them, until the
-    /// call returns.
-    unsafe fn all_reduce_in_place(
-        &self,
-        _op: &Op,
-        _mesh: &Mesh,
-        _ty: &TensorType,
-        _input: *const u8,
-        _out: *mut u8,
-    ) -> Result<bool, InterpError> {
-        Ok(false)
-    }
-
-    /// A matrix product that every device of the mesh reaches at this step, for a transport
-    /// whose devices share memory: when every device's right operand is the same buffer (a
-    /// replicated weight), the devices' left operands are stacked and multiplied once, so the
-    /// weight is read and packed once instead of once per device. `gemm` multiplies the views
-    /// it is given (on all cores). Returns this device's rows of the product, a dense row-major
-    /// `m x n` block, readable (never writable) until the launch ends; `part.out` is not
-    /// used. `Ok(None)`: not done here, multiply locally.
-    ///
-    /// # Safety
-    /// `part` must describe views inside live buffers of its dtype that nothing writes until
-    /// the call returns.
-    unsafe fn gemm_shared_rhs(
-        &self,
-        _mesh: &Mesh,
-        _part: &GemmPart,
-        _gemm: &(dyn Fn(&GemmCall) + Sync),
-    ) -> Result<Option<*const u8>, InterpError> {
-        Ok(None)
-    }
-
-    /// A matrix product whose result goes straight into `op`, a sum `all_reduce` (the weight
-    /// gradient of a data-parallel step): for a transport whose devices share memory, the
-    /// group's operands are stacked along the contraction and multiplied once. Returns the
-    /// sum, a dense row-major `m x n` block, readable (never writable) until the launch ends;
-    /// `part.out` is not used. `Ok(None)`: not done here, multiply locally and run the
-    /// all-reduce.
-    ///
-    /// # Safety
-    /// As `gemm_shared_rhs`.
-    unsafe fn gemm_all_reduce(
-        &self,
-        _op: &Op,
-        _mesh: &Mesh,
-        _part: &GemmPart,
-        _gemm: &(dyn Fn(&GemmCall) + Sync),
-    ) -> Result<Option<*const u8>, InterpError> {
-        Ok(None)
-    }
-}
-
-/// A matrix product over views: `out (m x n) = lhs (m x k) x rhs (k x n)`; element `(i, j)` of
-/// a view is at element offset `i * strides[0] + j * strides[1]` from its address.
-pub struct GemmCall {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub lhs: *const u8,
-    pub lhs_strides: [isize; 2],
-    pub rhs: *const u8,
-    pub rhs_strides: [isize; 2],
-    pub out: *mut u8,
-    pub out_strides: [isize; 2],
-}
-
-/// One device's part of a matrix product with a shared right operand (see
-/// `Collectives::gemm_shared_rhs`): element `(i, p)` of the left operand is at element offset
-/// `i * lhs_strides[0] + p * lhs_strides[1]` from `lhs`, and likewise for `out`.
-pub struct GemmPart {
-    pub dtype: DType,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub lhs: *const u8,
-    pub lhs_strides: [isize; 2],
-    /// The right operand's address: the devices share it or they do not.
-    pub rhs: *const u8,
-    pub rhs_strides: [isize; 2],
-    pub out: *mut u8,
-    pub out_strides: [isize; 2],
-}
-
-/// One device alone: correct for every collective whose group has one member (a mesh whose
-/// named axes all have size 1), an error otherwise.
-pub struct SingleDevice;
-
-impl Collectives for SingleDevice {
-    fn run(
-        &self,
-        op: &Op,
-        mesh: &Mesh,
-        input: Option<&Literal>,
-        out: &TensorType,
-    ) -> Result<Literal, InterpError> {
-        let size: usize = op
-            .mesh_axes()
-            .iter()
-            .map(|a| mesh.axis_size(a).unwrap_or(0))
-            .product();
-        if size != 1 {
-            return Err(InterpError::Op {
-                op: op.name().into(),
-                message: format!(
-                    "a group of {size} devices over {:?} needs the sharded runtime",
-                    op.mesh_axes()
-                ),
-            });
-        }
-        Ok(match (op, input) {
-            (Op::Collective(CollectiveOp::AxisIndex { .. }), _) => Literal::zeros(out),
-            (Op::Collective(CollectiveOp::CollectivePermute { pairs, .. }), Some(x)) => {
-                if pairs.is_empty() {
-                    Literal::zeros(out)
-                } else {
-                    x.clone()
-                }
-            }
-            (_, Some(x)) => Literal {
-                ty: out.clone(),
-                data: x.data.clone(),
-            },
-            (_, None) => {
-                return Err(InterpError::Op {
-                    op: op.name().into(),
-                    message: "missing operand".into(),
-                });
-            }
-        })
-    }
+    /// A collective failed (`tessera_transport`).
+    #[error(transparent)]
+    Transport(#[from] TransportError),
 }
 
 /// Runs `g` on one device.
@@ -228,20 +83,18 @@ pub fn run_with(
     for &id in &order {
         let node = g.node(id);
         let operands = g.operands(id);
-        let value = match &node.op {
-            Op::Parameter(i) => inputs[*i].clone(),
-            op if op.is_collective() => {
-                let mesh = g.mesh.as_ref().ok_or_else(|| InterpError::Op {
-                    op: op.name().into(),
-                    message: "collective in a graph without a mesh".into(),
-                })?;
-                let input = operands.first().map(|o| &values[o]);
-                collectives.run(op, mesh, input, &node.ty)?
-            }
-            op => {
-                let args: Vec<&Literal> = operands.iter().map(|o| &values[o]).collect();
-                eval_op(op, &args, &node.ty)?
-            }
+        let value = if let Op::Parameter(i) = &node.op {
+            inputs[*i].clone()
+        } else if let Op::Collective(op) = &node.op {
+            let mesh = g.mesh.as_ref().ok_or_else(|| InterpError::Op {
+                op: op.name().into(),
+                message: "collective in a graph without a mesh".into(),
+            })?;
+            let input = operands.first().map(|o| &values[o]);
+            tessera_transport::run(collectives, op, mesh, input, &node.ty)?
+        } else {
+            let args: Vec<&Literal> = operands.iter().map(|o| &values[o]).collect();
+            eval_op(&node.op, &args, &node.ty)?
         };
         for o in operands {
             let r = remaining.get_mut(&o).expect("operand counted");

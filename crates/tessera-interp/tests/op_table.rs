@@ -137,6 +137,7 @@ fn unary(u: UnaryOp, d: DType, x: V) -> V {
         }
         UnaryOp::Sign => x.signum(),
         UnaryOp::Not => !x,
+        // tidy: allow-wildcard(the naive reference: the type rule admits no other op on integers)
         _ => unreachable!("float op on integers"),
     })
 }
@@ -165,6 +166,7 @@ fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
                 }
             }
             BinaryOp::Pow => x.powf(y),
+            // tidy: allow-wildcard(the naive reference: the type rule admits no other op for this dtype)
             _ => unreachable!(),
         });
     }
@@ -176,6 +178,7 @@ fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
             BinaryOp::And => x && y,
             BinaryOp::Or => x || y,
             BinaryOp::Xor => x != y,
+            // tidy: allow-wildcard(the naive reference: the type rule admits no other op for this dtype)
             _ => unreachable!(),
         });
     }

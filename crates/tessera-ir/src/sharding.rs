@@ -2,6 +2,14 @@
 //!
 //! The rules that compute shardings live in `tessera-shard`; this module only says what a
 //! sharding is, so that the graph can carry one per value and the text format can print it.
+//!
+//! One vocabulary says how a tensor is split, from the user API down to the runtime: a [`Spec`],
+//! for each dimension the mesh axes it is split over, major first, on a [`Mesh`]. The graph's
+//! annotation [`Sharding`] is a spec with the mesh's name and Shardy's open/closed marks
+//! (`Sharding::closed`, `Sharding::spec` convert); the user's `PartitionSpec` is a spec whose
+//! trailing whole dims may be left out; the runtime's placement is a spec with the device of each
+//! mesh position. Where the pieces of a split tensor are is [`Mesh::shard_range`], the one
+//! definition every layer uses.
 
 use std::fmt;
 
@@ -29,6 +37,58 @@ impl Mesh {
     pub fn device_count(&self) -> usize {
         self.axes.iter().map(|(_, s)| s).product()
     }
+
+    /// The number of devices in the group of `axes` (the product of their sizes; an axis the
+    /// mesh lacks counts 1, for a spec checked elsewhere).
+    pub fn group_size(&self, axes: &[String]) -> usize {
+        axes.iter().filter_map(|a| self.axis_size(a)).product()
+    }
+
+    /// The dims of one piece of a tensor of dims `dims` split as `spec`.
+    pub fn local_dims(&self, dims: &[usize], spec: &Spec) -> Vec<usize> {
+        dims.iter()
+            .zip(spec)
+            .map(|(&d, axes)| d / self.group_size(axes))
+            .collect()
+    }
+
+    /// The piece that mesh position `pos` (row-major over the axes) holds of a tensor of dims
+    /// `dims` split as `spec`: for each dim, (offset, size) in the whole tensor. A dim split over
+    /// axes `[a, b]` is cut into `|a| * |b|` chunks, the device at coordinates `(i, j)` holding
+    /// chunk `i * |b| + j`. Panics on an axis the mesh lacks (check the spec first).
+    pub fn shard_range(&self, dims: &[usize], spec: &Spec, pos: usize) -> Vec<(usize, usize)> {
+        let mut coords = vec![0; self.axes.len()];
+        let mut rest = pos;
+        for i in (0..self.axes.len()).rev() {
+            coords[i] = rest % self.axes[i].1;
+            rest /= self.axes[i].1;
+        }
+        dims.iter()
+            .zip(spec)
+            .map(|(&d, axes)| {
+                let (mut n, mut k) = (1, 0);
+                for a in axes {
+                    let i = self
+                        .axes
+                        .iter()
+                        .position(|(m, _)| m == a)
+                        .unwrap_or_else(|| panic!("shard_range: no axis \"{a}\" in {self}"));
+                    k = k * self.axes[i].1 + coords[i];
+                    n *= self.axes[i].1;
+                }
+                (k * d / n, d / n)
+            })
+            .collect()
+    }
+}
+
+/// How a tensor is split: for each dimension, the mesh axes it is split over, major first (empty:
+/// the dim is whole on every device). See the module doc.
+pub type Spec = Vec<Vec<String>>;
+
+/// Whether a spec splits no dim.
+pub fn is_replicated(spec: &Spec) -> bool {
+    spec.iter().all(|axes| axes.is_empty())
 }
 
 impl fmt::Display for Mesh {
@@ -76,6 +136,23 @@ impl Sharding {
         }
     }
 
+    /// The closed annotation of `spec` on `mesh`.
+    pub fn closed(mesh: &Mesh, spec: &Spec) -> Sharding {
+        Sharding {
+            mesh: mesh.name.clone(),
+            dims: spec
+                .iter()
+                .map(|a| DimSharding::closed(a.clone()))
+                .collect(),
+            replicated: Vec::new(),
+        }
+    }
+
+    /// The axes of each dim, open or closed.
+    pub fn spec(&self) -> Spec {
+        self.dims.iter().map(|d| d.axes.clone()).collect()
+    }
+
     /// Every axis named anywhere in the sharding, in order of appearance.
     pub fn axes(&self) -> impl Iterator<Item = &String> {
         self.dims
@@ -118,5 +195,46 @@ impl fmt::Display for Sharding {
             write_axes(f, &self.replicated, false)?;
         }
         write!(f, ">")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mesh() -> Mesh {
+        Mesh::new("mesh", vec![("a".into(), 2), ("b".into(), 3)])
+    }
+
+    #[test]
+    fn shard_range_is_row_major_over_the_mesh_and_major_first_over_a_dims_axes() {
+        let m = mesh();
+        let ab: Spec = vec![vec!["a".into(), "b".into()], vec![]];
+        let ba: Spec = vec![vec!["b".into(), "a".into()], vec![]];
+        // Position 4 is coordinates (a=1, b=1).
+        assert_eq!(m.shard_range(&[12, 5], &ab, 4), vec![(8, 2), (0, 5)]);
+        assert_eq!(m.shard_range(&[12, 5], &ba, 4), vec![(6, 2), (0, 5)]);
+        let split: Spec = vec![vec!["b".into()], vec!["a".into()]];
+        assert_eq!(m.shard_range(&[6, 4], &split, 5), vec![(4, 2), (2, 2)]);
+        assert_eq!(m.local_dims(&[6, 4], &split), vec![2, 2]);
+        assert_eq!(m.group_size(&["a".into(), "b".into()]), 6);
+        // Every position holds a distinct piece, and the pieces tile the tensor.
+        let mut seen: Vec<Vec<(usize, usize)>> = (0..6)
+            .map(|pos| m.shard_range(&[12, 5], &ab, pos))
+            .collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 6);
+    }
+
+    #[test]
+    fn closed_annotation_and_spec_round_trip() {
+        let m = mesh();
+        let spec: Spec = vec![vec!["a".into()], vec![], vec!["b".into()]];
+        let s = Sharding::closed(&m, &spec);
+        assert_eq!(s.to_string(), "<@mesh, [{\"a\"}, {}, {\"b\"}]>");
+        assert_eq!(s.spec(), spec);
+        assert!(!is_replicated(&spec));
+        assert!(is_replicated(&vec![Vec::new(); 2]));
     }
 }

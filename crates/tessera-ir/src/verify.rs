@@ -75,26 +75,24 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
             )));
         }
         node.ty.check_size().map_err(&at)?;
-        match &node.op {
-            Op::Parameter(i) => {
-                if g.params().get(*i) != Some(&id) {
-                    return Err(at(format!(
-                        "Parameter({i}) is not parameter {i} of the graph"
-                    )));
-                }
+        if let Op::Parameter(i) = &node.op {
+            if g.params().get(*i) != Some(&id) {
+                return Err(at(format!(
+                    "Parameter({i}) is not parameter {i} of the graph"
+                )));
             }
-            op => {
-                let operands = g.operands(id);
-                let types: Vec<&TensorType> = operands.iter().map(|&o| g.ty(o)).collect();
-                let ty = op
-                    .infer_type(&types, g.mesh.as_ref())
-                    .map_err(|e| at(e.to_string()))?;
-                if ty != node.ty {
-                    return Err(at(format!(
-                        "has type {} but its type rule gives {ty}",
-                        node.ty
-                    )));
-                }
+        } else {
+            let op = &node.op;
+            let operands = g.operands(id);
+            let types: Vec<&TensorType> = operands.iter().map(|&o| g.ty(o)).collect();
+            let ty = op
+                .infer_type(&types, g.mesh.as_ref())
+                .map_err(|e| at(e.to_string()))?;
+            if ty != node.ty {
+                return Err(at(format!(
+                    "has type {} but its type rule gives {ty}",
+                    node.ty
+                )));
             }
         }
         if let Some(s) = &node.sharding {

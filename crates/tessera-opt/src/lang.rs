@@ -177,12 +177,11 @@ impl egg::Analysis<Node> for TensorAnalysis {
 
     fn make(egraph: &mut EGraph<Node, Self>, enode: &Node, _id: Id) -> ClassData {
         let kids: Vec<&ClassData> = enode.children.iter().map(|&c| &egraph[c].data).collect();
-        let ty = match &enode.op {
-            Op::Parameter(_) => enode.param_ty.clone(),
-            op => {
-                let types: Option<Vec<&TensorType>> = kids.iter().map(|k| k.ty.as_ref()).collect();
-                types.and_then(|t| op.infer_type(&t, egraph.analysis.mesh.as_ref()).ok())
-            }
+        let ty = if let Op::Parameter(_) = &enode.op {
+            enode.param_ty.clone()
+        } else {
+            let types: Option<Vec<&TensorType>> = kids.iter().map(|k| k.ty.as_ref()).collect();
+            types.and_then(|t| enode.op.infer_type(&t, egraph.analysis.mesh.as_ref()).ok())
         };
         // Scalar constant folding: every operand a known one-element constant.
         let constant = if let Op::Constant(l) = &enode.op {

@@ -2,47 +2,22 @@
 
 use std::sync::{Arc, OnceLock};
 
-use tessera_interp::unravel;
+use tessera_ir::sharding::{Spec, is_replicated};
 use tessera_ir::{Data, Literal, Mesh, TensorType};
 
-/// How an array is laid over a mesh: for each dimension, the mesh axes it is split over (major
-/// first), and which device holds each mesh position.
+/// How an array is laid over a mesh: its split (`Spec`, the vocabulary shared with the compiler
+/// and the user API, `tessera_ir::sharding`), and which device holds each mesh position.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ShardSpec {
     pub mesh: Mesh,
     pub devices: Vec<usize>,
-    pub dims: Vec<Vec<String>>,
+    pub dims: Spec,
 }
 
 impl ShardSpec {
     /// The shard of mesh position `pos`: for each dim, (offset, size) in the global array.
     pub fn shard_range(&self, ty: &TensorType, pos: usize) -> Vec<(usize, usize)> {
-        let sizes: Vec<usize> = self.mesh.axes.iter().map(|(_, s)| *s).collect();
-        let mut coords = vec![0; sizes.len()];
-        let mut rest = pos;
-        for i in (0..sizes.len()).rev() {
-            coords[i] = rest % sizes[i];
-            rest /= sizes[i];
-        }
-        ty.dims()
-            .iter()
-            .zip(&self.dims)
-            .map(|(&d, axes)| {
-                let mut n = 1;
-                let mut k = 0;
-                for a in axes {
-                    let i = self
-                        .mesh
-                        .axes
-                        .iter()
-                        .position(|(m, _)| m == a)
-                        .expect("axis of the mesh");
-                    k = k * sizes[i] + coords[i];
-                    n *= sizes[i];
-                }
-                (k * d / n, d / n)
-            })
-            .collect()
+        self.mesh.shard_range(ty.dims(), &self.dims, pos)
     }
 
     /// The type of one shard.
@@ -57,7 +32,7 @@ impl ShardSpec {
     }
 
     pub fn is_replicated(&self) -> bool {
-        self.dims.iter().all(|d| d.is_empty())
+        is_replicated(&self.dims)
     }
 }
 
@@ -70,14 +45,16 @@ pub struct Array {
     shards: Option<(ShardSpec, Vec<Arc<Literal>>)>,
 }
 
-fn copy_block(
+/// Copies the elements of a shard between it and the global array: from `src` (the global
+/// array, or with `to_global` the shard) into `dst` (the shard, or the global array of dims
+/// `dst_dims`); `offsets` are the shard's (offset, size) per dim.
+fn copy_shard(
     src: &Literal,
     dst: &mut Data,
     dst_dims: &[usize],
     offsets: &[(usize, usize)],
     to_global: bool,
 ) {
-    // Copies between a shard (`src` or the destination, per `to_global`) and the global array.
     let n = if to_global { src.ty.numel() } else { dst.len() };
     let local_dims: Vec<usize> = offsets.iter().map(|&(_, s)| s).collect();
     for f in 0..n {
@@ -102,6 +79,18 @@ fn copy_block(
             _ => {}
         }
     }
+}
+
+/// The row-major index of element `f` of an array of `dims`.
+fn unravel(mut f: usize, dims: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; dims.len()];
+    for i in (0..dims.len()).rev() {
+        if dims[i] > 0 {
+            idx[i] = f % dims[i];
+            f /= dims[i];
+        }
+    }
+    idx
 }
 
 fn global_strides(dims: &[usize]) -> Vec<usize> {
@@ -150,7 +139,7 @@ impl Array {
         let shards = (0..spec.devices.len())
             .map(|pos| {
                 let mut data = Data::zeros(local.dtype, local.numel());
-                copy_block(
+                copy_shard(
                     global,
                     &mut data,
                     self.ty.dims(),
@@ -196,7 +185,7 @@ impl Array {
             }
             let mut data = Data::zeros(self.ty.dtype, self.ty.numel());
             for (pos, s) in shards.iter().enumerate() {
-                copy_block(
+                copy_shard(
                     s,
                     &mut data,
                     self.ty.dims(),

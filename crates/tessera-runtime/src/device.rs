@@ -14,7 +14,10 @@ use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-use crate::collectives::{Rendezvous, SharedCollectives, collective_timeout, show};
+use tessera_transport::rendezvous::Rendezvous;
+use tessera_transport::{YIELDS_BEFORE_PARKING, show};
+
+use crate::collectives::{SharedCollectives, collective_timeout};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -50,9 +53,6 @@ fn devices() -> Result<&'static Devices, String> {
         .as_ref()
         .map_err(Clone::clone)
 }
-
-/// How many times a waiting thread yields its core before it parks.
-const YIELDS_BEFORE_PARKING: usize = 256;
 
 /// The next message: polled while yielding the core a bounded number of times, then waited for
 /// parked. `None` when the sender is gone.

@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use tessera_ir::{Graph, NodeId, Op, ReduceKind, TensorType};
+use tessera_ir::{DotDims, Graph, NodeId, Op, ReduceKind, TensorType};
 
 /// What sharding a factor does to the op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +72,21 @@ impl FactorRule {
         r
     }
 
+    /// The reduction and the axes over which a result is partial when the factors are split
+    /// over `axes` (`None` when the rule has no reduction factor; empty axes when none is split).
+    pub fn partial(&self, axes: &[Vec<String>]) -> Option<(ReduceKind, Vec<String>)> {
+        let mut partial: Option<(ReduceKind, Vec<String>)> = None;
+        for (f, kind) in self.kinds.iter().enumerate() {
+            if let FactorKind::Reduction(kind) = kind {
+                partial
+                    .get_or_insert((*kind, Vec::new()))
+                    .1
+                    .extend(axes[f].iter().cloned());
+            }
+        }
+        partial
+    }
+
     /// The factors of an operand (`Some(k)`) or of the result (`None`).
     pub fn dims_of(&self, tensor: Option<usize>) -> &[Vec<usize>] {
         match tensor {
@@ -88,21 +103,14 @@ pub fn rule_of(g: &Graph, id: NodeId) -> FactorRule {
     rule(g.op(id), &operands, g.ty(id))
 }
 
-/// The factor rule of `op` applied to operands of types `operands`, giving `result`.
+/// The factor rule of `op` applied to operands of types `operands`, giving `result`. The match
+/// only dispatches, one helper per op family, as JAX groups its rules.
 pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRule {
-    use FactorKind::*;
     let rdims = result.dims();
+    let from = || operands[0].dims();
     match op {
         Op::Parameter(_) => FactorRule::same_shape(rdims, 0, &[]),
-        Op::Constant(lit) => {
-            // A splat is built locally in any sharding; other constants are whole.
-            let blocked: Vec<usize> = if lit.data.is_splat() {
-                Vec::new()
-            } else {
-                (0..rdims.len()).collect()
-            };
-            FactorRule::same_shape(rdims, 0, &blocked)
-        }
+        Op::Constant(lit) => constant_rule(lit.data.is_splat(), rdims),
         Op::Iota { dim, .. } => FactorRule::same_shape(rdims, 0, &[*dim]),
         Op::Unary(_)
         | Op::Binary(_)
@@ -110,145 +118,195 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         | Op::Select
         | Op::Convert(_)
         | Op::Bitcast(_)
-        | Op::ShardingConstraint(_) => FactorRule::same_shape(rdims, operands.len(), &[]),
-        Op::BroadcastInDim { dims, .. } => {
-            let mut r = FactorRule::new(1);
-            for &size in rdims {
-                let f = r.factor(size, PassThrough);
-                r.result.push(vec![f]);
-            }
-            for (i, &d) in dims.iter().enumerate() {
-                let size = operands[0].dims()[i];
-                if size == rdims[d] {
-                    let f = r.result[d][0];
-                    r.operands[0].push(vec![f]);
-                } else {
-                    // A dim of size 1 stretched: its own factor, never split.
-                    let f = r.factor(size, NeedReplication);
-                    r.operands[0].push(vec![f]);
-                }
-            }
-            r
-        }
-        Op::Reshape(_) => reshape_rule(operands[0].dims(), rdims),
-        Op::Transpose(perm) => {
-            let mut r = FactorRule::new(1);
-            for &size in operands[0].dims() {
-                let f = r.factor(size, PassThrough);
-                r.operands[0].push(vec![f]);
-            }
-            r.result = perm.iter().map(|&p| vec![p]).collect();
-            r
-        }
+        | Op::ShardingConstraint(_) => elementwise_rule(rdims, operands.len()),
+        Op::BroadcastInDim { dims, .. } => broadcast_rule(from(), dims, rdims),
+        Op::Reshape(_) => reshape_rule(from(), rdims),
+        Op::Transpose(perm) => transpose_rule(from(), perm),
         Op::Slice {
             start,
             limit,
             stride,
-        } => {
-            let from = operands[0].dims();
-            let blocked: Vec<usize> = (0..from.len())
-                .filter(|&d| start[d] != 0 || limit[d] != from[d] || stride[d] != 1)
-                .collect();
-            with_own_sizes(FactorRule::same_shape(from, 1, &blocked), rdims)
-        }
+        } => slice_rule(from(), start, limit, stride, rdims),
         Op::Pad {
             low,
             high,
             interior,
-        } => {
-            let from = operands[0].dims();
-            let blocked: Vec<usize> = (0..from.len())
-                .filter(|&d| low[d] != 0 || high[d] != 0 || interior[d] != 0)
-                .collect();
-            let mut r = with_own_sizes(FactorRule::same_shape(from, 1, &blocked), rdims);
-            // The padding value is a scalar.
-            r.operands.push(Vec::new());
-            r
-        }
-        Op::Concatenate { dim } => {
-            let mut r = FactorRule::same_shape(rdims, operands.len(), &[*dim]);
-            // Operands differ in the concatenated dim; it is whole everywhere.
-            for (k, t) in operands.iter().enumerate() {
-                let f = r.factor(t.dims()[*dim], NeedReplication);
-                r.operands[k][*dim] = vec![f];
-            }
-            r
-        }
-        Op::Reduce { kind, axes } => {
-            let mut r = FactorRule::new(1);
-            for (d, &size) in operands[0].dims().iter().enumerate() {
-                if axes.contains(&d) {
-                    let f = r.factor(size, Reduction(*kind));
-                    r.operands[0].push(vec![f]);
-                } else {
-                    let f = r.factor(size, PassThrough);
-                    r.operands[0].push(vec![f]);
-                    r.result.push(vec![f]);
-                }
-            }
-            r
-        }
-        Op::ArgMax { axis } => {
-            let mut r = FactorRule::new(1);
-            for (d, &size) in operands[0].dims().iter().enumerate() {
-                let kind = if d == *axis {
-                    NeedReplication
-                } else {
-                    PassThrough
-                };
-                let f = r.factor(size, kind);
-                r.operands[0].push(vec![f]);
-                if d != *axis {
-                    r.result.push(vec![f]);
-                }
-            }
-            r
-        }
-        Op::DotGeneral(dd) => {
-            let (lt, rt) = (operands[0].dims(), operands[1].dims());
-            let mut r = FactorRule::new(2);
-            r.operands[0] = vec![Vec::new(); lt.len()];
-            r.operands[1] = vec![Vec::new(); rt.len()];
-            for (&a, &b) in dd.lhs_batch.iter().zip(&dd.rhs_batch) {
-                let f = r.factor(lt[a], PassThrough);
-                r.operands[0][a] = vec![f];
-                r.operands[1][b] = vec![f];
-                r.result.push(vec![f]);
-            }
-            for a in dd.lhs_free(lt.len()) {
-                let f = r.factor(lt[a], PassThrough);
-                r.operands[0][a] = vec![f];
-                r.result.push(vec![f]);
-            }
-            for b in dd.rhs_free(rt.len()) {
-                let f = r.factor(rt[b], PassThrough);
-                r.operands[1][b] = vec![f];
-                r.result.push(vec![f]);
-            }
-            for (&a, &b) in dd.lhs_contract.iter().zip(&dd.rhs_contract) {
-                let f = r.factor(lt[a], Reduction(ReduceKind::Sum));
-                r.operands[0][a] = vec![f];
-                r.operands[1][b] = vec![f];
-            }
-            r
-        }
-        // Collectives and `axis_index` only exist in per-device programs (pmap, or the
-        // partitioner's output): every dim is whole as far as propagation is concerned.
-        Op::Collective(_) => {
-            let mut r = FactorRule::new(operands.len());
-            for (k, t) in operands.iter().enumerate() {
-                for &size in t.dims() {
-                    let f = r.factor(size, NeedReplication);
-                    r.operands[k].push(vec![f]);
-                }
-            }
-            for &size in rdims {
-                let f = r.factor(size, NeedReplication);
-                r.result.push(vec![f]);
-            }
-            r
+        } => pad_rule(from(), low, high, interior, rdims),
+        Op::Concatenate { dim } => concatenate_rule(operands, *dim, rdims),
+        Op::Reduce { kind, axes } => reduce_rule(from(), *kind, axes),
+        Op::ArgMax { axis } => argmax_rule(from(), *axis),
+        Op::DotGeneral(dd) => dot_rule(dd, from(), operands[1].dims()),
+        Op::Collective(_) => collective_rule(operands, rdims),
+    }
+}
+
+/// Elementwise ops (and `sharding_constraint`): one pass-through factor per dim, shared by every
+/// operand and the result.
+fn elementwise_rule(rdims: &[usize], n_operands: usize) -> FactorRule {
+    FactorRule::same_shape(rdims, n_operands, &[])
+}
+
+/// A splat is built locally in any sharding; other constants are whole.
+fn constant_rule(splat: bool, rdims: &[usize]) -> FactorRule {
+    let blocked: Vec<usize> = if splat {
+        Vec::new()
+    } else {
+        (0..rdims.len()).collect()
+    };
+    FactorRule::same_shape(rdims, 0, &blocked)
+}
+
+/// `broadcast_in_dim`: a carried dim shares its result dim's factor; a dim of size 1 stretched is
+/// its own factor, never split.
+fn broadcast_rule(from: &[usize], dims: &[usize], rdims: &[usize]) -> FactorRule {
+    let mut r = FactorRule::new(1);
+    for &size in rdims {
+        let f = r.factor(size, FactorKind::PassThrough);
+        r.result.push(vec![f]);
+    }
+    for (i, &d) in dims.iter().enumerate() {
+        let size = from[i];
+        let f = if size == rdims[d] {
+            r.result[d][0]
+        } else {
+            r.factor(size, FactorKind::NeedReplication)
+        };
+        r.operands[0].push(vec![f]);
+    }
+    r
+}
+
+/// `transpose`: the operand's factors, permuted.
+fn transpose_rule(from: &[usize], perm: &[usize]) -> FactorRule {
+    let mut r = FactorRule::new(1);
+    for &size in from {
+        let f = r.factor(size, FactorKind::PassThrough);
+        r.operands[0].push(vec![f]);
+    }
+    r.result = perm.iter().map(|&p| vec![p]).collect();
+    r
+}
+
+/// `slice`: a dim sliced (not taken whole) needs replication.
+fn slice_rule(
+    from: &[usize],
+    start: &[usize],
+    limit: &[usize],
+    stride: &[usize],
+    rdims: &[usize],
+) -> FactorRule {
+    let blocked: Vec<usize> = (0..from.len())
+        .filter(|&d| start[d] != 0 || limit[d] != from[d] || stride[d] != 1)
+        .collect();
+    with_own_sizes(FactorRule::same_shape(from, 1, &blocked), rdims)
+}
+
+/// `pad`: a padded dim needs replication; the padding value is a scalar.
+fn pad_rule(
+    from: &[usize],
+    low: &[i64],
+    high: &[i64],
+    interior: &[usize],
+    rdims: &[usize],
+) -> FactorRule {
+    let blocked: Vec<usize> = (0..from.len())
+        .filter(|&d| low[d] != 0 || high[d] != 0 || interior[d] != 0)
+        .collect();
+    let mut r = with_own_sizes(FactorRule::same_shape(from, 1, &blocked), rdims);
+    r.operands.push(Vec::new());
+    r
+}
+
+/// `concatenate`: operands differ in the concatenated dim; it is whole everywhere.
+fn concatenate_rule(operands: &[&TensorType], dim: usize, rdims: &[usize]) -> FactorRule {
+    let mut r = FactorRule::same_shape(rdims, operands.len(), &[dim]);
+    for (k, t) in operands.iter().enumerate() {
+        let f = r.factor(t.dims()[dim], FactorKind::NeedReplication);
+        r.operands[k][dim] = vec![f];
+    }
+    r
+}
+
+/// `reduce`: the reduced dims are reduction factors, the others pass through.
+fn reduce_rule(from: &[usize], kind: ReduceKind, axes: &[usize]) -> FactorRule {
+    let mut r = FactorRule::new(1);
+    for (d, &size) in from.iter().enumerate() {
+        if axes.contains(&d) {
+            let f = r.factor(size, FactorKind::Reduction(kind));
+            r.operands[0].push(vec![f]);
+        } else {
+            let f = r.factor(size, FactorKind::PassThrough);
+            r.operands[0].push(vec![f]);
+            r.result.push(vec![f]);
         }
     }
+    r
+}
+
+/// `argmax`: the axis searched needs replication (an index is not a partial sum).
+fn argmax_rule(from: &[usize], axis: usize) -> FactorRule {
+    let mut r = FactorRule::new(1);
+    for (d, &size) in from.iter().enumerate() {
+        let kind = if d == axis {
+            FactorKind::NeedReplication
+        } else {
+            FactorKind::PassThrough
+        };
+        let f = r.factor(size, kind);
+        r.operands[0].push(vec![f]);
+        if d != axis {
+            r.result.push(vec![f]);
+        }
+    }
+    r
+}
+
+/// `dot_general`: batch and free dims pass through (batch first, then lhs free, then rhs free,
+/// the result's order); contracting dims are sum reductions.
+fn dot_rule(dd: &DotDims, lt: &[usize], rt: &[usize]) -> FactorRule {
+    use FactorKind::*;
+    let mut r = FactorRule::new(2);
+    r.operands[0] = vec![Vec::new(); lt.len()];
+    r.operands[1] = vec![Vec::new(); rt.len()];
+    for (&a, &b) in dd.lhs_batch.iter().zip(&dd.rhs_batch) {
+        let f = r.factor(lt[a], PassThrough);
+        r.operands[0][a] = vec![f];
+        r.operands[1][b] = vec![f];
+        r.result.push(vec![f]);
+    }
+    for a in dd.lhs_free(lt.len()) {
+        let f = r.factor(lt[a], PassThrough);
+        r.operands[0][a] = vec![f];
+        r.result.push(vec![f]);
+    }
+    for b in dd.rhs_free(rt.len()) {
+        let f = r.factor(rt[b], PassThrough);
+        r.operands[1][b] = vec![f];
+        r.result.push(vec![f]);
+    }
+    for (&a, &b) in dd.lhs_contract.iter().zip(&dd.rhs_contract) {
+        let f = r.factor(lt[a], Reduction(ReduceKind::Sum));
+        r.operands[0][a] = vec![f];
+        r.operands[1][b] = vec![f];
+    }
+    r
+}
+
+/// Collectives and `axis_index` only exist in per-device programs (pmap, or the partitioner's
+/// output): every dim is whole as far as propagation is concerned.
+fn collective_rule(operands: &[&TensorType], rdims: &[usize]) -> FactorRule {
+    let mut r = FactorRule::new(operands.len());
+    for (k, t) in operands.iter().enumerate() {
+        for &size in t.dims() {
+            let f = r.factor(size, FactorKind::NeedReplication);
+            r.operands[k].push(vec![f]);
+        }
+    }
+    for &size in rdims {
+        let f = r.factor(size, FactorKind::NeedReplication);
+        r.result.push(vec![f]);
+    }
+    r
 }
 
 /// The result of a slice or pad has its own sizes in the blocked dims: give those dims a

@@ -1,13 +1,59 @@
-//! Tessera's sharding: where each value lives on a mesh of devices, and the per-device program
-//! that follows. `partition` is the pass (propagation, reshards and collectives, SPMD
-//! partitioning); the user-facing `Mesh`, `P!` and `NamedSharding` live in the `tessera` crate
-//! and reduce to the plain `Spec` this crate works on.
+//! Tessera's sharding, in Shardy's structure: where each value lives on a mesh of devices, and
+//! the per-device program that follows. Three passes, each a graph to a graph, dependencies one
+//! way (`spec` <- `factors` <- `propagate` <- `insert_collectives`, `partition`):
+//! - [`propagate`]: global graph + parameter specs -> every node annotated where it is wanted;
+//! - [`insert_collectives`]: -> every node annotated where it is, reshards and all-reduces as
+//!   nodes of their own;
+//! - [`per_device`] (`partition.rs`): -> the program each device runs, local shapes;
+//!
+//! then [`combine_all_reduces`] on the per-device program. [`partition`] runs the three.
+//! `spec.rs` is the vocabulary of a split, the one the user-facing `Mesh`, `P!` and
+//! `NamedSharding` of the `tessera` crate reduce to.
 
 pub mod combine;
 pub mod factors;
+pub mod insert_collectives;
 pub mod partition;
 pub mod propagate;
+pub mod spec;
 
 pub use combine::combine_all_reduces;
 pub use factors::{FactorKind, FactorRule};
-pub use partition::{Partitioned, ShardError, Spec, check_spec, partition, sharding_of};
+pub use insert_collectives::insert_collectives;
+pub use partition::per_device;
+pub use propagate::propagate;
+pub use spec::{ShardError, Spec, check_spec, local_type};
+
+use tessera_ir::{Graph, Mesh};
+
+/// The result of partitioning.
+pub struct Partitioned {
+    /// The global program with every value's sharding, each op's location comment noting its
+    /// conflicts and reshards.
+    pub annotated: Graph,
+    /// The global program with its communication explicit (`insert_collectives`'s output).
+    pub explicit: Graph,
+    /// The program each device runs: local shapes and collectives.
+    pub local: Graph,
+    /// The sharding of each output.
+    pub out_specs: Vec<Spec>,
+}
+
+/// Partitions `g` for parameters split as `in_specs` on `mesh`: the three passes in order.
+pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitioned, ShardError> {
+    let propagated = propagate(g, mesh, in_specs)?;
+    let inserted = insert_collectives::insert(&propagated)?;
+    let local = per_device(&inserted.explicit)?;
+    let out_specs = inserted
+        .explicit
+        .outputs()
+        .iter()
+        .map(|&o| spec::annotation(&inserted.explicit, o, "partition", "insert_collectives"))
+        .collect::<Result<_, _>>()?;
+    Ok(Partitioned {
+        annotated: inserted.annotated,
+        explicit: inserted.explicit,
+        local,
+        out_specs,
+    })
+}

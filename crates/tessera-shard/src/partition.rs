@@ -1,281 +1,186 @@
-//! SPMD partitioning: collective insertion and the per-device program.
+//! SPMD partitioning: the per-device program.
 //!
-//! Consumes a global graph, its mesh, and a sharding for every parameter; produces the same
-//! graph annotated with each value's sharding (Shardy syntax in the IR text), and the
-//! per-device program: local shapes, with the collectives the shardings need.
+//! Consumes the output of `insert_collectives`: a global graph on a mesh, every node annotated
+//! where its value is, every op's operands in the shardings its factor rule wants, the
+//! communication explicit (reshards as `sharding_constraint`, completions of partial results as
+//! `all_reduce`). Produces the program each device runs: the same ops with local shapes (and
+//! shape attributes made local), each reshard lowered to `all_to_all`, `all_gather` and a local
+//! slice by `axis_index`, each `all_reduce` whose result is split where its operand is whole
+//! lowered to an `all_reduce` over the other axes and a `reduce_scatter`.
 //!
-//! First `propagate` settles where every value should live. Then one forward walk builds the
-//! per-device program: each op's factor rule (`factors.rs`) reads where its operands are and
-//! where its result is wanted, settles its factors (`propagate::resolve`, the larger tensor
-//! winning a conflict), and from them the sharding it wants its operands in, its result's, and
-//! its reduction factors' axes. An operand elsewhere is resharded: `all_to_all` where an axis
-//! moves to another dim, `all_gather` to make a dim whole, a local slice by `axis_index` to
-//! split one; a splat or a broadcast is rather built
-//! again in place. A sharded reduction factor leaves partial results that an `all_reduce`
-//! completes, or a `reduce_scatter` where the result is wanted split over those axes. The dump
-//! records each reshard and each conflict in the node's location comment.
+//! The pass decides nothing; it checks that its input is consistent (each op's shardings agree
+//! with its factor rule, each partial result is completed by `all_reduce`s over its axes), so a
+//! hand-written or broken input is an error naming the op, not a wrong program.
 
 use std::collections::HashMap;
 
 use tessera_ir::{
-    CollectiveOp, CompareOp, DType, DimSharding, Graph, Literal, Mesh, NodeId, Op, ReduceKind,
-    Sharding, TensorType, TypeError,
+    CollectiveOp, CompareOp, DType, Graph, Literal, Mesh, NodeId, Op, ReduceKind, TensorType,
 };
 
-use crate::factors::{FactorKind, rule_of};
-use crate::propagate::{project, propagate, settle};
+use crate::factors::rule_of;
+use crate::propagate::{project, settle};
+use crate::spec::{ShardError, Spec, annotation, check_spec, local_type, mesh_of, spec_text};
 
-/// For each dimension, the mesh axes it is split over (major first).
-pub type Spec = Vec<Vec<String>>;
-
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum ShardError {
-    #[error("{0}")]
-    Invalid(String),
-    #[error("partitioning {op}: {error}")]
-    Type { op: String, error: TypeError },
-}
-
-/// The result of partitioning.
-pub struct Partitioned {
-    /// The global program with every value's sharding.
-    pub annotated: Graph,
-    /// The program each device runs: local shapes and collectives.
-    pub local: Graph,
-    /// The sharding of each output.
-    pub out_specs: Vec<Spec>,
-}
-
-pub(crate) fn group_size(mesh: &Mesh, axes: &[String]) -> usize {
-    axes.iter().filter_map(|a| mesh.axis_size(a)).product()
-}
-
-fn local_type(mesh: &Mesh, ty: &TensorType, spec: &Spec) -> TensorType {
-    let dims: Vec<usize> = ty
-        .dims()
-        .iter()
-        .zip(spec)
-        .map(|(&d, axes)| d / group_size(mesh, axes))
-        .collect();
-    TensorType::new(ty.dtype, dims)
-}
-
-/// Checks that `spec` fits a value of type `ty` on `mesh`.
-pub fn check_spec(mesh: &Mesh, ty: &TensorType, spec: &Spec) -> Result<(), ShardError> {
-    if spec.len() != ty.rank() {
-        return Err(ShardError::Invalid(format!(
-            "a sharding with {} dims for a value of type {ty}",
-            spec.len()
-        )));
-    }
-    let mut seen: Vec<&String> = Vec::new();
-    for (d, axes) in spec.iter().enumerate() {
-        for a in axes {
-            if mesh.axis_size(a).is_none() {
-                return Err(ShardError::Invalid(format!(
-                    "unknown mesh axis \"{a}\" (the mesh has {:?})",
-                    mesh.axes.iter().map(|(n, _)| n).collect::<Vec<_>>()
-                )));
-            }
-            if seen.contains(&a) {
-                return Err(ShardError::Invalid(format!(
-                    "mesh axis \"{a}\" is used twice in one sharding"
-                )));
-            }
-            seen.push(a);
-        }
-        let n = group_size(mesh, axes);
-        if !ty.dims()[d].is_multiple_of(n) {
-            return Err(ShardError::Invalid(format!(
-                "dim {d} of {ty} (size {}) is not divisible by {n}, the size of {axes:?}",
-                ty.dims()[d]
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// One dim's axes in Shardy's syntax, for messages: `{"dp", "mp"}`.
-pub(crate) fn axes_text(axes: &[String]) -> String {
-    let names: Vec<String> = axes.iter().map(|a| format!("\"{a}\"")).collect();
-    format!("{{{}}}", names.join(", "))
-}
-
-/// A spec in Shardy's per-dim syntax, for messages.
-pub(crate) fn spec_text(spec: &[Vec<String>]) -> String {
-    let dims: Vec<String> = spec.iter().map(|a| axes_text(a)).collect();
-    format!("[{}]", dims.join(", "))
-}
-
-/// The IR annotation of a spec.
-pub fn sharding_of(mesh: &Mesh, spec: &Spec) -> Sharding {
-    Sharding {
-        mesh: mesh.name.clone(),
-        dims: spec
-            .iter()
-            .map(|a| DimSharding::closed(a.clone()))
-            .collect(),
-        replicated: Vec::new(),
-    }
-}
+const PASS: &str = "partition";
 
 struct Partitioner<'a> {
-    g: &'a Graph,
     mesh: &'a Mesh,
     lg: Graph,
 }
 
-/// What an op's factor rule decides, given where its operands are and where propagation wants
-/// its result.
-struct Decision {
-    /// The sharding each operand must be in.
-    want: Vec<Spec>,
-    /// The result's sharding.
-    out: Spec,
-    /// Axes over which the local result is a partial value, and how to complete it.
-    partial: Option<(ReduceKind, Vec<String>)>,
-    /// Conflicts settled, for the dump.
-    conflicts: Vec<String>,
-}
-
-/// Partitions `g` (see the module doc).
-pub fn partition(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Partitioned, ShardError> {
-    // The input shardings are checked first, for their clearer message; their parameters must
-    // exist for that, which the verifier checks next.
-    let verified = tessera_ir::verify(g);
-    if g.params().iter().all(|&p| g.contains(p)) {
-        if in_specs.len() != g.params().len() {
-            return Err(ShardError::Invalid(format!(
-                "{} parameter shardings for {} parameters",
-                in_specs.len(),
-                g.params().len()
-            )));
-        }
-        for (i, &param) in g.params().iter().enumerate() {
-            check_spec(mesh, g.ty(param), &in_specs[i])
-                .map_err(|e| ShardError::Invalid(format!("input {i}: {e}")))?;
-        }
+/// The pass (see the module doc).
+pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
+    tessera_ir::verify(g).map_err(|e| ShardError::Invalid(format!("{PASS}: {e}")))?;
+    let mesh = mesh_of(g, PASS)?;
+    let mut specs: HashMap<NodeId, Spec> = HashMap::new();
+    for id in g.node_ids() {
+        let spec = annotation(g, id, PASS, "insert_collectives")?;
+        check_spec(mesh, g.ty(id), &spec)
+            .map_err(|e| ShardError::Invalid(format!("{PASS}: {}: {e}", g.op(id).name())))?;
+        specs.insert(id, spec);
     }
-    verified
-        .map_err(|e| ShardError::Invalid(format!("the graph to partition is malformed: {e}")))?;
-    if let Some(id) = g
-        .topo_order()
-        .into_iter()
-        .find(|&id| g.op(id).is_collective())
-    {
-        return Err(ShardError::Invalid(format!(
-            "{} written inside a sharded jit: collectives by axis name belong in pmap",
-            g.op(id).name()
-        )));
-    }
-    let wanted = propagate(g, mesh, in_specs)?;
-    let mut annotated = g.clone();
-    annotated.mesh = Some(mesh.clone());
     let mut p = Partitioner {
-        g,
         mesh,
         lg: Graph::new(format!("{}_per_device", g.name)),
     };
     p.lg.mesh = Some(mesh.clone());
-    let mut local: HashMap<NodeId, (NodeId, Spec)> = HashMap::new();
-    for (i, &param) in g.params().iter().enumerate() {
-        let lty = local_type(mesh, g.ty(param), &in_specs[i]);
-        let l = p.lg.add_param(lty);
+    let mut local: HashMap<NodeId, NodeId> = HashMap::new();
+    for &param in g.params() {
+        let l =
+            p.lg.add_param(local_type(mesh, g.ty(param), &specs[&param]));
         p.lg.node_mut(l).loc = g.node(param).loc.clone();
-        local.insert(param, (l, in_specs[i].clone()));
+        local.insert(param, l);
     }
+    // The ops whose local results are partial, with their reduction and axes: only
+    // `all_reduce`s of exactly those may use them.
+    let mut partial: HashMap<NodeId, (ReduceKind, Vec<String>)> = HashMap::new();
     for id in g.topo_order() {
-        let op = g.op(id).clone();
-        if let Op::Parameter(_) = op {
-            annotated.node_mut(id).sharding = Some(sharding_of(mesh, &local[&id].1));
-            continue;
-        }
+        let op = g.op(id);
         let operands = g.operands(id);
-        let specs: Vec<Spec> = operands.iter().map(|o| local[o].1.clone()).collect();
-        let d = p.decide(id, &op, &specs, &wanted[&id]);
-        let mut args = Vec::new();
-        let mut why = d.conflicts.clone();
-        for (k, &o) in operands.iter().enumerate() {
-            let (lnode, spec) = &local[&o];
-            let moved = match p.rebuild(o, &d.want[k], &local)? {
-                Some(n) => n,
-                None => {
-                    if *spec != d.want[k] {
-                        why.push(format!(
-                            "operand {k} resharded {} -> {}",
-                            spec_text(spec),
-                            spec_text(&d.want[k])
-                        ));
-                    }
-                    p.reshard(*lnode, spec, &d.want[k])?
+        let args: Vec<NodeId> = operands.iter().map(|o| local[o]).collect();
+        let spec = &specs[&id];
+        let n = match op {
+            Op::Parameter(_) => continue,
+            Op::ShardingConstraint(_) => {
+                if partial.contains_key(&operands[0]) {
+                    return Err(incomplete(g, operands[0], &partial));
                 }
-            };
-            args.push(moved);
-        }
-        // The dump says where communication was inserted and why.
-        if !why.is_empty() {
-            let node = annotated.node_mut(id);
-            let base = node.loc.clone().unwrap_or_default();
-            node.loc = Some(
-                format!("{base} [{}: {}]", op.name(), why.join("; "))
-                    .trim()
-                    .to_string(),
-            );
-        }
-        // A sharding constraint has done its work once its operand is resharded.
-        if let Op::ShardingConstraint(_) = op {
-            annotated.node_mut(id).sharding = Some(sharding_of(mesh, &d.out));
-            local.insert(id, (args[0], d.out));
-            continue;
-        }
-        let mut out = d.out;
-        let lop = localize(&op, mesh, g.ty(id), &out);
-        let mut n = p.add(lop, &args)?;
-        p.lg.node_mut(n).loc = g.node(id).loc.clone();
-        if let Some((kind, mut axes)) = d.partial.filter(|(_, a)| !a.is_empty()) {
-            // Where the result is wanted split over some of the partial axes, each device
-            // only needs its chunk of the sum: a reduce_scatter on that dim.
-            let scatter = (0..out.len()).find_map(|dim| {
-                let w = &wanted[&id][dim];
-                let fits = out[dim].is_empty()
-                    && !w.is_empty()
-                    && w.iter().all(|a| axes.contains(a))
-                    && w.iter().all(|a| !out.iter().flatten().any(|b| b == a));
-                fits.then(|| (dim, w.clone()))
-            });
-            if let Some((_, w)) = &scatter {
-                axes.retain(|a| !w.contains(a));
+                p.reshard(args[0], &specs[&operands[0]], spec)?
             }
-            if !axes.is_empty() {
-                n = p.add(Op::Collective(CollectiveOp::AllReduce { kind, axes }), &[n])?;
+            Op::Collective(CollectiveOp::AllReduce { kind, axes }) => {
+                let src = operands[0];
+                if partial.get(&src) != Some(&(*kind, axes.clone())) {
+                    return Err(ShardError::Invalid(format!(
+                        "{PASS}: all_reduce {kind:?} over {axes:?} of the {} : {}, which is not \
+                         partial over exactly those axes",
+                        g.op(src).name(),
+                        g.ty(src)
+                    )));
+                }
+                let loc = g.node(id).loc.clone();
+                p.complete(args[0], (*kind, axes), (&specs[&src], spec), loc)?
+            }
+            Op::Collective(
+                CollectiveOp::AllGather { .. }
+                | CollectiveOp::ReduceScatter { .. }
+                | CollectiveOp::AllToAll { .. }
+                | CollectiveOp::CollectivePermute { .. }
+                | CollectiveOp::AxisIndex { .. },
+            ) => {
+                return Err(ShardError::Invalid(format!(
+                    "{PASS}: {} in the input; its communication is sharding_constraint and \
+                     all_reduce only",
+                    op.name()
+                )));
+            }
+            Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::DotGeneral(_) => {
+                if let Some(&o) = operands.iter().find(|o| partial.contains_key(o)) {
+                    return Err(incomplete(g, o, &partial));
+                }
+                let operand_specs: Vec<&Spec> = operands.iter().map(|o| &specs[o]).collect();
+                if let Some(reduced) = check_op(g, mesh, id, &operand_specs, spec)? {
+                    partial.insert(id, reduced);
+                }
+                let n = p.add(localize(op, mesh, g.ty(id), spec), &args)?;
                 p.lg.node_mut(n).loc = g.node(id).loc.clone();
+                n
             }
-            if let Some((dim, w)) = scatter {
-                n = p.add(
-                    Op::Collective(CollectiveOp::ReduceScatter {
-                        kind,
-                        dim,
-                        axes: w.clone(),
-                    }),
-                    &[n],
-                )?;
-                p.lg.node_mut(n).loc = g.node(id).loc.clone();
-                out[dim] = w;
-            }
-        }
-        annotated.node_mut(id).sharding = Some(sharding_of(mesh, &out));
-        local.insert(id, (n, out));
+        };
+        local.insert(id, n);
     }
-    let outs: Vec<NodeId> = g.outputs().iter().map(|o| local[o].0).collect();
-    let out_specs = g.outputs().iter().map(|o| local[o].1.clone()).collect();
+    if let Some(&o) = g.outputs().iter().find(|o| partial.contains_key(o)) {
+        return Err(incomplete(g, o, &partial));
+    }
+    let outs: Vec<NodeId> = g.outputs().iter().map(|o| local[o]).collect();
     p.lg.set_outputs(outs);
-    // Values resharded by rebuilding leave their first local version unused.
     p.lg.remove_dead();
-    Ok(Partitioned {
-        annotated,
-        local: p.lg,
-        out_specs,
-    })
+    Ok(p.lg)
+}
+
+/// The error for a partial result used before an `all_reduce` completes it.
+fn incomplete(
+    g: &Graph,
+    id: NodeId,
+    partial: &HashMap<NodeId, (ReduceKind, Vec<String>)>,
+) -> ShardError {
+    let (kind, axes) = &partial[&id];
+    ShardError::Invalid(format!(
+        "{PASS}: the {} : {} is partial ({kind:?} over {axes:?}) and is used or returned \
+         before an all_reduce completes it",
+        g.op(id).name(),
+        g.ty(id)
+    ))
+}
+
+/// Checks that an op's shardings are what its factor rule makes of them (what
+/// `insert_collectives` guarantees); returns the axes its result is partial over, if any.
+fn check_op(
+    g: &Graph,
+    mesh: &Mesh,
+    id: NodeId,
+    operands: &[&Spec],
+    result: &Spec,
+) -> Result<Option<(ReduceKind, Vec<String>)>, ShardError> {
+    let rule = rule_of(g, id);
+    let a = settle(g, mesh, &rule, id, operands, result);
+    let mismatch = |what: String, have: &Spec, want: Spec| {
+        ShardError::Invalid(format!(
+            "{PASS}: {what} of the {} : {} is sharded {} but its factor rule makes it {}; \
+             run insert_collectives first",
+            g.op(id).name(),
+            g.ty(id),
+            spec_text(have),
+            spec_text(&want)
+        ))
+    };
+    for (k, have) in operands.iter().enumerate() {
+        let want = project(mesh, &rule, rule.dims_of(Some(k)), &a.axes);
+        if **have != want {
+            return Err(mismatch(format!("operand {k}"), have, want));
+        }
+    }
+    let want = project(mesh, &rule, rule.dims_of(None), &a.axes);
+    if *result != want {
+        return Err(mismatch("the result".into(), result, want));
+    }
+    Ok(rule.partial(&a.axes).filter(|(_, axes)| !axes.is_empty()))
 }
 
 /// The op with its shape attributes made local.
@@ -288,9 +193,13 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         },
         Op::Reshape(_) => Op::Reshape(lty.shape),
         Op::Iota { dim, .. } => Op::Iota { dim: *dim, ty: lty },
-        // Only splats are ever split (`factors.rs`).
-        Op::Constant(lit) if lit.data.is_splat() && !lit.data.is_empty() => {
-            Op::Constant(Literal::splat(&lty, lit.data.get_f64(0)))
+        // Only splats are ever split (`factors.rs`); other constants are whole.
+        Op::Constant(lit) => {
+            if lit.data.is_splat() && !lit.data.is_empty() {
+                Op::Constant(Literal::splat(&lty, lit.data.get_f64(0)))
+            } else {
+                op.clone()
+            }
         }
         // A split dim is only ever sliced whole (the rule gathers it otherwise).
         Op::Slice {
@@ -307,51 +216,27 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
                 .collect(),
             stride: stride.clone(),
         },
-        other => other.clone(),
+        // No shape in the attributes (a padded or concatenated dim is whole; reductions, dots
+        // and collectives name dims and axes, not sizes).
+        Op::Parameter(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::Bitcast(_)
+        | Op::Transpose(_)
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::DotGeneral(_)
+        | Op::Collective(_)
+        | Op::ShardingConstraint(_) => op.clone(),
     }
 }
 
 impl Partitioner<'_> {
-    /// The op's decision from its factor rule: operands where they are, the result where
-    /// propagation wants it; a sharding constraint simply wants its operand in its sharding.
-    fn decide(&self, id: NodeId, op: &Op, specs: &[Spec], wanted: &Spec) -> Decision {
-        if let Op::ShardingConstraint(_) = op {
-            return Decision {
-                want: vec![wanted.clone()],
-                out: wanted.clone(),
-                partial: None,
-                conflicts: Vec::new(),
-            };
-        }
-        let g = self.g;
-        let rule = rule_of(g, id);
-        let a = settle(
-            g,
-            self.mesh,
-            &rule,
-            id,
-            &specs.iter().collect::<Vec<_>>(),
-            wanted,
-        );
-        let mut partial: Option<(ReduceKind, Vec<String>)> = None;
-        for (f, kind) in rule.kinds.iter().enumerate() {
-            if let FactorKind::Reduction(kind) = kind {
-                partial
-                    .get_or_insert((*kind, Vec::new()))
-                    .1
-                    .extend(a.axes[f].iter().cloned());
-            }
-        }
-        Decision {
-            want: (0..specs.len())
-                .map(|k| project(self.mesh, &rule, rule.dims_of(Some(k)), &a.axes))
-                .collect(),
-            out: project(self.mesh, &rule, rule.dims_of(None), &a.axes),
-            partial,
-            conflicts: a.conflicts,
-        }
-    }
-
     fn add(&mut self, op: Op, args: &[NodeId]) -> Result<NodeId, ShardError> {
         let name = op.name().to_string();
         self.lg
@@ -359,52 +244,58 @@ impl Partitioner<'_> {
             .map_err(|error| ShardError::Type { op: name, error })
     }
 
-    /// A value that costs nothing to compute (a splat constant, or a broadcast of a value whose
-    /// carried dims already agree) is computed again directly in the sharding `to` instead of
-    /// being sliced: this is what lets `bias + x` with `x` split over `dp` broadcast the bias
-    /// straight into the local shape, with no communication.
-    fn rebuild(
+    /// Completes a local partial value `v` (sharded `from`) over `axes`: an `all_reduce`, or,
+    /// where `to` splits a dim `from` leaves whole over some of those axes, an `all_reduce` over
+    /// the others and a `reduce_scatter` over them.
+    /// Both carry the all_reduce's location `loc`.
+    fn complete(
         &mut self,
-        o: NodeId,
-        to: &Spec,
-        local: &HashMap<NodeId, (NodeId, Spec)>,
-    ) -> Result<Option<NodeId>, ShardError> {
-        let g = self.g;
-        if local[&o].1 == *to {
-            return Ok(None);
-        }
-        let lty = local_type(self.mesh, g.ty(o), to);
-        match g.op(o) {
-            Op::Constant(lit) if lit.data.is_splat() && !lit.data.is_empty() => {
-                // Exact: f64 holds every f32, i32 and u32 value.
-                let c = Literal::splat(&lty, lit.data.get_f64(0));
-                Ok(Some(self.add(Op::Constant(c), &[])?))
+        v: NodeId,
+        (kind, axes): (ReduceKind, &[String]),
+        (from, to): (&Spec, &Spec),
+        loc: Option<String>,
+    ) -> Result<NodeId, ShardError> {
+        let changed: Vec<usize> = (0..to.len()).filter(|&d| from[d] != to[d]).collect();
+        let scatter = match changed[..] {
+            [] => None,
+            [dim]
+                if from[dim].is_empty()
+                    && to[dim].iter().all(|a| axes.contains(a))
+                    && to[dim]
+                        .iter()
+                        .all(|a| !from.iter().flatten().any(|b| b == a)) =>
+            {
+                Some((dim, to[dim].clone()))
             }
-            Op::BroadcastInDim { shape, dims } => {
-                let src = g.operands(o)[0];
-                let (lsrc, sspec) = &local[&src];
-                let from = g.ty(src);
-                let carried_ok = dims.iter().enumerate().all(|(i, &d)| {
-                    if from.dims()[i] == shape.dims()[d] {
-                        sspec[i] == to[d]
-                    } else {
-                        sspec[i].is_empty()
-                    }
-                });
-                if !carried_ok {
-                    return Ok(None);
-                }
-                let n = self.add(
-                    Op::BroadcastInDim {
-                        shape: lty.shape,
-                        dims: dims.clone(),
-                    },
-                    &[*lsrc],
-                )?;
-                Ok(Some(n))
+            _ => {
+                return Err(ShardError::Invalid(format!(
+                    "{PASS}: all_reduce over {axes:?} from {} to {}: only one dim, whole before, \
+                     may be split after, over some of the reduced axes",
+                    spec_text(from),
+                    spec_text(to)
+                )));
             }
-            _ => Ok(None),
+        };
+        let mut rest = axes.to_vec();
+        if let Some((_, w)) = &scatter {
+            rest.retain(|a| !w.contains(a));
         }
+        let mut n = v;
+        if !rest.is_empty() {
+            n = self.add(
+                Op::Collective(CollectiveOp::AllReduce { kind, axes: rest }),
+                &[n],
+            )?;
+            self.lg.node_mut(n).loc = loc.clone();
+        }
+        if let Some((dim, w)) = scatter {
+            n = self.add(
+                Op::Collective(CollectiveOp::ReduceScatter { kind, dim, axes: w }),
+                &[n],
+            )?;
+            self.lg.node_mut(n).loc = loc;
+        }
+        Ok(n)
     }
 
     /// Moves a local value from sharding `from` to `to`: first an `all_to_all` for each axis
@@ -468,7 +359,7 @@ impl Partitioner<'_> {
     /// integers included), which a masked sum would not be (`+0.0 + -0.0` is `+0.0`).
     fn local_slice(&mut self, v: NodeId, d: usize, axes: &[String]) -> Result<NodeId, ShardError> {
         let ty = self.lg.ty(v).clone();
-        let n = group_size(self.mesh, axes);
+        let n = self.mesh.group_size(axes);
         let chunk = ty.dims()[d] / n;
         let idx = self.add(
             Op::Collective(CollectiveOp::AxisIndex {

@@ -1,5 +1,10 @@
 //! Sharding propagation to a fixed point, forward and backward, in the manner of Shardy.
 //!
+//! Consumes a global graph (no collectives) and a spec for each parameter; produces the same
+//! graph on the mesh with every node's sharding annotated: where propagation wants each value.
+//! It inserts no communication: where an op's operands disagree with what it wants, the next
+//! pass (`insert_collectives`) reshards them.
+//!
 //! The user's shardings come first: parameters' shardings and `sharding_constraint` results are
 //! fixed ("closed"); every other value starts unsharded and open. Each op, through its factor
 //! rule (`factors.rs`), reads its operands' and result's shardings as shardings of its factors,
@@ -13,14 +18,14 @@
 //!
 //! Where tensors disagree on a factor, the sharding of the larger tensor wins (the smaller one
 //! is resharded, which moves fewer bytes); between tensors of one size, the first operand wins,
-//! and operands win over the result. The partitioner records each conflict in the dump.
+//! and operands win over the result. `insert_collectives` records each conflict in the dump.
 
 use std::collections::HashMap;
 
-use tessera_ir::{CollectiveOp, Graph, Mesh, NodeId, Op};
+use tessera_ir::{Graph, Mesh, NodeId, Op, OpClass, Sharding};
 
 use crate::factors::{FactorKind, FactorRule, rule_of};
-use crate::partition::{ShardError, Spec, axes_text, check_spec, group_size};
+use crate::spec::{ShardError, Spec, axes_text, check_spec};
 
 /// How an op's factors are split, as settled from its tensors' shardings.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,7 +97,7 @@ pub fn project(mesh: &Mesh, rule: &FactorRule, dims: &[Vec<usize>], axes: &[Vec<
             let mut d = Vec::new();
             for &f in fs {
                 d.extend(axes[f].iter().cloned());
-                if group_size(mesh, &axes[f]) != rule.sizes[f] {
+                if mesh.group_size(&axes[f]) != rule.sizes[f] {
                     break;
                 }
             }
@@ -178,7 +183,7 @@ pub fn resolve(mesh: &Mesh, rule: &FactorRule, views: &[View]) -> Assignment {
                         axes[f].clear();
                         changed = true;
                     }
-                    partial |= group_size(mesh, &axes[f]) != rule.sizes[f];
+                    partial |= mesh.group_size(&axes[f]) != rule.sizes[f];
                 }
             }
         }
@@ -232,21 +237,68 @@ fn absorb(cur: &mut Spec, new: &Spec) -> bool {
 }
 
 /// 0: ops that move dims without communication; 1: dots and reductions; `None`: nothing to
-/// propagate (no operands).
+/// propagate (no operands, or a collective, which the input may not hold).
 fn priority(op: &Op) -> Option<u8> {
-    match op {
-        Op::Parameter(_)
-        | Op::Constant(_)
-        | Op::Iota { .. }
-        | Op::Collective(CollectiveOp::AxisIndex { .. }) => None,
-        Op::DotGeneral(_) | Op::Reduce { .. } | Op::ArgMax { .. } => Some(1),
-        _ => Some(0),
+    match op.class() {
+        OpClass::Parameter | OpClass::Constant | OpClass::Collective => None,
+        OpClass::Reduction | OpClass::Dot => Some(1),
+        OpClass::ElementwiseUnary
+        | OpClass::ElementwiseBinary
+        | OpClass::Select
+        | OpClass::Movement
+        | OpClass::Annotation => Some(0),
     }
 }
 
+/// Checks the pass's input: a spec per parameter that fits it, a well-formed graph, no
+/// collectives. The input shardings are checked first, for their clearer message; their
+/// parameters must exist for that, which the verifier checks next.
+fn check_input(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<(), ShardError> {
+    let verified = tessera_ir::verify(g);
+    if g.params().iter().all(|&p| g.contains(p)) {
+        if in_specs.len() != g.params().len() {
+            return Err(ShardError::Invalid(format!(
+                "{} parameter shardings for {} parameters",
+                in_specs.len(),
+                g.params().len()
+            )));
+        }
+        for (i, &param) in g.params().iter().enumerate() {
+            check_spec(mesh, g.ty(param), &in_specs[i])
+                .map_err(|e| ShardError::Invalid(format!("input {i}: {e}")))?;
+        }
+    }
+    verified
+        .map_err(|e| ShardError::Invalid(format!("the graph to partition is malformed: {e}")))?;
+    if let Some(id) = g
+        .topo_order()
+        .into_iter()
+        .find(|&id| g.op(id).is_collective())
+    {
+        return Err(ShardError::Invalid(format!(
+            "{} written inside a sharded jit: collectives by axis name belong in pmap",
+            g.op(id).name()
+        )));
+    }
+    Ok(())
+}
+
+/// The pass: `g` on `mesh`, every node annotated with the sharding propagation wants for it,
+/// from the parameters' `in_specs` and the program's sharding constraints (see the module doc).
+pub fn propagate(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Graph, ShardError> {
+    check_input(g, mesh, in_specs)?;
+    let specs = fixed_point(g, mesh, in_specs)?;
+    let mut annotated = g.clone();
+    annotated.mesh = Some(mesh.clone());
+    for (id, spec) in specs {
+        annotated.node_mut(id).sharding = Some(Sharding::closed(mesh, &spec));
+    }
+    Ok(annotated)
+}
+
 /// The sharding of every value of `g`, from the parameters' `in_specs` and the program's
-/// sharding constraints (see the module doc).
-pub fn propagate(
+/// sharding constraints.
+fn fixed_point(
     g: &Graph,
     mesh: &Mesh,
     in_specs: &[Spec],
@@ -255,25 +307,26 @@ pub fn propagate(
     let mut specs: HashMap<NodeId, Spec> = HashMap::new();
     let mut closed: Vec<NodeId> = Vec::new();
     for &id in &order {
-        let spec = match g.op(id) {
-            Op::Parameter(i) => in_specs[*i].clone(),
-            Op::ShardingConstraint(s) => {
-                let at = match &g.node(id).loc {
-                    Some(loc) => format!(" at {loc}"),
-                    None => String::new(),
-                };
-                if s.mesh != mesh.name {
-                    return Err(ShardError::Invalid(format!(
-                        "sharding_constraint{at} names mesh @{} but the inputs live on @{}",
-                        s.mesh, mesh.name
-                    )));
-                }
-                let spec: Spec = s.dims.iter().map(|d| d.axes.clone()).collect();
-                check_spec(mesh, g.ty(id), &spec)
-                    .map_err(|e| ShardError::Invalid(format!("sharding_constraint{at}: {e}")))?;
-                spec
+        // The user's shardings are closed; every other value starts whole.
+        let spec = if let Op::Parameter(i) = g.op(id) {
+            in_specs[*i].clone()
+        } else if let Op::ShardingConstraint(s) = g.op(id) {
+            let at = match &g.node(id).loc {
+                Some(loc) => format!(" at {loc}"),
+                None => String::new(),
+            };
+            if s.mesh != mesh.name {
+                return Err(ShardError::Invalid(format!(
+                    "sharding_constraint{at} names mesh @{} but the inputs live on @{}",
+                    s.mesh, mesh.name
+                )));
             }
-            _ => vec![Vec::new(); g.ty(id).rank()],
+            let spec: Spec = s.spec();
+            check_spec(mesh, g.ty(id), &spec)
+                .map_err(|e| ShardError::Invalid(format!("sharding_constraint{at}: {e}")))?;
+            spec
+        } else {
+            vec![Vec::new(); g.ty(id).rank()]
         };
         if matches!(g.op(id), Op::Parameter(_) | Op::ShardingConstraint(_)) {
             closed.push(id);

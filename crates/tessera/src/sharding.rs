@@ -1,9 +1,15 @@
 //! The modern sharding API, as JAX's: `Mesh`, `P!` (PartitionSpec), `NamedSharding`,
 //! `device_put`, and `visualize_array_sharding`.
+//!
+//! The types are thin wrappers over the one vocabulary of a split (`tessera_ir::sharding::Spec`,
+//! checked by `tessera_shard::check_spec`): a `PartitionSpec` is a spec whose trailing whole
+//! dims may be left out, a `NamedSharding` adds the mesh (and its devices), and the runtime's
+//! placement and the IR's annotation are built from the padded spec.
 
 use std::fmt;
 use std::panic::Location;
 
+use tessera_ir::sharding::Spec;
 use tessera_runtime::{ShardSpec, try_device_count};
 use tessera_shard::check_spec;
 
@@ -98,7 +104,31 @@ impl fmt::Display for Mesh {
 /// `PartitionSpec`: for each leading dimension, the mesh axes it is split over; dimensions past
 /// the end are replicated. Built with `P![...]`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub struct PartitionSpec(pub Vec<Vec<String>>);
+pub struct PartitionSpec(pub Spec);
+
+impl PartitionSpec {
+    /// The spec of a value of rank `rank`: the entries, then whole dims.
+    pub fn padded(&self, rank: usize) -> Result<Spec, String> {
+        if self.0.len() > rank {
+            return Err(format!(
+                "{self} has {} entries for a value of rank {rank}",
+                self.0.len()
+            ));
+        }
+        let mut d = self.0.clone();
+        d.resize(rank, Vec::new());
+        Ok(d)
+    }
+
+    /// The partition spec of `spec`: its trailing whole dims left out, as JAX prints it.
+    pub fn of(spec: &Spec) -> PartitionSpec {
+        let mut entries = spec.clone();
+        while entries.last().is_some_and(|e| e.is_empty()) {
+            entries.pop();
+        }
+        PartitionSpec(entries)
+    }
+}
 
 /// One entry of `P![...]`: an axis name, `None`, or a tuple of axis names.
 pub trait SpecEntry {
@@ -174,18 +204,9 @@ impl NamedSharding {
         }
     }
 
-    /// The per-dim axes for a value of rank `rank`.
-    pub(crate) fn dims(&self, rank: usize) -> Result<Vec<Vec<String>>, String> {
-        if self.spec.0.len() > rank {
-            return Err(format!(
-                "{} has {} entries for a value of rank {rank}",
-                self.spec,
-                self.spec.0.len()
-            ));
-        }
-        let mut d = self.spec.0.clone();
-        d.resize(rank, Vec::new());
-        Ok(d)
+    /// The spec of a value of rank `rank`.
+    pub(crate) fn dims(&self, rank: usize) -> Result<Spec, String> {
+        self.spec.padded(rank)
     }
 }
 
@@ -244,14 +265,7 @@ pub fn with_sharding_constraint(x: &Tensor, sharding: &NamedSharding) -> Tensor 
         })
     });
     crate::trace::apply(
-        tessera_ir::Op::ShardingConstraint(tessera_ir::Sharding {
-            mesh: sharding.mesh.ir.name.clone(),
-            dims: dims
-                .into_iter()
-                .map(tessera_ir::DimSharding::closed)
-                .collect(),
-            replicated: Vec::new(),
-        }),
+        tessera_ir::Op::ShardingConstraint(tessera_ir::Sharding::closed(&sharding.mesh.ir, &dims)),
         &[x],
     )
 }
@@ -263,16 +277,12 @@ impl Tensor {
             return None;
         };
         let spec = a.spec()?;
-        let mut entries = spec.dims.clone();
-        while entries.last().is_some_and(|e| e.is_empty()) {
-            entries.pop();
-        }
         Some(NamedSharding {
             mesh: Mesh {
                 ir: spec.mesh.clone(),
                 devices: spec.devices.clone(),
             },
-            spec: PartitionSpec(entries),
+            spec: PartitionSpec::of(&spec.dims),
         })
     }
 }
@@ -295,9 +305,9 @@ pub fn sharding_table(t: &Tensor) -> String {
         Some(spec) => {
             let ty = a.ty();
             let split = |d: usize| -> usize {
-                spec.dims.get(d).map_or(1, |axes| {
-                    axes.iter().filter_map(|x| spec.mesh.axis_size(x)).product()
-                })
+                spec.dims
+                    .get(d)
+                    .map_or(1, |axes| spec.mesh.group_size(axes))
             };
             let (rows, cols) = (split(0), if ty.rank() > 1 { split(1) } else { 1 });
             let mut labels = vec![vec![Vec::<usize>::new(); cols]; rows];

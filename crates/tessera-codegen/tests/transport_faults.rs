@@ -1,12 +1,13 @@
-//! The transport under faults: a device that arrives late, one that panics, a timeout at
-//! every kind of wait. Scenarios that could crash the process (a use-after-free) run in a
+//! The transport under faults, with compiled programs on the runtime's devices: a device that
+//! arrives late, one that panics, a timeout at every kind of wait. (Here rather than in
+//! `tessera-runtime`, which depends on neither codegen nor the interpreter.) Scenarios that could crash the process (a use-after-free) run in a
 //! child process, so a crash is reported as this test failing instead of taking the harness
 //! down with it.
 
 use std::process::Command;
 use std::time::Duration;
 
-use tessera_ir::{Data, Literal, parse};
+use tessera_ir::{Data, Literal, TensorType, parse};
 use tessera_runtime::{Rendezvous, SharedCollectives};
 
 const CHILD: &str = "TESSERA_FAULTS_CHILD";
@@ -105,9 +106,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tessera_codegen::Executable;
-use tessera_interp::{Collectives, GemmCall, GemmPart, InterpError};
-use tessera_ir::{Mesh, Op, TensorType};
+use tessera_ir::ReduceKind;
 use tessera_runtime::{LaunchError, launch_with_timeout};
+use tessera_transport::{Collectives, GemmCall, GemmPart, Group, SharedProducts, TransportError};
 
 /// What the faulty transport does on the faulty device.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -141,57 +142,108 @@ impl Faulty<'_, '_> {
             gemm(c)
         }
     }
-}
 
-impl Collectives for Faulty<'_, '_> {
-    fn run(
-        &self,
-        op: &Op,
-        mesh: &Mesh,
-        input: Option<&Literal>,
-        out: &TensorType,
-    ) -> Result<Literal, InterpError> {
-        self.inner.run(op, mesh, input, out)
-    }
-
-    unsafe fn all_reduce_in_place(
-        &self,
-        op: &Op,
-        mesh: &Mesh,
-        ty: &TensorType,
-        input: *const u8,
-        out: *mut u8,
-    ) -> Result<bool, InterpError> {
+    fn before_all_reduce(&self) {
         match self.fault {
             Fault::PanicInAllReduce => panic!("injected panic in the all-reduce"),
             Fault::LateToAllReduce(d) => std::thread::sleep(d),
             Fault::None | Fault::SlowProduct(_) | Fault::PanicInProduct => {}
         }
-        // SAFETY: forwarded from the caller.
-        unsafe { self.inner.all_reduce_in_place(op, mesh, ty, input, out) }
+    }
+}
+
+impl Collectives for Faulty<'_, '_> {
+    fn position(&self) -> usize {
+        self.inner.position()
     }
 
+    fn all_reduce(
+        &self,
+        group: &Group,
+        kind: ReduceKind,
+        x: &Literal,
+    ) -> Result<Literal, TransportError> {
+        self.before_all_reduce();
+        self.inner.all_reduce(group, kind, x)
+    }
+
+    fn all_gather(
+        &self,
+        group: &Group,
+        dim: usize,
+        x: &Literal,
+    ) -> Result<Literal, TransportError> {
+        self.inner.all_gather(group, dim, x)
+    }
+
+    fn reduce_scatter(
+        &self,
+        group: &Group,
+        kind: ReduceKind,
+        dim: usize,
+        x: &Literal,
+    ) -> Result<Literal, TransportError> {
+        self.inner.reduce_scatter(group, kind, dim, x)
+    }
+
+    fn all_to_all(
+        &self,
+        group: &Group,
+        split_dim: usize,
+        concat_dim: usize,
+        x: &Literal,
+    ) -> Result<Literal, TransportError> {
+        self.inner.all_to_all(group, split_dim, concat_dim, x)
+    }
+
+    fn collective_permute(
+        &self,
+        group: &Group,
+        pairs: &[(usize, usize)],
+        x: &Literal,
+    ) -> Result<Literal, TransportError> {
+        self.inner.collective_permute(group, pairs, x)
+    }
+
+    unsafe fn all_reduce_buffers(
+        &self,
+        group: &Group,
+        kind: ReduceKind,
+        ty: &TensorType,
+        input: *const u8,
+        out: *mut u8,
+    ) -> Result<(), TransportError> {
+        self.before_all_reduce();
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.all_reduce_buffers(group, kind, ty, input, out) }
+    }
+
+    fn shared_products(&self) -> Option<&dyn SharedProducts> {
+        Some(self)
+    }
+}
+
+impl SharedProducts for Faulty<'_, '_> {
     unsafe fn gemm_shared_rhs(
         &self,
-        mesh: &Mesh,
+        group: &Group,
         part: &GemmPart,
         gemm: &(dyn Fn(&GemmCall) + Sync),
-    ) -> Result<Option<*const u8>, InterpError> {
+    ) -> Result<Option<*const u8>, TransportError> {
         let g = self.product(gemm);
         // SAFETY: forwarded from the caller.
-        unsafe { self.inner.gemm_shared_rhs(mesh, part, &g) }
+        unsafe { self.inner.gemm_shared_rhs(group, part, &g) }
     }
 
     unsafe fn gemm_all_reduce(
         &self,
-        op: &Op,
-        mesh: &Mesh,
+        group: &Group,
         part: &GemmPart,
         gemm: &(dyn Fn(&GemmCall) + Sync),
-    ) -> Result<Option<*const u8>, InterpError> {
+    ) -> Result<Option<*const u8>, TransportError> {
         let g = self.product(gemm);
         // SAFETY: forwarded from the caller.
-        unsafe { self.inner.gemm_all_reduce(op, mesh, part, &g) }
+        unsafe { self.inner.gemm_all_reduce(group, part, &g) }
     }
 }
 
