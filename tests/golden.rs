@@ -160,7 +160,14 @@ fn data_parallel_sharding_step() {
     let lowered = step.lower(&(params, x, y)).unwrap();
     assert_eq!(
         stage_names(&lowered),
-        ["trace", "simplified", "sharded", "partitioned", "combined"]
+        [
+            "trace",
+            "simplified",
+            "sharded",
+            "collectives",
+            "partitioned",
+            "combined"
+        ]
     );
     check_golden("data_parallel_sharding", &lowered);
 }
@@ -183,7 +190,14 @@ fn mesh_2d_step() {
     let lowered = step.lower(&(params, x, y)).unwrap();
     assert_eq!(
         stage_names(&lowered),
-        ["trace", "simplified", "sharded", "partitioned", "combined"]
+        [
+            "trace",
+            "simplified",
+            "sharded",
+            "collectives",
+            "partitioned",
+            "combined"
+        ]
     );
     check_golden("mesh_2d", &lowered);
 }

@@ -5,8 +5,10 @@
 //! trace        the closure on tracers -> a graph (a `grad` inside it   always
 //!              runs tessera_autodiff::vjp while tracing, as JAX does)
 //! simplified   egg rewrites, CSE, DCE (tessera_opt)                    unless simplify(false)
-//! sharded      (shown by `partitioned`) the global program with        inputs placed on a mesh
-//!              every value's sharding
+//! sharded      (made by `partitioned`) the global program with every   inputs placed on a mesh
+//!              value's sharding, conflicts and reshards noted
+//! collectives  (made by `partitioned`) the global program with its     inputs placed on a mesh
+//!              reshards and all-reduces explicit
 //! partitioned  propagate, insert collectives, local shapes             inputs placed on a mesh
 //! combined     independent all-reduces merged into one                 on devices (mesh or pmap)
 //! schedule     fusion, buffer plan, Cranelift (or the interpreter)     when compiling, not lowering
@@ -61,8 +63,9 @@ pub(crate) const PASSES: [Pass; 3] = [
         when: |c| c.simplify,
         run: simplify,
     },
-    // `tessera_shard::partition` is propagate + insert collectives + partition in one call;
-    // this entry becomes those three when tessera-shard offers them one by one.
+    // `tessera_shard::partition`: propagate, insert_collectives and per_device in one call
+    // (the first two outputs are shown as the stages `sharded` and `collectives`); it becomes
+    // three entries when tessera-shard exposes the annotated graph from insert_collectives.
     Pass {
         name: "partitioned",
         when: |c| matches!(c.target, Target::Sharded { .. }),
@@ -85,9 +88,9 @@ pub(crate) struct Ctx<'a> {
     /// The function's name and the caller's `file:line`, for errors.
     name: &'a str,
     location: &'a str,
-    /// Left by a pass that leaves the global program (`partition`): the global program with
-    /// every value's sharding, shown as the stage `sharded` before the pass's own result.
-    annotated: Option<Graph>,
+    /// Left by a pass that makes more than one graph (`partition`): stages shown before the
+    /// pass's own result, in order. The one named `sharded` is the global program.
+    side: Vec<(&'static str, Graph)>,
     /// Each output's sharding (set by `partition`; replicated otherwise).
     out_specs: Option<Vec<Spec>>,
     /// A comment heading the pass's dump (simplify's report).
@@ -105,13 +108,14 @@ fn simplify(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
 
 /// partitioned: consumes the global program (inputs placed by `Target::Sharded`); produces
 /// the program every device runs (local shapes, reshards and collectives), leaving the global
-/// program with every value's sharding (`Ctx::annotated`) and each output's sharding.
+/// program with every value's sharding (`sharded`), the global program with its communication
+/// explicit (`collectives`) and each output's sharding.
 fn partition(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
     let Target::Sharded { mesh, specs } = ctx.target else {
         unreachable!("`PASSES` runs partition for sharded targets only")
     };
     let p = tessera_shard::partition(&graph, &mesh.mesh, specs).map_err(|e| shard_error(ctx, e))?;
-    ctx.annotated = Some(p.annotated);
+    ctx.side = vec![("sharded", p.annotated), ("collectives", p.explicit)];
     ctx.out_specs = Some(p.out_specs);
     Ok(p.local)
 }
@@ -167,7 +171,7 @@ impl Lowered {
     }
 
     /// Every stage's graph in the order the pipeline made them, named as in `TESSERA_DUMP`:
-    /// `trace`, `simplified`, then `sharded`, `partitioned`, `combined` for a program on
+    /// `trace`, `simplified`, then `sharded`, `collectives`, `partitioned`, `combined` for a program on
     /// devices. The last one is the program code generation compiles.
     pub fn stages(&self) -> &[(&'static str, Graph)] {
         &self.stages
@@ -287,7 +291,7 @@ impl<'a> Pipeline<'a> {
             simplify: self.options.simplify,
             name,
             location: self.location,
-            annotated: None,
+            side: Vec::new(),
             out_specs: None,
             comment: None,
         };
@@ -299,11 +303,13 @@ impl<'a> Pipeline<'a> {
             let (start, before) = (Instant::now(), graph.node_count());
             graph = (pass.run)(&mut ctx, graph)?;
             let time = start.elapsed();
-            if let Some(annotated) = ctx.annotated.take() {
+            for (stage, side) in std::mem::take(&mut ctx.side) {
                 // Made by the same pass, whose row counts the time.
                 self.rec
-                    .record(name, "sharded", Duration::ZERO, before, &annotated, None)?;
-                global = Some(annotated);
+                    .record(name, stage, Duration::ZERO, before, &side, None)?;
+                if stage == "sharded" {
+                    global = Some(side);
+                }
             }
             let comment = ctx.comment.take();
             self.rec
@@ -620,7 +626,7 @@ mod tests {
             simplify: true,
             name: "bad",
             location: "here.rs:1",
-            annotated: None,
+            side: Vec::new(),
             out_specs: None,
             comment: None,
         }

@@ -164,7 +164,14 @@ fn dump_writes_the_lowered_stages() {
     let stages: Vec<&str> = lowered.stages().iter().map(|(s, _)| *s).collect();
     assert_eq!(
         stages,
-        ["trace", "simplified", "sharded", "partitioned", "combined"]
+        [
+            "trace",
+            "simplified",
+            "sharded",
+            "collectives",
+            "partitioned",
+            "combined"
+        ]
     );
     assert_eq!(lowered.ir(), tessera::ir::print(&lowered.stages()[2].1));
     dumps_are_the_lowered_stages(&dir, "sharded", &lowered);
