@@ -80,7 +80,63 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
             },
             Err(e) => format!("error: {e}"),
         }),
+        // Reverse mode (tessera_autodiff::vjp): the outputs are differentiated with respect to
+        // every float parameter, with a new parameter as each float output's cotangent (as
+        // `grad` does); prints the graph with the gradients as its outputs.
+        "autodiff" => Ok(match parse(input) {
+            Ok(g) => gradient_ir(g),
+            Err(e) => format!("error: {e}"),
+        }),
+        // Code generation: the native schedule (`TESSERA_DUMP`'s `schedule.txt`).
+        "schedule" => Ok(match parse(input) {
+            Ok(g) => match tessera_codegen::compile(&g) {
+                Ok(exe) => exe.describe(),
+                Err(e) => format!("error: {e}"),
+            },
+            Err(e) => format!("error: {e}"),
+        }),
         other => Err(format!("unknown pass '{other}'")),
+    }
+}
+
+/// The `autodiff` filetest pass: the gradient of `g`'s float outputs with respect to its float
+/// parameters, as IR text (a `// no gradient` line for a parameter the outputs do not use).
+fn gradient_ir(mut g: tessera_ir::Graph) -> String {
+    let outputs: Vec<_> = g
+        .outputs()
+        .iter()
+        .copied()
+        .filter(|&o| g.ty(o).dtype.is_float())
+        .collect();
+    let wrt: Vec<_> = g
+        .params()
+        .iter()
+        .copied()
+        .filter(|&p| g.ty(p).dtype.is_float())
+        .collect();
+    let cotangents: Vec<_> = outputs
+        .iter()
+        .map(|&o| {
+            let ty = g.ty(o).clone();
+            g.add_param(ty)
+        })
+        .collect();
+    match tessera_autodiff::vjp(&mut g, &outputs, &cotangents, &wrt) {
+        Ok(grads) => {
+            let mut missing = String::new();
+            for (p, grad) in wrt.iter().zip(&grads) {
+                if grad.is_none() {
+                    let i = g.params().iter().position(|q| q == p).expect("a parameter");
+                    missing.push_str(&format!("// no gradient for parameter %{i}\n"));
+                }
+            }
+            g.set_outputs(grads.into_iter().flatten().collect());
+            match verify(&g) {
+                Ok(()) => format!("{missing}{}", print(&g)),
+                Err(e) => format!("error: the gradient graph is malformed: {e}"),
+            }
+        }
+        Err(e) => format!("error: {e}"),
     }
 }
 

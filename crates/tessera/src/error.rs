@@ -26,6 +26,17 @@ pub enum Error {
     Parse(#[from] ParseError),
     #[error("IR verifier: {0}")]
     Verify(#[from] VerifyError),
+    /// The verifier rejected the graph a stage of the pipeline produced (a compiler bug, not
+    /// the user's).
+    #[error("IR verifier, after the {stage} stage of {function}: {error}")]
+    Stage {
+        stage: &'static str,
+        function: String,
+        error: VerifyError,
+    },
+    /// The simplifier (tessera-opt) failed.
+    #[error("simplification of {0}")]
+    Simplify(String),
     #[error("execution: {0}")]
     Interp(#[from] InterpError),
     #[error("native code generation: {0}")]
@@ -37,6 +48,10 @@ pub enum Error {
     /// A `TESSERA_*` environment variable holds a value that means nothing.
     #[error("configuration: {0}")]
     Config(String),
+    /// A device failed or did not answer (its panic, a collective's timeout).
+    #[error("device: {0}")]
+    Device(String),
+    /// A file could not be read or written (`TESSERA_DUMP`).
     #[error("{0}")]
     Io(String),
 }

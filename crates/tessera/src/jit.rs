@@ -5,41 +5,30 @@
 //! for every device when the inputs are placed on a mesh); a hit goes straight to the
 //! executable.
 
-use std::cell::{Cell, RefCell};
-use std::fmt;
 use std::marker::PhantomData;
-use std::rc::Rc;
-
-use hashbrown::HashMap;
-use tessera_ir::{Graph, Literal, TensorType, print};
-
-use crate::error::{Error, Result, catch, catch_eager};
 use std::sync::Arc;
 
+use tessera_ir::{Graph, Literal, TensorType};
 use tessera_runtime::{Array, ShardSpec};
 use tessera_shard::Spec;
 
+pub use crate::pipeline::Lowered;
+
+use crate::cache::{Cache, Signature};
 use crate::check::Checker;
-use crate::pipeline::{Backend, Dump, Executable, compile};
+use crate::error::{Error, Result, catch, catch_eager};
+use crate::pipeline::{Backend, BackendProgram, Dump, Pipeline, Target};
 use crate::spmd::DeviceProgram;
 use crate::tensor::Tensor;
 use crate::trace;
 use crate::tree::{self, Tree, TreeDef};
 
-/// What a compiled program is specialized to: the input tree, each leaf's type, and each
-/// leaf's placement (mesh and per-dim axes) when it lives on devices.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Signature {
-    def: TreeDef,
-    types: Vec<TensorType>,
-    placements: Vec<Option<ShardSpec>>,
-}
-
-enum Compiled {
+/// A compiled `jit` program for one signature.
+enum JitEntry {
     /// One device: the program runs on the calling thread.
     Single {
         out_def: TreeDef,
-        executable: Executable,
+        program: BackendProgram,
         checker: Option<Checker>,
     },
     /// Sharded inputs: the per-device program runs on every device of the mesh.
@@ -74,29 +63,30 @@ fn common_mesh(placements: &[Option<ShardSpec>], location: &str) -> Result<Optio
     Ok(mesh.cloned())
 }
 
-/// Each leaf's per-dim axes on the common mesh (replicated for host values).
-fn in_specs(types: &[TensorType], placements: &[Option<ShardSpec>]) -> Vec<Spec> {
-    types
-        .iter()
-        .zip(placements)
-        .map(|(t, p)| match p {
-            Some(p) => p.dims.clone(),
-            None => vec![Vec::new(); t.rank()],
-        })
-        .collect()
+/// What a signature compiles for: one device, or the mesh its placed leaves share with each
+/// leaf's per-dim axes (replicated for host values).
+fn target_of(sig: &Signature, location: &str) -> Result<Target> {
+    Ok(match common_mesh(&sig.placements, location)? {
+        None => Target::Single,
+        Some(mesh) => Target::Sharded {
+            mesh,
+            specs: sig
+                .types
+                .iter()
+                .zip(&sig.placements)
+                .map(|(t, p)| match p {
+                    Some(p) => p.dims.clone(),
+                    None => vec![Vec::new(); t.rank()],
+                })
+                .collect(),
+        },
+    })
 }
-
-/// The mesh of a partitioned program and the sharding of each of its outputs.
-type Placed = (ShardSpec, Vec<Spec>);
 
 /// A jitted closure. `call` compiles on the first call with each new input signature.
 pub struct Jitted<F, In, Out> {
     f: F,
-    name: String,
-    cache: RefCell<HashMap<Signature, Rc<Compiled>>>,
-    traces: Cell<usize>,
-    backend: Backend,
-    simplify: bool,
+    cache: Cache<JitEntry>,
     /// Checked mode: `None` follows `TESSERA_CHECK`.
     check: Option<bool>,
     _types: PhantomData<fn(In) -> Out>,
@@ -105,12 +95,8 @@ pub struct Jitted<F, In, Out> {
 /// Wraps `f` for tracing and compilation, like `jax.jit`.
 pub fn jit<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> Jitted<F, In, Out> {
     Jitted {
-        name: closure_name::<F>(),
+        cache: Cache::new(closure_name::<F>()),
         f,
-        cache: RefCell::new(HashMap::new()),
-        traces: Cell::new(0),
-        backend: Backend::default(),
-        simplify: crate::pipeline::simplify_enabled(),
         check: None,
         _types: PhantomData,
     }
@@ -137,77 +123,16 @@ fn closure_name<F>() -> String {
     if clean.is_empty() { "f".into() } else { clean }
 }
 
-/// A traced program: the graph with its output structure. Printing it gives the IR text. For
-/// inputs placed on a mesh it also holds the shardings and the per-device program.
-pub struct Lowered {
-    pub(crate) graph: Graph,
-    pub(crate) out_def: TreeDef,
-    per_device: Option<Graph>,
-    /// The program as traced, before any pass (kept by `Jitted::lower`).
-    traced: Option<Graph>,
-}
-
-impl Lowered {
-    /// The program in the IR text format (with each value's sharding when inputs are placed).
-    /// From `Jitted::lower` it is the program after simplification, as it runs.
-    pub fn ir(&self) -> String {
-        print(&self.graph)
-    }
-
-    /// The program as traced, before simplification (the same as `ir()` for `make_ir`).
-    pub fn traced_ir(&self) -> String {
-        print(self.traced.as_ref().unwrap_or(&self.graph))
-    }
-
-    /// After partitioning: the program every device runs, with local shapes and collectives
-    /// (the global program itself when no input is placed on a mesh).
-    pub fn per_device_ir(&self) -> String {
-        print(self.per_device.as_ref().unwrap_or(&self.graph))
-    }
-
-    pub fn per_device_graph(&self) -> Option<&Graph> {
-        self.per_device.as_ref()
-    }
-
-    pub fn graph(&self) -> &Graph {
-        &self.graph
-    }
-
-    /// The structure of the function's result.
-    pub fn out_tree(&self) -> &TreeDef {
-        &self.out_def
-    }
-
-    /// The graph in Graphviz's DOT language.
-    pub fn dot(&self) -> String {
-        tessera_ir::dot::to_dot(&self.graph)
-    }
-}
-
-impl fmt::Display for Lowered {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.ir())
-    }
-}
-
-/// Traces `f` on tracers of the given signature.
-fn trace_fn<In: Tree, Out: Tree>(
-    name: &str,
-    f: &impl Fn(In) -> Out,
-    def: &TreeDef,
-    types: &[TensorType],
-) -> Result<Lowered> {
-    trace_fn_on(name, f, def, types, trace::current_mesh())
-}
-
-/// `trace_fn` in a graph with the given mesh (pmap's, so its collectives type-check).
+/// The trace stage: `f` on tracers of the given types, in a graph with the given mesh (the
+/// inputs' for a sharded `jit`, pmap's so its collectives type-check). Returns the graph and
+/// the structure of `f`'s result.
 pub(crate) fn trace_fn_on<In: Tree, Out: Tree>(
     name: &str,
     f: &impl Fn(In) -> Out,
     def: &TreeDef,
     types: &[TensorType],
     mesh: Option<tessera_ir::Mesh>,
-) -> Result<Lowered> {
+) -> Result<(Graph, TreeDef)> {
     let (guard, tracers) = trace::begin_on(name, types, mesh);
     {
         // Name each parameter by its place in the argument tree.
@@ -228,12 +153,7 @@ pub(crate) fn trace_fn_on<In: Tree, Out: Tree>(
             location: name.into(),
         });
     }
-    Ok(Lowered {
-        graph: recorded.graph,
-        out_def,
-        per_device: None,
-        traced: None,
-    })
+    Ok((recorded.graph, out_def))
 }
 
 /// Whether a sharding splits no dim.
@@ -241,51 +161,23 @@ fn is_replicated(spec: &Spec) -> bool {
     spec.iter().all(|axes| axes.is_empty())
 }
 
-/// Partitions a traced program for inputs placed on `mesh`.
-fn partition_lowered(
-    lowered: Lowered,
-    mesh: &ShardSpec,
-    specs: &[Spec],
-    (name, location): (&str, &str),
-) -> Result<(Lowered, Vec<Spec>)> {
-    let fail = |e: tessera_shard::ShardError| Error::Op {
-        op: "sharding".into(),
-        message: format!("in {name}: {e}"),
-        location: location.into(),
-    };
-    let mut p = tessera_shard::partition(&lowered.graph, &mesh.mesh, specs).map_err(fail)?;
-    // One rendezvous per step for the reductions that can wait for each other.
-    tessera_shard::combine_all_reduces(&mut p.local).map_err(fail)?;
-    Ok((
-        Lowered {
-            graph: p.annotated,
-            out_def: lowered.out_def,
-            per_device: Some(p.local),
-            traced: lowered.traced,
-        },
-        p.out_specs,
-    ))
-}
-
 impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// Names the function in the IR and in dumps.
     pub fn named(mut self, name: &str) -> Self {
-        self.name = name.to_string();
+        self.cache.set_name(name);
         self
     }
 
     /// Chooses the backend (Cranelift by default; the interpreter runs the very same program).
     pub fn backend(mut self, backend: Backend) -> Self {
-        self.backend = backend;
-        self.cache.borrow_mut().clear();
+        self.cache.set_backend(backend);
         self
     }
 
     /// Turns the simplification pass (egg rewrites, CSE, DCE) on or off; on by default unless
     /// `TESSERA_SIMPLIFY=0`.
     pub fn simplify(mut self, on: bool) -> Self {
-        self.simplify = on;
-        self.cache.borrow_mut().clear();
+        self.cache.set_simplify(on);
         self
     }
 
@@ -296,30 +188,28 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// training).
     pub fn checked(mut self, on: bool) -> Self {
         self.check = Some(on);
-        self.cache.borrow_mut().clear();
+        self.cache.clear();
         self
     }
 
     /// How many times the closure has been traced (once per new signature).
     pub fn trace_count(&self) -> usize {
-        self.traces.get()
+        self.cache.trace_count()
     }
 
     /// Traces the closure for `args`' signature and runs every pass up to code generation,
-    /// without running it: `ir()` and `per_device_ir()` show exactly the program that `call`
-    /// runs for these arguments (simplified, and partitioned when the arguments are placed on a
-    /// mesh); `traced_ir()` shows it as traced.
+    /// without running it: `stages()` holds every stage's graph, the last one the program
+    /// `call` compiles for these arguments; `ir()` and `per_device_ir()` show the global and
+    /// the per-device program as they run; `traced_ir()` shows it as traced.
     #[track_caller]
     pub fn lower(&self, args: &In) -> Result<Lowered> {
         let location = crate::error::loc_text(std::panic::Location::caller());
         let (leaves, def) = tree::flatten(args);
-        let sig = Signature {
-            def,
-            types: leaves.iter().map(|t| t.ty().clone()).collect(),
-            placements: leaves.iter().map(|t| t.placement()).collect(),
-        };
-        let dump = Dump::disabled();
-        Ok(self.prepare(&sig, &dump, &location)?.0)
+        let sig = Signature::placed(&leaves, def);
+        let dump = Dump::disabled(&self.cache.options.name);
+        let (pipeline, lowered) = self.run_passes(&sig, dump, &location, true)?;
+        pipeline.report_timing()?;
+        Ok(lowered)
     }
 
     /// Runs the closure compiled. Inside another trace (a `jit` in a `jit`, a `grad`), it is
@@ -332,33 +222,21 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
             return Ok((self.f)(args));
         }
         let (leaves, def) = tree::flatten(&args);
-        let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();
-        let placements: Vec<Option<ShardSpec>> = leaves.iter().map(|t| t.placement()).collect();
-        let sig = Signature {
-            def,
-            types,
-            placements,
-        };
-        let cached = self.cache.borrow().get(&sig).cloned();
-        let compiled = match cached {
-            Some(c) => c,
-            None => {
-                let c = Rc::new(self.compile(&sig, &location)?);
-                self.cache.borrow_mut().insert(sig.clone(), c.clone());
-                c
-            }
-        };
+        let sig = Signature::placed(&leaves, def);
+        let compiled = self
+            .cache
+            .get_or_compile(sig, |sig, dump| self.compile(sig, dump, &location))?;
         match compiled.as_ref() {
-            Compiled::Single {
+            JitEntry::Single {
                 out_def,
-                executable,
+                program,
                 checker,
             } => {
                 let inputs: Vec<&Literal> = leaves
                     .iter()
                     .map(|t| t.try_array().map(|a| a.literal()))
                     .collect::<Result<_>>()?;
-                let outputs = executable.run(&inputs)?;
+                let outputs = program.run(&inputs)?;
                 if let Some(checker) = checker {
                     let want = checker.check_ops(&inputs)?;
                     checker.check_outputs(&outputs, &want)?;
@@ -366,7 +244,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 let tensors: Vec<Tensor> = outputs.into_iter().map(Tensor::from_literal).collect();
                 tree::unflatten(out_def, tensors)
             }
-            Compiled::Sharded {
+            JitEntry::Sharded {
                 out_def,
                 program,
                 out_types,
@@ -399,9 +277,9 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                             .collect();
                         // A replicated output is alike on every device (its inputs are
                         // replicated or all-reduced, in one order everywhere), so only the
-                        // first device computes it (`DeviceProgram::compile`) and its buffer
-                        // serves all, as `device_put` does: the next step's devices read one
-                        // copy of the parameters instead of eight.
+                        // first device computes it (`Pipeline::schedule`'s `first_only`) and
+                        // its buffer serves all, as `device_put` does: the next step's devices
+                        // read one copy of the parameters instead of eight.
                         let shards: Vec<Arc<Literal>> = if is_replicated(&out_specs[o]) {
                             let first = outs[0].take().expect("the first device computes all");
                             let first = Arc::new(first);
@@ -442,87 +320,64 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         }
     }
 
-    /// Traces one signature and runs the passes before code generation: simplification, and
-    /// for inputs on a mesh propagation, partitioning and combining. `lower` and `compile` both
-    /// go through here, so what `lower` shows is what runs.
-    fn prepare(
-        &self,
+    /// Traces one signature and runs the pipeline's passes (`pipeline::PASSES`). `lower` and
+    /// `compile` both go through here, so what `lower` shows is what runs.
+    fn run_passes<'a>(
+        &'a self,
         sig: &Signature,
-        dump: &Dump,
-        location: &str,
-    ) -> Result<(Lowered, Option<Placed>)> {
-        let mesh = common_mesh(&sig.placements, location)?;
-        // The trace knows the inputs' mesh from the start, so that sharding constraints type-check
-        // in it and in the traces nested in it (a `grad` inside the jitted function).
-        let mut lowered = trace_fn_on(
-            &self.name,
-            &self.f,
-            &sig.def,
-            &sig.types,
-            mesh.as_ref().map(|m| m.mesh.clone()),
-        )?;
-        lowered.traced = Some(lowered.graph.clone());
-        // 00: the program as traced; 01: simplified (egg rewrites, CSE, DCE).
-        dump.write(0, "trace", &lowered.graph)?;
-        lowered.graph = crate::pipeline::simplify(lowered.graph, self.simplify, dump, 1)?;
-        match mesh {
-            None => Ok((lowered, None)),
-            Some(mesh) => {
-                let specs = in_specs(&sig.types, &sig.placements);
-                let (lowered, out_specs) =
-                    partition_lowered(lowered, &mesh, &specs, (&self.name, location))?;
-                // 02: every value's sharding; 03: the program each device runs.
-                dump.write(2, "sharded", &lowered.graph)?;
-                if let Some(local) = &lowered.per_device {
-                    dump.write(3, "per-device", local)?;
-                }
-                Ok((lowered, Some((mesh, out_specs))))
-            }
-        }
+        dump: Dump,
+        location: &'a str,
+        keep_stages: bool,
+    ) -> Result<(Pipeline<'a>, Lowered)> {
+        let target = target_of(sig, location)?;
+        // The trace knows the inputs' mesh from the start, so that sharding constraints
+        // type-check in it and in the traces nested in it (a `grad` inside the function).
+        let mesh = match &target {
+            Target::Sharded { mesh, .. } => Some(mesh.mesh.clone()),
+            Target::Single | Target::PerDevice { .. } => None,
+        };
+        let options = &self.cache.options;
+        let mut pipeline = Pipeline::new(target, options, location, dump);
+        let trace = || trace_fn_on(&options.name, &self.f, &sig.def, &sig.types, mesh);
+        let lowered = pipeline.lower(trace, keep_stages)?;
+        Ok((pipeline, lowered))
     }
 
     /// Traces and compiles for one signature.
-    fn compile(&self, sig: &Signature, location: &str) -> Result<Compiled> {
-        self.traces.set(self.traces.get() + 1);
-        let dump = Dump::from_env(&self.name, self.traces.get());
-        let (lowered, mesh) = self.prepare(sig, &dump, location)?;
+    fn compile(&self, sig: &Signature, dump: Dump, location: &str) -> Result<JitEntry> {
+        let (mut pipeline, lowered) = self.run_passes(sig, dump, location, false)?;
         let checked = match self.check {
             Some(on) => on,
             None => crate::pipeline::check_from_env()?,
         };
         // The global program after simplification (with shardings, which change no value).
-        let checker = checked.then(|| Checker::new(lowered.graph.clone()));
-        match mesh {
-            None => Ok(Compiled::Single {
+        let checker = checked.then(|| Checker::new(lowered.graph().clone()));
+        let entry = match pipeline.target() {
+            Target::Single => JitEntry::Single {
+                program: pipeline.schedule(&lowered, 1, &[])?.remove(0),
                 out_def: lowered.out_def,
-                executable: compile(lowered.graph, self.backend, &dump)?,
                 checker,
-            }),
-            Some((mesh, out_specs)) => {
-                let out_types = lowered
-                    .graph
-                    .outputs()
-                    .iter()
-                    .map(|&o| lowered.graph.ty(o).clone())
-                    .collect();
-                let local = lowered.per_device.expect("partition_lowered sets it");
-                let program = DeviceProgram::compile(
-                    &local,
-                    mesh.mesh.clone(),
-                    mesh.devices.clone(),
-                    self.backend,
-                    (&dump, 4),
-                    &out_specs.iter().map(is_replicated).collect::<Vec<_>>(),
-                )?;
-                Ok(Compiled::Sharded {
+            },
+            Target::Sharded { mesh, .. } => {
+                let (mesh, devices) = (mesh.mesh.clone(), mesh.devices.clone());
+                let out_specs = lowered
+                    .out_specs
+                    .clone()
+                    .expect("`partition` gives every output's sharding");
+                let first_only: Vec<bool> = out_specs.iter().map(is_replicated).collect();
+                let programs = pipeline.schedule(&lowered, devices.len(), &first_only)?;
+                JitEntry::Sharded {
+                    out_types: lowered.out_types(),
+                    program: DeviceProgram::new(programs, mesh, devices),
                     out_def: lowered.out_def,
-                    program,
-                    out_types,
                     out_specs,
                     checker,
-                })
+                }
             }
-        }
+            Target::PerDevice { .. } => unreachable!("`target_of` gives no per-device target"),
+        };
+        pipeline.report_timing()?;
+        Ok(entry)
     }
 }
 
@@ -532,7 +387,8 @@ pub fn make_ir<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> impl Fn(&In) -> R
     move |args: &In| {
         let (leaves, def) = tree::flatten(args);
         let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();
-        trace_fn(&name, &f, &def, &types)
+        let (graph, out_def) = trace_fn_on(&name, &f, &def, &types, trace::current_mesh())?;
+        Ok(Lowered::traced(graph, out_def))
     }
 }
 

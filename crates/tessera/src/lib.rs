@@ -15,6 +15,7 @@
 // Lets `#[derive(Tree)]`'s `::tessera::...` paths resolve inside this crate's own tests.
 extern crate self as tessera;
 
+mod cache;
 pub mod check;
 pub mod error;
 pub mod grad;

@@ -1,14 +1,474 @@
-//! The compilation pipeline, one pass per line, and the dump of each pass's output.
+//! The compilation pipeline: one list of named passes that `jit`, `pmap` and `lower` all run.
 //!
-//! Consumes a traced global graph; produces an `Executable`. `TESSERA_DUMP=dir` writes the IR
-//! after every pass as `dir/<function>-<trace>.<NN>-<pass>.ir`, in the filetest syntax, and the
-//! native schedule as `.txt` beside them.
+//! ```text
+//! stage        pass                                                    runs when
+//! trace        the closure on tracers -> a graph (a `grad` inside it   always
+//!              runs tessera_autodiff::vjp while tracing, as JAX does)
+//! simplified   egg rewrites, CSE, DCE (tessera_opt)                    unless simplify(false)
+//! sharded      (made by `partitioned`) the global program with every   inputs placed on a mesh
+//!              value's sharding, conflicts and reshards noted
+//! collectives  (made by `partitioned`) the global program with its     inputs placed on a mesh
+//!              reshards and all-reduces explicit
+//! partitioned  propagate, insert collectives, local shapes             inputs placed on a mesh
+//! combined     independent all-reduces merged into one                 on devices (mesh or pmap)
+//! schedule     fusion, buffer plan, Cranelift (or the interpreter)     when compiling, not lowering
+//! ```
+//!
+//! Every pass is `Graph -> Result<Graph>` (`PASSES`); the verifier runs on every stage's graph
+//! (the trace's and each pass's), in every build. `TESSERA_DUMP=dir` writes each stage as
+//! `dir/<function>-<trace>.<NN>-<stage>.ir` in the filetest syntax, `NN` its place in the run,
+//! and the native schedule as `.txt` after them. `TESSERA_TIMING=1` prints a table per
+//! compilation to stderr: each pass's time, the verifier's, and the node counts before and
+//! after.
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use tessera_ir::{Graph, Literal, print, verify};
+use tessera_ir::{Graph, Literal, Mesh, TensorType, print, verify};
+use tessera_runtime::ShardSpec;
+use tessera_shard::Spec;
 
 use crate::error::{Error, Result};
+use crate::tree::TreeDef;
+
+/// What the program is compiled for.
+pub(crate) enum Target {
+    /// One device: the program runs on the calling thread.
+    Single,
+    /// A global program whose inputs are placed on `mesh`, each with per-dim axes `specs`.
+    Sharded { mesh: ShardSpec, specs: Vec<Spec> },
+    /// A per-device program traced directly (`pmap`), its collectives written by the user.
+    PerDevice { mesh: Mesh },
+}
+
+/// The options a pipeline runs with (`Jitted`/`Pmapped`'s builder settings).
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    pub(crate) name: String,
+    pub(crate) backend: Backend,
+    pub(crate) simplify: bool,
+}
+
+/// One pass: the name of the stage it produces, when it runs, and the pass itself.
+pub(crate) struct Pass {
+    pub(crate) name: &'static str,
+    when: fn(&Ctx<'_>) -> bool,
+    run: fn(&mut Ctx<'_>, Graph) -> Result<Graph>,
+}
+
+/// The pipeline between the trace and code generation, in order.
+pub(crate) const PASSES: [Pass; 3] = [
+    Pass {
+        name: "simplified",
+        when: |c| c.simplify,
+        run: simplify,
+    },
+    // `tessera_shard::partition`: propagate, insert_collectives and per_device in one call
+    // (the first two outputs are shown as the stages `sharded` and `collectives`); it becomes
+    // three entries when tessera-shard exposes the annotated graph from insert_collectives.
+    Pass {
+        name: "partitioned",
+        when: |c| matches!(c.target, Target::Sharded { .. }),
+        run: partition,
+    },
+    Pass {
+        name: "combined",
+        when: |c| match c.target {
+            Target::Single => false,
+            Target::Sharded { .. } | Target::PerDevice { .. } => true,
+        },
+        run: combine,
+    },
+];
+
+/// What a pass sees besides its input graph, and what it leaves for the rest of the run.
+pub(crate) struct Ctx<'a> {
+    target: &'a Target,
+    simplify: bool,
+    /// The function's name and the caller's `file:line`, for errors.
+    name: &'a str,
+    location: &'a str,
+    /// Left by a pass that makes more than one graph (`partition`): stages shown before the
+    /// pass's own result, in order. The one named `sharded` is the global program.
+    side: Vec<(&'static str, Graph)>,
+    /// Each output's sharding (set by `partition`; replicated otherwise).
+    out_specs: Option<Vec<Spec>>,
+    /// A comment heading the pass's dump (simplify's report).
+    comment: Option<String>,
+}
+
+/// simplified: consumes a verified graph; produces an equivalent graph (egg rewrites, CSE,
+/// DCE), with the run's report as the dump's comment.
+fn simplify(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
+    let (g, report) = tessera_opt::simplify(&graph, tessera_opt::Limits::default())
+        .map_err(|m| Error::Simplify(format!("{}: {m}", ctx.name)))?;
+    ctx.comment = Some(report.to_string());
+    Ok(g)
+}
+
+/// partitioned: consumes the global program (inputs placed by `Target::Sharded`); produces
+/// the program every device runs (local shapes, reshards and collectives), leaving the global
+/// program with every value's sharding (`sharded`), the global program with its communication
+/// explicit (`collectives`) and each output's sharding.
+fn partition(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
+    let Target::Sharded { mesh, specs } = ctx.target else {
+        unreachable!("`PASSES` runs partition for sharded targets only")
+    };
+    let p = tessera_shard::partition(&graph, &mesh.mesh, specs).map_err(|e| shard_error(ctx, e))?;
+    ctx.side = vec![("sharded", p.annotated), ("collectives", p.explicit)];
+    ctx.out_specs = Some(p.out_specs);
+    Ok(p.local)
+}
+
+/// combined: consumes a per-device program; produces it with the all-reduces that can wait
+/// for each other merged into one (one rendezvous per step for the gradients and the loss).
+fn combine(ctx: &mut Ctx<'_>, mut graph: Graph) -> Result<Graph> {
+    tessera_shard::combine_all_reduces(&mut graph).map_err(|e| shard_error(ctx, e))?;
+    Ok(graph)
+}
+
+fn shard_error(ctx: &Ctx<'_>, e: tessera_shard::ShardError) -> Error {
+    Error::Op {
+        op: "sharding".into(),
+        message: format!("in {}: {e}", ctx.name),
+        location: ctx.location.into(),
+    }
+}
+
+/// The program after every pass, as `lower` returns it and code generation consumes it.
+pub struct Lowered {
+    /// Every stage's graph, in order (only when lowering; a compilation keeps none).
+    stages: Vec<(&'static str, Graph)>,
+    /// The global program (with every value's sharding when inputs are placed).
+    global: Graph,
+    /// The program every device runs, for a program on devices.
+    local: Option<Graph>,
+    pub(crate) out_def: TreeDef,
+    pub(crate) out_specs: Option<Vec<Spec>>,
+}
+
+impl Lowered {
+    /// A traced program with no pass run (`make_ir`).
+    pub(crate) fn traced(graph: Graph, out_def: TreeDef) -> Lowered {
+        Lowered {
+            stages: vec![("trace", graph.clone())],
+            global: graph,
+            local: None,
+            out_def,
+            out_specs: None,
+        }
+    }
+
+    /// The program in the IR text format: the global program (with each value's sharding when
+    /// inputs are placed). From `lower` it is the program after simplification, as it runs.
+    pub fn ir(&self) -> String {
+        print(&self.global)
+    }
+
+    /// The program as traced, before any pass.
+    pub fn traced_ir(&self) -> String {
+        print(self.stages.first().map_or(&self.global, |(_, g)| g))
+    }
+
+    /// Every stage's graph in the order the pipeline made them, named as in `TESSERA_DUMP`:
+    /// `trace`, `simplified`, then `sharded`, `collectives`, `partitioned`, `combined` for a program on
+    /// devices. The last one is the program code generation compiles.
+    pub fn stages(&self) -> &[(&'static str, Graph)] {
+        &self.stages
+    }
+
+    /// After partitioning: the program every device runs, with local shapes and collectives
+    /// (the global program itself when no input is placed on a mesh).
+    pub fn per_device_ir(&self) -> String {
+        print(self.program())
+    }
+
+    pub fn per_device_graph(&self) -> Option<&Graph> {
+        self.local.as_ref()
+    }
+
+    /// The program code generation compiles (the last stage).
+    pub fn program(&self) -> &Graph {
+        self.local.as_ref().unwrap_or(&self.global)
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.global
+    }
+
+    /// The structure of the function's result.
+    pub fn out_tree(&self) -> &TreeDef {
+        &self.out_def
+    }
+
+    /// The global program's output types.
+    pub(crate) fn out_types(&self) -> Vec<TensorType> {
+        self.global
+            .outputs()
+            .iter()
+            .map(|&o| self.global.ty(o).clone())
+            .collect()
+    }
+
+    /// The graph in Graphviz's DOT language.
+    pub fn dot(&self) -> String {
+        tessera_ir::dot::to_dot(&self.global)
+    }
+}
+
+impl std::fmt::Display for Lowered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.ir())
+    }
+}
+
+/// One row of the `TESSERA_TIMING` table.
+struct Timing {
+    stage: &'static str,
+    time: Duration,
+    verify: Duration,
+    before: usize,
+    after: Option<usize>,
+}
+
+/// One run of the pipeline for one signature: the passes, the dumps and the timings.
+pub(crate) struct Pipeline<'a> {
+    target: Target,
+    options: &'a Options,
+    location: &'a str,
+    rec: Recorder,
+}
+
+/// Where the stages go: verified, dumped, timed, and kept for `lower`.
+struct Recorder {
+    dump: Dump,
+    /// The next stage's number in the dump.
+    index: usize,
+    timings: Vec<Timing>,
+    /// Every stage's graph, when lowering.
+    stages: Option<Vec<(&'static str, Graph)>>,
+}
+
+impl<'a> Pipeline<'a> {
+    pub(crate) fn new(
+        target: Target,
+        options: &'a Options,
+        location: &'a str,
+        dump: Dump,
+    ) -> Pipeline<'a> {
+        Pipeline {
+            target,
+            options,
+            location,
+            rec: Recorder {
+                dump,
+                index: 0,
+                timings: Vec::new(),
+                stages: None,
+            },
+        }
+    }
+
+    pub(crate) fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Traces with `trace`, then runs `PASSES`. Keeps every stage's graph when `keep_stages`
+    /// (for `lower`).
+    pub(crate) fn lower(
+        &mut self,
+        trace: impl FnOnce() -> Result<(Graph, TreeDef)>,
+        keep_stages: bool,
+    ) -> Result<Lowered> {
+        let name = self.options.name.as_str();
+        self.rec.stages = keep_stages.then(Vec::new);
+        let start = Instant::now();
+        let (mut graph, out_def) = trace()?;
+        self.rec
+            .record(name, "trace", start.elapsed(), 0, &graph, None)?;
+        let mut ctx = Ctx {
+            target: &self.target,
+            simplify: self.options.simplify,
+            name,
+            location: self.location,
+            side: Vec::new(),
+            out_specs: None,
+            comment: None,
+        };
+        let mut global = None;
+        for pass in &PASSES {
+            if !(pass.when)(&ctx) {
+                continue;
+            }
+            let (start, before) = (Instant::now(), graph.node_count());
+            graph = (pass.run)(&mut ctx, graph)?;
+            let time = start.elapsed();
+            for (stage, side) in std::mem::take(&mut ctx.side) {
+                // Made by the same pass, whose row counts the time.
+                self.rec
+                    .record(name, stage, Duration::ZERO, before, &side, None)?;
+                if stage == "sharded" {
+                    global = Some(side);
+                }
+            }
+            let comment = ctx.comment.take();
+            self.rec
+                .record(name, pass.name, time, before, &graph, comment)?;
+        }
+        let out_specs = ctx.out_specs.take();
+        let stages = self.rec.stages.take().unwrap_or_default();
+        Ok(match self.target {
+            Target::Single => Lowered {
+                stages,
+                global: graph,
+                local: None,
+                out_def,
+                out_specs,
+            },
+            Target::Sharded { .. } => Lowered {
+                stages,
+                global: global.expect("`partition` leaves the annotated global program"),
+                local: Some(graph),
+                out_def,
+                out_specs,
+            },
+            Target::PerDevice { .. } => Lowered {
+                stages,
+                global: graph.clone(),
+                local: Some(graph),
+                out_def,
+                out_specs,
+            },
+        })
+    }
+
+    /// schedule: consumes the last stage's graph; produces a program for each of `devices`
+    /// devices (one for a single-device target). Native code is compiled once: a program on
+    /// devices gets no kernel split over threads (every core runs a device), and each device
+    /// its own arena. Outputs marked in `first_only` are computed by the first device only
+    /// with the native backend (the others return `None` for them); the interpreter computes
+    /// everything.
+    pub(crate) fn schedule(
+        &mut self,
+        lowered: &Lowered,
+        devices: usize,
+        first_only: &[bool],
+    ) -> Result<Vec<BackendProgram>> {
+        let graph = lowered.program();
+        let start = Instant::now();
+        let programs = match self.options.backend {
+            Backend::Interpreter => (0..devices)
+                .map(|_| BackendProgram::Interpreted(graph.clone()))
+                .collect(),
+            Backend::Cranelift => {
+                let exe =
+                    tessera_codegen::compile(graph).map_err(|e| Error::Codegen(e.to_string()))?;
+                self.rec
+                    .dump
+                    .write_text(self.rec.index, "schedule", &exe.describe())?;
+                match self.target {
+                    Target::Single => vec![BackendProgram::Native(Box::new(exe))],
+                    Target::Sharded { .. } | Target::PerDevice { .. } => {
+                        let exe = exe.single_threaded();
+                        (0..devices)
+                            .map(|i| {
+                                let exe = if i == 0 {
+                                    exe.fork()
+                                } else {
+                                    exe.fork().dropping_outputs(first_only)
+                                };
+                                BackendProgram::Native(Box::new(exe))
+                            })
+                            .collect()
+                    }
+                }
+            }
+        };
+        self.rec.index += 1;
+        self.rec.timings.push(Timing {
+            stage: "schedule",
+            time: start.elapsed(),
+            verify: Duration::ZERO,
+            before: graph.node_count(),
+            after: None,
+        });
+        Ok(programs)
+    }
+
+    /// Prints the `TESSERA_TIMING` table to stderr when it is on.
+    pub(crate) fn report_timing(&self) -> Result<()> {
+        if timing_from_env()? {
+            eprint!("{}", self.timing_table());
+        }
+        Ok(())
+    }
+
+    fn timing_table(&self) -> String {
+        use std::fmt::Write;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let mut s = format!(
+            "TESSERA_TIMING {} ({})\n{:<12} {:>10} {:>10} {:>8} {:>8}\n",
+            self.options.name, self.rec.dump.prefix, "stage", "ms", "verify ms", "before", "after"
+        );
+        for t in &self.rec.timings {
+            let after = t.after.map_or("-".to_string(), |n| n.to_string());
+            writeln!(
+                s,
+                "{:<12} {:>10.3} {:>10.3} {:>8} {:>8}",
+                t.stage,
+                ms(t.time),
+                ms(t.verify),
+                t.before,
+                after
+            )
+            .expect("writing to a String");
+        }
+        let total: Duration = self.rec.timings.iter().map(|t| t.time + t.verify).sum();
+        writeln!(s, "{:<12} {:>10.3}", "total", ms(total)).expect("writing to a String");
+        s
+    }
+}
+
+impl Recorder {
+    /// Verifies a stage's graph, dumps it (under `comment`), keeps it when lowering, and
+    /// times it (`time` it took to make; `before` is its input's node count).
+    fn record(
+        &mut self,
+        function: &str,
+        stage: &'static str,
+        time: Duration,
+        before: usize,
+        graph: &Graph,
+        comment: Option<String>,
+    ) -> Result<()> {
+        let checked = Instant::now();
+        verify(graph).map_err(|error| Error::Stage {
+            stage,
+            function: function.to_string(),
+            error,
+        })?;
+        let verify_time = checked.elapsed();
+        if self.dump.enabled() {
+            let text = match comment {
+                Some(c) => format!("// {c}\n{}", print(graph)),
+                None => print(graph),
+            };
+            self.dump.write_ir(self.index, stage, &text)?;
+        }
+        self.index += 1;
+        if let Some(stages) = &mut self.stages {
+            stages.push((stage, graph.clone()));
+        }
+        self.timings.push(Timing {
+            stage,
+            time,
+            verify: verify_time,
+            before,
+            after: Some(graph.node_count()),
+        });
+        Ok(())
+    }
+}
 
 /// Where (and whether) to dump the IR after each pass.
 pub(crate) struct Dump {
@@ -24,39 +484,26 @@ impl Dump {
         }
     }
 
-    /// No dumps (for `lower`, which shows the stages instead of writing them).
-    pub(crate) fn disabled() -> Dump {
+    /// No dumps (for `lower`, which returns the stages instead of writing them).
+    pub(crate) fn disabled(function: &str) -> Dump {
         Dump {
             dir: None,
-            prefix: String::new(),
+            prefix: format!("{function}-lower"),
         }
     }
 
-    pub(crate) fn write(&self, index: usize, pass: &str, g: &Graph) -> Result<()> {
-        if self.dir.is_some() {
-            self.write_file(&format!("{index:02}-{pass}.ir"), &print(g))?;
-        }
-        Ok(())
-    }
-
-    pub(crate) fn enabled(&self) -> bool {
+    fn enabled(&self) -> bool {
         self.dir.is_some()
     }
 
-    /// Writes IR text that carries a comment header (the parser skips `//` lines).
-    pub(crate) fn write_text_ir(&self, index: usize, pass: &str, text: &str) -> Result<()> {
-        if self.dir.is_some() {
-            self.write_file(&format!("{index:02}-{pass}.ir"), text)?;
-        }
-        Ok(())
+    /// Writes IR text (a comment header is fine: the parser skips `//` lines).
+    fn write_ir(&self, index: usize, stage: &str, text: &str) -> Result<()> {
+        self.write_file(&format!("{index:02}-{stage}.ir"), text)
     }
 
     /// Writes a non-IR artifact (the native schedule) beside the IR dumps.
-    pub(crate) fn write_text(&self, index: usize, what: &str, text: &str) -> Result<()> {
-        if self.dir.is_some() {
-            self.write_file(&format!("{index:02}-{what}.txt"), text)?;
-        }
-        Ok(())
+    fn write_text(&self, index: usize, what: &str, text: &str) -> Result<()> {
+        self.write_file(&format!("{index:02}-{what}.txt"), text)
     }
 
     fn write_file(&self, name: &str, text: &str) -> Result<()> {
@@ -83,100 +530,74 @@ pub enum Backend {
     Interpreter,
 }
 
-/// A compiled program, ready to run on input buffers.
-pub(crate) enum Executable {
+/// A program in its backend's form, ready to run on input buffers.
+pub(crate) enum BackendProgram {
     /// The reference interpreter runs the graph.
     Interpreted(Graph),
     /// Native kernels, GEMM calls and collectives over one arena.
     Native(Box<tessera_codegen::Executable>),
 }
 
-impl Executable {
+impl BackendProgram {
     pub(crate) fn run(&self, inputs: &[&Literal]) -> Result<Vec<Literal>> {
-        self.run_with(inputs, &tessera_interp::SingleDevice)
-    }
-
-    /// Runs with the given transport for the program's collectives.
-    pub(crate) fn run_with(
-        &self,
-        inputs: &[&Literal],
-        collectives: &dyn tessera_interp::Collectives,
-    ) -> Result<Vec<Literal>> {
         match self {
-            Executable::Interpreted(g) => Ok(tessera_interp::run_with(g, inputs, collectives)?),
-            Executable::Native(e) => Ok(e.run(inputs, collectives)?),
+            BackendProgram::Interpreted(g) => Ok(tessera_interp::run_with(
+                g,
+                inputs,
+                &tessera_interp::SingleDevice,
+            )?),
+            BackendProgram::Native(e) => Ok(e.run(inputs, &tessera_interp::SingleDevice)?),
         }
     }
 
-    /// Like `run_with`, with `None` for the outputs a native device program was compiled not
-    /// to compute (`compile_device_programs`' `first_only`).
+    /// Runs with the given transport for the program's collectives, with `None` for the
+    /// outputs a native device program was compiled not to compute (`schedule`'s
+    /// `first_only`).
     pub(crate) fn run_partial(
         &self,
         inputs: &[&Literal],
         collectives: &dyn tessera_interp::Collectives,
     ) -> Result<Vec<Option<Literal>>> {
         match self {
-            Executable::Interpreted(g) => Ok(tessera_interp::run_with(g, inputs, collectives)?
+            BackendProgram::Interpreted(g) => Ok(tessera_interp::run_with(g, inputs, collectives)?
                 .into_iter()
                 .map(Some)
                 .collect()),
-            Executable::Native(e) => Ok(e.run_partial(inputs, collectives)?),
+            BackendProgram::Native(e) => Ok(e.run_partial(inputs, collectives)?),
         }
     }
 }
 
-/// Compiles a per-device program (already partitioned) for `devices` devices: the same
-/// backends, with no kernel split over threads (every core runs a device). Native code is
-/// compiled once and shared; each device gets its own arena. The schedule is dumped as
-/// `dump_index`.
-///
-/// Outputs marked in `first_only` are computed by the first device only with the native
-/// backend (the others return `None` for them); the interpreter computes everything.
-pub(crate) fn compile_device_programs(
-    graph: &Graph,
-    backend: Backend,
-    devices: usize,
-    (dump, dump_index): (&Dump, usize),
-    first_only: &[bool],
-) -> Result<Vec<Executable>> {
-    verify(graph)?;
-    Ok(match backend {
-        Backend::Interpreter => (0..devices)
-            .map(|_| Executable::Interpreted(graph.clone()))
-            .collect(),
-        Backend::Cranelift => {
-            let exe = tessera_codegen::compile(graph)
-                .map_err(|e| Error::Codegen(e.to_string()))?
-                .single_threaded();
-            dump.write_text(dump_index, "schedule", &exe.describe())?;
-            (0..devices)
-                .map(|i| {
-                    let exe = if i == 0 {
-                        exe.fork()
-                    } else {
-                        exe.fork().dropping_outputs(first_only)
-                    };
-                    Executable::Native(Box::new(exe))
-                })
-                .collect()
-        }
-    })
-}
-
-/// Whether checked mode is on by default: `TESSERA_CHECK=1` (unset, empty or `0`: off).
-pub(crate) fn check_from_env() -> Result<bool> {
-    match std::env::var("TESSERA_CHECK") {
+/// Reads an on/off switch: unset, empty or `0` is off, `1` on, anything else an error saying
+/// what `on` does.
+fn switch_from_env(var: &str, on: &str) -> Result<bool> {
+    match std::env::var(var) {
         Err(std::env::VarError::NotPresent) => Ok(false),
         Ok(v) if v.is_empty() || v == "0" => Ok(false),
         Ok(v) if v == "1" => Ok(true),
         Ok(v) => Err(Error::Config(format!(
-            "TESSERA_CHECK={v:?}: expected 1 (check every jitted call against the interpreter) \
-             or 0"
+            "{var}={v:?}: expected 1 ({on}) or 0"
         ))),
-        Err(std::env::VarError::NotUnicode(v)) => Err(Error::Config(format!(
-            "TESSERA_CHECK={v:?}: expected 1 or 0"
-        ))),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(Error::Config(format!("{var}={v:?}: expected 1 or 0")))
+        }
     }
+}
+
+/// Whether checked mode is on by default: `TESSERA_CHECK=1` (unset, empty or `0`: off).
+pub(crate) fn check_from_env() -> Result<bool> {
+    switch_from_env(
+        "TESSERA_CHECK",
+        "check every jitted call against the interpreter",
+    )
+}
+
+/// Whether each compilation prints its pass timings: `TESSERA_TIMING=1`.
+fn timing_from_env() -> Result<bool> {
+    switch_from_env(
+        "TESSERA_TIMING",
+        "print each compilation's pass timings to stderr",
+    )
 }
 
 /// Whether the simplification pass runs: on unless `TESSERA_SIMPLIFY=0`.
@@ -184,31 +605,95 @@ pub(crate) fn simplify_enabled() -> bool {
     std::env::var("TESSERA_SIMPLIFY").map_or(true, |v| v != "0")
 }
 
-/// Algebraic simplification, CSE and DCE (tessera-opt), dumped with its report as `index`.
-pub(crate) fn simplify(graph: Graph, enabled: bool, dump: &Dump, index: usize) -> Result<Graph> {
-    verify(&graph)?;
-    if !enabled {
-        return Ok(graph);
-    }
-    let (g, report) = tessera_opt::simplify(&graph, tessera_opt::Limits::default())
-        .map_err(|m| Error::Io(format!("simplification: {m}")))?;
-    if dump.enabled() {
-        dump.write_text_ir(index, "simplified", &format!("// {report}\n{}", print(&g)))?;
-    }
-    Ok(g)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::DType;
 
-/// Runs the passes in order on a traced graph, then hands it to the backend.
-pub(crate) fn compile(graph: Graph, backend: Backend, dump: &Dump) -> Result<Executable> {
-    verify(&graph)?;
-    Ok(match backend {
-        Backend::Interpreter => Executable::Interpreted(graph),
-        Backend::Cranelift => {
-            // Fusion, buffer planning and Cranelift lowering (tessera-codegen).
-            let exe =
-                tessera_codegen::compile(&graph).map_err(|e| Error::Codegen(e.to_string()))?;
-            dump.write_text(2, "schedule", &exe.describe())?;
-            Executable::Native(Box::new(exe))
+    /// `tanh` of an f32[3] declared as f32[4]: the verifier's invariant 3 is broken.
+    fn malformed() -> Graph {
+        let mut g =
+            tessera_ir::parse("func @bad(%0: f32[3]) {\n  %1 = tanh %0 : f32[3]\n  return %1\n}\n")
+                .unwrap();
+        let out = g.outputs()[0];
+        g.node_mut(out).ty = TensorType::new(DType::F32, vec![4]);
+        g
+    }
+
+    fn ctx<'a>(target: &'a Target) -> Ctx<'a> {
+        Ctx {
+            target,
+            simplify: true,
+            name: "bad",
+            location: "here.rs:1",
+            side: Vec::new(),
+            out_specs: None,
+            comment: None,
         }
-    })
+    }
+
+    #[test]
+    fn a_simplifier_failure_is_a_simplify_error() {
+        let target = Target::Single;
+        let err = simplify(&mut ctx(&target), malformed()).err().unwrap();
+        assert!(
+            matches!(&err, Error::Simplify(m) if m.starts_with("bad: ")),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with("simplification of bad: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_verifier_rejects_a_malformed_stage_naming_it() {
+        let mut rec = Recorder {
+            dump: Dump::disabled("bad"),
+            index: 0,
+            timings: Vec::new(),
+            stages: Some(Vec::new()),
+        };
+        let g = malformed();
+        let err = rec
+            .record("bad", "combined", Duration::ZERO, 2, &g, None)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&err, Error::Stage { stage: "combined", function, .. } if function == "bad"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("IR verifier, after the combined stage of bad: %1 (tanh)"),
+            "{err}"
+        );
+        // A well-formed stage is kept, numbered and timed.
+        let good = tessera_ir::parse("func @ok(%0: f32[3]) {\n  return %0\n}\n").unwrap();
+        rec.record("ok", "trace", Duration::ZERO, 0, &good, None)
+            .unwrap();
+        assert_eq!(rec.index, 1);
+        assert_eq!(rec.stages.as_ref().unwrap().len(), 1);
+        assert_eq!(rec.timings[0].after, Some(1));
+    }
+
+    #[test]
+    fn the_pass_list_runs_by_target_and_options() {
+        let single = Target::Single;
+        let pmap = Target::PerDevice {
+            mesh: Mesh::new("pmap", vec![("i".into(), 2)]),
+        };
+        let names = |c: &Ctx<'_>| -> Vec<&str> {
+            PASSES
+                .iter()
+                .filter(|p| (p.when)(c))
+                .map(|p| p.name)
+                .collect()
+        };
+        assert_eq!(names(&ctx(&single)), ["simplified"]);
+        assert_eq!(names(&ctx(&pmap)), ["simplified", "combined"]);
+        let mut off = ctx(&pmap);
+        off.simplify = false;
+        assert_eq!(names(&off), ["combined"]);
+    }
 }

@@ -6,39 +6,32 @@
 //! user writes are typed against it; the program runs on every device at once, and the outputs
 //! are stacked back along a new leading axis.
 
-use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::panic::Location;
-use std::rc::Rc;
 use std::sync::Arc;
 
-use hashbrown::HashMap;
 use tessera_ir::{CollectiveOp, Data, Literal, Mesh, Op, ReduceKind, TensorType};
 use tessera_runtime::try_device_count;
 
+use crate::cache::{Cache, Signature};
 use crate::error::{Error, Result, loc_text, raise};
-use crate::pipeline::{Backend, Dump};
+use crate::pipeline::{Backend, Dump, Lowered, Pipeline, Target};
 use crate::spmd::DeviceProgram;
 use crate::tensor::Tensor;
 use crate::trace::{apply, current_mesh};
 use crate::tree::{self, Tree, TreeDef};
 
-struct Compiled {
+/// A compiled `pmap` program for one signature.
+struct PmapEntry {
     out_def: TreeDef,
     program: DeviceProgram,
 }
-
-/// What a compiled pmap is specialized to: the input tree and the leaves' global types.
-type Signature = (TreeDef, Vec<TensorType>);
 
 /// A pmapped closure.
 pub struct Pmapped<F, In, Out> {
     f: F,
     axis: String,
-    name: String,
-    backend: Backend,
-    cache: RefCell<HashMap<Signature, Rc<Compiled>>>,
-    traces: Cell<usize>,
+    cache: Cache<PmapEntry>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -47,10 +40,7 @@ pub fn pmap<In: Tree, Out: Tree, F: Fn(In) -> Out>(axis: &str, f: F) -> Pmapped<
     Pmapped {
         f,
         axis: axis.to_string(),
-        name: "pmap".into(),
-        backend: Backend::default(),
-        cache: RefCell::new(HashMap::new()),
-        traces: Cell::new(0),
+        cache: Cache::new("pmap".into()),
         _types: PhantomData,
     }
 }
@@ -97,30 +87,50 @@ fn stack(parts: Vec<Literal>) -> Literal {
 impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
     /// Names the function in the IR and in dumps.
     pub fn named(mut self, name: &str) -> Self {
-        self.name = name.to_string();
+        self.cache.set_name(name);
         self
     }
 
     /// Chooses the backend each device runs (Cranelift by default).
     pub fn backend(mut self, backend: Backend) -> Self {
-        self.backend = backend;
-        self.cache.borrow_mut().clear();
+        self.cache.set_backend(backend);
+        self
+    }
+
+    /// Turns the simplification pass (egg rewrites, CSE, DCE) on or off; on by default unless
+    /// `TESSERA_SIMPLIFY=0`.
+    pub fn simplify(mut self, on: bool) -> Self {
+        self.cache.set_simplify(on);
         self
     }
 
     /// How many times the closure has been traced (once per new signature).
     pub fn trace_count(&self) -> usize {
-        self.traces.get()
+        self.cache.trace_count()
     }
 
-    /// Runs `f` on every slice of the leading axis, one device each.
+    /// Traces the per-device program for `args` and runs every pass up to code generation,
+    /// as `call` does, without running it: `stages()` holds every stage's graph, the last one
+    /// the program each device runs.
     #[track_caller]
-    pub fn call(&self, args: In) -> Result<Out> {
+    pub fn lower(&self, args: &In) -> Result<Lowered> {
         let location = loc_text(Location::caller());
+        let (leaves, def) = tree::flatten(args);
+        let n = self.mapped_size(&leaves, &location)?;
+        let sig = Signature::unplaced(&leaves, def);
+        let dump = Dump::disabled(&self.cache.options.name);
+        let (pipeline, lowered) = self.run_passes(&sig, n, dump, &location, true)?;
+        pipeline.report_timing()?;
+        Ok(lowered)
+    }
+
+    /// The size of the mapped (leading) axis, the same for every input and at most the
+    /// number of devices.
+    fn mapped_size(&self, leaves: &[Tensor], location: &str) -> Result<usize> {
         let fail = |message: String| Error::Op {
             op: "pmap".into(),
             message,
-            location: location.clone(),
+            location: location.to_string(),
         };
         if crate::trace::any_active() {
             return Err(fail(
@@ -130,7 +140,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                     .into(),
             ));
         }
-        let (leaves, def) = tree::flatten(&args);
         let Some(first) = leaves.first() else {
             return Err(fail("no inputs to map over".into()));
         };
@@ -154,17 +163,19 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                 "the leading axis has size {n}, there are {devices} devices (set TESSERA_DEVICES)"
             )));
         }
-        let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();
-        let key = (def.clone(), types.clone());
-        let cached = self.cache.borrow().get(&key).cloned();
-        let compiled = match cached {
-            Some(c) => c,
-            None => {
-                let c = Rc::new(self.compile(&def, &types, n)?);
-                self.cache.borrow_mut().insert(key, c.clone());
-                c
-            }
-        };
+        Ok(n)
+    }
+
+    /// Runs `f` on every slice of the leading axis, one device each.
+    #[track_caller]
+    pub fn call(&self, args: In) -> Result<Out> {
+        let location = loc_text(Location::caller());
+        let (leaves, def) = tree::flatten(&args);
+        let n = self.mapped_size(&leaves, &location)?;
+        let sig = Signature::unplaced(&leaves, def);
+        let compiled = self
+            .cache
+            .get_or_compile(sig, |sig, dump| self.compile(sig, n, dump, &location))?;
         let hosts: Vec<Arc<Literal>> = leaves
             .iter()
             .map(|t| t.try_array().map(|a| a.literal_arc()))
@@ -192,36 +203,43 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         tree::unflatten(&compiled.out_def, tensors)
     }
 
-    fn compile(&self, def: &TreeDef, types: &[TensorType], n: usize) -> Result<Compiled> {
+    /// Traces the per-device program (each input without its leading axis, in a graph whose
+    /// mesh has the one axis of size `n`) and runs the pipeline's passes on it.
+    fn run_passes<'a>(
+        &'a self,
+        sig: &Signature,
+        n: usize,
+        dump: Dump,
+        location: &'a str,
+        keep_stages: bool,
+    ) -> Result<(Pipeline<'a>, Lowered)> {
         let mesh = Mesh::new("pmap", vec![(self.axis.clone(), n)]);
-        let local: Vec<TensorType> = types
+        let local: Vec<TensorType> = sig
+            .types
             .iter()
             .map(|t| TensorType::new(t.dtype, t.dims()[1..].to_vec()))
             .collect();
-        let lowered =
-            crate::jit::trace_fn_on(&self.name, &self.f, def, &local, Some(mesh.clone()))?;
-        let (graph, out_def) = (lowered.graph, lowered.out_def);
-        self.traces.set(self.traces.get() + 1);
-        let dump = Dump::from_env(&self.name, self.traces.get());
-        dump.write(0, "trace", &graph)?;
-        let mut graph =
-            crate::pipeline::simplify(graph, crate::pipeline::simplify_enabled(), &dump, 1)?;
-        // The user's pmeans of the gradients and the loss meet once per step, as one.
-        tessera_shard::combine_all_reduces(&mut graph).map_err(|e| Error::Op {
-            op: "pmap".into(),
-            message: e.to_string(),
-            location: self.name.clone(),
-        })?;
-        dump.write(2, "combined", &graph)?;
-        let program = DeviceProgram::compile(
-            &graph,
-            mesh,
-            (0..n).collect(),
-            self.backend,
-            (&dump, 3),
-            &[],
-        )?;
-        Ok(Compiled { out_def, program })
+        let options = &self.cache.options;
+        let target = Target::PerDevice { mesh: mesh.clone() };
+        let mut pipeline = Pipeline::new(target, options, location, dump);
+        let trace =
+            || crate::jit::trace_fn_on(&options.name, &self.f, &sig.def, &local, Some(mesh));
+        let lowered = pipeline.lower(trace, keep_stages)?;
+        Ok((pipeline, lowered))
+    }
+
+    fn compile(&self, sig: &Signature, n: usize, dump: Dump, location: &str) -> Result<PmapEntry> {
+        let (mut pipeline, lowered) = self.run_passes(sig, n, dump, location, false)?;
+        let programs = pipeline.schedule(&lowered, n, &[])?;
+        let Target::PerDevice { mesh } = pipeline.target() else {
+            unreachable!("pmap's pipeline runs for its mesh")
+        };
+        let program = DeviceProgram::new(programs, mesh.clone(), (0..n).collect());
+        pipeline.report_timing()?;
+        Ok(PmapEntry {
+            out_def: lowered.out_def,
+            program,
+        })
     }
 }
 

@@ -1,50 +1,35 @@
-//! Running one per-device program on several devices at once (sharded `jit` and `pmap`): an
-//! executable per device, launched together on the device threads (`tessera_runtime::launch`),
-//! with the shared-memory collectives connecting them.
+//! Running one per-device program on several devices at once (sharded `jit` and `pmap`): a
+//! program per device (`Pipeline::schedule`), launched together on the device threads
+//! (`tessera_runtime::launch`), with the shared-memory collectives connecting them.
 
 use std::sync::{Arc, Mutex};
 
-use tessera_ir::{Graph, Literal, Mesh};
+use tessera_ir::{Literal, Mesh};
 use tessera_runtime::{LaunchError, launch};
 
 use crate::error::{Error, Result};
-use crate::pipeline::{Backend, Dump, Executable, compile_device_programs};
+use crate::pipeline::BackendProgram;
 
 /// A per-device program compiled for every device of a mesh.
 pub(crate) struct DeviceProgram {
     pub(crate) mesh: Mesh,
     pub(crate) devices: Vec<usize>,
-    executables: Arc<Vec<Mutex<Executable>>>,
+    programs: Arc<Vec<Mutex<BackendProgram>>>,
 }
 
 impl DeviceProgram {
-    /// Compiles `local` once and forks it for every device; the native schedule is dumped as
-    /// `dump_index` (`TESSERA_DUMP`). Outputs marked in `first_only` are computed by the first
-    /// device only (replicated outputs, alike on every device): the others skip their work and
-    /// `run` gives `None` for them.
-    pub(crate) fn compile(
-        local: &Graph,
+    /// `programs[p]` runs on device `devices[p]` (mesh position `p`).
+    pub(crate) fn new(
+        programs: Vec<BackendProgram>,
         mesh: Mesh,
         devices: Vec<usize>,
-        backend: Backend,
-        (dump, dump_index): (&Dump, usize),
-        first_only: &[bool],
-    ) -> Result<DeviceProgram> {
-        let executables = compile_device_programs(
-            local,
-            backend,
-            devices.len(),
-            (dump, dump_index),
-            first_only,
-        )?
-        .into_iter()
-        .map(Mutex::new)
-        .collect();
-        Ok(DeviceProgram {
+    ) -> DeviceProgram {
+        assert_eq!(programs.len(), devices.len(), "one program per device");
+        DeviceProgram {
             mesh,
             devices,
-            executables: Arc::new(executables),
-        })
+            programs: Arc::new(programs.into_iter().map(Mutex::new).collect()),
+        }
     }
 
     /// Runs the program on every device; `inputs[p]` are mesh position `p`'s inputs. Returns
@@ -54,16 +39,57 @@ impl DeviceProgram {
         let inputs = Arc::new(inputs);
         launch(
             &self.devices,
-            self.executables.clone(),
-            Arc::new(move |exe: &Executable, coll, pos| {
+            self.programs.clone(),
+            Arc::new(move |program: &BackendProgram, coll, pos| {
                 let refs: Vec<&Literal> = inputs[pos].iter().map(|l| l.as_ref()).collect();
-                exe.run_partial(&refs, coll)
+                program.run_partial(&refs, coll)
             }),
         )
-        .map_err(|e| match e {
-            LaunchError::Failed { error, .. } => error,
-            LaunchError::Config(message) => Error::Io(message),
-            other => Error::Io(format!("a device failed: {other}")),
-        })
+        .map_err(launch_error)
+    }
+}
+
+/// A failed launch as the user's error: the failing device's own error, a configuration
+/// error, or a device failure (a panic, a busy or silent device).
+fn launch_error(e: LaunchError<Error>) -> Error {
+    match e {
+        LaunchError::Failed { error, .. } => error,
+        LaunchError::Config(message) => Error::Config(message),
+        other @ (LaunchError::Panicked { .. }
+        | LaunchError::Busy { .. }
+        | LaunchError::NoAnswer { .. }) => Error::Device(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_failures_get_their_own_error_variants() {
+        let config = launch_error(LaunchError::Config("TESSERA_DEVICES=\"x\"".into()));
+        assert_eq!(config, Error::Config("TESSERA_DEVICES=\"x\"".into()));
+        let panicked = launch_error(LaunchError::Panicked {
+            device: 3,
+            message: "boom".into(),
+        });
+        assert_eq!(panicked, Error::Device("device 3 panicked: boom".into()));
+        assert_eq!(panicked.to_string(), "device: device 3 panicked: boom");
+        let silent = launch_error(LaunchError::NoAnswer {
+            devices: vec![1],
+            timeout: std::time::Duration::from_secs(2),
+        });
+        assert!(
+            matches!(&silent, Error::Device(m) if m.contains("[1]")),
+            "{silent:?}"
+        );
+        let own = Error::Check("x".into());
+        assert_eq!(
+            launch_error(LaunchError::Failed {
+                device: 0,
+                error: own.clone()
+            }),
+            own
+        );
     }
 }

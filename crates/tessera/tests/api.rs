@@ -304,3 +304,67 @@ fn composites_match_their_definitions() {
     let sel = Tensor::select(&x.gt(&Tensor::scalar(1.5f32)), &x, &Tensor::scalar(0.0f32));
     assert_eq!(sel.to_vec::<f32>(), vec![0.0, 2.0, 3.0, 0.0, 0.0, 4.0]);
 }
+
+#[test]
+fn lower_returns_every_stage_and_the_last_is_the_program() {
+    let f = jit(|x: Tensor| (x.exp() * 1.0).sum()).named("staged");
+    let x = Tensor::ones([3]);
+    let lowered = f.lower(&x).unwrap();
+    let names: Vec<&str> = lowered.stages().iter().map(|(s, _)| *s).collect();
+    assert_eq!(names, ["trace", "simplified"]);
+    let (_, last) = lowered.stages().last().unwrap();
+    assert!(last.structurally_eq(lowered.program()));
+    assert_eq!(lowered.ir(), tessera::ir::print(last));
+    assert!(
+        lowered.traced_ir().contains("mul"),
+        "{}",
+        lowered.traced_ir()
+    );
+    assert!(!lowered.ir().contains("mul"), "{}", lowered.ir());
+    assert_eq!(f.trace_count(), 0, "lower compiles nothing for the cache");
+    // Without simplification the trace is the program.
+    let raw = jit(|x: Tensor| (x.exp() * 1.0).sum()).simplify(false);
+    let lowered = raw.lower(&x).unwrap();
+    let names: Vec<&str> = lowered.stages().iter().map(|(s, _)| *s).collect();
+    assert_eq!(names, ["trace"]);
+    assert!(lowered.ir().contains("mul"), "{}", lowered.ir());
+}
+
+#[test]
+fn pmap_lowers_like_it_runs_and_shares_jits_builder() {
+    let n = device_count().min(2);
+    let p = pmap("i", |x: Tensor| psum(&(x * 1.0).tanh(), "i")).named("mapped_api");
+    let x = Tensor::ones([n, 3]);
+    let lowered = p.lower(&x).unwrap();
+    let names: Vec<&str> = lowered.stages().iter().map(|(s, _)| *s).collect();
+    assert_eq!(names, ["trace", "simplified", "combined"]);
+    let program = lowered.per_device_ir();
+    assert!(
+        program.contains("func @mapped_api(\n    %0: f32[3],"),
+        "{program}"
+    );
+    assert!(!program.contains("mul"), "simplified:\n{program}");
+    assert_eq!(p.trace_count(), 0);
+    let y = p.call(x.clone()).unwrap();
+    assert_eq!(p.trace_count(), 1);
+    p.call(x.clone()).unwrap();
+    assert_eq!(p.trace_count(), 1, "same signature, no retrace");
+    let want = (n as f32) * 1f32.tanh();
+    assert!(
+        y.to_vec::<f32>().iter().all(|v| (v - want).abs() < 1e-6),
+        "{:?}",
+        y.to_vec::<f32>()
+    );
+    // Off, the multiplication stays; the interpreter runs the very same program.
+    let raw = pmap("i", |x: Tensor| psum(&(x * 1.0).tanh(), "i"))
+        .simplify(false)
+        .backend(Backend::Interpreter);
+    assert!(raw.lower(&x).unwrap().per_device_ir().contains("mul"));
+    assert_eq!(raw.call(x).unwrap().to_vec::<f32>(), y.to_vec::<f32>());
+    // Bad input to lower is the same error as to call, naming this line.
+    let err = p.lower(&Tensor::ones([])).err().unwrap().to_string();
+    assert!(
+        err.contains("pmap: input 0 (f32[]) has no leading axis to map") && err.contains("api.rs"),
+        "{err}"
+    );
+}
