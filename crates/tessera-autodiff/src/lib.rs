@@ -13,8 +13,8 @@
 use std::collections::{HashMap, HashSet};
 
 use tessera_ir::{
-    BinaryOp, CollectiveOp, CompareOp, DType, DotDims, Graph, Literal, NodeId, Op, ReduceKind,
-    Shape, TensorType, TypeError, UnaryOp,
+    BinaryOp, CompareOp, DType, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape, TensorType,
+    TypeError, UnaryOp,
 };
 
 /// Why a graph could not be differentiated.
@@ -239,8 +239,36 @@ impl Builder<'_> {
     }
 }
 
+/// The node a VJP rule differentiates: `y = op(xs)` with cotangent `g`; `needed[i]` says
+/// whether operand `i` depends on the inputs (the others' shares are not built).
+struct At<'a> {
+    y: NodeId,
+    xs: &'a [NodeId],
+    needed: &'a [bool],
+    g: NodeId,
+}
+
+impl At<'_> {
+    /// Operand `i`'s share, built by `f` only when it is needed.
+    fn want(
+        &self,
+        b: &mut Builder,
+        i: usize,
+        f: impl FnOnce(&mut Builder) -> Result<NodeId>,
+    ) -> Result<Option<NodeId>> {
+        if self.needed[i] {
+            Ok(Some(f(b)?))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
 /// The cotangent contribution of `g` (the cotangent of node `y = op(operands)`) to each operand
 /// that `needed` marks (the others do not depend on the inputs, so their share is not built).
+///
+/// The rules are grouped by op family, as JAX groups its primitives; this `match` only
+/// dispatches. An empty vector means no operand receives a share (no gradient).
 fn vjp_rule(
     b: &mut Builder,
     op: &Op,
@@ -249,368 +277,440 @@ fn vjp_rule(
     needed: &[bool],
     g: NodeId,
 ) -> Result<Vec<Option<NodeId>>> {
-    // Builds operand `i`'s contribution only when it is needed.
-    macro_rules! want {
-        ($i:expr, $e:expr) => {
-            if needed[$i] { Some($e) } else { None }
-        };
-    }
-    let not_diff = |why: &str| AutodiffError::NotDifferentiable {
-        op: op.name().into(),
-        why: why.into(),
-    };
-    Ok(match op {
-        Op::Parameter(_)
-        | Op::Constant(_)
-        | Op::Iota { .. }
-        | Op::Collective(CollectiveOp::AxisIndex { .. }) => vec![],
-        Op::Unary(u) => {
-            let x = xs[0];
-            let ct = match u {
-                UnaryOp::Neg => Some(b.un(UnaryOp::Neg, g)?),
-                UnaryOp::Abs => {
-                    let s = b.un(UnaryOp::Sign, x)?;
-                    Some(b.mul(g, s)?)
-                }
-                // Piecewise constant: zero almost everywhere, as in JAX.
-                UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => None,
-                UnaryOp::Exp => Some(b.mul(g, y)?),
-                UnaryOp::Log => Some(b.bin(BinaryOp::Div, g, x)?),
-                UnaryOp::Log1p => {
-                    let one = b.full_like(x, 1.0)?;
-                    let d = b.bin(BinaryOp::Add, x, one)?;
-                    Some(b.bin(BinaryOp::Div, g, d)?)
-                }
-                UnaryOp::Expm1 => {
-                    let one = b.full_like(y, 1.0)?;
-                    let d = b.bin(BinaryOp::Add, y, one)?;
-                    Some(b.mul(g, d)?)
-                }
-                // JAX: (g + g*ans) * (1 - ans), transposed: a = g*(1-ans); a + a*ans.
-                UnaryOp::Tanh => {
-                    let one = b.full_like(y, 1.0)?;
-                    let t = b.bin(BinaryOp::Sub, one, y)?;
-                    let a = b.mul(g, t)?;
-                    let ay = b.mul(a, y)?;
-                    Some(b.bin(BinaryOp::Add, a, ay)?)
-                }
-                UnaryOp::Logistic => {
-                    let one = b.full_like(y, 1.0)?;
-                    let t = b.bin(BinaryOp::Sub, one, y)?;
-                    let gy = b.mul(g, y)?;
-                    Some(b.mul(gy, t)?)
-                }
-                UnaryOp::Sin => {
-                    let c = b.un(UnaryOp::Cos, x)?;
-                    Some(b.mul(g, c)?)
-                }
-                UnaryOp::Cos => {
-                    let s = b.un(UnaryOp::Sin, x)?;
-                    let gs = b.mul(g, s)?;
-                    Some(b.un(UnaryOp::Neg, gs)?)
-                }
-                UnaryOp::Sqrt => {
-                    let half = b.full_like(y, 0.5)?;
-                    let d = b.bin(BinaryOp::Div, half, y)?;
-                    Some(b.mul(g, d)?)
-                }
-                UnaryOp::Rsqrt => {
-                    let c = b.full_like(y, -0.5)?;
-                    let q = b.bin(BinaryOp::Div, y, x)?;
-                    let d = b.mul(c, q)?;
-                    Some(b.mul(g, d)?)
-                }
-                UnaryOp::Erf => {
-                    let c = b.full_like(x, std::f64::consts::FRAC_2_SQRT_PI)?;
-                    let x2 = b.mul(x, x)?;
-                    let nx2 = b.un(UnaryOp::Neg, x2)?;
-                    let e = b.un(UnaryOp::Exp, nx2)?;
-                    let d = b.mul(c, e)?;
-                    Some(b.mul(g, d)?)
-                }
-                UnaryOp::ErfInv => {
-                    let c = b.full_like(y, std::f64::consts::PI.sqrt() / 2.0)?;
-                    let y2 = b.mul(y, y)?;
-                    let e = b.un(UnaryOp::Exp, y2)?;
-                    let d = b.mul(c, e)?;
-                    Some(b.mul(g, d)?)
-                }
-                UnaryOp::Not => None,
-            };
-            vec![ct]
-        }
-        Op::Binary(op2) => {
-            let (x, z) = (xs[0], xs[1]);
-            match op2 {
-                BinaryOp::Add => vec![Some(g), Some(g)],
-                BinaryOp::Sub => vec![Some(g), want!(1, b.un(UnaryOp::Neg, g)?)],
-                BinaryOp::Mul => vec![want!(0, b.mul(g, z)?), want!(1, b.mul(x, g)?)],
-                BinaryOp::Div => {
-                    let cx = want!(0, b.bin(BinaryOp::Div, g, z)?);
-                    let cz = want!(1, {
-                        let ng = b.un(UnaryOp::Neg, g)?;
-                        let n = b.mul(ng, x)?;
-                        let zz = b.mul(z, z)?;
-                        b.bin(BinaryOp::Div, n, zz)?
-                    });
-                    vec![cx, cz]
-                }
-                // rem(x, z) = x - z * trunc(x / z).
-                BinaryOp::Rem => {
-                    let cz = want!(1, {
-                        let q = b.bin(BinaryOp::Div, x, z)?;
-                        let s = b.un(UnaryOp::Sign, q)?;
-                        let a = b.un(UnaryOp::Abs, q)?;
-                        let f = b.un(UnaryOp::Floor, a)?;
-                        let t = b.mul(s, f)?;
-                        let gt = b.mul(g, t)?;
-                        b.un(UnaryOp::Neg, gt)?
-                    });
-                    vec![Some(g), cz]
-                }
-                // JAX's balanced rule: the whole cotangent to the larger operand, half each at
-                // a tie.
-                BinaryOp::Max | BinaryOp::Min => {
-                    let half = b.full_like(y, 0.5)?;
-                    let one = b.full_like(y, 1.0)?;
-                    let zero = b.full_like(y, 0.0)?;
-                    let mut side = |a: NodeId, other: NodeId| -> Result<NodeId> {
-                        let a_is = b.cmp(CompareOp::Eq, a, y)?;
-                        let o_is = b.cmp(CompareOp::Eq, other, y)?;
-                        let w = b.select(o_is, half, one)?;
-                        let w = b.select(a_is, w, zero)?;
-                        b.mul(g, w)
-                    };
-                    vec![want!(0, side(x, z)?), want!(1, side(z, x)?)]
-                }
-                BinaryOp::Pow => {
-                    let cx = want!(0, {
-                        let one = b.full_like(z, 1.0)?;
-                        let zm1 = b.bin(BinaryOp::Sub, z, one)?;
-                        let p = b.bin(BinaryOp::Pow, x, zm1)?;
-                        let d = b.mul(z, p)?;
-                        b.mul(g, d)?
-                    });
-                    // log(x) * x^z, with x == 0 giving 0 rather than NaN, as JAX.
-                    let cz = want!(1, {
-                        let zero = b.full_like(x, 0.0)?;
-                        let is0 = b.cmp(CompareOp::Eq, x, zero)?;
-                        let one_x = b.full_like(x, 1.0)?;
-                        let safe = b.select(is0, one_x, x)?;
-                        let l = b.un(UnaryOp::Log, safe)?;
-                        let gy = b.mul(g, y)?;
-                        b.mul(gy, l)?
-                    });
-                    vec![cx, cz]
-                }
-                BinaryOp::And
-                | BinaryOp::Or
-                | BinaryOp::Xor
-                | BinaryOp::ShiftLeft
-                | BinaryOp::ShiftRightLogical => vec![],
-            }
-        }
-        Op::Compare(_) => vec![],
-        Op::Select => {
-            let p = xs[0];
-            let zero = b.full_like(g, 0.0)?;
-            vec![
-                None,
-                want!(1, b.select(p, g, zero)?),
-                want!(2, b.select(p, zero, g)?),
-            ]
-        }
-        Op::Convert(_) => {
-            let from = b.ty(xs[0]).dtype;
-            if from.is_float() {
-                vec![Some(b.add(Op::Convert(from), &[g])?)]
-            } else {
-                vec![]
-            }
-        }
-        // Reinterpreting bits has no derivative, except the identity (a type to itself).
-        Op::Bitcast(to) => {
-            if b.ty(xs[0]).dtype == *to {
-                vec![Some(g)]
-            } else {
-                vec![]
-            }
-        }
-        Op::BroadcastInDim { shape, dims } => {
-            let from = b.ty(xs[0]);
-            let summed: Vec<usize> = (0..shape.rank())
-                .filter(|d| match dims.iter().position(|x| x == d) {
-                    None => true,
-                    Some(i) => from.dims()[i] == 1 && shape.dims()[*d] != 1,
-                })
-                .collect();
-            let s = b.reduce_sum(g, summed)?;
-            vec![Some(b.reshape(s, &from.shape)?)]
-        }
-        Op::Reshape(_) => {
-            let from = b.ty(xs[0]);
-            vec![Some(b.reshape(g, &from.shape)?)]
-        }
-        Op::Transpose(perm) => {
-            let mut inv = vec![0; perm.len()];
-            for (i, &p) in perm.iter().enumerate() {
-                inv[p] = i;
-            }
-            vec![Some(b.transpose(g, inv)?)]
-        }
-        Op::Slice { start, stride, .. } => {
-            let from = b.ty(xs[0]);
-            let out = b.ty(y);
-            let zero = b.zero_scalar(from.dtype)?;
-            let interior: Vec<usize> = stride.iter().map(|s| s - 1).collect();
-            let low: Vec<i64> = start.iter().map(|&s| s as i64).collect();
-            let high: Vec<i64> = (0..from.rank())
-                .map(|d| {
-                    let n = out.dims()[d] as i64;
-                    from.dims()[d] as i64 - low[d] - (n + (n - 1).max(0) * interior[d] as i64)
-                })
-                .collect();
-            vec![Some(b.add(
-                Op::Pad {
-                    low,
-                    high,
-                    interior,
-                },
-                &[g, zero],
-            )?)]
-        }
-        Op::Concatenate { dim } => {
-            let gt = b.ty(g);
-            let mut offset = 0;
-            let mut cts = Vec::new();
-            for (i, &x) in xs.iter().enumerate() {
-                let t = b.ty(x);
-                let mut start = vec![0; gt.rank()];
-                let mut limit = gt.dims().to_vec();
-                start[*dim] = offset;
-                limit[*dim] = offset + t.dims()[*dim];
-                offset += t.dims()[*dim];
-                cts.push(want!(
-                    i,
-                    b.add(
-                        Op::Slice {
-                            start,
-                            limit,
-                            stride: vec![1; gt.rank()],
-                        },
-                        &[g],
-                    )?
-                ));
-            }
-            cts
-        }
+    let at = At { y, xs, needed, g };
+    match op {
+        Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } => Ok(vec![]),
+        Op::Unary(u) => elementwise::unary(b, *u, &at),
+        Op::Binary(op2) => elementwise::binary(b, *op2, &at),
+        Op::Compare(_) => Ok(vec![]),
+        Op::Select => elementwise::select(b, &at),
+        Op::Convert(_) => elementwise::convert(b, &at),
+        Op::Bitcast(to) => elementwise::bitcast(b, *to, &at),
+        Op::BroadcastInDim { shape, dims } => movement::broadcast_in_dim(b, shape, dims, &at),
+        Op::Reshape(_) => movement::reshape(b, &at),
+        Op::Transpose(perm) => movement::transpose(b, perm, &at),
+        Op::Slice { start, stride, .. } => movement::slice(b, start, stride, &at),
+        Op::Concatenate { dim } => movement::concatenate(b, *dim, &at),
         Op::Pad {
             low,
             high,
             interior,
-        } => {
-            let gt = b.ty(g);
-            let zero = b.zero_scalar(gt.dtype)?;
-            let unpadded = b.add(
-                Op::Pad {
-                    low: low.iter().map(|l| -l).collect(),
-                    high: high.iter().map(|h| -h).collect(),
-                    interior: vec![0; gt.rank()],
-                },
-                &[g, zero],
-            )?;
-            let ut = b.ty(unpadded);
-            let ct_x = b.add(
-                Op::Slice {
-                    start: vec![0; gt.rank()],
-                    limit: ut.dims().to_vec(),
-                    stride: interior.iter().map(|i| i + 1).collect(),
-                },
-                &[unpadded],
-            )?;
-            let ct_v = want!(1, {
-                let all: Vec<usize> = (0..gt.rank()).collect();
-                let total = b.reduce_sum(g, all.clone())?;
-                let inner = b.reduce_sum(ct_x, all)?;
-                b.bin(BinaryOp::Sub, total, inner)?
-            });
-            vec![Some(ct_x), ct_v]
+        } => movement::pad(b, low, high, interior, &at),
+        Op::Reduce { kind, axes } => reduction::reduce(b, *kind, axes, &at),
+        Op::ArgMax { .. } => Ok(vec![]),
+        Op::DotGeneral(dd) => dot_general_vjp(b, dd, xs[0], xs[1], needed, g),
+        Op::Collective(c) => collective::collective(b, op, c, &at),
+        Op::ShardingConstraint(s) => {
+            Ok(vec![Some(b.add(Op::ShardingConstraint(s.clone()), &[g])?)])
         }
-        Op::Reduce { kind, axes } => {
-            let from = b.ty(xs[0]);
-            let kept: Vec<usize> = (0..from.rank()).filter(|d| !axes.contains(d)).collect();
-            match kind {
-                ReduceKind::Sum => vec![Some(b.broadcast(g, &from.shape, kept)?)],
-                // JAX's chooser rule: the cotangent is shared equally by every element that
-                // attains the extremum.
-                ReduceKind::Max | ReduceKind::Min => {
-                    let yb = b.broadcast(y, &from.shape, kept.clone())?;
-                    let eq = b.cmp(CompareOp::Eq, xs[0], yb)?;
-                    let mask = b.add(Op::Convert(from.dtype), &[eq])?;
-                    let counts = b.reduce_sum(mask, axes.clone())?;
-                    let share = b.bin(BinaryOp::Div, g, counts)?;
-                    let sb = b.broadcast(share, &from.shape, kept)?;
-                    vec![Some(b.mul(sb, mask)?)]
-                }
+    }
+}
+
+/// VJPs of the elementwise ops.
+mod elementwise {
+    use super::{At, Builder, Result};
+    use tessera_ir::{BinaryOp, CompareOp, DType, NodeId, Op, UnaryOp};
+
+    pub(super) fn unary(b: &mut Builder, u: UnaryOp, at: &At) -> Result<Vec<Option<NodeId>>> {
+        let (x, y, g) = (at.xs[0], at.y, at.g);
+        let ct = match u {
+            UnaryOp::Neg => Some(b.un(UnaryOp::Neg, g)?),
+            UnaryOp::Abs => {
+                let s = b.un(UnaryOp::Sign, x)?;
+                Some(b.mul(g, s)?)
             }
+            // Piecewise constant: zero almost everywhere, as in JAX.
+            UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => None,
+            UnaryOp::Exp => Some(b.mul(g, y)?),
+            UnaryOp::Log => Some(b.bin(BinaryOp::Div, g, x)?),
+            UnaryOp::Log1p => {
+                let one = b.full_like(x, 1.0)?;
+                let d = b.bin(BinaryOp::Add, x, one)?;
+                Some(b.bin(BinaryOp::Div, g, d)?)
+            }
+            UnaryOp::Expm1 => {
+                let one = b.full_like(y, 1.0)?;
+                let d = b.bin(BinaryOp::Add, y, one)?;
+                Some(b.mul(g, d)?)
+            }
+            // JAX: (g + g*ans) * (1 - ans), transposed: a = g*(1-ans); a + a*ans.
+            UnaryOp::Tanh => {
+                let one = b.full_like(y, 1.0)?;
+                let t = b.bin(BinaryOp::Sub, one, y)?;
+                let a = b.mul(g, t)?;
+                let ay = b.mul(a, y)?;
+                Some(b.bin(BinaryOp::Add, a, ay)?)
+            }
+            UnaryOp::Logistic => {
+                let one = b.full_like(y, 1.0)?;
+                let t = b.bin(BinaryOp::Sub, one, y)?;
+                let gy = b.mul(g, y)?;
+                Some(b.mul(gy, t)?)
+            }
+            UnaryOp::Sin => {
+                let c = b.un(UnaryOp::Cos, x)?;
+                Some(b.mul(g, c)?)
+            }
+            UnaryOp::Cos => {
+                let s = b.un(UnaryOp::Sin, x)?;
+                let gs = b.mul(g, s)?;
+                Some(b.un(UnaryOp::Neg, gs)?)
+            }
+            UnaryOp::Sqrt => {
+                let half = b.full_like(y, 0.5)?;
+                let d = b.bin(BinaryOp::Div, half, y)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Rsqrt => {
+                let c = b.full_like(y, -0.5)?;
+                let q = b.bin(BinaryOp::Div, y, x)?;
+                let d = b.mul(c, q)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Erf => {
+                let c = b.full_like(x, std::f64::consts::FRAC_2_SQRT_PI)?;
+                let x2 = b.mul(x, x)?;
+                let nx2 = b.un(UnaryOp::Neg, x2)?;
+                let e = b.un(UnaryOp::Exp, nx2)?;
+                let d = b.mul(c, e)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::ErfInv => {
+                let c = b.full_like(y, std::f64::consts::PI.sqrt() / 2.0)?;
+                let y2 = b.mul(y, y)?;
+                let e = b.un(UnaryOp::Exp, y2)?;
+                let d = b.mul(c, e)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Not => None,
+        };
+        Ok(vec![ct])
+    }
+
+    pub(super) fn binary(b: &mut Builder, op: BinaryOp, at: &At) -> Result<Vec<Option<NodeId>>> {
+        let (x, z, y, g) = (at.xs[0], at.xs[1], at.y, at.g);
+        Ok(match op {
+            BinaryOp::Add => vec![Some(g), Some(g)],
+            BinaryOp::Sub => vec![Some(g), at.want(b, 1, |b| b.un(UnaryOp::Neg, g))?],
+            BinaryOp::Mul => vec![
+                at.want(b, 0, |b| b.mul(g, z))?,
+                at.want(b, 1, |b| b.mul(x, g))?,
+            ],
+            BinaryOp::Div => {
+                let cx = at.want(b, 0, |b| b.bin(BinaryOp::Div, g, z))?;
+                let cz = at.want(b, 1, |b| {
+                    let ng = b.un(UnaryOp::Neg, g)?;
+                    let n = b.mul(ng, x)?;
+                    let zz = b.mul(z, z)?;
+                    b.bin(BinaryOp::Div, n, zz)
+                })?;
+                vec![cx, cz]
+            }
+            // rem(x, z) = x - z * trunc(x / z).
+            BinaryOp::Rem => {
+                let cz = at.want(b, 1, |b| {
+                    let q = b.bin(BinaryOp::Div, x, z)?;
+                    let s = b.un(UnaryOp::Sign, q)?;
+                    let a = b.un(UnaryOp::Abs, q)?;
+                    let f = b.un(UnaryOp::Floor, a)?;
+                    let t = b.mul(s, f)?;
+                    let gt = b.mul(g, t)?;
+                    b.un(UnaryOp::Neg, gt)
+                })?;
+                vec![Some(g), cz]
+            }
+            // JAX's balanced rule: the whole cotangent to the larger operand, half each at
+            // a tie.
+            BinaryOp::Max | BinaryOp::Min => {
+                let half = b.full_like(y, 0.5)?;
+                let one = b.full_like(y, 1.0)?;
+                let zero = b.full_like(y, 0.0)?;
+                let side = |b: &mut Builder, a: NodeId, other: NodeId| -> Result<NodeId> {
+                    let a_is = b.cmp(CompareOp::Eq, a, y)?;
+                    let o_is = b.cmp(CompareOp::Eq, other, y)?;
+                    let w = b.select(o_is, half, one)?;
+                    let w = b.select(a_is, w, zero)?;
+                    b.mul(g, w)
+                };
+                vec![
+                    at.want(b, 0, |b| side(b, x, z))?,
+                    at.want(b, 1, |b| side(b, z, x))?,
+                ]
+            }
+            BinaryOp::Pow => {
+                let cx = at.want(b, 0, |b| {
+                    let one = b.full_like(z, 1.0)?;
+                    let zm1 = b.bin(BinaryOp::Sub, z, one)?;
+                    let p = b.bin(BinaryOp::Pow, x, zm1)?;
+                    let d = b.mul(z, p)?;
+                    b.mul(g, d)
+                })?;
+                // log(x) * x^z, with x == 0 giving 0 rather than NaN, as JAX.
+                let cz = at.want(b, 1, |b| {
+                    let zero = b.full_like(x, 0.0)?;
+                    let is0 = b.cmp(CompareOp::Eq, x, zero)?;
+                    let one_x = b.full_like(x, 1.0)?;
+                    let safe = b.select(is0, one_x, x)?;
+                    let l = b.un(UnaryOp::Log, safe)?;
+                    let gy = b.mul(g, y)?;
+                    b.mul(gy, l)
+                })?;
+                vec![cx, cz]
+            }
+            BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::Xor
+            | BinaryOp::ShiftLeft
+            | BinaryOp::ShiftRightLogical => vec![],
+        })
+    }
+
+    pub(super) fn select(b: &mut Builder, at: &At) -> Result<Vec<Option<NodeId>>> {
+        let (p, g) = (at.xs[0], at.g);
+        let zero = b.full_like(g, 0.0)?;
+        Ok(vec![
+            None,
+            at.want(b, 1, |b| b.select(p, g, zero))?,
+            at.want(b, 2, |b| b.select(p, zero, g))?,
+        ])
+    }
+
+    pub(super) fn convert(b: &mut Builder, at: &At) -> Result<Vec<Option<NodeId>>> {
+        let from = b.ty(at.xs[0]).dtype;
+        Ok(if from.is_float() {
+            vec![Some(b.add(Op::Convert(from), &[at.g])?)]
+        } else {
+            vec![]
+        })
+    }
+
+    /// Reinterpreting bits has no derivative, except the identity (a type to itself).
+    pub(super) fn bitcast(b: &mut Builder, to: DType, at: &At) -> Result<Vec<Option<NodeId>>> {
+        Ok(if b.ty(at.xs[0]).dtype == to {
+            vec![Some(at.g)]
+        } else {
+            vec![]
+        })
+    }
+}
+
+/// VJPs of the ops that move elements: each moves the cotangent back.
+mod movement {
+    use super::{At, Builder, Result};
+    use tessera_ir::{BinaryOp, NodeId, Op, Shape};
+
+    pub(super) fn broadcast_in_dim(
+        b: &mut Builder,
+        shape: &Shape,
+        dims: &[usize],
+        at: &At,
+    ) -> Result<Vec<Option<NodeId>>> {
+        let from = b.ty(at.xs[0]);
+        let summed: Vec<usize> = (0..shape.rank())
+            .filter(|d| match dims.iter().position(|x| x == d) {
+                None => true,
+                Some(i) => from.dims()[i] == 1 && shape.dims()[*d] != 1,
+            })
+            .collect();
+        let s = b.reduce_sum(at.g, summed)?;
+        Ok(vec![Some(b.reshape(s, &from.shape)?)])
+    }
+
+    pub(super) fn reshape(b: &mut Builder, at: &At) -> Result<Vec<Option<NodeId>>> {
+        let from = b.ty(at.xs[0]);
+        Ok(vec![Some(b.reshape(at.g, &from.shape)?)])
+    }
+
+    pub(super) fn transpose(
+        b: &mut Builder,
+        perm: &[usize],
+        at: &At,
+    ) -> Result<Vec<Option<NodeId>>> {
+        let mut inv = vec![0; perm.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p] = i;
         }
-        Op::ArgMax { .. } => vec![],
-        Op::DotGeneral(dd) => dot_general_vjp(b, dd, xs[0], xs[1], needed, g)?,
-        Op::Collective(CollectiveOp::AllReduce { kind, axes }) => match kind {
-            ReduceKind::Sum => vec![Some(b.add(
-                Op::Collective(CollectiveOp::AllReduce {
+        Ok(vec![Some(b.transpose(at.g, inv)?)])
+    }
+
+    pub(super) fn slice(
+        b: &mut Builder,
+        start: &[usize],
+        stride: &[usize],
+        at: &At,
+    ) -> Result<Vec<Option<NodeId>>> {
+        let from = b.ty(at.xs[0]);
+        let out = b.ty(at.y);
+        let zero = b.zero_scalar(from.dtype)?;
+        let interior: Vec<usize> = stride.iter().map(|s| s - 1).collect();
+        let low: Vec<i64> = start.iter().map(|&s| s as i64).collect();
+        let high: Vec<i64> = (0..from.rank())
+            .map(|d| {
+                let n = out.dims()[d] as i64;
+                from.dims()[d] as i64 - low[d] - (n + (n - 1).max(0) * interior[d] as i64)
+            })
+            .collect();
+        Ok(vec![Some(b.add(
+            Op::Pad {
+                low,
+                high,
+                interior,
+            },
+            &[at.g, zero],
+        )?)])
+    }
+
+    pub(super) fn concatenate(b: &mut Builder, dim: usize, at: &At) -> Result<Vec<Option<NodeId>>> {
+        let gt = b.ty(at.g);
+        let mut offset = 0;
+        let mut cts = Vec::new();
+        for (i, &x) in at.xs.iter().enumerate() {
+            let t = b.ty(x);
+            let mut start = vec![0; gt.rank()];
+            let mut limit = gt.dims().to_vec();
+            start[dim] = offset;
+            limit[dim] = offset + t.dims()[dim];
+            offset += t.dims()[dim];
+            cts.push(at.want(b, i, |b| {
+                b.add(
+                    Op::Slice {
+                        start,
+                        limit,
+                        stride: vec![1; gt.rank()],
+                    },
+                    &[at.g],
+                )
+            })?);
+        }
+        Ok(cts)
+    }
+
+    pub(super) fn pad(
+        b: &mut Builder,
+        low: &[i64],
+        high: &[i64],
+        interior: &[usize],
+        at: &At,
+    ) -> Result<Vec<Option<NodeId>>> {
+        let g = at.g;
+        let gt = b.ty(g);
+        let zero = b.zero_scalar(gt.dtype)?;
+        let unpadded = b.add(
+            Op::Pad {
+                low: low.iter().map(|l| -l).collect(),
+                high: high.iter().map(|h| -h).collect(),
+                interior: vec![0; gt.rank()],
+            },
+            &[g, zero],
+        )?;
+        let ut = b.ty(unpadded);
+        let ct_x = b.add(
+            Op::Slice {
+                start: vec![0; gt.rank()],
+                limit: ut.dims().to_vec(),
+                stride: interior.iter().map(|i| i + 1).collect(),
+            },
+            &[unpadded],
+        )?;
+        let ct_v = at.want(b, 1, |b| {
+            let all: Vec<usize> = (0..gt.rank()).collect();
+            let total = b.reduce_sum(g, all.clone())?;
+            let inner = b.reduce_sum(ct_x, all)?;
+            b.bin(BinaryOp::Sub, total, inner)
+        })?;
+        Ok(vec![Some(ct_x), ct_v])
+    }
+}
+
+/// VJPs of the reductions.
+mod reduction {
+    use super::{At, Builder, Result};
+    use tessera_ir::{BinaryOp, CompareOp, NodeId, Op, ReduceKind};
+
+    pub(super) fn reduce(
+        b: &mut Builder,
+        kind: ReduceKind,
+        axes: &[usize],
+        at: &At,
+    ) -> Result<Vec<Option<NodeId>>> {
+        let (x, y, g) = (at.xs[0], at.y, at.g);
+        let from = b.ty(x);
+        let kept: Vec<usize> = (0..from.rank()).filter(|d| !axes.contains(d)).collect();
+        Ok(match kind {
+            ReduceKind::Sum => vec![Some(b.broadcast(g, &from.shape, kept)?)],
+            // JAX's chooser rule: the cotangent is shared equally by every element that
+            // attains the extremum.
+            ReduceKind::Max | ReduceKind::Min => {
+                let yb = b.broadcast(y, &from.shape, kept.clone())?;
+                let eq = b.cmp(CompareOp::Eq, x, yb)?;
+                let mask = b.add(Op::Convert(from.dtype), &[eq])?;
+                let counts = b.reduce_sum(mask, axes.to_vec())?;
+                let share = b.bin(BinaryOp::Div, g, counts)?;
+                let sb = b.broadcast(share, &from.shape, kept)?;
+                vec![Some(b.mul(sb, mask)?)]
+            }
+        })
+    }
+}
+
+/// VJPs of the collectives: each is the transposed collective over the same axes.
+mod collective {
+    use super::{At, AutodiffError, Builder, Result};
+    use tessera_ir::{CollectiveOp, NodeId, Op, ReduceKind};
+
+    pub(super) fn collective(
+        b: &mut Builder,
+        op: &Op,
+        c: &CollectiveOp,
+        at: &At,
+    ) -> Result<Vec<Option<NodeId>>> {
+        let not_diff = |why: &str| AutodiffError::NotDifferentiable {
+            op: op.name().into(),
+            why: why.into(),
+        };
+        let transposed = match c {
+            CollectiveOp::AxisIndex { .. } => return Ok(vec![]),
+            CollectiveOp::AllReduce { kind, axes } => match kind {
+                ReduceKind::Sum => CollectiveOp::AllReduce {
                     kind: ReduceKind::Sum,
                     axes: axes.clone(),
-                }),
-                &[g],
-            )?)],
-            ReduceKind::Max | ReduceKind::Min => {
-                return Err(not_diff(
-                    " (only the sum all_reduce has a gradient, as in JAX)",
-                ));
-            }
-        },
-        Op::Collective(CollectiveOp::AllGather { dim, axes }) => vec![Some(b.add(
-            Op::Collective(CollectiveOp::ReduceScatter {
+                },
+                ReduceKind::Max | ReduceKind::Min => {
+                    return Err(not_diff(
+                        " (only the sum all_reduce has a gradient, as in JAX)",
+                    ));
+                }
+            },
+            CollectiveOp::AllGather { dim, axes } => CollectiveOp::ReduceScatter {
                 kind: ReduceKind::Sum,
                 dim: *dim,
                 axes: axes.clone(),
-            }),
-            &[g],
-        )?)],
-        Op::Collective(CollectiveOp::ReduceScatter { kind, dim, axes }) => match kind {
-            ReduceKind::Sum => vec![Some(b.add(
-                Op::Collective(CollectiveOp::AllGather {
+            },
+            CollectiveOp::ReduceScatter { kind, dim, axes } => match kind {
+                ReduceKind::Sum => CollectiveOp::AllGather {
                     dim: *dim,
                     axes: axes.clone(),
-                }),
-                &[g],
-            )?)],
-            ReduceKind::Max | ReduceKind::Min => {
-                return Err(not_diff(" (only the sum reduce_scatter has a gradient)"));
-            }
-        },
-        Op::Collective(CollectiveOp::AllToAll {
-            split_dim,
-            concat_dim,
-            axes,
-        }) => vec![Some(b.add(
-            Op::Collective(CollectiveOp::AllToAll {
+                },
+                ReduceKind::Max | ReduceKind::Min => {
+                    return Err(not_diff(" (only the sum reduce_scatter has a gradient)"));
+                }
+            },
+            CollectiveOp::AllToAll {
+                split_dim,
+                concat_dim,
+                axes,
+            } => CollectiveOp::AllToAll {
                 split_dim: *concat_dim,
                 concat_dim: *split_dim,
                 axes: axes.clone(),
-            }),
-            &[g],
-        )?)],
-        Op::Collective(CollectiveOp::CollectivePermute { axes, pairs }) => vec![Some(b.add(
-            Op::Collective(CollectiveOp::CollectivePermute {
+            },
+            CollectiveOp::CollectivePermute { axes, pairs } => CollectiveOp::CollectivePermute {
                 axes: axes.clone(),
                 pairs: pairs.iter().map(|&(s, d)| (d, s)).collect(),
-            }),
-            &[g],
-        )?)],
-        Op::ShardingConstraint(s) => vec![Some(b.add(Op::ShardingConstraint(s.clone()), &[g])?)],
-    })
+            },
+        };
+        Ok(vec![Some(b.add(Op::Collective(transposed), &[at.g])?)])
+    }
 }
 
 /// `out = dot_general(l, r)`: each operand's cotangent is a `dot_general` of the output

@@ -362,7 +362,11 @@ impl Fuser<'_> {
         self.expr_inner(id, map, nvars, inputs)
     }
 
-    /// Node `id`'s own op applied to its operands' expressions.
+    /// Node `id`'s own op applied to its operands' expressions. This `match` only dispatches,
+    /// by op family: elementwise ops build one scalar expression of their operands at the same
+    /// index (`elementwise`), movement ops rewrite the index (`*_map`) or read their operand's
+    /// buffer (`reshape_expr`, `pad_expr`, `concatenate_expr`), and ops with a buffer of their
+    /// own are loaded (`buffer_load`).
     fn expr_inner(
         &mut self,
         id: NodeId,
@@ -371,174 +375,200 @@ impl Fuser<'_> {
         inputs: &mut Vec<usize>,
     ) -> Expr {
         let g = self.g;
-        let ty = g.ty(id).clone();
         let ops = g.operands(id);
-        let dt = ty.dtype;
+        let dt = g.ty(id).dtype;
         match g.op(id).clone() {
             Op::Constant(lit) => Expr::Const(dt, scalar_of(&lit.data)),
             Op::Iota { dim, .. } => Expr::Index(dt, map[dim].clone()),
-            Op::Unary(u) => Expr::Unary(u, dt, Box::new(self.expr(ops[0], map, nvars, inputs))),
+            Op::Unary(u) => self.elementwise(&ops, map, nvars, inputs, |[x]| Expr::Unary(u, dt, x)),
             Op::Binary(b) => {
-                let x = self.expr(ops[0], map, nvars, inputs);
-                let y = self.expr(ops[1], map, nvars, inputs);
-                Expr::Binary(b, dt, Box::new(x), Box::new(y))
+                self.elementwise(&ops, map, nvars, inputs, |[x, y]| Expr::Binary(b, dt, x, y))
             }
             Op::Compare(c) => {
-                let x = self.expr(ops[0], map, nvars, inputs);
-                let y = self.expr(ops[1], map, nvars, inputs);
-                Expr::Compare(c, g.ty(ops[0]).dtype, Box::new(x), Box::new(y))
+                let from = g.ty(ops[0]).dtype;
+                self.elementwise(&ops, map, nvars, inputs, |[x, y]| {
+                    Expr::Compare(c, from, x, y)
+                })
             }
-            Op::Select => {
-                let p = self.expr(ops[0], map, nvars, inputs);
-                let t = self.expr(ops[1], map, nvars, inputs);
-                let f = self.expr(ops[2], map, nvars, inputs);
-                Expr::Select(dt, Box::new(p), Box::new(t), Box::new(f))
+            Op::Select => self.elementwise(&ops, map, nvars, inputs, |[p, t, f]| {
+                Expr::Select(dt, p, t, f)
+            }),
+            Op::Convert(to) => {
+                let from = g.ty(ops[0]).dtype;
+                self.elementwise(&ops, map, nvars, inputs, |[x]| Expr::Convert {
+                    from,
+                    to,
+                    x,
+                })
             }
-            Op::Convert(to) => Expr::Convert {
-                from: g.ty(ops[0]).dtype,
-                to,
-                x: Box::new(self.expr(ops[0], map, nvars, inputs)),
-            },
-            Op::Bitcast(to) => Expr::Bitcast {
-                from: g.ty(ops[0]).dtype,
-                to,
-                x: Box::new(self.expr(ops[0], map, nvars, inputs)),
-            },
+            Op::Bitcast(to) => {
+                let from = g.ty(ops[0]).dtype;
+                self.elementwise(&ops, map, nvars, inputs, |[x]| Expr::Bitcast {
+                    from,
+                    to,
+                    x,
+                })
+            }
             Op::BroadcastInDim { dims, .. } => {
-                let from = g.ty(ops[0]).dims().to_vec();
-                let m: Vec<Lin> = dims
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &d)| {
-                        if from[i] == 1 {
-                            Lin::zero(nvars)
-                        } else {
-                            map[d].clone()
-                        }
-                    })
-                    .collect();
+                let m = broadcast_map(g.ty(ops[0]).dims(), &dims, map, nvars);
                 self.expr(ops[0], &m, nvars, inputs)
             }
             Op::Transpose(perm) => {
-                let mut m = vec![Lin::zero(nvars); perm.len()];
-                for (i, &p) in perm.iter().enumerate() {
-                    m[p] = map[i].clone();
-                }
-                self.expr(ops[0], &m, nvars, inputs)
+                self.expr(ops[0], &transpose_map(&perm, map, nvars), nvars, inputs)
             }
             Op::Slice { start, stride, .. } => {
-                let m: Vec<Lin> = map
-                    .iter()
-                    .enumerate()
-                    .map(|(d, l)| l.scale(stride[d] as i64).offset(start[d] as i64))
-                    .collect();
-                self.expr(ops[0], &m, nvars, inputs)
+                self.expr(ops[0], &slice_map(&start, &stride, map), nvars, inputs)
             }
             Op::ShardingConstraint(_) => self.expr(ops[0], map, nvars, inputs),
             // Every contracting dim has size 1: a broadcast product, fused like elementwise ops.
             Op::DotGeneral(dd) if is_outer_product(&dd, g.ty(ops[0])) => {
-                let (lt, rt) = (g.ty(ops[0]).clone(), g.ty(ops[1]).clone());
-                let nb = dd.lhs_batch.len();
-                let lfree = dd.lhs_free(lt.rank());
-                let rfree = dd.rhs_free(rt.rank());
-                let mut lmap = vec![Lin::zero(nvars); lt.rank()];
-                let mut rmap = vec![Lin::zero(nvars); rt.rank()];
-                for (i, (&a, &b)) in dd.lhs_batch.iter().zip(&dd.rhs_batch).enumerate() {
-                    lmap[a] = map[i].clone();
-                    rmap[b] = map[i].clone();
-                }
-                for (j, &a) in lfree.iter().enumerate() {
-                    lmap[a] = map[nb + j].clone();
-                }
-                for (j, &b) in rfree.iter().enumerate() {
-                    rmap[b] = map[nb + lfree.len() + j].clone();
-                }
+                let (lmap, rmap) = outer_product_maps(&dd, g.ty(ops[0]), g.ty(ops[1]), map, nvars);
                 let x = self.expr(ops[0], &lmap, nvars, inputs);
                 let y = self.expr(ops[1], &rmap, nvars, inputs);
                 Expr::Binary(tessera_ir::BinaryOp::Mul, dt, Box::new(x), Box::new(y))
             }
-            // The operand is a buffer (fusion forces it): the reshape reads it at the row-major
-            // offset of the reshaped index.
-            Op::Reshape(shape) => {
-                let b = self.materialized_buf(ops[0]);
-                load(
-                    Self::slot(inputs, b),
-                    g.ty(ops[0]).dtype,
-                    row_major(shape.dims()),
-                    map,
-                )
-            }
-            // An empty input is never read: every element is padding (a guarded load would be
-            // clamped into an empty range, to -1).
-            Op::Pad { .. } if g.ty(ops[0]).numel() == 0 => self.expr(ops[1], &[], nvars, inputs),
+            Op::Reshape(shape) => self.reshape_expr(ops[0], &shape, map, inputs),
             Op::Pad { low, interior, .. } => {
-                let src = g.ty(ops[0]).clone();
-                let b = self.materialized_buf(ops[0]);
-                let mut conds = Vec::new();
-                let mut coords = Vec::new();
-                for d in 0..src.rank() {
-                    let lin = map[d].offset(-low[d]);
-                    let div = interior[d] as i64 + 1;
-                    let extent = src.dims()[d] as i64;
-                    conds.push(Cond {
-                        lin: lin.clone(),
-                        div,
-                        extent,
-                    });
-                    coords.push(Coord {
-                        lin,
-                        div,
-                        clamp: Some(extent),
-                    });
-                }
-                let then = Expr::Load {
-                    buf: Self::slot(inputs, b),
-                    dtype: src.dtype,
-                    strides: row_major(src.dims()),
-                    coords,
-                };
-                let value = self.expr(ops[1], &[], nvars, inputs);
-                Expr::Guard {
-                    dtype: dt,
-                    conds,
-                    then: Box::new(then),
-                    otherwise: Box::new(value),
-                }
+                self.pad_expr(ops[0], ops[1], &low, &interior, dt, map, nvars, inputs)
             }
-            Op::Concatenate { dim } => {
-                // An empty operand holds no coordinate of the result: it is never read (its
-                // clamp range would be empty), so it takes no part in the guards.
-                let ops: Vec<NodeId> = ops.into_iter().filter(|&o| g.ty(o).numel() > 0).collect();
-                let mut offsets = Vec::new();
-                let mut acc = 0i64;
-                for &o in &ops {
-                    offsets.push(acc);
-                    acc += g.ty(o).dims()[dim] as i64;
-                }
-                offsets.push(acc);
-                if ops.is_empty() {
-                    // With every operand empty the result is empty too, and the kernel's loops
-                    // run zero times: any expression of the right dtype will do.
-                    return Expr::Const(dt, scalar_of(&Data::zeros(dt, 1)));
-                }
-                // Input slots in the order of the former linear guard chain (last operand
-                // first), so small concatenates keep their kernels.
-                for &o in ops.iter().rev() {
-                    let b = self.materialized_buf(o);
-                    Self::slot(inputs, b);
-                }
-                self.concat_tree(&ops, &offsets, 0, ops.len(), dim, dt, map, inputs)
-            }
+            Op::Concatenate { dim } => self.concatenate_expr(ops, dim, dt, map, inputs),
             Op::Parameter(_)
             | Op::DotGeneral(_)
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
-            | Op::Collective(_) => {
-                let b = self.materialized_buf(id);
-                let ty = g.ty(id);
-                load(Self::slot(inputs, b), ty.dtype, row_major(ty.dims()), map)
-            }
+            | Op::Collective(_) => self.buffer_load(id, map, inputs),
         }
+    }
+
+    /// An elementwise op: `build` applied to the expressions of its `N` operands, all at the
+    /// result's index (built in operand order, which fixes the kernel's input slots).
+    fn elementwise<const N: usize>(
+        &mut self,
+        ops: &[NodeId],
+        map: &[Lin],
+        nvars: usize,
+        inputs: &mut Vec<usize>,
+        build: impl FnOnce([Box<Expr>; N]) -> Expr,
+    ) -> Expr {
+        let args: Vec<Box<Expr>> = ops[..N]
+            .iter()
+            .map(|&o| Box::new(self.expr(o, map, nvars, inputs)))
+            .collect();
+        let args: [Box<Expr>; N] = args
+            .try_into()
+            .expect("an elementwise op has as many operands as its arity");
+        build(args)
+    }
+
+    /// The value of a node that has its own buffer (fusion forces it): a plain load.
+    fn buffer_load(&mut self, id: NodeId, map: &[Lin], inputs: &mut Vec<usize>) -> Expr {
+        let b = self.materialized_buf(id);
+        let ty = self.g.ty(id);
+        load(Self::slot(inputs, b), ty.dtype, row_major(ty.dims()), map)
+    }
+
+    /// The operand is a buffer (fusion forces it): the reshape reads it at the row-major
+    /// offset of the reshaped index.
+    fn reshape_expr(
+        &mut self,
+        operand: NodeId,
+        shape: &tessera_ir::Shape,
+        map: &[Lin],
+        inputs: &mut Vec<usize>,
+    ) -> Expr {
+        let b = self.materialized_buf(operand);
+        load(
+            Self::slot(inputs, b),
+            self.g.ty(operand).dtype,
+            row_major(shape.dims()),
+            map,
+        )
+    }
+
+    /// `pad operand, value`: a guarded load of the operand's buffer, `value` elsewhere.
+    #[allow(clippy::too_many_arguments)]
+    fn pad_expr(
+        &mut self,
+        operand: NodeId,
+        value: NodeId,
+        low: &[i64],
+        interior: &[usize],
+        dt: DType,
+        map: &[Lin],
+        nvars: usize,
+        inputs: &mut Vec<usize>,
+    ) -> Expr {
+        let src = self.g.ty(operand).clone();
+        // An empty input is never read: every element is padding (a guarded load would be
+        // clamped into an empty range, to -1).
+        if src.numel() == 0 {
+            return self.expr(value, &[], nvars, inputs);
+        }
+        let b = self.materialized_buf(operand);
+        let mut conds = Vec::new();
+        let mut coords = Vec::new();
+        for d in 0..src.rank() {
+            let lin = map[d].offset(-low[d]);
+            let div = interior[d] as i64 + 1;
+            let extent = src.dims()[d] as i64;
+            conds.push(Cond {
+                lin: lin.clone(),
+                div,
+                extent,
+            });
+            coords.push(Coord {
+                lin,
+                div,
+                clamp: Some(extent),
+            });
+        }
+        let then = Expr::Load {
+            buf: Self::slot(inputs, b),
+            dtype: src.dtype,
+            strides: row_major(src.dims()),
+            coords,
+        };
+        let value = self.expr(value, &[], nvars, inputs);
+        Expr::Guard {
+            dtype: dt,
+            conds,
+            then: Box::new(then),
+            otherwise: Box::new(value),
+        }
+    }
+
+    /// `concatenate` along `dim`: a balanced tree of guarded loads (`concat_tree`).
+    fn concatenate_expr(
+        &mut self,
+        ops: Vec<NodeId>,
+        dim: usize,
+        dt: DType,
+        map: &[Lin],
+        inputs: &mut Vec<usize>,
+    ) -> Expr {
+        let g = self.g;
+        // An empty operand holds no coordinate of the result: it is never read (its
+        // clamp range would be empty), so it takes no part in the guards.
+        let ops: Vec<NodeId> = ops.into_iter().filter(|&o| g.ty(o).numel() > 0).collect();
+        let mut offsets = Vec::new();
+        let mut acc = 0i64;
+        for &o in &ops {
+            offsets.push(acc);
+            acc += g.ty(o).dims()[dim] as i64;
+        }
+        offsets.push(acc);
+        if ops.is_empty() {
+            // With every operand empty the result is empty too, and the kernel's loops
+            // run zero times: any expression of the right dtype will do.
+            return Expr::Const(dt, scalar_of(&Data::zeros(dt, 1)));
+        }
+        // Input slots in the order of the former linear guard chain (last operand
+        // first), so small concatenates keep their kernels.
+        for &o in ops.iter().rev() {
+            let b = self.materialized_buf(o);
+            Self::slot(inputs, b);
+        }
+        self.concat_tree(&ops, &offsets, 0, ops.len(), dim, dt, map, inputs)
     }
 
     /// Operands `lo..hi` of a concatenate along `dim` (`offsets[k]` is where operand `k`
@@ -688,6 +718,65 @@ impl Fuser<'_> {
     }
 }
 
+/// The operand index a `broadcast_in_dim` reads at the result index `map`: result dim
+/// `dims[i]` for operand dim `i`, 0 where the operand dim has size 1.
+fn broadcast_map(from: &[usize], dims: &[usize], map: &[Lin], nvars: usize) -> Vec<Lin> {
+    dims.iter()
+        .enumerate()
+        .map(|(i, &d)| {
+            if from[i] == 1 {
+                Lin::zero(nvars)
+            } else {
+                map[d].clone()
+            }
+        })
+        .collect()
+}
+
+/// The operand index a `transpose` reads: operand dim `perm[i]` is result dim `i`.
+fn transpose_map(perm: &[usize], map: &[Lin], nvars: usize) -> Vec<Lin> {
+    let mut m = vec![Lin::zero(nvars); perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        m[p] = map[i].clone();
+    }
+    m
+}
+
+/// The operand index a `slice` reads: `start + stride * i` in every dim.
+fn slice_map(start: &[usize], stride: &[usize], map: &[Lin]) -> Vec<Lin> {
+    map.iter()
+        .enumerate()
+        .map(|(d, l)| l.scale(stride[d] as i64).offset(start[d] as i64))
+        .collect()
+}
+
+/// The lhs and rhs indices of an outer-product `dot_general` at the result index `map`
+/// (batch dims, then the lhs free dims, then the rhs free dims; contracting dims are 0).
+fn outer_product_maps(
+    dd: &DotDims,
+    lt: &TensorType,
+    rt: &TensorType,
+    map: &[Lin],
+    nvars: usize,
+) -> (Vec<Lin>, Vec<Lin>) {
+    let nb = dd.lhs_batch.len();
+    let lfree = dd.lhs_free(lt.rank());
+    let rfree = dd.rhs_free(rt.rank());
+    let mut lmap = vec![Lin::zero(nvars); lt.rank()];
+    let mut rmap = vec![Lin::zero(nvars); rt.rank()];
+    for (i, (&a, &b)) in dd.lhs_batch.iter().zip(&dd.rhs_batch).enumerate() {
+        lmap[a] = map[i].clone();
+        rmap[b] = map[i].clone();
+    }
+    for (j, &a) in lfree.iter().enumerate() {
+        lmap[a] = map[nb + j].clone();
+    }
+    for (j, &b) in rfree.iter().enumerate() {
+        rmap[b] = map[nb + lfree.len() + j].clone();
+    }
+    (lmap, rmap)
+}
+
 /// A `dot_general` that contracts nothing but size-1 dims: an elementwise product.
 fn is_outer_product(dd: &DotDims, lhs: &TensorType) -> bool {
     dd.lhs_contract.iter().all(|&d| lhs.dims()[d] == 1)
@@ -761,13 +850,13 @@ fn combine(k: ReduceKind) -> Combine {
     }
 }
 
+/// Element 0 of `d` as a kernel constant; exact, since every element type fits in an f64.
 fn scalar_of(d: &Data) -> Scalar {
-    match d {
-        Data::F32(v) => Scalar::F(v[0] as f64),
-        Data::F64(v) => Scalar::F(v[0]),
-        Data::I32(v) => Scalar::I(v[0] as i64),
-        Data::U32(v) => Scalar::I(v[0] as i64),
-        Data::Bool(v) => Scalar::B(v[0]),
+    let x = d.get_f64(0);
+    match d.dtype() {
+        DType::F32 | DType::F64 => Scalar::F(x),
+        DType::I32 | DType::U32 => Scalar::I(x as i64),
+        DType::Bool => Scalar::B(x != 0.0),
     }
 }
 

@@ -175,7 +175,7 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                 op,
                 &args[1].data,
                 &args[2].data,
-                |t, f| each!(t, a => a.iter().zip(match_as(f)).zip(p).map(|((x, y), &c)| if c { *x } else { *y }).collect()),
+                |t, f| each!(t, a => a.iter().zip(f.as_slice().unwrap_or(&[])).zip(p).map(|((x, y), &c)| if c { *x } else { *y }).collect()),
             )?
         }
         Op::Convert(to) => convert(&args[0].data, *to),
@@ -191,7 +191,7 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                         .sum(),
                 )
             };
-            gather_data(&args[0].data, &ty.shape, map, None)
+            gather_data(op, &args[0].data, &ty.shape, map, None)?
         }
         Op::Reshape(_) | Op::ShardingConstraint(_) => args[0].data.clone(),
         Op::Transpose(perm) => {
@@ -204,7 +204,7 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                         .sum(),
                 )
             };
-            gather_data(&args[0].data, &ty.shape, map, None)
+            gather_data(op, &args[0].data, &ty.shape, map, None)?
         }
         Op::Slice { start, stride, .. } => {
             let strides = args[0].ty.shape.strides();
@@ -215,7 +215,7 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                         .sum(),
                 )
             };
-            gather_data(&args[0].data, &ty.shape, map, None)
+            gather_data(op, &args[0].data, &ty.shape, map, None)?
         }
         Op::Pad { low, interior, .. } => {
             let from = args[0].ty.dims();
@@ -232,7 +232,7 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                 }
                 Some(flat)
             };
-            gather_data(&args[0].data, &ty.shape, map, Some(&args[1].data))
+            gather_data(op, &args[0].data, &ty.shape, map, Some(&args[1].data))?
         }
         Op::Concatenate { dim } => {
             let mut offsets = Vec::new();
@@ -253,7 +253,8 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                     .ok_or_else(|| op_error(op, "index outside every operand"))?;
                 idx[*dim] -= offsets[k];
                 let src = ravel(&idx, &args[k].ty.shape.strides());
-                copy_element(&args[k].data, src, &mut out, f);
+                out.copy_element(f, &args[k].data, src)
+                    .map_err(|e| op_error(op, e.0))?;
             }
             out
         }
@@ -299,32 +300,6 @@ pub fn ravel(idx: &[usize], strides: &[usize]) -> usize {
     idx.iter().zip(strides).map(|(i, s)| i * s).sum()
 }
 
-/// Downcasts `Data` to the same element vector as the `each!` arm it is used in.
-trait MatchAs<T> {
-    fn get(d: &Data) -> &[T];
-}
-macro_rules! match_as_impl {
-    ($t:ty, $variant:ident) => {
-        impl MatchAs<$t> for $t {
-            fn get(d: &Data) -> &[$t] {
-                match d {
-                    Data::$variant(v) => v,
-                    _ => &[],
-                }
-            }
-        }
-    };
-}
-match_as_impl!(f32, F32);
-match_as_impl!(f64, F64);
-match_as_impl!(i32, I32);
-match_as_impl!(u32, U32);
-match_as_impl!(bool, Bool);
-
-fn match_as<T: MatchAs<T>>(d: &Data) -> &[T] {
-    T::get(d)
-}
-
 /// Runs `f` after checking that two operands hold the same element type and count.
 fn zip_same(
     op: &Op,
@@ -341,31 +316,15 @@ fn zip_same(
 /// Builds a result of `shape` whose element at each index is the source element `map` names,
 /// or the padding value where it names none.
 fn gather_data(
+    op: &Op,
     src: &Data,
     shape: &Shape,
     map: impl Fn(&[usize]) -> Option<usize>,
     fill: Option<&Data>,
-) -> Data {
+) -> Result<Data, InterpError> {
     let n = shape.numel();
     let sources: Vec<Option<usize>> = (0..n).map(|f| map(&unravel(f, shape.dims()))).collect();
-    each!(src, v => {
-        let pad = fill.and_then(|d| match_as(d).first().copied());
-        sources.iter().map(|s| match s {
-            Some(i) => v[*i],
-            None => pad.unwrap_or(v.first().copied().unwrap_or_default()),
-        }).collect()
-    })
-}
-
-fn copy_element(src: &Data, i: usize, dst: &mut Data, j: usize) {
-    match (src, dst) {
-        (Data::F32(s), Data::F32(d)) => d[j] = s[i],
-        (Data::F64(s), Data::F64(d)) => d[j] = s[i],
-        (Data::I32(s), Data::I32(d)) => d[j] = s[i],
-        (Data::U32(s), Data::U32(d)) => d[j] = s[i],
-        (Data::Bool(s), Data::Bool(d)) => d[j] = s[i],
-        _ => {}
-    }
+    src.gather(&sources, fill).map_err(|e| op_error(op, e.0))
 }
 
 fn unary(op: UnaryOp, x: &Data) -> Data {

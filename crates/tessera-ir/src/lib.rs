@@ -17,7 +17,7 @@ pub mod types;
 pub mod verify;
 
 pub use graph::{Graph, Node, NodeId};
-pub use literal::{Data, Literal};
+pub use literal::{Data, DataElement, DataError, Literal};
 pub use op::{
     ALL_OP_NAMES, BinaryOp, CollectiveOp, CompareOp, DotDims, Op, OpClass, ReduceKind, TypeError,
     UnaryOp,

@@ -629,421 +629,549 @@ impl Op {
     /// Collectives check their axes against `mesh`. Sizes are computed with checked
     /// arithmetic, and a result over the size limit of one tensor
     /// ([`TensorType::check_size`]) is an error.
+    ///
+    /// The rules are grouped by family, as JAX groups its primitives (`rules::elementwise`,
+    /// `rules::movement`, `rules::reduction`, `rules::dot`, `rules::collective`, ...); this
+    /// `match` only checks the arity and dispatches.
     pub fn infer_type(
         &self,
         operands: &[&TensorType],
         mesh: Option<&Mesh>,
     ) -> Result<TensorType, TypeError> {
-        let fail = |reason: String| TypeError {
-            op: self.name().to_string(),
-            operands: operands.iter().map(|t| (*t).clone()).collect(),
-            reason,
+        let cx = rules::Cx {
+            op: self,
+            operands,
+            mesh,
         };
         match self.arity() {
             Some(n) if n != operands.len() => {
-                return Err(fail(format!(
+                return Err(cx.fail(format!(
                     "takes {n} operand{}, got {}",
                     if n == 1 { "" } else { "s" },
                     operands.len()
                 )));
             }
-            None if operands.is_empty() => return Err(fail("takes at least one operand".into())),
+            None if operands.is_empty() => {
+                return Err(cx.fail("takes at least one operand".into()));
+            }
             _ => {}
         }
-        let check_axes = |axes: &[String]| -> Result<usize, TypeError> {
-            let mesh = mesh.ok_or_else(|| {
-                fail(format!(
+        let ty = match self {
+            Op::Parameter(_) => Err(cx.fail("parameters carry their own type".into())),
+            Op::Constant(lit) => rules::source::constant(&cx, lit),
+            Op::Iota { dim, ty } => rules::source::iota(&cx, *dim, ty),
+            Op::Unary(u) => rules::elementwise::unary(&cx, *u),
+            Op::Binary(b) => rules::elementwise::binary(&cx, *b),
+            Op::Compare(_) => rules::elementwise::compare(&cx),
+            Op::Select => rules::elementwise::select(&cx),
+            Op::Convert(to) => rules::elementwise::convert(&cx, *to),
+            Op::Bitcast(to) => rules::elementwise::bitcast(&cx, *to),
+            Op::BroadcastInDim { shape, dims } => {
+                rules::movement::broadcast_in_dim(&cx, shape, dims)
+            }
+            Op::Reshape(shape) => rules::movement::reshape(&cx, shape),
+            Op::Transpose(perm) => rules::movement::transpose(&cx, perm),
+            Op::Slice {
+                start,
+                limit,
+                stride,
+            } => rules::movement::slice(&cx, start, limit, stride),
+            Op::Concatenate { dim } => rules::movement::concatenate(&cx, *dim),
+            Op::Pad {
+                low,
+                high,
+                interior,
+            } => rules::movement::pad(&cx, low, high, interior),
+            Op::Reduce { axes, .. } => rules::reduction::reduce(&cx, axes),
+            Op::ArgMax { axis } => rules::reduction::argmax(&cx, *axis),
+            Op::DotGeneral(dd) => rules::dot::dot_general(&cx, dd),
+            Op::Collective(c) => rules::collective::collective(&cx, c),
+            Op::ShardingConstraint(s) => rules::annotation::sharding_constraint(&cx, s),
+        }?;
+        ty.check_size().map_err(|e| cx.fail(e))?;
+        Ok(ty)
+    }
+}
+
+/// The type rules of `Op::infer_type`, one module per op family. Each rule gets the operand
+/// types (their count already checked against the arity) through [`rules::Cx`].
+mod rules {
+    use super::{Mesh, Op, TensorType, TypeError};
+
+    /// What one type rule sees: the op (named in errors), its operand types and the mesh.
+    pub(super) struct Cx<'a> {
+        pub(super) op: &'a Op,
+        pub(super) operands: &'a [&'a TensorType],
+        pub(super) mesh: Option<&'a Mesh>,
+    }
+
+    type Rule = Result<TensorType, TypeError>;
+
+    impl Cx<'_> {
+        /// Operand `i`'s type.
+        fn t(&self, i: usize) -> &TensorType {
+            self.operands[i]
+        }
+
+        pub(super) fn fail(&self, reason: String) -> TypeError {
+            TypeError {
+                op: self.op.name().to_string(),
+                operands: self.operands.iter().map(|t| (*t).clone()).collect(),
+                reason,
+            }
+        }
+
+        fn check_dim(&self, dim: usize, rank: usize, what: &str) -> Result<(), TypeError> {
+            if dim >= rank {
+                Err(self.fail(format!("{what} {dim} is out of range for rank {rank}")))
+            } else {
+                Ok(())
+            }
+        }
+
+        /// The size of the device group of mesh axes `axes`.
+        fn check_axes(&self, axes: &[String]) -> Result<usize, TypeError> {
+            let mesh = self.mesh.ok_or_else(|| {
+                self.fail(format!(
                     "collective over {axes:?} outside of any mesh (the graph declares none)"
                 ))
             })?;
             if axes.is_empty() {
-                return Err(fail("needs at least one mesh axis".into()));
+                return Err(self.fail("needs at least one mesh axis".into()));
             }
             let mut size = 1;
             for (i, a) in axes.iter().enumerate() {
                 if axes[..i].contains(a) {
-                    return Err(fail(format!("mesh axis \"{a}\" is named twice")));
+                    return Err(self.fail(format!("mesh axis \"{a}\" is named twice")));
                 }
                 let n = mesh.axis_size(a).ok_or_else(|| {
-                    fail(format!(
+                    self.fail(format!(
                         "unknown mesh axis \"{a}\" (mesh @{} has {:?})",
                         mesh.name,
                         mesh.axes.iter().map(|(n, _)| n).collect::<Vec<_>>()
                     ))
                 })?;
                 size = usize::checked_mul(size, n)
-                    .ok_or_else(|| fail(format!("the group size of {axes:?} overflows")))?;
+                    .ok_or_else(|| self.fail(format!("the group size of {axes:?} overflows")))?;
             }
             Ok(size)
-        };
-        let check_dim = |dim: usize, rank: usize, what: &str| -> Result<(), TypeError> {
-            if dim >= rank {
-                Err(fail(format!(
-                    "{what} {dim} is out of range for rank {rank}"
-                )))
-            } else {
-                Ok(())
+        }
+    }
+
+    /// Values from attributes alone.
+    pub(super) mod source {
+        use super::{Cx, Rule};
+        use crate::literal::Literal;
+        use crate::types::{DType, TensorType};
+
+        pub(in crate::op) fn constant(cx: &Cx, lit: &Literal) -> Rule {
+            lit.check().map_err(|e| cx.fail(e))?;
+            Ok(lit.ty.clone())
+        }
+
+        pub(in crate::op) fn iota(cx: &Cx, dim: usize, ty: &TensorType) -> Rule {
+            cx.check_dim(dim, ty.rank(), "dimension")?;
+            if ty.dtype == DType::Bool {
+                return Err(cx.fail("iota of bool".into()));
             }
-        };
-        let result = match self {
-            Op::Parameter(_) => Err(fail("parameters carry their own type".into())),
-            Op::Constant(lit) => {
-                lit.check().map_err(&fail)?;
-                Ok(lit.ty.clone())
+            Ok(ty.clone())
+        }
+    }
+
+    /// One scalar function per element: the result has the operands' shape.
+    pub(super) mod elementwise {
+        use super::{Cx, Rule};
+        use crate::op::{BinaryOp, UnaryOp};
+        use crate::types::DType;
+
+        pub(in crate::op) fn unary(cx: &Cx, u: UnaryOp) -> Rule {
+            let t = cx.t(0);
+            if !u.accepts(t.dtype) {
+                return Err(cx.fail(format!("not defined for {}", t.dtype)));
             }
-            Op::Iota { dim, ty } => {
-                check_dim(*dim, ty.rank(), "dimension")?;
-                if ty.dtype == DType::Bool {
-                    return Err(fail("iota of bool".into()));
-                }
-                Ok(ty.clone())
+            Ok(t.clone())
+        }
+
+        pub(in crate::op) fn binary(cx: &Cx, b: BinaryOp) -> Rule {
+            let (a, c) = (cx.t(0), cx.t(1));
+            if a != c {
+                return Err(cx.fail("operand types differ".into()));
             }
-            Op::Unary(u) => {
-                let t = operands[0];
-                if !u.accepts(t.dtype) {
-                    return Err(fail(format!("not defined for {}", t.dtype)));
-                }
-                Ok(t.clone())
+            if !b.accepts(a.dtype) {
+                return Err(cx.fail(format!("not defined for {}", a.dtype)));
             }
-            Op::Binary(b) => {
-                let (a, c) = (operands[0], operands[1]);
-                if a != c {
-                    return Err(fail("operand types differ".into()));
-                }
-                if !b.accepts(a.dtype) {
-                    return Err(fail(format!("not defined for {}", a.dtype)));
-                }
-                Ok(a.clone())
+            Ok(a.clone())
+        }
+
+        pub(in crate::op) fn compare(cx: &Cx) -> Rule {
+            let (a, c) = (cx.t(0), cx.t(1));
+            if a != c {
+                return Err(cx.fail("operand types differ".into()));
             }
-            Op::Compare(_) => {
-                let (a, c) = (operands[0], operands[1]);
-                if a != c {
-                    return Err(fail("operand types differ".into()));
-                }
-                Ok(a.with_dtype(DType::Bool))
+            Ok(a.with_dtype(DType::Bool))
+        }
+
+        pub(in crate::op) fn select(cx: &Cx) -> Rule {
+            let (p, t, f) = (cx.t(0), cx.t(1), cx.t(2));
+            if p.dtype != DType::Bool {
+                return Err(cx.fail("predicate must be bool".into()));
             }
-            Op::Select => {
-                let (p, t, f) = (operands[0], operands[1], operands[2]);
-                if p.dtype != DType::Bool {
-                    return Err(fail("predicate must be bool".into()));
-                }
-                if t != f {
-                    return Err(fail("the two branches have different types".into()));
-                }
-                if p.shape != t.shape {
-                    return Err(fail("predicate shape differs from the branches'".into()));
-                }
-                Ok(t.clone())
+            if t != f {
+                return Err(cx.fail("the two branches have different types".into()));
             }
-            Op::Convert(to) => Ok(operands[0].with_dtype(*to)),
-            Op::Bitcast(to) => {
-                let from = operands[0].dtype;
-                if from == DType::Bool || *to == DType::Bool || from.bit_width() != to.bit_width() {
-                    return Err(fail(format!("cannot reinterpret {from} as {to}")));
-                }
-                Ok(operands[0].with_dtype(*to))
+            if p.shape != t.shape {
+                return Err(cx.fail("predicate shape differs from the branches'".into()));
             }
-            Op::BroadcastInDim { shape, dims } => {
-                let t = operands[0];
-                if dims.len() != t.rank() {
-                    return Err(fail(format!(
-                        "dims {dims:?} must name one result dim per operand dim (rank {})",
-                        t.rank()
+            Ok(t.clone())
+        }
+
+        pub(in crate::op) fn convert(cx: &Cx, to: DType) -> Rule {
+            Ok(cx.t(0).with_dtype(to))
+        }
+
+        pub(in crate::op) fn bitcast(cx: &Cx, to: DType) -> Rule {
+            let from = cx.t(0).dtype;
+            if from == DType::Bool || to == DType::Bool || from.bit_width() != to.bit_width() {
+                return Err(cx.fail(format!("cannot reinterpret {from} as {to}")));
+            }
+            Ok(cx.t(0).with_dtype(to))
+        }
+    }
+
+    /// Moves or copies elements: the result's dtype is the (first) operand's.
+    pub(super) mod movement {
+        use super::{Cx, Rule};
+        use crate::types::{Shape, TensorType};
+
+        pub(in crate::op) fn broadcast_in_dim(cx: &Cx, shape: &Shape, dims: &[usize]) -> Rule {
+            let t = cx.t(0);
+            if dims.len() != t.rank() {
+                return Err(cx.fail(format!(
+                    "dims {dims:?} must name one result dim per operand dim (rank {})",
+                    t.rank()
+                )));
+            }
+            for (i, &d) in dims.iter().enumerate() {
+                cx.check_dim(d, shape.rank(), "result dim")?;
+                if i > 0 && dims[i - 1] >= d {
+                    return Err(cx.fail(format!("dims {dims:?} must be strictly increasing")));
+                }
+                let (from, to) = (t.dims()[i], shape.dims()[d]);
+                if from != 1 && from != to {
+                    return Err(cx.fail(format!(
+                        "operand dim {i} of size {from} cannot broadcast to size {to}"
                     )));
                 }
-                for (i, &d) in dims.iter().enumerate() {
-                    check_dim(d, shape.rank(), "result dim")?;
-                    if i > 0 && dims[i - 1] >= d {
-                        return Err(fail(format!("dims {dims:?} must be strictly increasing")));
-                    }
-                    let (from, to) = (t.dims()[i], shape.dims()[d]);
-                    if from != 1 && from != to {
-                        return Err(fail(format!(
-                            "operand dim {i} of size {from} cannot broadcast to size {to}"
-                        )));
-                    }
-                }
-                Ok(TensorType::new(t.dtype, shape.clone()))
             }
-            Op::Reshape(shape) => {
-                let t = operands[0];
-                if shape.numel() != t.numel() {
-                    return Err(fail(format!(
-                        "cannot reshape {} elements into {shape}",
-                        t.numel()
-                    )));
-                }
-                Ok(TensorType::new(t.dtype, shape.clone()))
+            Ok(TensorType::new(t.dtype, shape.clone()))
+        }
+
+        pub(in crate::op) fn reshape(cx: &Cx, shape: &Shape) -> Rule {
+            let t = cx.t(0);
+            if shape.numel() != t.numel() {
+                return Err(cx.fail(format!(
+                    "cannot reshape {} elements into {shape}",
+                    t.numel()
+                )));
             }
-            Op::Transpose(perm) => {
-                let t = operands[0];
-                let mut seen = vec![false; t.rank()];
-                if perm.len() != t.rank()
-                    || perm
-                        .iter()
-                        .any(|&p| p >= t.rank() || std::mem::replace(&mut seen[p], true))
-                {
-                    return Err(fail(format!(
-                        "{perm:?} is not a permutation of rank {}",
-                        t.rank()
-                    )));
-                }
-                let dims: Vec<usize> = perm.iter().map(|&p| t.dims()[p]).collect();
-                Ok(TensorType::new(t.dtype, dims))
-            }
-            Op::Slice {
-                start,
-                limit,
-                stride,
-            } => {
-                let t = operands[0];
-                if start.len() != t.rank() || limit.len() != t.rank() || stride.len() != t.rank() {
-                    return Err(fail(format!(
-                        "start, limit and stride need {} entries each",
-                        t.rank()
-                    )));
-                }
-                let mut dims = Vec::with_capacity(t.rank());
-                for i in 0..t.rank() {
-                    if start[i] > limit[i] || limit[i] > t.dims()[i] || stride[i] == 0 {
-                        return Err(fail(format!(
-                            "dim {i}: need start <= limit <= {} and stride >= 1, got {}:{}:{}",
-                            t.dims()[i],
-                            start[i],
-                            limit[i],
-                            stride[i]
-                        )));
-                    }
-                    dims.push((limit[i] - start[i]).div_ceil(stride[i]));
-                }
-                Ok(TensorType::new(t.dtype, dims))
-            }
-            Op::Concatenate { dim } => {
-                let first = operands[0];
-                check_dim(*dim, first.rank(), "dimension")?;
-                let mut size = 0;
-                for t in operands {
-                    if t.dtype != first.dtype || t.rank() != first.rank() {
-                        return Err(fail("operands differ in dtype or rank".into()));
-                    }
-                    for d in 0..t.rank() {
-                        if d != *dim && t.dims()[d] != first.dims()[d] {
-                            return Err(fail(format!("operands differ in dim {d}")));
-                        }
-                    }
-                    size = usize::checked_add(size, t.dims()[*dim]).ok_or_else(|| {
-                        fail(format!("the size of dim {dim} of the result overflows"))
-                    })?;
-                }
-                let mut dims = first.dims().to_vec();
-                dims[*dim] = size;
-                Ok(TensorType::new(first.dtype, dims))
-            }
-            Op::Pad {
-                low,
-                high,
-                interior,
-            } => {
-                let (t, v) = (operands[0], operands[1]);
-                if v.rank() != 0 || v.dtype != t.dtype {
-                    return Err(fail(format!("padding value must be a {} scalar", t.dtype)));
-                }
-                if low.len() != t.rank() || high.len() != t.rank() || interior.len() != t.rank() {
-                    return Err(fail(format!(
-                        "low, high and interior need {} entries each",
-                        t.rank()
-                    )));
-                }
-                let mut dims = Vec::with_capacity(t.rank());
-                for i in 0..t.rank() {
-                    // In i128, where every term fits; the interior product and the sum are checked.
-                    let d = t.dims()[i] as i128;
-                    let n = (d - 1)
-                        .max(0)
-                        .checked_mul(interior[i] as i128)
-                        .and_then(|inner| inner.checked_add(low[i] as i128 + high[i] as i128 + d));
-                    let overflow = || fail(format!("the size of dim {i} overflows"));
-                    match n {
-                        Some(n) if n < 0 => {
-                            return Err(fail(format!("dim {i} would have negative size {n}")));
-                        }
-                        Some(n) => dims.push(usize::try_from(n).map_err(|_| overflow())?),
-                        None => return Err(overflow()),
-                    }
-                }
-                Ok(TensorType::new(t.dtype, dims))
-            }
-            Op::Reduce { axes, .. } => {
-                let t = operands[0];
-                if t.dtype == DType::Bool {
-                    return Err(fail("reduction of bool".into()));
-                }
-                for (i, &a) in axes.iter().enumerate() {
-                    check_dim(a, t.rank(), "axis")?;
-                    if axes[..i].contains(&a) {
-                        return Err(fail(format!("axis {a} is named twice")));
-                    }
-                }
-                let dims: Vec<usize> = (0..t.rank())
-                    .filter(|d| !axes.contains(d))
-                    .map(|d| t.dims()[d])
-                    .collect();
-                Ok(TensorType::new(t.dtype, dims))
-            }
-            Op::ArgMax { axis } => {
-                let t = operands[0];
-                check_dim(*axis, t.rank(), "axis")?;
-                if t.dtype == DType::Bool {
-                    return Err(fail("argmax of bool".into()));
-                }
-                if t.dims()[*axis] == 0 {
-                    return Err(fail(format!("axis {axis} is empty")));
-                }
-                let dims: Vec<usize> = (0..t.rank())
-                    .filter(|d| d != axis)
-                    .map(|d| t.dims()[d])
-                    .collect();
-                Ok(TensorType::new(DType::I32, dims))
-            }
-            Op::DotGeneral(dd) => {
-                let (l, r) = (operands[0], operands[1]);
-                if l.dtype != r.dtype {
-                    return Err(fail("operand dtypes differ".into()));
-                }
-                if !l.dtype.is_numeric() {
-                    return Err(fail("dot of bool".into()));
-                }
-                if dd.lhs_batch.len() != dd.rhs_batch.len()
-                    || dd.lhs_contract.len() != dd.rhs_contract.len()
-                {
-                    return Err(fail(
-                        "lhs and rhs name different numbers of batch or contracting dims".into(),
-                    ));
-                }
-                let mut used_l = vec![false; l.rank()];
-                let mut used_r = vec![false; r.rank()];
-                let pairs = dd
-                    .lhs_batch
+            Ok(TensorType::new(t.dtype, shape.clone()))
+        }
+
+        pub(in crate::op) fn transpose(cx: &Cx, perm: &[usize]) -> Rule {
+            let t = cx.t(0);
+            let mut seen = vec![false; t.rank()];
+            if perm.len() != t.rank()
+                || perm
                     .iter()
-                    .zip(&dd.rhs_batch)
-                    .chain(dd.lhs_contract.iter().zip(&dd.rhs_contract));
-                for (&a, &b) in pairs {
-                    check_dim(a, l.rank(), "lhs dim")?;
-                    check_dim(b, r.rank(), "rhs dim")?;
-                    if std::mem::replace(&mut used_l[a], true)
-                        || std::mem::replace(&mut used_r[b], true)
-                    {
-                        return Err(fail("a dim is named twice in the dimension numbers".into()));
-                    }
-                    if l.dims()[a] != r.dims()[b] {
-                        return Err(fail(format!(
-                            "lhs dim {a} (size {}) does not match rhs dim {b} (size {})",
-                            l.dims()[a],
-                            r.dims()[b]
-                        )));
-                    }
-                }
-                let mut dims: Vec<usize> = dd.lhs_batch.iter().map(|&d| l.dims()[d]).collect();
-                dims.extend(dd.lhs_free(l.rank()).iter().map(|&d| l.dims()[d]));
-                dims.extend(dd.rhs_free(r.rank()).iter().map(|&d| r.dims()[d]));
-                Ok(TensorType::new(l.dtype, dims))
+                    .any(|&p| p >= t.rank() || std::mem::replace(&mut seen[p], true))
+            {
+                return Err(cx.fail(format!(
+                    "{perm:?} is not a permutation of rank {}",
+                    t.rank()
+                )));
             }
-            Op::Collective(CollectiveOp::AllReduce { axes, .. }) => {
-                check_axes(axes)?;
-                if operands[0].dtype == DType::Bool {
-                    return Err(fail("reduction of bool".into()));
-                }
-                Ok(operands[0].clone())
+            let dims: Vec<usize> = perm.iter().map(|&p| t.dims()[p]).collect();
+            Ok(TensorType::new(t.dtype, dims))
+        }
+
+        pub(in crate::op) fn slice(
+            cx: &Cx,
+            start: &[usize],
+            limit: &[usize],
+            stride: &[usize],
+        ) -> Rule {
+            let t = cx.t(0);
+            if start.len() != t.rank() || limit.len() != t.rank() || stride.len() != t.rank() {
+                return Err(cx.fail(format!(
+                    "start, limit and stride need {} entries each",
+                    t.rank()
+                )));
             }
-            Op::Collective(CollectiveOp::AllGather { dim, axes }) => {
-                let n = check_axes(axes)?;
-                let t = operands[0];
-                check_dim(*dim, t.rank(), "dimension")?;
-                let mut dims = t.dims().to_vec();
-                dims[*dim] = dims[*dim]
-                    .checked_mul(n)
-                    .ok_or_else(|| fail(format!("the size of dim {dim} overflows")))?;
-                Ok(TensorType::new(t.dtype, dims))
-            }
-            Op::Collective(CollectiveOp::ReduceScatter { dim, axes, .. }) => {
-                let n = check_axes(axes)?;
-                let t = operands[0];
-                check_dim(*dim, t.rank(), "dimension")?;
-                if t.dtype == DType::Bool {
-                    return Err(fail("reduction of bool".into()));
-                }
-                if !t.dims()[*dim].is_multiple_of(n) {
-                    return Err(fail(format!(
-                        "dim {dim} of size {} is not divisible by the group size {n}",
-                        t.dims()[*dim]
+            let mut dims = Vec::with_capacity(t.rank());
+            for i in 0..t.rank() {
+                if start[i] > limit[i] || limit[i] > t.dims()[i] || stride[i] == 0 {
+                    return Err(cx.fail(format!(
+                        "dim {i}: need start <= limit <= {} and stride >= 1, got {}:{}:{}",
+                        t.dims()[i],
+                        start[i],
+                        limit[i],
+                        stride[i]
                     )));
                 }
-                let mut dims = t.dims().to_vec();
-                dims[*dim] /= n;
-                Ok(TensorType::new(t.dtype, dims))
+                dims.push((limit[i] - start[i]).div_ceil(stride[i]));
             }
-            Op::Collective(CollectiveOp::AllToAll {
-                split_dim,
-                concat_dim,
-                axes,
-            }) => {
-                let n = check_axes(axes)?;
-                let t = operands[0];
-                check_dim(*split_dim, t.rank(), "split dim")?;
-                check_dim(*concat_dim, t.rank(), "concat dim")?;
-                if !t.dims()[*split_dim].is_multiple_of(n) {
-                    return Err(fail(format!(
-                        "split dim {split_dim} of size {} is not divisible by the group size {n}",
-                        t.dims()[*split_dim]
-                    )));
+            Ok(TensorType::new(t.dtype, dims))
+        }
+
+        pub(in crate::op) fn concatenate(cx: &Cx, dim: usize) -> Rule {
+            let first = cx.t(0);
+            cx.check_dim(dim, first.rank(), "dimension")?;
+            let mut size = 0;
+            for t in cx.operands {
+                if t.dtype != first.dtype || t.rank() != first.rank() {
+                    return Err(cx.fail("operands differ in dtype or rank".into()));
                 }
-                let mut dims = t.dims().to_vec();
-                dims[*split_dim] /= n;
-                dims[*concat_dim] = dims[*concat_dim].checked_mul(n).ok_or_else(|| {
-                    fail(format!("the size of concat dim {concat_dim} overflows"))
+                for d in 0..t.rank() {
+                    if d != dim && t.dims()[d] != first.dims()[d] {
+                        return Err(cx.fail(format!("operands differ in dim {d}")));
+                    }
+                }
+                size = usize::checked_add(size, t.dims()[dim]).ok_or_else(|| {
+                    cx.fail(format!("the size of dim {dim} of the result overflows"))
                 })?;
-                Ok(TensorType::new(t.dtype, dims))
             }
-            Op::Collective(CollectiveOp::CollectivePermute { axes, pairs }) => {
-                let n = check_axes(axes)?;
-                for (i, &(s, d)) in pairs.iter().enumerate() {
-                    if s >= n || d >= n {
-                        return Err(fail(format!("pair ({s}, {d}) is outside the group of {n}")));
+            let mut dims = first.dims().to_vec();
+            dims[dim] = size;
+            Ok(TensorType::new(first.dtype, dims))
+        }
+
+        pub(in crate::op) fn pad(cx: &Cx, low: &[i64], high: &[i64], interior: &[usize]) -> Rule {
+            let (t, v) = (cx.t(0), cx.t(1));
+            if v.rank() != 0 || v.dtype != t.dtype {
+                return Err(cx.fail(format!("padding value must be a {} scalar", t.dtype)));
+            }
+            if low.len() != t.rank() || high.len() != t.rank() || interior.len() != t.rank() {
+                return Err(cx.fail(format!(
+                    "low, high and interior need {} entries each",
+                    t.rank()
+                )));
+            }
+            let mut dims = Vec::with_capacity(t.rank());
+            for i in 0..t.rank() {
+                // In i128, where every term fits; the interior product and the sum are checked.
+                let d = t.dims()[i] as i128;
+                let n = (d - 1)
+                    .max(0)
+                    .checked_mul(interior[i] as i128)
+                    .and_then(|inner| inner.checked_add(low[i] as i128 + high[i] as i128 + d));
+                let overflow = || cx.fail(format!("the size of dim {i} overflows"));
+                match n {
+                    Some(n) if n < 0 => {
+                        return Err(cx.fail(format!("dim {i} would have negative size {n}")));
                     }
-                    if pairs[..i].iter().any(|&(s2, d2)| s2 == s || d2 == d) {
-                        return Err(fail(format!(
-                            "pair ({s}, {d}) repeats a source or a target"
-                        )));
-                    }
+                    Some(n) => dims.push(usize::try_from(n).map_err(|_| overflow())?),
+                    None => return Err(overflow()),
                 }
-                Ok(operands[0].clone())
             }
-            Op::Collective(CollectiveOp::AxisIndex { axes }) => {
-                check_axes(axes)?;
-                Ok(TensorType::scalar(DType::I32))
+            Ok(TensorType::new(t.dtype, dims))
+        }
+    }
+
+    /// Combines elements along axes, which the result drops.
+    pub(super) mod reduction {
+        use super::{Cx, Rule};
+        use crate::types::{DType, TensorType};
+
+        pub(in crate::op) fn reduce(cx: &Cx, axes: &[usize]) -> Rule {
+            let t = cx.t(0);
+            if t.dtype == DType::Bool {
+                return Err(cx.fail("reduction of bool".into()));
             }
-            Op::ShardingConstraint(s) => {
-                let t = operands[0];
-                if s.dims.len() != t.rank() {
-                    return Err(fail(format!(
-                        "sharding {s} has {} dims for a tensor of rank {}",
-                        s.dims.len(),
-                        t.rank()
+            for (i, &a) in axes.iter().enumerate() {
+                cx.check_dim(a, t.rank(), "axis")?;
+                if axes[..i].contains(&a) {
+                    return Err(cx.fail(format!("axis {a} is named twice")));
+                }
+            }
+            let dims: Vec<usize> = (0..t.rank())
+                .filter(|d| !axes.contains(d))
+                .map(|d| t.dims()[d])
+                .collect();
+            Ok(TensorType::new(t.dtype, dims))
+        }
+
+        pub(in crate::op) fn argmax(cx: &Cx, axis: usize) -> Rule {
+            let t = cx.t(0);
+            cx.check_dim(axis, t.rank(), "axis")?;
+            if t.dtype == DType::Bool {
+                return Err(cx.fail("argmax of bool".into()));
+            }
+            if t.dims()[axis] == 0 {
+                return Err(cx.fail(format!("axis {axis} is empty")));
+            }
+            let dims: Vec<usize> = (0..t.rank())
+                .filter(|&d| d != axis)
+                .map(|d| t.dims()[d])
+                .collect();
+            Ok(TensorType::new(DType::I32, dims))
+        }
+    }
+
+    pub(super) mod dot {
+        use super::{Cx, Rule};
+        use crate::op::DotDims;
+        use crate::types::TensorType;
+
+        pub(in crate::op) fn dot_general(cx: &Cx, dd: &DotDims) -> Rule {
+            let (l, r) = (cx.t(0), cx.t(1));
+            if l.dtype != r.dtype {
+                return Err(cx.fail("operand dtypes differ".into()));
+            }
+            if !l.dtype.is_numeric() {
+                return Err(cx.fail("dot of bool".into()));
+            }
+            if dd.lhs_batch.len() != dd.rhs_batch.len()
+                || dd.lhs_contract.len() != dd.rhs_contract.len()
+            {
+                return Err(cx.fail(
+                    "lhs and rhs name different numbers of batch or contracting dims".into(),
+                ));
+            }
+            let mut used_l = vec![false; l.rank()];
+            let mut used_r = vec![false; r.rank()];
+            let pairs = dd
+                .lhs_batch
+                .iter()
+                .zip(&dd.rhs_batch)
+                .chain(dd.lhs_contract.iter().zip(&dd.rhs_contract));
+            for (&a, &b) in pairs {
+                cx.check_dim(a, l.rank(), "lhs dim")?;
+                cx.check_dim(b, r.rank(), "rhs dim")?;
+                if std::mem::replace(&mut used_l[a], true)
+                    || std::mem::replace(&mut used_r[b], true)
+                {
+                    return Err(cx.fail("a dim is named twice in the dimension numbers".into()));
+                }
+                if l.dims()[a] != r.dims()[b] {
+                    return Err(cx.fail(format!(
+                        "lhs dim {a} (size {}) does not match rhs dim {b} (size {})",
+                        l.dims()[a],
+                        r.dims()[b]
                     )));
                 }
-                if let Some(mesh) = mesh {
-                    for a in s.axes() {
-                        if mesh.axis_size(a).is_none() {
-                            return Err(fail(format!("unknown mesh axis \"{a}\"")));
+            }
+            let mut dims: Vec<usize> = dd.lhs_batch.iter().map(|&d| l.dims()[d]).collect();
+            dims.extend(dd.lhs_free(l.rank()).iter().map(|&d| l.dims()[d]));
+            dims.extend(dd.rhs_free(r.rank()).iter().map(|&d| r.dims()[d]));
+            Ok(TensorType::new(l.dtype, dims))
+        }
+    }
+
+    /// Ops over a device group: each checks its axes against the mesh first.
+    pub(super) mod collective {
+        use super::{Cx, Rule};
+        use crate::op::CollectiveOp;
+        use crate::types::{DType, TensorType};
+
+        pub(in crate::op) fn collective(cx: &Cx, c: &CollectiveOp) -> Rule {
+            let n = cx.check_axes(c.axes())?;
+            match c {
+                CollectiveOp::AllReduce { .. } => {
+                    if cx.t(0).dtype == DType::Bool {
+                        return Err(cx.fail("reduction of bool".into()));
+                    }
+                    Ok(cx.t(0).clone())
+                }
+                CollectiveOp::AllGather { dim, .. } => {
+                    let t = cx.t(0);
+                    cx.check_dim(*dim, t.rank(), "dimension")?;
+                    let mut dims = t.dims().to_vec();
+                    dims[*dim] = dims[*dim]
+                        .checked_mul(n)
+                        .ok_or_else(|| cx.fail(format!("the size of dim {dim} overflows")))?;
+                    Ok(TensorType::new(t.dtype, dims))
+                }
+                CollectiveOp::ReduceScatter { dim, .. } => {
+                    let t = cx.t(0);
+                    cx.check_dim(*dim, t.rank(), "dimension")?;
+                    if t.dtype == DType::Bool {
+                        return Err(cx.fail("reduction of bool".into()));
+                    }
+                    if !t.dims()[*dim].is_multiple_of(n) {
+                        return Err(cx.fail(format!(
+                            "dim {dim} of size {} is not divisible by the group size {n}",
+                            t.dims()[*dim]
+                        )));
+                    }
+                    let mut dims = t.dims().to_vec();
+                    dims[*dim] /= n;
+                    Ok(TensorType::new(t.dtype, dims))
+                }
+                CollectiveOp::AllToAll {
+                    split_dim,
+                    concat_dim,
+                    ..
+                } => {
+                    let t = cx.t(0);
+                    cx.check_dim(*split_dim, t.rank(), "split dim")?;
+                    cx.check_dim(*concat_dim, t.rank(), "concat dim")?;
+                    if !t.dims()[*split_dim].is_multiple_of(n) {
+                        return Err(cx.fail(format!(
+                            "split dim {split_dim} of size {} is not divisible by the group \
+                             size {n}",
+                            t.dims()[*split_dim]
+                        )));
+                    }
+                    let mut dims = t.dims().to_vec();
+                    dims[*split_dim] /= n;
+                    dims[*concat_dim] = dims[*concat_dim].checked_mul(n).ok_or_else(|| {
+                        cx.fail(format!("the size of concat dim {concat_dim} overflows"))
+                    })?;
+                    Ok(TensorType::new(t.dtype, dims))
+                }
+                CollectiveOp::CollectivePermute { pairs, .. } => {
+                    for (i, &(s, d)) in pairs.iter().enumerate() {
+                        if s >= n || d >= n {
+                            return Err(
+                                cx.fail(format!("pair ({s}, {d}) is outside the group of {n}"))
+                            );
+                        }
+                        if pairs[..i].iter().any(|&(s2, d2)| s2 == s || d2 == d) {
+                            return Err(
+                                cx.fail(format!("pair ({s}, {d}) repeats a source or a target"))
+                            );
                         }
                     }
+                    Ok(cx.t(0).clone())
                 }
-                Ok(t.clone())
+                CollectiveOp::AxisIndex { .. } => Ok(TensorType::scalar(DType::I32)),
             }
-        };
-        let ty = result?;
-        ty.check_size().map_err(fail)?;
-        Ok(ty)
+        }
+    }
+
+    /// Hints for passes: the identity on types.
+    pub(super) mod annotation {
+        use super::{Cx, Rule};
+        use crate::sharding::Sharding;
+
+        pub(in crate::op) fn sharding_constraint(cx: &Cx, s: &Sharding) -> Rule {
+            let t = cx.t(0);
+            if s.dims.len() != t.rank() {
+                return Err(cx.fail(format!(
+                    "sharding {s} has {} dims for a tensor of rank {}",
+                    s.dims.len(),
+                    t.rank()
+                )));
+            }
+            if let Some(mesh) = cx.mesh {
+                for a in s.axes() {
+                    if mesh.axis_size(a).is_none() {
+                        return Err(cx.fail(format!("unknown mesh axis \"{a}\"")));
+                    }
+                }
+            }
+            Ok(t.clone())
+        }
     }
 }
 

@@ -370,8 +370,10 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
     };
     // One float path for both widths: the values as f64, with the width's ulp distance,
     // epsilon, smallest subnormal and largest finite value.
-    let floats: Option<FloatPairs> = match (&got.data, &want.data) {
-        (Data::F32(g), Data::F32(w)) => Some((
+    let f32s = got.data.as_f32().zip(want.data.as_f32());
+    let f64s = got.data.as_f64().zip(want.data.as_f64());
+    let floats: Option<FloatPairs> = if let Some((g, w)) = f32s {
+        Some((
             g.iter()
                 .zip(w)
                 .map(|(&x, &y)| {
@@ -386,17 +388,19 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
             f32::EPSILON as f64,
             1.401_298_5e-45,
             f32::MAX as f64,
-        )),
-        (Data::F64(g), Data::F64(w)) => Some((
-            g.iter()
-                .zip(w)
-                .map(|(&x, &y)| (x, y, x.to_bits() == y.to_bits(), ulps_f64(x, y)))
-                .collect(),
-            f64::EPSILON,
-            5e-324,
-            f64::MAX,
-        )),
-        _ => None,
+        ))
+    } else {
+        f64s.map(|(g, w)| {
+            (
+                g.iter()
+                    .zip(w)
+                    .map(|(&x, &y)| (x, y, x.to_bits() == y.to_bits(), ulps_f64(x, y)))
+                    .collect(),
+                f64::EPSILON,
+                5e-324,
+                f64::MAX,
+            )
+        })
     };
     if let Some((pairs, eps, tiny, max)) = floats {
         for (k, &(x, y, same_bits, ulps)) in pairs.iter().enumerate() {
@@ -480,10 +484,7 @@ fn magnitudes(op: &Op, args: &[&Literal], ty: &TensorType) -> Option<Vec<f64>> {
     let refs: Vec<&Literal> = wide.iter().collect();
     let out_ty = TensorType::new(DType::F64, ty.shape.clone());
     let m = tessera_interp::eval_op(op, &refs, &out_ty).ok()?;
-    match m.data {
-        Data::F64(v) => Some(v),
-        Data::F32(_) | Data::I32(_) | Data::U32(_) | Data::Bool(_) => None,
-    }
+    m.data.into_vec::<f64>().ok()
 }
 
 #[cfg(test)]

@@ -31,34 +31,23 @@ pub(crate) struct Tracer {
     pub(crate) ty: TensorType,
 }
 
-/// Rust element types a tensor can be built from and read back into.
+/// Rust element types a tensor can be built from and read back into: the element types of
+/// [`Data`] ([`tessera_ir::DataElement`]).
 pub trait Element: Copy + fmt::Debug + 'static {
     const DTYPE: DType;
     fn into_data(v: Vec<Self>) -> Data;
     fn from_data(d: &Data) -> Option<Vec<Self>>;
 }
 
-macro_rules! element {
-    ($t:ty, $d:ident, $variant:ident) => {
-        impl Element for $t {
-            const DTYPE: DType = DType::$d;
-            fn into_data(v: Vec<Self>) -> Data {
-                Data::$variant(v)
-            }
-            fn from_data(d: &Data) -> Option<Vec<Self>> {
-                match d {
-                    Data::$variant(v) => Some(v.clone()),
-                    _ => None,
-                }
-            }
-        }
-    };
+impl<T: tessera_ir::DataElement> Element for T {
+    const DTYPE: DType = <T as tessera_ir::DataElement>::DTYPE;
+    fn into_data(v: Vec<Self>) -> Data {
+        Data::from_vec(v)
+    }
+    fn from_data(d: &Data) -> Option<Vec<Self>> {
+        d.to_vec()
+    }
 }
-element!(f32, F32, F32);
-element!(f64, F64, F64);
-element!(i32, I32, I32);
-element!(u32, U32, U32);
-element!(bool, Bool, Bool);
 
 impl Tensor {
     pub(crate) fn traced(trace: Rc<TraceState>, node: NodeId, ty: TensorType) -> Tensor {
