@@ -163,6 +163,7 @@ fn data_parallel_sharding_step() {
         [
             "trace",
             "simplified",
+            "propagated",
             "sharded",
             "collectives",
             "partitioned",
@@ -193,6 +194,7 @@ fn mesh_2d_step() {
         [
             "trace",
             "simplified",
+            "propagated",
             "sharded",
             "collectives",
             "partitioned",

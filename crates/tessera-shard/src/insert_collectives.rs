@@ -32,7 +32,7 @@ use crate::spec::{ShardError, Spec, annotation, check_spec, mesh_of, order, spec
 const PASS: &str = "insert_collectives";
 
 /// What the pass makes of its input.
-pub(crate) struct Inserted {
+pub struct Inserted {
     /// The program with its communication explicit (the pass's output).
     pub explicit: Graph,
     /// The input graph, each value annotated where it actually is, each op's location comment
@@ -43,6 +43,12 @@ pub(crate) struct Inserted {
 /// The pass (see the module doc).
 pub fn insert_collectives(g: &Graph) -> Result<Graph, ShardError> {
     Ok(insert(g)?.explicit)
+}
+
+/// The pass, also returning the annotated copy of its input with the conflicts and reshards
+/// noted (the readable global program the pipeline shows as the stage `sharded`).
+pub fn insert_annotated(g: &Graph) -> Result<Inserted, ShardError> {
+    insert(g)
 }
 
 /// What an op's factor rule decides, given where its operands are and where propagation wants

@@ -19,7 +19,7 @@ pub mod spec;
 
 pub use combine::combine_all_reduces;
 pub use factors::{FactorKind, FactorRule};
-pub use insert_collectives::insert_collectives;
+pub use insert_collectives::{Inserted, insert_annotated, insert_collectives};
 pub use partition::per_device;
 pub use propagate::propagate;
 pub use spec::{ShardError, Spec, check_spec, local_type};

@@ -5,11 +5,11 @@
 //! trace        the closure on tracers -> a graph (a `grad` inside it   always
 //!              runs tessera_autodiff::vjp while tracing, as JAX does)
 //! simplified   egg rewrites, CSE, DCE (tessera_opt)                    unless simplify(false)
-//! sharded      (made by `partitioned`) the global program with every   inputs placed on a mesh
-//!              value's sharding, conflicts and reshards noted
-//! collectives  (made by `partitioned`) the global program with its     inputs placed on a mesh
-//!              reshards and all-reduces explicit
-//! partitioned  propagate, insert collectives, local shapes             inputs placed on a mesh
+//! propagated   every value annotated where it is wanted (propagate)    inputs placed on a mesh
+//! sharded      (made by `collectives`) the annotated global program,   inputs placed on a mesh
+//!              conflicts and reshards noted
+//! collectives  reshards and all-reduces explicit (insert_collectives)  inputs placed on a mesh
+//! partitioned  the per-device program, local shapes (per_device)       inputs placed on a mesh
 //! combined     independent all-reduces merged into one                 on devices (mesh or pmap)
 //! schedule     fusion, buffer plan, Cranelift (or the interpreter)     when compiling, not lowering
 //! ```
@@ -57,15 +57,22 @@ pub(crate) struct Pass {
 }
 
 /// The pipeline between the trace and code generation, in order.
-pub(crate) const PASSES: [Pass; 3] = [
+pub(crate) const PASSES: [Pass; 5] = [
     Pass {
         name: "simplified",
         when: |c| c.simplify,
         run: simplify,
     },
-    // `tessera_shard::partition`: propagate, insert_collectives and per_device in one call
-    // (the first two outputs are shown as the stages `sharded` and `collectives`); it becomes
-    // three entries when tessera-shard exposes the annotated graph from insert_collectives.
+    Pass {
+        name: "propagated",
+        when: |c| matches!(c.target, Target::Sharded { .. }),
+        run: propagate,
+    },
+    Pass {
+        name: "collectives",
+        when: |c| matches!(c.target, Target::Sharded { .. }),
+        run: insert_collectives,
+    },
     Pass {
         name: "partitioned",
         when: |c| matches!(c.target, Target::Sharded { .. }),
@@ -106,18 +113,47 @@ fn simplify(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
     Ok(g)
 }
 
-/// partitioned: consumes the global program (inputs placed by `Target::Sharded`); produces
-/// the program every device runs (local shapes, reshards and collectives), leaving the global
-/// program with every value's sharding (`sharded`), the global program with its communication
-/// explicit (`collectives`) and each output's sharding.
-fn partition(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
+/// propagated: consumes the global program (inputs placed by `Target::Sharded`); produces it
+/// with every value annotated where propagation wants it (`tessera_shard::propagate`).
+fn propagate(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
     let Target::Sharded { mesh, specs } = ctx.target else {
-        unreachable!("`PASSES` runs partition for sharded targets only")
+        unreachable!("`PASSES` runs propagate for sharded targets only")
     };
-    let p = tessera_shard::partition(&graph, &mesh.mesh, specs).map_err(|e| shard_error(ctx, e))?;
-    ctx.side = vec![("sharded", p.annotated), ("collectives", p.explicit)];
-    ctx.out_specs = Some(p.out_specs);
-    Ok(p.local)
+    tessera_shard::propagate(&graph, &mesh.mesh, specs).map_err(|e| shard_error(ctx, e))
+}
+
+/// collectives: consumes propagate's output; produces the global program with every value
+/// annotated where it is and its communication explicit (reshards, all-reduces:
+/// `tessera_shard::insert_collectives`), leaving the annotated global program with its
+/// conflicts and reshards noted (the stage `sharded`, shown before this one).
+fn insert_collectives(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
+    let inserted = tessera_shard::insert_annotated(&graph).map_err(|e| shard_error(ctx, e))?;
+    ctx.side = vec![("sharded", inserted.annotated)];
+    Ok(inserted.explicit)
+}
+
+/// partitioned: consumes insert_collectives' output; produces the program every device runs
+/// (local shapes, reshards lowered to collectives: `tessera_shard::per_device`), leaving each
+/// output's sharding.
+fn partition(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
+    let out_specs = graph
+        .outputs()
+        .iter()
+        .map(|&o| match &graph.node(o).sharding {
+            Some(s) => Ok(s.spec()),
+            None => Err(shard_error(
+                ctx,
+                tessera_shard::ShardError::Invalid(format!(
+                    "per_device: output {} : {} has no sharding",
+                    graph.op(o).name(),
+                    graph.ty(o)
+                )),
+            )),
+        })
+        .collect::<Result<Vec<Spec>>>()?;
+    let local = tessera_shard::per_device(&graph).map_err(|e| shard_error(ctx, e))?;
+    ctx.out_specs = Some(out_specs);
+    Ok(local)
 }
 
 /// combined: consumes a per-device program; produces it with the all-reduces that can wait

@@ -167,13 +167,14 @@ fn dump_writes_the_lowered_stages() {
         [
             "trace",
             "simplified",
+            "propagated",
             "sharded",
             "collectives",
             "partitioned",
             "combined"
         ]
     );
-    assert_eq!(lowered.ir(), tessera::ir::print(&lowered.stages()[2].1));
+    assert_eq!(lowered.ir(), tessera::ir::print(&lowered.stages()[3].1));
     dumps_are_the_lowered_stages(&dir, "sharded", &lowered);
 
     // pmap: the per-device program as traced, simplified and combined.
