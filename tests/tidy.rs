@@ -12,7 +12,7 @@
 //!   (the latter in its own target directory, `target/tidy-clippy`, so it does not wait on the
 //!   build lock held by the `cargo test` that runs this file).
 //!
-//! The rules are documented in `docs/notes-tidy.md`.
+//! The rules are documented in `docs/tidy.md`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -46,16 +46,16 @@ const SOURCE_DIRS: &[&str] = &["crates", "tests", "examples", "benches", "src"];
 /// the root package (`src/`, `tests/`, `examples/`, `benches/`).
 const BUDGETS: &[(&str, usize)] = &[
     ("tessera", 9100),           // 8246
-    ("tessera-autodiff", 800),   // 703
+    ("tessera-autodiff", 900),   // 703; 806 with vjp_rule split into one helper per family
     ("tessera-codegen", 7000), // 5741; 6465 with the launch-level fault tests moved here from the runtime
     ("tessera-derive", 80),    // 65
     ("tessera-interp", 2000),  // 1765
-    ("tessera-ir", 4700),      // 4209
-    ("tessera-opt", 1300),     // 1123
+    ("tessera-ir", 5400), // 4209; 5011 with the Data API and its tests, infer_type's family helpers, the Spec vocabulary
+    ("tessera-opt", 1300), // 1123
     ("tessera-runtime", 3100), // 2793
     ("tessera-transport", 2400), // 2110 (the collective interface, rendezvous, value kernels)
-    ("tessera-shard", 2100),   // 1426; 1933 with three passes (shard branch)
-    ("tessera-examples", 2200), // 1055 + 695 (this file); 2032 with golden.rs (189) and the autodiff/schedule filetest arms (56) (pipeline branch)
+    ("tessera-shard", 2100), // 1426; 1933 with three passes (shard branch)
+    ("tessera-examples", 2600), // 1055 + 695 (this file); 2032 with golden.rs (189) and the autodiff/schedule filetest arms (56) (pipeline branch); 2348 with the golden stages and the add-an-op proof
 ];
 
 fn root() -> PathBuf {

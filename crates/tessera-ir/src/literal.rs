@@ -169,14 +169,12 @@ macro_rules! data_element {
             fn view(d: &Data) -> Option<&[$t]> {
                 match d {
                     Data::$variant(v) => Some(v),
-                    // tidy: allow-wildcard(every other variant holds another element type)
                     _ => None,
                 }
             }
             fn view_mut(d: &mut Data) -> Option<&mut Vec<$t>> {
                 match d {
                     Data::$variant(v) => Some(v),
-                    // tidy: allow-wildcard(every other variant holds another element type)
                     _ => None,
                 }
             }

@@ -5,7 +5,7 @@
 //!   `Group`, on this device's values (`Literal`s), with errors of its own (`TransportError`:
 //!   timeouts naming the late devices, devices that gave up). An implementation sees values,
 //!   never another device's memory: the shared-memory transport of the runtime is one, a
-//!   process-spanning one (MPI) fits beside it (`docs/notes-transport.md`).
+//!   process-spanning one (MPI) fits beside it (`docs/ARCHITECTURE.md`, "The transport seam").
 //! - Optional capabilities with a fallback: `Collectives::all_reduce_buffers` (an all-reduce
 //!   on this device's own buffers; the default copies through `all_reduce`) and
 //!   `Collectives::shared_products` (products done once for a group whose devices share
