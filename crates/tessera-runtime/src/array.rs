@@ -70,14 +70,8 @@ fn copy_shard(
             .map(|((i, (o, _)), s)| (i + o) * s)
             .sum();
         let (from, to) = if to_global { (f, g) } else { (g, f) };
-        match (&src.data, &mut *dst) {
-            (Data::F32(s), Data::F32(d)) => d[to] = s[from],
-            (Data::F64(s), Data::F64(d)) => d[to] = s[from],
-            (Data::I32(s), Data::I32(d)) => d[to] = s[from],
-            (Data::U32(s), Data::U32(d)) => d[to] = s[from],
-            (Data::Bool(s), Data::Bool(d)) => d[to] = s[from],
-            _ => {}
-        }
+        dst.copy_element(to, &src.data, from)
+            .expect("a shard has its array's element type and lies inside it");
     }
 }
 

@@ -48,40 +48,35 @@ pub fn pmap<In: Tree, Out: Tree, F: Fn(In) -> Out>(axis: &str, f: F) -> Pmapped<
 /// Host-side slice `p` of `n` along the leading axis (row-major: one contiguous run).
 fn leading_slice(lit: &Literal, p: usize, n: usize) -> Literal {
     let m = lit.ty.numel() / n;
-    let data = match &lit.data {
-        Data::F32(v) => Data::F32(v[p * m..(p + 1) * m].to_vec()),
-        Data::F64(v) => Data::F64(v[p * m..(p + 1) * m].to_vec()),
-        Data::I32(v) => Data::I32(v[p * m..(p + 1) * m].to_vec()),
-        Data::U32(v) => Data::U32(v[p * m..(p + 1) * m].to_vec()),
-        Data::Bool(v) => Data::Bool(v[p * m..(p + 1) * m].to_vec()),
-    };
+    let data = lit.data.slice(p * m..(p + 1) * m);
     Literal {
         ty: TensorType::new(lit.ty.dtype, lit.ty.dims()[1..].to_vec()),
         data,
     }
 }
 
-/// Stacks equal-typed values along a new leading axis.
-fn stack(parts: Vec<Literal>) -> Literal {
+/// Stacks equal-typed values along a new leading axis (every device's output of one program,
+/// so one type; a device whose output differs is an error, not a silent gap).
+fn stack(parts: Vec<Literal>) -> Result<Literal> {
     let n = parts.len();
     let ty = parts[0].ty.clone();
     let mut dims = vec![n];
     dims.extend_from_slice(ty.dims());
     let mut data = Data::zeros(ty.dtype, 0);
-    for p in parts {
-        match (&mut data, p.data) {
-            (Data::F32(d), Data::F32(v)) => d.extend(v),
-            (Data::F64(d), Data::F64(v)) => d.extend(v),
-            (Data::I32(d), Data::I32(v)) => d.extend(v),
-            (Data::U32(d), Data::U32(v)) => d.extend(v),
-            (Data::Bool(d), Data::Bool(v)) => d.extend(v),
-            _ => {}
+    for (d, p) in parts.iter().enumerate() {
+        if p.ty != ty {
+            return Err(Error::Device(format!(
+                "pmap: device {d} returned {} where device 0 returned {ty}",
+                p.ty
+            )));
         }
+        data.extend(&p.data)
+            .map_err(|e| Error::Device(format!("pmap: device {d}'s output: {e}")))?;
     }
-    Literal {
+    Ok(Literal {
         ty: TensorType::new(ty.dtype, dims),
         data,
-    }
+    })
 }
 
 impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
@@ -198,8 +193,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         }
         let tensors: Vec<Tensor> = columns
             .into_iter()
-            .map(|c| Tensor::from_literal(stack(c)))
-            .collect();
+            .map(|c| stack(c).map(Tensor::from_literal))
+            .collect::<Result<_>>()?;
         tree::unflatten(&compiled.out_def, tensors)
     }
 
