@@ -95,8 +95,8 @@ pub(crate) struct Ctx<'a> {
     /// The function's name and the caller's `file:line`, for errors.
     name: &'a str,
     location: &'a str,
-    /// Left by a pass that makes more than one graph (`partition`): stages shown before the
-    /// pass's own result, in order. The one named `sharded` is the global program.
+    /// Left by a pass that makes more than one graph (`insert_collectives`): stages shown
+    /// before the pass's own result, in order. The one named `sharded` is the global program.
     side: Vec<(&'static str, Graph)>,
     /// Each output's sharding (set by `partition`; replicated otherwise).
     out_specs: Option<Vec<Spec>>,
@@ -363,7 +363,7 @@ impl<'a> Pipeline<'a> {
             },
             Target::Sharded { .. } => Lowered {
                 stages,
-                global: global.expect("`partition` leaves the annotated global program"),
+                global: global.expect("`insert_collectives` leaves the annotated global program"),
                 local: Some(graph),
                 out_def,
                 out_specs,
