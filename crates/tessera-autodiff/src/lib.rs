@@ -12,6 +12,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+mod jvp;
+pub use jvp::jvp;
+
 use tessera_ir::{
     BinaryOp, CompareOp, DType, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape, TensorType,
     TypeError, UnaryOp,

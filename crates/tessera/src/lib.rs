@@ -18,6 +18,7 @@ extern crate self as tessera;
 mod cache;
 pub mod check;
 pub mod error;
+pub mod fwd;
 pub mod grad;
 pub mod jit;
 pub mod ops;
@@ -31,6 +32,7 @@ mod trace;
 pub mod tree;
 
 pub use error::{Error, Result};
+pub use fwd::{Linearized, hessian, jacfwd, jacrev, jvp, linearize};
 pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
 pub use jit::{Jitted, Lowered, eval_graph, jit, make_ir};
 pub use pipeline::Backend;
@@ -47,6 +49,7 @@ pub use tessera_runtime::{device_count, shared_gemm_count};
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
+    pub use crate::fwd::{Linearized, hessian, jacfwd, jacrev, jvp, linearize};
     pub use crate::pmap::{
         Pmapped, all_gather, all_to_all, axis_index, pmap, pmax, pmean, pmin, ppermute, psum,
         psum_scatter,

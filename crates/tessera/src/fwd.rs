@@ -1,0 +1,462 @@
+//! Forward mode and Jacobians: `jvp`, `linearize`, `jacfwd`, `jacrev`, `hessian`.
+//!
+//! As in `grad.rs`, the function is traced in a trace of its own, a pass of
+//! `tessera_autodiff` appends the derivative to that graph, and the graph is replayed: eagerly
+//! on concrete inputs, or into the enclosing trace (under `jit`, inside `grad`, or inside
+//! another `jacfwd`/`jacrev`, which is how `hessian = jacfwd(jacrev(f))` works).
+//!
+//! Without `vmap`, a Jacobian is built from one pass per basis vector over a single trace of
+//! the function: `jacfwd` runs the forward pass once per input element (a one-hot tangent),
+//! `jacrev` the reverse pass once per output element (a one-hot cotangent), and the results are
+//! stacked into JAX's layout, `out.shape ++ in.shape`. The forward values are shared by every
+//! column; the derivative graph grows linearly with the number of elements.
+
+use std::collections::{HashMap, HashSet};
+use std::marker::PhantomData;
+use std::panic::Location;
+
+use tessera_ir::{Data, Graph, Literal, NodeId, Op, Shape, TensorType, verify};
+
+use crate::error::{Error, catch, loc_text, raise};
+use crate::grad::replay;
+use crate::tensor::Tensor;
+use crate::trace;
+use crate::tree::{self, Tree, TreeDef};
+
+/// A function traced at some primal values.
+struct Traced {
+    graph: Graph,
+    /// The value of every parameter of `graph`: the primal leaves, then the captures.
+    inputs: Vec<Tensor>,
+    /// The structure of the result.
+    odef: TreeDef,
+}
+
+/// Traces `f` at the leaves `leaves` (structure `pdef`).
+fn trace_at<P: Tree, O: Tree>(
+    f: impl FnOnce(&P) -> O,
+    name: &str,
+    leaves: &[Tensor],
+    pdef: &TreeDef,
+) -> Traced {
+    let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();
+    let (guard, tracers) = trace::begin(name, &types);
+    let p_tr: P = tree::unflatten(pdef, tracers).unwrap_or_else(|e| raise(e));
+    let out = match catch(|| f(&p_tr)) {
+        Ok(out) => out,
+        Err(e) => {
+            drop(guard);
+            raise(e)
+        }
+    };
+    let (out_leaves, odef) = tree::flatten(&out);
+    let rec = match catch(|| trace::finish(guard, &out_leaves)) {
+        Ok(r) => r,
+        Err(e) => raise(e),
+    };
+    let mut inputs = leaves.to_vec();
+    inputs.extend(rec.captures);
+    Traced {
+        graph: rec.graph,
+        inputs,
+        odef,
+    }
+}
+
+fn op_error(op: &str, message: String, location: &str) -> Error {
+    Error::Op {
+        op: op.into(),
+        message,
+        location: location.into(),
+    }
+}
+
+/// Every leaf of the input is floating point.
+fn check_float(op: &str, leaves: &[Tensor], location: &str) {
+    if let Some(t) = leaves.iter().find(|t| !t.dtype().is_float()) {
+        raise(op_error(
+            op,
+            format!(
+                "cannot differentiate with respect to an input of type {}: derivatives need \
+                 f32 or f64 inputs",
+                t.ty()
+            ),
+            location,
+        ));
+    }
+}
+
+/// The tangent tree has the primal tree's structure and each leaf the primal leaf's type.
+fn check_tangents(
+    op: &str,
+    pdef: &TreeDef,
+    primal_types: &[TensorType],
+    tangents: &[Tensor],
+    tdef: &TreeDef,
+    location: &str,
+) {
+    if tdef != pdef {
+        raise(Error::Tree {
+            message: format!(
+                "{op}: the tangents are {}, the primals are {}",
+                tdef.describe(),
+                pdef.describe()
+            ),
+            location: location.into(),
+        });
+    }
+    let paths = pdef.leaf_paths();
+    for ((p, t), path) in primal_types.iter().zip(tangents).zip(&paths) {
+        if t.ty() != p {
+            raise(op_error(
+                op,
+                format!(
+                    "the tangent of the primal {path} has type {}, the primal has type {p}",
+                    t.ty()
+                ),
+                location,
+            ));
+        }
+    }
+}
+
+/// The nodes that depend on one of `seeds`.
+fn dependents(g: &Graph, order: &[NodeId], seeds: &[NodeId]) -> HashSet<NodeId> {
+    let mut set: HashSet<NodeId> = seeds.iter().copied().collect();
+    for &id in order {
+        if !matches!(g.op(id), Op::Parameter(_)) && g.operands(id).iter().any(|o| set.contains(o)) {
+            set.insert(id);
+        }
+    }
+    set
+}
+
+/// The linear map returned by `linearize`: tangents of the inputs to tangents of the outputs,
+/// at the primal point it was built at (the forward values are computed once).
+pub struct Linearized<P, O> {
+    graph: Graph,
+    /// The forward values (concrete, or tracers of the enclosing trace).
+    env: HashMap<NodeId, Tensor>,
+    /// One tangent parameter per primal leaf.
+    t_params: Vec<NodeId>,
+    /// The tangent node of each output leaf (`None`: zero).
+    t_outs: Vec<Option<NodeId>>,
+    /// The primal outputs (their zeros stand for absent tangents).
+    outs: Vec<Tensor>,
+    pdef: TreeDef,
+    primal_types: Vec<TensorType>,
+    odef: TreeDef,
+    location: String,
+    _types: PhantomData<fn(P) -> O>,
+}
+
+impl<P: Tree, O: Tree> Linearized<P, O> {
+    /// The tangent of the outputs for the tangent `t` of the inputs (same structure and types
+    /// as the primals).
+    pub fn call(&self, t: &P) -> O {
+        let (leaves, tdef) = tree::flatten(t);
+        check_tangents(
+            "jvp",
+            &self.pdef,
+            &self.primal_types,
+            &leaves,
+            &tdef,
+            &self.location,
+        );
+        let mut env = self.env.clone();
+        for (&p, t) in self.t_params.iter().zip(&leaves) {
+            env.insert(p, t.clone());
+        }
+        let order = self.graph.topo_order();
+        let tangent = dependents(&self.graph, &order, &self.t_params);
+        let nodes: Vec<NodeId> = order.into_iter().filter(|n| tangent.contains(n)).collect();
+        replay(&self.graph, &nodes, &mut env);
+        let out: Vec<Tensor> = self
+            .t_outs
+            .iter()
+            .zip(&self.outs)
+            .map(|(t, o)| match t {
+                Some(t) => env[t].clone(),
+                None => o.zeros_like(),
+            })
+            .collect();
+        tree::unflatten(&self.odef, out).unwrap_or_else(|e| raise(e))
+    }
+}
+
+fn linearize_at<P: Tree, O: Tree>(
+    f: impl FnOnce(&P) -> O,
+    primals: &P,
+    location: String,
+) -> (O, Linearized<P, O>) {
+    let (leaves, pdef) = tree::flatten(primals);
+    check_float("jvp", &leaves, &location);
+    let Traced {
+        mut graph,
+        inputs,
+        odef,
+    } = trace_at(f, "jvp", &leaves, &pdef);
+    let outputs = graph.outputs().to_vec();
+    let wrt: Vec<NodeId> = graph.params()[..leaves.len()].to_vec();
+    let t_params: Vec<NodeId> = wrt
+        .iter()
+        .map(|&p| {
+            let ty = graph.ty(p).clone();
+            graph.add_param(ty)
+        })
+        .collect();
+    let t_outs = tessera_autodiff::jvp(&mut graph, &wrt, &t_params, &outputs)
+        .unwrap_or_else(|e| raise(op_error("jvp", e.to_string(), &location)));
+    let mut all = outputs.clone();
+    all.extend(t_outs.iter().flatten());
+    graph.set_outputs(all);
+    if let Err(e) = verify(&graph) {
+        raise(op_error(
+            "jvp",
+            format!("the differentiated program is malformed: {e}"),
+            &location,
+        ));
+    }
+    // Replay the forward part: every node that does not depend on a tangent.
+    let mut env: HashMap<NodeId, Tensor> = graph.params().iter().copied().zip(inputs).collect();
+    let order = graph.topo_order();
+    let tangent = dependents(&graph, &order, &t_params);
+    let forward: Vec<NodeId> = order.into_iter().filter(|n| !tangent.contains(n)).collect();
+    replay(&graph, &forward, &mut env);
+    let outs: Vec<Tensor> = outputs.iter().map(|o| env[o].clone()).collect();
+    let out = tree::unflatten(&odef, outs.clone()).unwrap_or_else(|e| raise(e));
+    let lin = Linearized {
+        graph,
+        env,
+        t_params,
+        t_outs,
+        outs,
+        pdef,
+        primal_types: leaves.iter().map(|t| t.ty().clone()).collect(),
+        odef,
+        location,
+        _types: PhantomData,
+    };
+    (out, lin)
+}
+
+/// `jax.linearize`: `f(primals)` and the linear map from input tangents to output tangents at
+/// `primals`. The forward part runs once; each `call` runs the tangent part only.
+#[track_caller]
+pub fn linearize<P: Tree, O: Tree>(f: impl FnOnce(&P) -> O, primals: &P) -> (O, Linearized<P, O>) {
+    linearize_at(f, primals, loc_text(Location::caller()))
+}
+
+/// `jax.jvp`: `(f(primals), df(primals) . tangents)`. `tangents` has the structure and the leaf
+/// types of `primals`; every primal leaf is floating point. An output that does not depend on
+/// the inputs has a zero tangent.
+#[track_caller]
+pub fn jvp<P: Tree, O: Tree>(f: impl FnOnce(&P) -> O, primals: &P, tangents: &P) -> (O, O) {
+    let location = loc_text(Location::caller());
+    let (pl, pdef) = tree::flatten(primals);
+    let (tl, tdef) = tree::flatten(tangents);
+    let types: Vec<TensorType> = pl.iter().map(|t| t.ty().clone()).collect();
+    check_tangents("jvp", &pdef, &types, &tl, &tdef, &location);
+    let (out, lin) = linearize_at(f, primals, location);
+    let t = lin.call(tangents);
+    (out, t)
+}
+
+/// A one-hot tensor of type `ty`: 1 at flat index `i`, 0 elsewhere.
+fn one_hot(ty: &TensorType, i: usize) -> Literal {
+    let mut data = Data::zeros(ty.dtype, ty.numel());
+    data.copy_element(i, &Data::splat(ty.dtype, 1.0, 1), 0)
+        .expect("index within the tensor and one dtype");
+    Literal {
+        ty: ty.clone(),
+        data,
+    }
+}
+
+/// Adds a node to a Jacobian's graph; a type error is a bug of this module, reported as an
+/// error of `op`.
+fn add(g: &mut Graph, op: Op, operands: &[NodeId], name: &str, location: &str) -> NodeId {
+    g.add(op, operands).unwrap_or_else(|e| {
+        raise(op_error(
+            name,
+            format!("internal error building the Jacobian: {e}"),
+            location,
+        ))
+    })
+}
+
+/// Stacks `parts` (each of type `part`, `None` a zero) along new axes shaped `axes`, after the
+/// part's dims (`trailing`, jacfwd's columns) or before them (jacrev's rows).
+fn stack(
+    g: &mut Graph,
+    parts: &[Option<NodeId>],
+    part: &TensorType,
+    axes: &Shape,
+    trailing: bool,
+    (name, location): (&str, &str),
+) -> NodeId {
+    let dims: Vec<usize> = if trailing {
+        [part.dims(), axes.dims()].concat()
+    } else {
+        [axes.dims(), part.dims()].concat()
+    };
+    let result = TensorType::new(part.dtype, dims.clone());
+    if result.numel() == 0 {
+        return add(
+            g,
+            Op::Constant(Literal::zeros(&result)),
+            &[],
+            name,
+            location,
+        );
+    }
+    let one: Vec<usize> = if trailing {
+        [part.dims(), &[1]].concat()
+    } else {
+        [&[1], part.dims()].concat()
+    };
+    let zero = parts
+        .iter()
+        .any(Option::is_none)
+        .then(|| add(g, Op::Constant(Literal::zeros(part)), &[], name, location));
+    let pieces: Vec<NodeId> = parts
+        .iter()
+        .map(|p| {
+            let p = p.or(zero).expect("a zero exists where a part is missing");
+            add(
+                g,
+                Op::Reshape(Shape::new(one.clone())),
+                &[p],
+                name,
+                location,
+            )
+        })
+        .collect();
+    let joined = if pieces.len() == 1 {
+        pieces[0]
+    } else {
+        let dim = if trailing { part.rank() } else { 0 };
+        add(g, Op::Concatenate { dim }, &pieces, name, location)
+    };
+    add(g, Op::Reshape(Shape::new(dims)), &[joined], name, location)
+}
+
+/// Traces a one-argument function for a Jacobian, checking that input and output are float.
+fn trace_jac(f: impl FnOnce(&Tensor) -> Tensor, x: &Tensor, name: &str, location: &str) -> Traced {
+    check_float(name, std::slice::from_ref(x), location);
+    let traced = trace_at(f, name, std::slice::from_ref(x), &TreeDef::Leaf);
+    let out_ty = traced.graph.ty(traced.graph.outputs()[0]);
+    if !out_ty.dtype.is_float() {
+        raise(op_error(
+            name,
+            format!("the function returns {out_ty}: a Jacobian needs a float output"),
+            location,
+        ));
+    }
+    traced
+}
+
+/// Makes `jac` the graph's only output and replays what it needs.
+fn finish_jac(traced: Traced, jac: NodeId, name: &str, location: &str) -> Tensor {
+    let Traced {
+        mut graph, inputs, ..
+    } = traced;
+    graph.set_outputs(vec![jac]);
+    graph.remove_dead();
+    if let Err(e) = verify(&graph) {
+        raise(op_error(
+            name,
+            format!("the Jacobian program is malformed: {e}"),
+            location,
+        ));
+    }
+    let mut env: HashMap<NodeId, Tensor> = graph.params().iter().copied().zip(inputs).collect();
+    let order = graph.topo_order();
+    replay(&graph, &order, &mut env);
+    env[&jac].clone()
+}
+
+fn jacfwd_at(f: impl Fn(&Tensor) -> Tensor, location: String) -> impl Fn(&Tensor) -> Tensor {
+    move |x: &Tensor| {
+        let mut traced = trace_jac(&f, x, "jacfwd", &location);
+        let g = &mut traced.graph;
+        let (p, o) = (g.params()[0], g.outputs()[0]);
+        let (in_ty, out_ty) = (g.ty(p).clone(), g.ty(o).clone());
+        let columns: Vec<Option<NodeId>> = (0..in_ty.numel())
+            .map(|i| {
+                let e = add(
+                    g,
+                    Op::Constant(one_hot(&in_ty, i)),
+                    &[],
+                    "jacfwd",
+                    &location,
+                );
+                tessera_autodiff::jvp(g, &[p], &[e], &[o])
+                    .unwrap_or_else(|e| raise(op_error("jacfwd", e.to_string(), &location)))[0]
+            })
+            .collect();
+        let jac = stack(
+            g,
+            &columns,
+            &out_ty,
+            &in_ty.shape,
+            true,
+            ("jacfwd", &location),
+        );
+        finish_jac(traced, jac, "jacfwd", &location)
+    }
+}
+
+fn jacrev_at(f: impl Fn(&Tensor) -> Tensor, location: String) -> impl Fn(&Tensor) -> Tensor {
+    move |x: &Tensor| {
+        let mut traced = trace_jac(&f, x, "jacrev", &location);
+        let g = &mut traced.graph;
+        let (p, o) = (g.params()[0], g.outputs()[0]);
+        let (in_ty, out_ty) = (g.ty(p).clone(), g.ty(o).clone());
+        let rows: Vec<Option<NodeId>> = (0..out_ty.numel())
+            .map(|j| {
+                let e = add(
+                    g,
+                    Op::Constant(one_hot(&out_ty, j)),
+                    &[],
+                    "jacrev",
+                    &location,
+                );
+                tessera_autodiff::vjp(g, &[o], &[e], &[p])
+                    .unwrap_or_else(|e| raise(op_error("jacrev", e.to_string(), &location)))[0]
+            })
+            .collect();
+        let jac = stack(
+            g,
+            &rows,
+            &in_ty,
+            &out_ty.shape,
+            false,
+            ("jacrev", &location),
+        );
+        finish_jac(traced, jac, "jacrev", &location)
+    }
+}
+
+/// `jax.jacfwd`: the Jacobian of `f` by forward mode, shaped `f(x).shape ++ x.shape`. One JVP
+/// per element of `x` (a one-hot tangent) over one trace of `f`, stacked: cheap for few inputs.
+/// `x` and `f(x)` are floating point.
+#[track_caller]
+pub fn jacfwd(f: impl Fn(&Tensor) -> Tensor) -> impl Fn(&Tensor) -> Tensor {
+    jacfwd_at(f, loc_text(Location::caller()))
+}
+
+/// `jax.jacrev`: the Jacobian of `f` by reverse mode, shaped `f(x).shape ++ x.shape`. One VJP
+/// per element of `f(x)` (a one-hot cotangent) over one trace of `f`, stacked: cheap for few
+/// outputs.
+#[track_caller]
+pub fn jacrev(f: impl Fn(&Tensor) -> Tensor) -> impl Fn(&Tensor) -> Tensor {
+    jacrev_at(f, loc_text(Location::caller()))
+}
+
+/// `jax.hessian`: `jacfwd(jacrev(f))`, shaped `f(x).shape ++ x.shape ++ x.shape`.
+#[track_caller]
+pub fn hessian(f: impl Fn(&Tensor) -> Tensor) -> impl Fn(&Tensor) -> Tensor {
+    let location = loc_text(Location::caller());
+    jacfwd_at(jacrev_at(f, location.clone()), location)
+}
