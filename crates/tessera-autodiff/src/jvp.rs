@@ -85,11 +85,24 @@ pub fn jvp(
         };
         tan.insert(w, sum);
     }
+    // The tangent of each result of a region node, read by its `get_result`s.
+    let mut result_tan: HashMap<(NodeId, usize), NodeId> = HashMap::new();
     for &id in &order {
-        if seeds.contains(&id) || !wanted.contains(&id) || !b.g.ty(id).dtype.is_float() {
+        // A region node's token is not a float, but its results may be.
+        let is_region = matches!(b.g.op(id), Op::Region(_));
+        if seeds.contains(&id)
+            || !wanted.contains(&id)
+            || !(is_region || b.g.ty(id).dtype.is_float())
+        {
             continue;
         }
         let xs = b.g.operands(id);
+        if let Op::GetResult { index, .. } = b.g.op(id) {
+            if let Some(&t) = result_tan.get(&(xs[0], *index)) {
+                tan.insert(id, t);
+            }
+            continue;
+        }
         let ts: Vec<Option<NodeId>> = xs.iter().map(|x| tan.get(x).copied()).collect();
         if ts.iter().all(Option::is_none) {
             continue;
@@ -105,7 +118,26 @@ pub fn jvp(
             xs: &xs,
             ts: &ts,
         };
-        if let Some(t) = jvp_rule(&mut b, &node.op, &at)? {
+        if let Op::Region(r) = &node.op {
+            // The results some wanted `get_result` reads: only their tangents are read out.
+            let used: HashSet<usize> =
+                b.g.users(id)
+                    .into_iter()
+                    .filter(|u| wanted.contains(u))
+                    .filter_map(|u| match b.g.op(u) {
+                        Op::GetResult { index, .. } => Some(*index),
+                        _ => None,
+                    })
+                    .collect();
+            for (i, t) in region::jvp(&mut b, r, &xs, &ts, &used)?
+                .into_iter()
+                .enumerate()
+            {
+                if let Some(t) = t {
+                    result_tan.insert((id, i), t);
+                }
+            }
+        } else if let Some(t) = jvp_rule(&mut b, &node.op, &at)? {
             tan.insert(id, t);
         }
     }
@@ -209,6 +241,14 @@ fn jvp_rule(b: &mut Builder, op: &Op, at: &Tan) -> Result<Option<NodeId>> {
         Op::Reduce { kind, axes } => reduce(b, *kind, axes, at),
         Op::DotGeneral(dd) => dot_general(b, dd, at),
         Op::Collective(c) => collective(b, op, c, at),
+        // The identity on values, with no derivative.
+        Op::StopGradient => Ok(None),
+        // `jvp` reads a `get_result`'s tangent from its region's, and calls `region::jvp` for
+        // the region node; neither reaches this table.
+        Op::Region(_) | Op::GetResult { .. } => Err(AutodiffError::Malformed(format!(
+            "{} reached the per-op JVP table: region tangents go through region::jvp",
+            op.name()
+        ))),
     }
 }
 
@@ -452,5 +492,343 @@ fn collective(b: &mut Builder, op: &Op, c: &CollectiveOp, at: &Tan) -> Result<Op
         CollectiveOp::AllGather { .. }
         | CollectiveOp::AllToAll { .. }
         | CollectiveOp::CollectivePermute { .. } => Ok(Some(b.add(op.clone(), &[t])?)),
+    }
+}
+
+/// Forward mode through region ops. Every rule is built from [`body_jvp`], the JVP of a body
+/// as a graph of its own (`(params, tangents of some params) -> (outputs, tangents of the
+/// float outputs)`), placed in a region of the same kind:
+///
+/// - `scan`: a `scan` whose consts, carries and xs each gain their tangents (every float carry
+///   gains one, zero where the operand has none, since a carry's tangent can become nonzero in
+///   a later step), and whose ys gain theirs;
+/// - `while`: likewise, with the condition reading the primal carries only, so the trip count
+///   is the primal loop's (forward mode needs no static trip count);
+/// - `case`: a `case` on the same index whose branches are the branches' JVPs;
+/// - `checkpoint`: a `checkpoint` of the body's JVP;
+/// - `custom_vjp`: no rule, as in JAX: the user gave a reverse rule only.
+///
+/// The new region recomputes the primal results beside the tangents; the original region stays
+/// (the primal program is untouched), and DCE removes it when only the tangents are used.
+mod region {
+    use std::collections::HashSet;
+
+    use tessera_ir::{Graph, NodeId, Op, RegionOp, TensorType};
+
+    use super::{AutodiffError, Builder, Result};
+
+    /// The tangent of each result of region `r` applied to `xs`, whose tangents are `ts`.
+    pub(super) fn jvp(
+        b: &mut Builder,
+        r: &RegionOp,
+        xs: &[NodeId],
+        ts: &[Option<NodeId>],
+        used: &HashSet<usize>,
+    ) -> Result<Vec<Option<NodeId>>> {
+        let float = |b: &Builder, x: NodeId| b.ty(x).dtype.is_float();
+        let results = |b: &mut Builder, r, operands: &[NodeId], at: &[Option<usize>]| {
+            let at: Vec<Option<usize>> = (0..at.len())
+                .map(|i| at[i].filter(|_| used.contains(&i)))
+                .collect();
+            results(b, r, operands, &at)
+        };
+        match r {
+            RegionOp::Scan {
+                length,
+                reverse,
+                consts: nc,
+                carries: nk,
+                body,
+            } => {
+                let (nc, nk) = (*nc, *nk);
+                let nx = xs.len() - nc - nk;
+                // Consts and xs gain the tangents they have; every float carry gains one.
+                let mask: Vec<bool> = (0..xs.len())
+                    .map(|i| {
+                        if (nc..nc + nk).contains(&i) {
+                            float(b, xs[i])
+                        } else {
+                            ts[i].is_some()
+                        }
+                    })
+                    .collect();
+                let (jb, float_o) = body_jvp(body, &mask)?;
+                let ny = float_o.len() - nk;
+                let m = |r: std::ops::Range<usize>| mask[r].iter().filter(|&&m| m).count();
+                let (mc, mk, mx) = (m(0..nc), m(nc..nc + nk), m(nc + nk..xs.len()));
+                let fy = float_o[nk..].iter().filter(|&&f| f).count();
+                // The inner graph's params are [c, k, x, tc, tk, tx]; the region wants
+                // [c, tc, k, tk, x, tx]. Its outputs are [k, y, tk, ty]; the region wants
+                // [k, tk, y, ty].
+                let (c, tc) = (0..nc, nc..nc + mc);
+                let (k, tk) = (tc.end..tc.end + nk, tc.end + nk..tc.end + nk + mk);
+                let (x, tx) = (tk.end..tk.end + nx, tk.end + nx..tk.end + nx + mx);
+                let args: Vec<usize> = [c, k, x, tc, tk, tx].into_iter().flatten().collect();
+                let outs: Vec<usize> = [
+                    0..nk,
+                    nk + ny..nk + ny + mk,
+                    nk..nk + ny,
+                    nk + ny + mk..nk + ny + mk + fy,
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                let wrapped = rewire("body", &jb, &args, &outs)?;
+                let mut operands = xs[..nc].to_vec();
+                operands.extend(tangents_of(b, xs, ts, &mask, 0..nc)?);
+                operands.extend_from_slice(&xs[nc..nc + nk]);
+                operands.extend(tangents_of(b, xs, ts, &mask, nc..nc + nk)?);
+                operands.extend_from_slice(&xs[nc + nk..]);
+                operands.extend(tangents_of(b, xs, ts, &mask, nc + nk..xs.len())?);
+                let new = RegionOp::Scan {
+                    length: *length,
+                    reverse: *reverse,
+                    consts: nc + mc,
+                    carries: nk + mk,
+                    body: wrapped,
+                };
+                // Results [k, tk, y, ty]: a carry's tangent after the carries, a y's after
+                // the ys.
+                let (mut kr, mut yr) = (0, 0);
+                let at: Vec<Option<usize>> = (0..nk + ny)
+                    .map(|i| {
+                        float_o[i].then(|| {
+                            if i < nk {
+                                kr += 1;
+                                nk + kr - 1
+                            } else {
+                                yr += 1;
+                                nk + mk + ny + yr - 1
+                            }
+                        })
+                    })
+                    .collect();
+                results(b, new, &operands, &at)
+            }
+            RegionOp::While {
+                consts: nc,
+                cond,
+                body,
+            } => {
+                let nc = *nc;
+                let nk = xs.len() - nc;
+                let mask: Vec<bool> = (0..xs.len())
+                    .map(|i| {
+                        if i < nc {
+                            ts[i].is_some()
+                        } else {
+                            float(b, xs[i])
+                        }
+                    })
+                    .collect();
+                let (jb, float_o) = body_jvp(body, &mask)?;
+                let mc = mask[..nc].iter().filter(|&&m| m).count();
+                let mk = mask[nc..].iter().filter(|&&m| m).count();
+                // Region params [c, tc, k, tk]; the body's JVP takes [c, k, tc, tk].
+                let (c, tc) = (0..nc, nc..nc + mc);
+                let (k, tk) = (tc.end..tc.end + nk, tc.end + nk..tc.end + nk + mk);
+                let body_args: Vec<usize> = [c.clone(), k.clone(), tc, tk]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                let all_outs: Vec<usize> = (0..nk + mk).collect();
+                let new_body = rewire("body", &jb, &body_args, &all_outs)?;
+                // The condition reads the primal consts and carries only.
+                let types = param_types(&new_body);
+                let cond_args: Vec<usize> = c.chain(k).collect();
+                let new_cond = rewire_typed("cond", &types, cond, &cond_args, &[0])?;
+                let mut operands = xs[..nc].to_vec();
+                operands.extend(tangents_of(b, xs, ts, &mask, 0..nc)?);
+                operands.extend_from_slice(&xs[nc..]);
+                operands.extend(tangents_of(b, xs, ts, &mask, nc..xs.len())?);
+                let new = RegionOp::While {
+                    consts: nc + mc,
+                    cond: new_cond,
+                    body: new_body,
+                };
+                let mut next = nk;
+                let at: Vec<Option<usize>> = float_o
+                    .iter()
+                    .map(|&f| {
+                        f.then(|| {
+                            next += 1;
+                            next - 1
+                        })
+                    })
+                    .collect();
+                results(b, new, &operands, &at)
+            }
+            RegionOp::Case { branches } => {
+                // The index (operand 0) has no tangent; the args gain the tangents they have.
+                let mask: Vec<bool> = ts[1..].iter().map(Option::is_some).collect();
+                let mut bodies = Vec::new();
+                let mut float_o = Vec::new();
+                for br in branches {
+                    let (jb, f) = body_jvp(br, &mask)?;
+                    bodies.push(jb);
+                    float_o = f;
+                }
+                let mut operands = xs.to_vec();
+                operands.extend(tangents_of(b, &xs[1..], &ts[1..], &mask, 0..mask.len())?);
+                let new = RegionOp::Case { branches: bodies };
+                let at = tangent_slots(&float_o);
+                results(b, new, &operands, &at)
+            }
+            RegionOp::Checkpoint { body } => {
+                let mask: Vec<bool> = ts.iter().map(Option::is_some).collect();
+                let (jb, float_o) = body_jvp(body, &mask)?;
+                let mut operands = xs.to_vec();
+                operands.extend(tangents_of(b, xs, ts, &mask, 0..mask.len())?);
+                let new = RegionOp::Checkpoint { body: jb };
+                let at = tangent_slots(&float_o);
+                results(b, new, &operands, &at)
+            }
+            RegionOp::CustomVjp { .. } => Err(AutodiffError::NotDifferentiable {
+                op: "custom_vjp".into(),
+                why: " in forward mode: it defines a reverse rule only (JAX refuses jvp of a \
+                      custom_vjp function too); use custom_jvp-style code or reverse mode"
+                    .into(),
+            }),
+        }
+    }
+
+    /// For outputs `[o, t(o) for float o]`: the result index of each output's tangent.
+    fn tangent_slots(float_o: &[bool]) -> Vec<Option<usize>> {
+        let mut next = float_o.len();
+        float_o
+            .iter()
+            .map(|&f| {
+                f.then(|| {
+                    next += 1;
+                    next - 1
+                })
+            })
+            .collect()
+    }
+
+    /// The tangents of the operands `range` of `xs` that `mask` marks: `ts`, zero where absent.
+    fn tangents_of(
+        b: &mut Builder,
+        xs: &[NodeId],
+        ts: &[Option<NodeId>],
+        mask: &[bool],
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<NodeId>> {
+        let mut out = Vec::new();
+        for i in range {
+            if mask[i] {
+                out.push(match ts[i] {
+                    Some(t) => t,
+                    None => b.full_like(xs[i], 0.0)?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds region `r` on `operands`; returns the `get_result` at each slot of `at`.
+    fn results(
+        b: &mut Builder,
+        r: RegionOp,
+        operands: &[NodeId],
+        at: &[Option<usize>],
+    ) -> Result<Vec<Option<NodeId>>> {
+        let id = b.add(Op::Region(Box::new(r)), operands)?;
+        let types = b.g.result_types(id).map_err(|error| AutodiffError::Rule {
+            op: b.op.clone(),
+            error,
+        })?;
+        at.iter()
+            .map(|slot| {
+                slot.map(|index| {
+                    let ty = types[index].clone();
+                    b.add(Op::GetResult { index, ty }, &[id])
+                })
+                .transpose()
+            })
+            .collect()
+    }
+
+    fn param_types(g: &Graph) -> Vec<TensorType> {
+        g.params().iter().map(|&p| g.ty(p).clone()).collect()
+    }
+
+    /// The JVP of `body` as a graph: parameters `body`'s, then one tangent per parameter that
+    /// `mask` marks; outputs `body`'s, then one tangent per float output (zero where the
+    /// output does not depend on the marked parameters). Also returns which outputs are float.
+    fn body_jvp(body: &Graph, mask: &[bool]) -> Result<(Graph, Vec<bool>)> {
+        let mut g = body.clone();
+        let wrt: Vec<NodeId> = g
+            .params()
+            .iter()
+            .zip(mask)
+            .filter(|(_, m)| **m)
+            .map(|(&p, _)| p)
+            .collect();
+        let t_params: Vec<NodeId> = wrt
+            .iter()
+            .map(|&p| {
+                let ty = g.ty(p).clone();
+                g.add_param(ty)
+            })
+            .collect();
+        let outs = g.outputs().to_vec();
+        let float_o: Vec<bool> = outs.iter().map(|&o| g.ty(o).dtype.is_float()).collect();
+        let tangents = super::jvp(&mut g, &wrt, &t_params, &outs)?;
+        let mut all = outs.clone();
+        let mut b = Builder {
+            g: &mut g,
+            loc: None,
+            op: "region".into(),
+        };
+        for ((&o, t), &f) in outs.iter().zip(tangents).zip(&float_o) {
+            if f {
+                all.push(match t {
+                    Some(t) => t,
+                    None => b.full_like(o, 0.0)?,
+                });
+            }
+        }
+        g.set_outputs(all);
+        g.remove_dead();
+        Ok((g, float_o))
+    }
+
+    /// A graph with `inner`'s parameters permuted: its parameter `args[j]` is `inner`'s `j`-th;
+    /// its outputs are `inner`'s at `outs`.
+    fn rewire(label: &str, inner: &Graph, args: &[usize], outs: &[usize]) -> Result<Graph> {
+        let inner_types = param_types(inner);
+        let mut types = vec![None; args.len()];
+        for (j, &a) in args.iter().enumerate() {
+            types[a] = Some(inner_types[j].clone());
+        }
+        let types: Vec<TensorType> = types
+            .into_iter()
+            .map(|t| t.ok_or_else(|| AutodiffError::Malformed("a gap in a rewiring".into())))
+            .collect::<Result<_>>()?;
+        rewire_typed(label, &types, inner, args, outs)
+    }
+
+    /// A graph with parameters of `types` that runs `inner` on its parameters at `args` and
+    /// returns `inner`'s outputs at `outs`.
+    fn rewire_typed(
+        label: &str,
+        types: &[TensorType],
+        inner: &Graph,
+        args: &[usize],
+        outs: &[usize],
+    ) -> Result<Graph> {
+        let mut g = Graph::new(label);
+        g.mesh = inner.mesh.clone();
+        let params: Vec<NodeId> = types.iter().map(|t| g.add_param(t.clone())).collect();
+        let inner_args: Vec<NodeId> = args.iter().map(|&a| params[a]).collect();
+        let results = g
+            .inline(inner, &inner_args)
+            .map_err(|error| AutodiffError::Rule {
+                op: label.into(),
+                error,
+            })?;
+        g.set_outputs(outs.iter().map(|&o| results[o]).collect());
+        Ok(g)
     }
 }
