@@ -124,9 +124,12 @@ pub fn jvp(
                 b.g.users(id)
                     .into_iter()
                     .filter(|u| wanted.contains(u))
-                    .filter_map(|u| match b.g.op(u) {
-                        Op::GetResult { index, .. } => Some(*index),
-                        _ => None,
+                    .filter_map(|u| {
+                        if let Op::GetResult { index, .. } = b.g.op(u) {
+                            Some(*index)
+                        } else {
+                            None
+                        }
                     })
                     .collect();
             for (i, t) in region::jvp(&mut b, r, &xs, &ts, &used)?

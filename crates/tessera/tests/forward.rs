@@ -6,11 +6,14 @@
 use std::collections::BTreeSet;
 
 use tessera::ir::corpus::{Lcg, op_samples, random_inputs};
-use tessera::ir::{ALL_OP_NAMES, DType, Graph};
+use tessera::ir::{ALL_OP_NAMES, DType, Graph, REGION_OP_NAMES};
 use tessera::prelude::*;
 
-/// Ops without a tangent (integer and boolean results, counters, bit reinterpretation), and
-/// the collectives and the annotation, which need a mesh: `collectives_under_pmap` covers them.
+/// Ops without a tangent (integer and boolean results, counters, bit reinterpretation,
+/// `stop_gradient`), the collectives and the annotation, which need a mesh
+/// (`collectives_under_pmap_match_finite_differences` covers them), and the region ops, whose
+/// samples are graphs with bodies (`crates/tessera-autodiff/tests/jvp.rs` and
+/// `regions_under_jit_match_finite_differences` cover them).
 const NOT_DIFFERENTIATED_HERE: &[&str] = &[
     "parameter",
     "constant",
@@ -36,6 +39,7 @@ const NOT_DIFFERENTIATED_HERE: &[&str] = &[
     "collective_permute",
     "axis_index",
     "sharding_constraint",
+    "stop_gradient",
 ];
 
 /// `graph(inputs)`, with the float inputs given and the others fixed.
@@ -134,7 +138,7 @@ fn every_jvp_rule_matches_finite_differences() {
     let expected: BTreeSet<&str> = ALL_OP_NAMES
         .iter()
         .copied()
-        .filter(|n| !NOT_DIFFERENTIATED_HERE.contains(n))
+        .filter(|n| !NOT_DIFFERENTIATED_HERE.contains(n) && !REGION_OP_NAMES.contains(n))
         .collect();
     let missing: Vec<_> = expected.difference(&covered).collect();
     assert!(
@@ -529,4 +533,153 @@ fn bad_input_names_the_op_and_the_callers_line() {
         err.contains("jacrev") && err.contains("float output") && err.contains(file!()),
         "{err}"
     );
+}
+
+/// A scan with a const, a carry and a per-step output.
+const SCAN: &str = "func @f(%0: f64[3], %1: f64[4,3], %2: f64[3]) {
+  %3 = scan %2, %0, %1 length=4 consts=1 carries=1 : (f64[3], f64[4,3])
+    body(%0: f64[3], %1: f64[3], %2: f64[3]) {
+      %3 = mul %1, %0 : f64[3]
+      %4 = add %3, %2 : f64[3]
+      %5 = tanh %4 : f64[3]
+      %6 = sin %1 : f64[3]
+      return %5, %6
+    }
+  %4 = get_result %3 index=0 : f64[3]
+  %5 = get_result %3 index=1 : f64[4,3]
+  return %4, %5
+}
+";
+
+/// A while loop with a data-dependent trip count: x <- 1.5 x + 0.1 a until sum(x) >= 10.
+const WHILE: &str = "func @f(%0: f64[3], %1: f64[3]) {
+  %2 = constant 0 : i32[]
+  %3 = while %1, %0, %2 consts=1 : (f64[3], i32[])
+    cond(%0: f64[3], %1: f64[3], %2: i32[]) {
+      %3 = reduce_sum %1 axes=[0] : f64[]
+      %4 = constant 10.0 : f64[]
+      %5 = lt %3, %4 : bool[]
+      return %5
+    }
+    body(%0: f64[3], %1: f64[3], %2: i32[]) {
+      %3 = constant 1.5 : f64[]
+      %4 = broadcast_in_dim %3 dims=[] : f64[3]
+      %5 = mul %1, %4 : f64[3]
+      %6 = constant 0.1 : f64[]
+      %7 = broadcast_in_dim %6 dims=[] : f64[3]
+      %8 = mul %0, %7 : f64[3]
+      %9 = add %5, %8 : f64[3]
+      %10 = constant 1 : i32[]
+      %11 = add %2, %10 : i32[]
+      return %9, %11
+    }
+  %4 = get_result %3 index=0 : f64[3]
+  %5 = get_result %3 index=1 : i32[]
+  return %4, %5
+}
+";
+
+/// A three-way case on an index the test closes over.
+const CASE: &str = "func @f(%0: i32[], %1: f64[3], %2: f64[3]) {
+  %3 = case %0, %1, %2 : (f64[3])
+    branch(%0: f64[3], %1: f64[3]) {
+      %2 = mul %0, %1 : f64[3]
+      return %2
+    }
+    branch(%0: f64[3], %1: f64[3]) {
+      %2 = sin %0 : f64[3]
+      %3 = add %2, %1 : f64[3]
+      return %3
+    }
+    branch(%0: f64[3], %1: f64[3]) {
+      %2 = checkpoint %0, %1 : (f64[3])
+        body(%0: f64[3], %1: f64[3]) {
+          %2 = exp %0 : f64[3]
+          %3 = mul %2, %1 : f64[3]
+          return %3
+        }
+      %3 = get_result %2 index=0 : f64[3]
+      return %3
+    }
+  %4 = get_result %3 index=0 : f64[3]
+  return %4
+}
+";
+
+#[test]
+fn regions_under_jit_match_finite_differences() {
+    eight_devices();
+    let mut rng = Lcg(53);
+    let scan_in = vec![
+        lcg_tensor(&mut rng, &[3]),
+        lcg_tensor(&mut rng, &[4, 3]),
+        lcg_tensor(&mut rng, &[3]),
+    ];
+    let while_in = vec![
+        f64s(vec![1.0, 0.5, 0.25], &[3]),
+        f64s(vec![0.3, -0.2, 0.7], &[3]),
+    ];
+    let case_in = vec![lcg_tensor(&mut rng, &[3]), lcg_tensor(&mut rng, &[3])];
+    let mut cases: Vec<(String, Graph, Option<i32>, Vec<Tensor>)> = vec![
+        (
+            "scan".into(),
+            tessera::ir::parse(SCAN).unwrap(),
+            None,
+            scan_in.clone(),
+        ),
+        (
+            "reverse scan".into(),
+            tessera::ir::parse(&SCAN.replace("length=4", "reverse length=4")).unwrap(),
+            None,
+            scan_in,
+        ),
+        (
+            "while".into(),
+            tessera::ir::parse(WHILE).unwrap(),
+            None,
+            while_in,
+        ),
+    ];
+    for index in 0..3 {
+        let g = tessera::ir::parse(CASE).unwrap();
+        cases.push((format!("case {index}"), g, Some(index), case_in.clone()));
+    }
+    for (name, g, index, xs) in &cases {
+        let call = |xs: &Vec<Tensor>| -> Vec<Tensor> {
+            let mut args: Vec<Tensor> = index.iter().map(|&i| Tensor::scalar(i)).collect();
+            args.extend(xs.iter().cloned());
+            eval_graph(g, &args).unwrap()
+        };
+        let ts: Vec<Tensor> = xs.iter().map(|x| random_like(x, &mut rng)).collect();
+        for backend in [Backend::Interpreter, Backend::Cranelift] {
+            let primal = jit(|xs: Vec<Tensor>| call(&xs)).backend(backend);
+            let tangent = jit(|(xs, ts): (Vec<Tensor>, Vec<Tensor>)| {
+                jvp(|xs: &Vec<Tensor>| call(xs), &xs, &ts).1
+            })
+            .backend(backend);
+            let got = tangent.call((xs.clone(), ts.clone())).unwrap();
+            let h = 1e-6;
+            let at = |s: f64| -> Vec<Tensor> {
+                let shifted: Vec<Tensor> = xs.iter().zip(&ts).map(|(x, t)| axpy(x, s, t)).collect();
+                primal.call(shifted).unwrap()
+            };
+            let (up, down) = (at(h), at(-h));
+            for (o, t) in got.iter().enumerate() {
+                if !t.dtype().is_float() {
+                    continue;
+                }
+                let fd: Vec<f64> = up[o]
+                    .to_vec::<f64>()
+                    .iter()
+                    .zip(down[o].to_vec::<f64>())
+                    .map(|(a, b)| (a - b) / (2.0 * h))
+                    .collect();
+                assert_eq!(
+                    mismatch(&t.to_vec::<f64>(), &fd, 1e-6),
+                    None,
+                    "{name}, {backend:?}, output {o}"
+                );
+            }
+        }
+    }
 }
