@@ -173,8 +173,7 @@ func @f(%0: f64[8,3]) {\n  %1 = reduce_scatter %0 max dim=0 axes=[\"i\"] : f64[2
 fn collectives_under_pmap_match_finite_differences() {
     eight_devices();
     let rs_max = tessera::ir::parse(REDUCE_SCATTER_MAX).unwrap();
-    type Case = (&'static str, Box<dyn Fn(&Tensor) -> Tensor>);
-    let cases: Vec<Case> = vec![
+    let cases: Vec<Named> = vec![
         ("psum", Box::new(|x| psum(&x.sin(), "i"))),
         ("pmean", Box::new(|x| pmean(&(x * x), "i"))),
         ("pmax", Box::new(|x| pmax(&x.tanh(), "i"))),
@@ -682,4 +681,150 @@ fn regions_under_jit_match_finite_differences() {
             }
         }
     }
+}
+
+/// A recurrent cell over a scan, a Newton iteration in a data-dependent while_loop, a cond, a
+/// fori_loop and a stop_gradient: one `f64[3] -> f64[3]` function of each.
+/// A named test function.
+type Named = (&'static str, Box<dyn Fn(&Tensor) -> Tensor>);
+
+fn control_flow_functions() -> Vec<Named> {
+    let w = lcg_tensor(&mut Lcg(59), &[3, 3]);
+    let xs = lcg_tensor(&mut Lcg(61), &[5, 3]);
+    vec![
+        (
+            "scan",
+            Box::new(move |h: &Tensor| {
+                let (h, ys) = scan(
+                    |h: &Tensor, x: &Tensor| {
+                        let n = (h.reshape([1, 3]).matmul(&w).reshape([3]) + x).tanh();
+                        (n.clone(), n.sin())
+                    },
+                    h,
+                    &xs,
+                    None,
+                    false,
+                );
+                h + ys.sum_axes(&[0])
+            }),
+        ),
+        (
+            "while_loop",
+            // sqrt(a) by Newton from a/2 until |x^2 - a| < 1e-12 (about 5-7 steps).
+            Box::new(|a: &Tensor| {
+                let (x, _) = while_loop(
+                    |(x, a): &(Tensor, Tensor)| {
+                        (x * x - a).abs().max().gt(&Tensor::scalar(1e-12f64))
+                    },
+                    |(x, a): &(Tensor, Tensor)| ((x + &(a / x)) * 0.5, a.clone()),
+                    &(a * 0.5 + 0.5, a.clone()),
+                );
+                x
+            }),
+        ),
+        (
+            "cond",
+            Box::new(|x: &Tensor| {
+                cond(
+                    &x.sum().gt(&Tensor::scalar(0.0f64)),
+                    |x: &Tensor| x.square(),
+                    |x: &Tensor| x.sin() * 3.0,
+                    x,
+                )
+            }),
+        ),
+        (
+            "fori_loop",
+            Box::new(|x: &Tensor| fori_loop(0, 4, |_i: &Tensor, c: &Tensor| (c * x).tanh() + x, x)),
+        ),
+        (
+            "stop_gradient",
+            Box::new(|x: &Tensor| x * &stop_gradient(&x.exp())),
+        ),
+    ]
+}
+
+#[test]
+fn jvp_jacfwd_and_hessian_through_the_control_flow_api() {
+    eight_devices();
+    let mut rng = Lcg(67);
+    for (name, f) in control_flow_functions() {
+        // Positive inputs keep the square root's argument positive.
+        let x = f64s((0..3).map(|_| rng.range(0.5, 2.0)).collect(), &[3]);
+        let v = lcg_tensor(&mut rng, &[3]);
+        let (y, t) = jvp(|x: &Tensor| f(x), &x, &v);
+        assert_eq!(y.to_vec::<f64>(), f(&x).to_vec::<f64>(), "{name}");
+        if name == "stop_gradient" {
+            // d/dx x * stop(e^x) = e^x, not e^x (1 + x).
+            let want: Vec<f64> = x
+                .to_vec::<f64>()
+                .iter()
+                .zip(v.to_vec::<f64>())
+                .map(|(x, v)| x.exp() * v)
+                .collect();
+            assert_eq!(mismatch(&t.to_vec::<f64>(), &want, 1e-15), None, "{name}");
+            continue;
+        }
+        let fd = contract_fd(&f, &x, &v);
+        assert_eq!(mismatch(&t.to_vec::<f64>(), &fd, 1e-7), None, "{name}: jvp");
+        let jf = jacfwd(|x: &Tensor| f(x))(&x);
+        assert_eq!(
+            mismatch(
+                &jf.to_vec::<f64>(),
+                &fd_jacobian(|x: &Tensor| f(x), &x),
+                1e-7
+            ),
+            None,
+            "{name}: jacfwd"
+        );
+        for backend in [Backend::Interpreter, Backend::Cranelift] {
+            let j =
+                jit(|(x, v): (Tensor, Tensor)| jvp(|x: &Tensor| f(x), &x, &v).1).backend(backend);
+            let got = j.call((x.clone(), v.clone())).unwrap();
+            assert_eq!(
+                mismatch(&got.to_vec::<f64>(), &t.to_vec::<f64>(), 1e-12),
+                None,
+                "{name}: jvp under jit, {backend:?}"
+            );
+        }
+        if name == "while_loop" {
+            // Reverse mode through a while_loop is refused, so no jacrev or hessian.
+            continue;
+        }
+        let jr = jacrev(|x: &Tensor| f(x))(&x);
+        assert_eq!(
+            mismatch(&jr.to_vec::<f64>(), &jf.to_vec::<f64>(), 1e-13),
+            None,
+            "{name}: jacrev vs jacfwd"
+        );
+        // Reverse over forward: the gradient of <1, J(x) v>.
+        let inner = |x: &Tensor| jvp(|x: &Tensor| f(x), x, &v).1.sum();
+        assert_eq!(
+            mismatch(
+                &grad(inner)(&x).to_vec::<f64>(),
+                &fd_jacobian(inner, &x),
+                1e-6
+            ),
+            None,
+            "{name}: grad of jvp"
+        );
+        let e = |x: &Tensor| f(x).sum();
+        let h = hessian(e)(&x);
+        assert_eq!(
+            mismatch(&h.to_vec::<f64>(), &fd_jacobian(grad(e), &x), 1e-6),
+            None,
+            "{name}: hessian"
+        );
+    }
+}
+
+/// `J v` by central differences along `v`.
+fn contract_fd(f: &dyn Fn(&Tensor) -> Tensor, x: &Tensor, v: &Tensor) -> Vec<f64> {
+    let h = 1e-6;
+    let up = f(&axpy(x, h, v)).to_vec::<f64>();
+    let down = f(&axpy(x, -h, v)).to_vec::<f64>();
+    up.iter()
+        .zip(&down)
+        .map(|(a, b)| (a - b) / (2.0 * h))
+        .collect()
 }
