@@ -499,3 +499,36 @@ fn bad_arguments_are_errors_not_panics() {
     let e = jvp(&mut g, &[x], &[], &[x]).unwrap_err().to_string();
     assert!(e.contains("1 inputs with 0 tangents"), "{e}");
 }
+
+#[test]
+fn annotations_and_linear_collectives_apply_to_the_tangent() {
+    let (g, missing) = tangent_graph(
+        "mesh @mesh = <\"dp\"=2>
+func @f(%0: f32[8,3]) {
+  %1 = sharding_constraint %0 sharding=<@mesh, [{\"dp\"}, {}]> : f32[8,3]
+  %2 = all_reduce %1 sum axes=[\"dp\"] : f32[8,3]
+  %3 = all_reduce %1 max axes=[\"dp\"] : f32[8,3]
+  return %2, %3
+}
+",
+    );
+    assert!(missing.is_empty());
+    let text = print(&g);
+    // The sum is linear: the same all_reduce on the tangent of the constrained value. The max
+    // is the mean tangent of the winning devices, made of sum all_reduces only (which have a
+    // VJP), so the tangent graph can be differentiated again.
+    for line in [
+        "%5 = sharding_constraint %1 sharding=<@mesh, [{\"dp\"}, {}]> : f32[8,3]  # jvp of sharding_constraint",
+        "%6 = all_reduce %5 sum axes=[\"dp\"] : f32[8,3]  # jvp of all_reduce",
+        "%7 = eq %2, %4 : bool[8,3]  # jvp of all_reduce",
+        "%10 = all_reduce %9 sum axes=[\"dp\"] : f32[8,3]  # jvp of all_reduce",
+        "%11 = all_reduce %8 sum axes=[\"dp\"] : f32[8,3]  # jvp of all_reduce",
+        "%12 = div %10, %11 : f32[8,3]  # jvp of all_reduce",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in\n{text}");
+    }
+    assert!(
+        !text.contains("max axes=[\"dp\"] : f32[8,3]  # jvp"),
+        "{text}"
+    );
+}

@@ -786,6 +786,21 @@ fn jvp_jacfwd_and_hessian_through_the_control_flow_api() {
                 None,
                 "{name}: jvp under jit, {backend:?}"
             );
+            // Only the tangents are used: the primal region is dead and removed, the jvp'd
+            // one computes both.
+            let lowered = j.lower(&(x.clone(), v.clone())).unwrap();
+            let (traced, ir) = (lowered.traced_ir(), lowered.ir());
+            for region in ["= scan", "= while", "= case"] {
+                let n = traced.matches(region).count();
+                assert!(
+                    n == 0 || n == 2,
+                    "{name}: {n} {region} in the trace\n{traced}"
+                );
+                assert!(
+                    ir.matches(region).count() <= 1,
+                    "{name}: {region} twice in\n{ir}"
+                );
+            }
         }
         if name == "while_loop" {
             // Reverse mode through a while_loop is refused, so no jacrev or hessian.
