@@ -5,11 +5,12 @@
 //! on concrete inputs, or into the enclosing trace (under `jit`, inside `grad`, or inside
 //! another `jacfwd`/`jacrev`, which is how `hessian = jacfwd(jacrev(f))` works).
 //!
-//! Without `vmap`, a Jacobian is built from one pass per basis vector over a single trace of
-//! the function: `jacfwd` runs the forward pass once per input element (a one-hot tangent),
-//! `jacrev` the reverse pass once per output element (a one-hot cotangent), and the results are
-//! stacked into JAX's layout, `out.shape ++ in.shape`. The forward values are shared by every
-//! column; the derivative graph grows linearly with the number of elements.
+//! Without `vmap`, a Jacobian is built from one derivative per basis vector: `jacfwd` traces
+//! the function once, runs the forward-mode pass once with a tangent parameter, replays the
+//! primal part once, then the tangent part once per input element (a one-hot tangent);
+//! `jacrev` likewise with the reverse pass and one one-hot cotangent per output element. The
+//! results are stacked into JAX's layout, `out.shape ++ in.shape`. Under `jit` each replay is
+//! recorded, so the program grows linearly with the number of elements.
 
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
@@ -131,16 +132,74 @@ fn dependents(g: &Graph, order: &[NodeId], seeds: &[NodeId]) -> HashSet<NodeId> 
     set
 }
 
+/// A traced function with a derivative pass appended, split at the pass's seed parameters
+/// (tangents or cotangents): the part that does not depend on a seed is replayed once, at
+/// construction; `apply` replays the rest for given seed values, as often as needed.
+struct Split {
+    graph: Graph,
+    /// The values of the seed-free part (concrete, or tracers of the enclosing trace).
+    env: HashMap<NodeId, Tensor>,
+    seeds: Vec<NodeId>,
+    /// The nodes that depend on a seed, in topological order.
+    rest: Vec<NodeId>,
+    /// The derivative nodes (`None`: zero).
+    outs: Vec<Option<NodeId>>,
+}
+
+impl Split {
+    /// `inputs` are the values of the graph's parameters before the seeds; `keep` are the
+    /// primal nodes the caller reads from `env`.
+    fn new(
+        mut graph: Graph,
+        inputs: Vec<Tensor>,
+        seeds: Vec<NodeId>,
+        outs: Vec<Option<NodeId>>,
+        keep: &[NodeId],
+        (op, location): (&str, &str),
+    ) -> Split {
+        let mut all = keep.to_vec();
+        all.extend(outs.iter().flatten());
+        graph.set_outputs(all);
+        if let Err(e) = verify(&graph) {
+            raise(op_error(
+                op,
+                format!("the differentiated program is malformed: {e}"),
+                location,
+            ));
+        }
+        let mut env: HashMap<NodeId, Tensor> = graph.params().iter().copied().zip(inputs).collect();
+        let order = graph.topo_order();
+        let seeded = dependents(&graph, &order, &seeds);
+        let (rest, fixed): (Vec<NodeId>, Vec<NodeId>) =
+            order.into_iter().partition(|n| seeded.contains(n));
+        replay(&graph, &fixed, &mut env);
+        Split {
+            graph,
+            env,
+            seeds,
+            rest,
+            outs,
+        }
+    }
+
+    /// The derivative outputs for these seed values.
+    fn apply(&self, seed_values: &[Tensor]) -> Vec<Option<Tensor>> {
+        let mut env = self.env.clone();
+        for (&p, t) in self.seeds.iter().zip(seed_values) {
+            env.insert(p, t.clone());
+        }
+        replay(&self.graph, &self.rest, &mut env);
+        self.outs
+            .iter()
+            .map(|o| o.map(|o| env[&o].clone()))
+            .collect()
+    }
+}
+
 /// The linear map returned by `linearize`: tangents of the inputs to tangents of the outputs,
 /// at the primal point it was built at (the forward values are computed once).
 pub struct Linearized<P, O> {
-    graph: Graph,
-    /// The forward values (concrete, or tracers of the enclosing trace).
-    env: HashMap<NodeId, Tensor>,
-    /// One tangent parameter per primal leaf.
-    t_params: Vec<NodeId>,
-    /// The tangent node of each output leaf (`None`: zero).
-    t_outs: Vec<Option<NodeId>>,
+    split: Split,
     /// The primal outputs (their zeros stand for absent tangents).
     outs: Vec<Tensor>,
     pdef: TreeDef,
@@ -163,22 +222,12 @@ impl<P: Tree, O: Tree> Linearized<P, O> {
             &tdef,
             &self.location,
         );
-        let mut env = self.env.clone();
-        for (&p, t) in self.t_params.iter().zip(&leaves) {
-            env.insert(p, t.clone());
-        }
-        let order = self.graph.topo_order();
-        let tangent = dependents(&self.graph, &order, &self.t_params);
-        let nodes: Vec<NodeId> = order.into_iter().filter(|n| tangent.contains(n)).collect();
-        replay(&self.graph, &nodes, &mut env);
         let out: Vec<Tensor> = self
-            .t_outs
-            .iter()
+            .split
+            .apply(&leaves)
+            .into_iter()
             .zip(&self.outs)
-            .map(|(t, o)| match t {
-                Some(t) => env[t].clone(),
-                None => o.zeros_like(),
-            })
+            .map(|(t, o)| t.unwrap_or_else(|| o.zeros_like()))
             .collect();
         tree::unflatten(&self.odef, out).unwrap_or_else(|e| raise(e))
     }
@@ -207,29 +256,18 @@ fn linearize_at<P: Tree, O: Tree>(
         .collect();
     let t_outs = tessera_autodiff::jvp(&mut graph, &wrt, &t_params, &outputs)
         .unwrap_or_else(|e| raise(op_error("jvp", e.to_string(), &location)));
-    let mut all = outputs.clone();
-    all.extend(t_outs.iter().flatten());
-    graph.set_outputs(all);
-    if let Err(e) = verify(&graph) {
-        raise(op_error(
-            "jvp",
-            format!("the differentiated program is malformed: {e}"),
-            &location,
-        ));
-    }
-    // Replay the forward part: every node that does not depend on a tangent.
-    let mut env: HashMap<NodeId, Tensor> = graph.params().iter().copied().zip(inputs).collect();
-    let order = graph.topo_order();
-    let tangent = dependents(&graph, &order, &t_params);
-    let forward: Vec<NodeId> = order.into_iter().filter(|n| !tangent.contains(n)).collect();
-    replay(&graph, &forward, &mut env);
-    let outs: Vec<Tensor> = outputs.iter().map(|o| env[o].clone()).collect();
-    let out = tree::unflatten(&odef, outs.clone()).unwrap_or_else(|e| raise(e));
-    let lin = Linearized {
+    let split = Split::new(
         graph,
-        env,
+        inputs,
         t_params,
         t_outs,
+        &outputs,
+        ("jvp", &location),
+    );
+    let outs: Vec<Tensor> = outputs.iter().map(|o| split.env[o].clone()).collect();
+    let out = tree::unflatten(&odef, outs.clone()).unwrap_or_else(|e| raise(e));
+    let lin = Linearized {
+        split,
         outs,
         pdef,
         primal_types: leaves.iter().map(|t| t.ty().clone()).collect(),
@@ -263,82 +301,46 @@ pub fn jvp<P: Tree, O: Tree>(f: impl FnOnce(&P) -> O, primals: &P, tangents: &P)
 }
 
 /// A one-hot tensor of type `ty`: 1 at flat index `i`, 0 elsewhere.
-fn one_hot(ty: &TensorType, i: usize) -> Literal {
+fn one_hot(ty: &TensorType, i: usize) -> Tensor {
     let mut data = Data::zeros(ty.dtype, ty.numel());
     data.copy_element(i, &Data::splat(ty.dtype, 1.0, 1), 0)
         .expect("index within the tensor and one dtype");
-    Literal {
+    Tensor::from_literal(Literal {
         ty: ty.clone(),
         data,
-    }
-}
-
-/// Adds a node to a Jacobian's graph; a type error is a bug of this module, reported as an
-/// error of `op`.
-fn add(g: &mut Graph, op: Op, operands: &[NodeId], name: &str, location: &str) -> NodeId {
-    g.add(op, operands).unwrap_or_else(|e| {
-        raise(op_error(
-            name,
-            format!("internal error building the Jacobian: {e}"),
-            location,
-        ))
     })
 }
 
 /// Stacks `parts` (each of type `part`, `None` a zero) along new axes shaped `axes`, after the
 /// part's dims (`trailing`, jacfwd's columns) or before them (jacrev's rows).
-fn stack(
-    g: &mut Graph,
-    parts: &[Option<NodeId>],
-    part: &TensorType,
-    axes: &Shape,
-    trailing: bool,
-    (name, location): (&str, &str),
-) -> NodeId {
+fn stack(parts: Vec<Option<Tensor>>, part: &TensorType, axes: &Shape, trailing: bool) -> Tensor {
     let dims: Vec<usize> = if trailing {
         [part.dims(), axes.dims()].concat()
     } else {
         [axes.dims(), part.dims()].concat()
     };
-    let result = TensorType::new(part.dtype, dims.clone());
-    if result.numel() == 0 {
-        return add(
-            g,
-            Op::Constant(Literal::zeros(&result)),
-            &[],
-            name,
-            location,
-        );
+    if dims.iter().product::<usize>() == 0 {
+        return Tensor::full_dtype(dims, 0.0, part.dtype);
     }
     let one: Vec<usize> = if trailing {
         [part.dims(), &[1]].concat()
     } else {
         [&[1], part.dims()].concat()
     };
-    let zero = parts
-        .iter()
-        .any(Option::is_none)
-        .then(|| add(g, Op::Constant(Literal::zeros(part)), &[], name, location));
-    let pieces: Vec<NodeId> = parts
-        .iter()
+    let pieces: Vec<Tensor> = parts
+        .into_iter()
         .map(|p| {
-            let p = p.or(zero).expect("a zero exists where a part is missing");
-            add(
-                g,
-                Op::Reshape(Shape::new(one.clone())),
-                &[p],
-                name,
-                location,
-            )
+            p.unwrap_or_else(|| Tensor::full_dtype(part.dims().to_vec(), 0.0, part.dtype))
+                .reshape(one.clone())
         })
         .collect();
     let joined = if pieces.len() == 1 {
-        pieces[0]
+        pieces[0].clone()
     } else {
-        let dim = if trailing { part.rank() } else { 0 };
-        add(g, Op::Concatenate { dim }, &pieces, name, location)
+        let refs: Vec<&Tensor> = pieces.iter().collect();
+        Tensor::concatenate(&refs, if trailing { part.rank() } else { 0 })
     };
-    add(g, Op::Reshape(Shape::new(dims)), &[joined], name, location)
+    joined.reshape(dims)
 }
 
 /// Traces a one-argument function for a Jacobian, checking that input and output are float.
@@ -356,85 +358,39 @@ fn trace_jac(f: impl FnOnce(&Tensor) -> Tensor, x: &Tensor, name: &str, location
     traced
 }
 
-/// Makes `jac` the graph's only output and replays what it needs.
-fn finish_jac(traced: Traced, jac: NodeId, name: &str, location: &str) -> Tensor {
-    let Traced {
-        mut graph, inputs, ..
-    } = traced;
-    graph.set_outputs(vec![jac]);
-    graph.remove_dead();
-    if let Err(e) = verify(&graph) {
-        raise(op_error(
-            name,
-            format!("the Jacobian program is malformed: {e}"),
-            location,
-        ));
-    }
-    let mut env: HashMap<NodeId, Tensor> = graph.params().iter().copied().zip(inputs).collect();
-    let order = graph.topo_order();
-    replay(&graph, &order, &mut env);
-    env[&jac].clone()
-}
-
 fn jacfwd_at(f: impl Fn(&Tensor) -> Tensor, location: String) -> impl Fn(&Tensor) -> Tensor {
     move |x: &Tensor| {
-        let mut traced = trace_jac(&f, x, "jacfwd", &location);
-        let g = &mut traced.graph;
-        let (p, o) = (g.params()[0], g.outputs()[0]);
-        let (in_ty, out_ty) = (g.ty(p).clone(), g.ty(o).clone());
-        let columns: Vec<Option<NodeId>> = (0..in_ty.numel())
-            .map(|i| {
-                let e = add(
-                    g,
-                    Op::Constant(one_hot(&in_ty, i)),
-                    &[],
-                    "jacfwd",
-                    &location,
-                );
-                tessera_autodiff::jvp(g, &[p], &[e], &[o])
-                    .unwrap_or_else(|e| raise(op_error("jacfwd", e.to_string(), &location)))[0]
-            })
+        let Traced {
+            mut graph, inputs, ..
+        } = trace_jac(&f, x, "jacfwd", &location);
+        let (p, o) = (graph.params()[0], graph.outputs()[0]);
+        let (in_ty, out_ty) = (graph.ty(p).clone(), graph.ty(o).clone());
+        let t = graph.add_param(in_ty.clone());
+        let t_out = tessera_autodiff::jvp(&mut graph, &[p], &[t], &[o])
+            .unwrap_or_else(|e| raise(op_error("jacfwd", e.to_string(), &location)));
+        let split = Split::new(graph, inputs, vec![t], t_out, &[], ("jacfwd", &location));
+        let columns: Vec<Option<Tensor>> = (0..in_ty.numel())
+            .map(|i| split.apply(&[one_hot(&in_ty, i)]).remove(0))
             .collect();
-        let jac = stack(
-            g,
-            &columns,
-            &out_ty,
-            &in_ty.shape,
-            true,
-            ("jacfwd", &location),
-        );
-        finish_jac(traced, jac, "jacfwd", &location)
+        stack(columns, &out_ty, &in_ty.shape, true)
     }
 }
 
 fn jacrev_at(f: impl Fn(&Tensor) -> Tensor, location: String) -> impl Fn(&Tensor) -> Tensor {
     move |x: &Tensor| {
-        let mut traced = trace_jac(&f, x, "jacrev", &location);
-        let g = &mut traced.graph;
-        let (p, o) = (g.params()[0], g.outputs()[0]);
-        let (in_ty, out_ty) = (g.ty(p).clone(), g.ty(o).clone());
-        let rows: Vec<Option<NodeId>> = (0..out_ty.numel())
-            .map(|j| {
-                let e = add(
-                    g,
-                    Op::Constant(one_hot(&out_ty, j)),
-                    &[],
-                    "jacrev",
-                    &location,
-                );
-                tessera_autodiff::vjp(g, &[o], &[e], &[p])
-                    .unwrap_or_else(|e| raise(op_error("jacrev", e.to_string(), &location)))[0]
-            })
+        let Traced {
+            mut graph, inputs, ..
+        } = trace_jac(&f, x, "jacrev", &location);
+        let (p, o) = (graph.params()[0], graph.outputs()[0]);
+        let (in_ty, out_ty) = (graph.ty(p).clone(), graph.ty(o).clone());
+        let c = graph.add_param(out_ty.clone());
+        let ct = tessera_autodiff::vjp(&mut graph, &[o], &[c], &[p])
+            .unwrap_or_else(|e| raise(op_error("jacrev", e.to_string(), &location)));
+        let split = Split::new(graph, inputs, vec![c], ct, &[], ("jacrev", &location));
+        let rows: Vec<Option<Tensor>> = (0..out_ty.numel())
+            .map(|j| split.apply(&[one_hot(&out_ty, j)]).remove(0))
             .collect();
-        let jac = stack(
-            g,
-            &rows,
-            &in_ty,
-            &out_ty.shape,
-            false,
-            ("jacrev", &location),
-        );
-        finish_jac(traced, jac, "jacrev", &location)
+        stack(rows, &in_ty, &out_ty.shape, false)
     }
 }
 

@@ -843,3 +843,89 @@ fn contract_fd(f: &dyn Fn(&Tensor) -> Tensor, x: &Tensor, v: &Tensor) -> Vec<f64
         .map(|(a, b)| (a - b) / (2.0 * h))
         .collect()
 }
+
+/// Forward mode of a data-parallel loss on a mesh: the tangent program is sharded like the
+/// primal one, and its reduction over the batch gets an all_reduce, as the gradient's does.
+#[test]
+fn jvp_with_inputs_on_a_mesh_matches_the_single_device_run() {
+    eight_devices();
+    let w = lcg_tensor(&mut Lcg(71), &[3, 4]);
+    let x = lcg_tensor(&mut Lcg(73), &[16, 3]);
+    let v = lcg_tensor(&mut Lcg(79), &[3, 4]);
+    let loss = |w: &Tensor, x: &Tensor| x.matmul(w).tanh().square().mean();
+    let single = jit(|(w, x, v): (Tensor, Tensor, Tensor)| jvp(|w: &Tensor| loss(w, &x), &w, &v));
+    let (want_l, want_t) = single.call((w.clone(), x.clone(), v.clone())).unwrap();
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        let mesh = Mesh::new([8], ["dp"]);
+        let sx = device_put(x.clone(), &NamedSharding::new(&mesh, P!["dp"]));
+        let f = jit(|(w, x, v): (Tensor, Tensor, Tensor)| jvp(|w: &Tensor| loss(w, &x), &w, &v))
+            .backend(backend);
+        let (l, t) = f.call((w.clone(), sx.clone(), v.clone())).unwrap();
+        for (a, b, what) in [(&l, &want_l, "loss"), (&t, &want_t, "tangent")] {
+            assert_eq!(
+                mismatch(&a.to_vec::<f64>(), &b.to_vec::<f64>(), 1e-13),
+                None,
+                "{backend:?} {what}"
+            );
+        }
+        let per_device = f
+            .lower(&(w.clone(), sx, v.clone()))
+            .unwrap()
+            .per_device_ir();
+        assert!(per_device.contains("all_reduce"), "{per_device}");
+    }
+}
+
+/// The Jacobians of a 256-wide layer agree by both modes, eagerly and under jit; the times
+/// (`cargo test -p tessera --test forward wide -- --nocapture`) are the figures of
+/// docs/notes-jvp.md.
+#[test]
+fn jacobians_of_a_wide_layer_agree_and_their_times() {
+    eight_devices();
+    let n = 256;
+    let w = random::normal(&Key::new(1), [n, n]) * 0.1;
+    let x = random::normal(&Key::new(2), [n]);
+    let f = |x: &Tensor| x.reshape([1, n]).matmul(&w).reshape([n]).tanh();
+    let time = |what: &str, g: &dyn Fn() -> Tensor| {
+        let t0 = std::time::Instant::now();
+        let out = g();
+        println!("n={n}: {what} {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
+        out
+    };
+    let jf = time("eager jacfwd", &|| jacfwd(f)(&x));
+    let jr = time("eager jacrev", &|| jacrev(f)(&x));
+    let j = jit(|x: Tensor| jacfwd(f)(&x));
+    let jj = time("jit(jacfwd) first call", &|| j.call(x.clone()).unwrap());
+    time("jit(jacfwd) second call", &|| j.call(x.clone()).unwrap());
+    let h = time("eager hessian of sum", &|| {
+        hessian(|x: &Tensor| f(x).sum())(&x)
+    });
+    assert_eq!(jf.shape(), &[n, n]);
+    assert_eq!(h.shape(), &[n, n]);
+    let (a, b, c) = (jf.to_vec::<f32>(), jr.to_vec::<f32>(), jj.to_vec::<f32>());
+    for i in 0..a.len() {
+        assert!(
+            (a[i] - b[i]).abs() <= 1e-6,
+            "[{i}] jacfwd {} vs jacrev {}",
+            a[i],
+            b[i]
+        );
+        assert!(
+            (a[i] - c[i]).abs() <= 1e-6,
+            "[{i}] eager {} vs jit {}",
+            a[i],
+            c[i]
+        );
+    }
+    // d/dx_j of (1 - tanh(z_i)^2) w_ji summed over i: symmetric.
+    let hv = h.to_vec::<f32>();
+    for i in 0..n {
+        for k in 0..i {
+            let (p, q) = (hv[i * n + k], hv[k * n + i]);
+            assert!(
+                (p - q).abs() <= 1e-6 * p.abs().max(1.0),
+                "H[{i},{k}] {p} vs {q}"
+            );
+        }
+    }
+}
