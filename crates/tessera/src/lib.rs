@@ -29,6 +29,7 @@ mod spmd;
 pub mod tensor;
 mod trace;
 pub mod tree;
+pub mod vmap;
 
 pub use error::{Error, Result};
 pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
@@ -44,6 +45,7 @@ pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
 pub use tessera_ir::{DType, DotDims};
 pub use tessera_runtime::{device_count, shared_gemm_count};
+pub use vmap::{Axes, Vmapped, vmap};
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
@@ -62,5 +64,9 @@ pub mod prelude {
         make_ir, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp,
     };
     pub use crate::{P, device_count};
+    pub use crate::{
+        axes,
+        vmap::{Axes, Vmapped, vmap},
+    };
     pub use tessera_derive::Tree;
 }

@@ -1,0 +1,468 @@
+//! `vmap`: against the loop of the per-example function (bit for bit on the interpreter, where
+//! the batched program does the same arithmetic per example; within 4 ulp compiled, where GEMM
+//! blocking and fusion may order a sum differently), against JAX's values
+//! (`fixtures/vmap/vmap.json`, made by `fixtures/vmap/make.py`), composed with `grad`, `jit`
+//! (1 and 8 devices) and itself, with an axis name and collectives, and its errors.
+
+use serde_json::Value;
+use tessera::prelude::*;
+
+fn eight_devices() {
+    // SAFETY: every test calls this first, before the device pool starts and before any other
+    // thread reads the environment; the value is always the same.
+    unsafe { std::env::set_var("TESSERA_DEVICES", "8") };
+    assert_eq!(device_count(), 8);
+}
+
+#[derive(Tree, Clone)]
+struct Mlp {
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+}
+
+/// One example's loss: `x` is `[4]`, `y` is `[1]`.
+fn loss(p: &Mlp, x: &Tensor, y: &Tensor) -> Tensor {
+    let h = (x.matmul(&p.w1) + &p.b1).tanh();
+    (h.matmul(&p.w2) + &p.b2 - y).square().mean()
+}
+
+/// Deterministic values in (-1, 1), as `make.py`'s `det`.
+fn det(shape: &[usize], k: f64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|i| ((i as f64 * 0.7 + k).sin() * 0.9) as f32)
+        .collect();
+    Tensor::from_vec(v, shape.to_vec())
+}
+
+fn mlp() -> Mlp {
+    Mlp {
+        w1: det(&[4, 8], 1.0),
+        b1: det(&[8], 2.0) * 0.1,
+        w2: det(&[8, 1], 3.0),
+        b2: det(&[1], 4.0),
+    }
+}
+
+/// Example `i` of `t` along `axis`.
+fn row(t: &Tensor, axis: usize, i: usize) -> Tensor {
+    let mut start = vec![0; t.rank()];
+    let mut limit = t.shape().to_vec();
+    start[axis] = i;
+    limit[axis] = i + 1;
+    let mut dims = t.shape().to_vec();
+    dims.remove(axis);
+    t.slice(&start, &limit).reshape(dims)
+}
+
+/// `parts` stacked along a new dim `axis`.
+fn stack(parts: &[Tensor], axis: usize) -> Tensor {
+    let ones: Vec<Tensor> = parts
+        .iter()
+        .map(|p| {
+            let mut d = p.shape().to_vec();
+            d.insert(axis, 1);
+            p.reshape(d)
+        })
+        .collect();
+    let refs: Vec<&Tensor> = ones.iter().collect();
+    Tensor::concatenate(&refs, axis)
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>().iter().map(|x| x.to_bits()).collect()
+}
+
+fn same(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.shape(), b.shape(), "{what}");
+    assert_eq!(
+        bits(a),
+        bits(b),
+        "{what}: {:?} vs {:?}",
+        a.to_vec::<f32>(),
+        b.to_vec::<f32>()
+    );
+}
+
+/// Distance in units in the last place between two finite f32s.
+fn ulps(a: f32, b: f32) -> u32 {
+    let key = |x: f32| {
+        let i = x.to_bits() as i32;
+        if i < 0 { i32::MIN - i } else { i }
+    };
+    (key(a) as i64 - key(b) as i64).unsigned_abs() as u32
+}
+
+/// Within `n` ulp, or within `n` ulp of the largest magnitude (a sum near cancellation).
+fn close(a: &Tensor, b: &Tensor, n: u32, what: &str) {
+    assert_eq!(a.shape(), b.shape(), "{what}");
+    let (x, y) = (a.to_vec::<f32>(), b.to_vec::<f32>());
+    let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+        let tol = scale * f32::EPSILON * n as f32;
+        assert!(
+            ulps(*p, *q) <= n || (p - q).abs() <= tol,
+            "{what}[{i}]: {p} vs {q} ({} ulp)",
+            ulps(*p, *q)
+        );
+    }
+}
+
+fn per_example_grads_loop(p: &Mlp, x: &Tensor, y: &Tensor) -> Mlp {
+    let gs: Vec<Mlp> = (0..x.shape()[0])
+        .map(|i| {
+            let (xi, yi) = (row(x, 0, i), row(y, 0, i));
+            grad(|p: &Mlp| loss(p, &xi, &yi))(p)
+        })
+        .collect();
+    let pick =
+        |f: fn(&Mlp) -> &Tensor| stack(&gs.iter().map(|g| f(g).clone()).collect::<Vec<_>>(), 0);
+    Mlp {
+        w1: pick(|g| &g.w1),
+        b1: pick(|g| &g.b1),
+        w2: pick(|g| &g.w2),
+        b2: pick(|g| &g.b2),
+    }
+}
+
+fn per_example_grads(args: &(Mlp, Tensor, Tensor)) -> Mlp {
+    vmap(grad(|(p, x, y): &(Mlp, Tensor, Tensor)| loss(p, x, y)))
+        .in_axes(axes![None, 0, 0])
+        .call(args)
+        .0
+}
+
+fn same_mlp(a: &Mlp, b: &Mlp, what: &str) {
+    same(&a.w1, &b.w1, &format!("{what} w1"));
+    same(&a.b1, &b.b1, &format!("{what} b1"));
+    same(&a.w2, &b.w2, &format!("{what} w2"));
+    same(&a.b2, &b.b2, &format!("{what} b2"));
+}
+
+fn close_mlp(a: &Mlp, b: &Mlp, n: u32, what: &str) {
+    close(&a.w1, &b.w1, n, &format!("{what} w1"));
+    close(&a.b1, &b.b1, n, &format!("{what} b1"));
+    close(&a.w2, &b.w2, n, &format!("{what} w2"));
+    close(&a.b2, &b.b2, n, &format!("{what} b2"));
+}
+
+/// `vmap(grad(loss), in_axes=(None, 0, 0))` is the loop of per-example gradients: bit for bit
+/// eagerly (both on the interpreter's kernels), within 4 ulp under `jit` on both backends.
+#[test]
+fn per_example_grads_equal_the_loop() {
+    eight_devices();
+    let p = mlp();
+    let (x, y) = (det(&[6, 4], 5.0), det(&[6, 1], 6.0));
+    let want = per_example_grads_loop(&p, &x, &y);
+    let args = (p.clone(), x.clone(), y.clone());
+    same_mlp(&per_example_grads(&args), &want, "eager");
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        let f = jit(|a: (Mlp, Tensor, Tensor)| per_example_grads(&a)).backend(backend);
+        let got = f.call(args.clone()).unwrap();
+        close_mlp(&got, &want, 4, &format!("{backend:?}"));
+    }
+}
+
+/// The same per-example gradients under `jit` with the examples split over 8 devices.
+#[test]
+fn per_example_grads_under_jit_on_eight_devices() {
+    eight_devices();
+    let mesh = Mesh::new([8], ["dp"]);
+    let p = mlp();
+    let (x, y) = (det(&[16, 4], 5.0), det(&[16, 1], 6.0));
+    let want = per_example_grads_loop(&p, &x, &y);
+    let split = NamedSharding::new(&mesh, P!["dp"]);
+    let whole = NamedSharding::new(&mesh, P![]);
+    let args = (
+        device_put(p, &whole),
+        device_put(x, &split),
+        device_put(y, &split),
+    );
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        let f = jit(|a: (Mlp, Tensor, Tensor)| per_example_grads(&a)).backend(backend);
+        let got = f.call(args.clone()).unwrap();
+        close_mlp(&got, &want, 4, &format!("8 devices {backend:?}"));
+    }
+}
+
+/// `grad(vmap(loss).mean())` is the gradient of the mean of the per-example losses, written as
+/// an unrolled sum; the vmapped function closes over the parameters (a capture of grad's trace).
+#[test]
+fn grad_of_vmap_equals_the_grad_of_the_unrolled_mean() {
+    eight_devices();
+    let p = mlp();
+    let (x, y) = (det(&[6, 4], 5.0), det(&[6, 1], 6.0));
+    let batched = |p: &Mlp| {
+        vmap(|(x, y): &(Tensor, Tensor)| loss(p, x, y))
+            .call(&(x.clone(), y.clone()))
+            .mean()
+    };
+    let unrolled = |p: &Mlp| {
+        let mut s = loss(p, &row(&x, 0, 0), &row(&y, 0, 0));
+        for i in 1..6 {
+            s = s + loss(p, &row(&x, 0, i), &row(&y, 0, i));
+        }
+        s / 6.0
+    };
+    let want = grad(unrolled)(&p);
+    close_mlp(&grad(batched)(&p), &want, 4, "eager");
+    let f = jit(|p: Mlp| grad(batched)(&p));
+    close_mlp(&f.call(p.clone()).unwrap(), &want, 4, "jit");
+}
+
+fn pair(a: &Tensor, b: &Tensor) -> Tensor {
+    (a * b).tanh().sum() + a.max()
+}
+
+/// A vmap of a vmap is the double loop; the inner closure captures the outer's tracer.
+#[test]
+fn nested_vmap_equals_the_double_loop() {
+    eight_devices();
+    let (a, b) = (det(&[5, 3], 7.0), det(&[4, 3], 8.0));
+    let f =
+        |a: &Tensor, b: &Tensor| vmap(|a: &Tensor| vmap(|b: &Tensor| pair(a, b)).call(b)).call(a);
+    let rows: Vec<Tensor> = (0..5)
+        .map(|i| {
+            let cols: Vec<Tensor> = (0..4)
+                .map(|j| pair(&row(&a, 0, i), &row(&b, 0, j)))
+                .collect();
+            stack(&cols, 0)
+        })
+        .collect();
+    let want = stack(&rows, 0);
+    same(&f(&a, &b), &want, "eager");
+    let j = jit(|(a, b): (Tensor, Tensor)| f(&a, &b));
+    close(&j.call((a.clone(), b.clone())).unwrap(), &want, 4, "jit");
+}
+
+fn named(x: &Tensor) -> Tensor {
+    x / psum(x, "b") + pmax(x, "b") + axis_index("b").astype(DType::F32) * 0.5
+}
+
+/// With `axis_name`, the collectives by name run over the batch: against pmap of the same
+/// function (JAX's semantics are that they agree), and against the hand-batched formula.
+#[test]
+fn axis_name_collectives_run_over_the_batch() {
+    eight_devices();
+    let x = det(&[4, 3], 9.0) + 2.0;
+    let v = vmap(named).axis_name("b");
+    let got = v.call(&x);
+    let by_hand = &x / x.sum_axes(&[0]).broadcast_in_dim([4, 3], &[1])
+        + x.max_axes(&[0]).broadcast_in_dim([4, 3], &[1])
+        + Tensor::iota(DType::F32, [4, 3], 0) * 0.5;
+    close(&got, &by_hand, 1, "by hand");
+    let pm = pmap("b", |x: Tensor| named(&x)).call(x.clone()).unwrap();
+    close(&got, &pm, 1, "pmap");
+    // The other collectives by name, each against pmap.
+    let others = |x: &Tensor| {
+        (
+            pmean(x, "b"),
+            all_gather(x, "b"),
+            ppermute(x, "b", &[(0, 1), (1, 2), (2, 0)]),
+            psum_scatter(&Tensor::concatenate(&[x, &x.slice(&[0], &[1])], 0), "b", 0),
+            all_to_all(&x.broadcast_in_dim([4, 3], &[1]), "b", 0, 1),
+        )
+    };
+    let x3 = det(&[4, 3], 3.0);
+    let g = vmap(others).axis_name("b").call(&x3);
+    let w = pmap("b", |x: Tensor| others(&x)).call(x3.clone()).unwrap();
+    close(&g.0, &w.0, 1, "pmean");
+    same(&g.1, &w.1, "all_gather");
+    same(&g.2, &w.2, "ppermute");
+    close(&g.3, &w.3, 1, "psum_scatter");
+    same(&g.4, &w.4, "all_to_all");
+    // Under jit too.
+    let j = jit(|x: Tensor| vmap(others).axis_name("b").call(&x));
+    let gj = j.call(x3).unwrap();
+    same(&gj.1, &w.1, "jit all_gather");
+    same(&gj.4, &w.4, "jit all_to_all");
+}
+
+/// `out_axes=1` puts the batch dim second; `None` returns an unbatched output once.
+#[test]
+fn out_axes_place_the_batch_dim() {
+    eight_devices();
+    let (x, m) = (det(&[6, 3], 10.0), det(&[3, 2], 11.0));
+    let got = vmap(|v: &Tensor| v.tanh().matmul(&m)).out_axes(1).call(&x);
+    let want = stack(
+        &(0..6)
+            .map(|i| row(&x, 0, i).tanh().matmul(&m))
+            .collect::<Vec<_>>(),
+        1,
+    );
+    same(&got, &want, "out_axes 1");
+    let (s, t) = vmap(|(a, v): &(Tensor, Tensor)| (a * 2.0, v + a))
+        .in_axes(axes![None, 0])
+        .out_axes(axes![None, 0])
+        .call(&(
+            m.slice(&[0, 0], &[1, 2]).reshape([2]),
+            x.slice(&[0, 0], &[6, 2]),
+        ));
+    assert_eq!(s.shape(), &[2]);
+    assert_eq!(t.shape(), &[6, 2]);
+}
+
+/// A function over most op families, batched along dim 1, against the loop.
+fn families(x: &Tensor) -> (Tensor, Tensor, Tensor) {
+    // x: [5, 4]
+    let a = x.exp() - x.square();
+    let r = a.sum_axes(&[1]).max();
+    let t = x.t().reshape([2, 10]);
+    let s = t.slice_strided(&[0, 1], &[2, 9], &[1, 3]);
+    let c = Tensor::concatenate(&[&s, &s.neg()], 1);
+    let p = c.pad(&r, &[1, 0], &[0, 2], &[0, 1]);
+    let sel = Tensor::select(&p.gt(&p.scalar_like(0.0)), &p, &(p.clone() * 0.25));
+    let d = x.matmul(&x.t()).relu();
+    let am = d.argmax(1).astype(DType::F32);
+    (
+        sel,
+        d + am.broadcast_in_dim([5, 5], &[0]),
+        x.sum_axes(&[0]).softmax(0),
+    )
+}
+
+#[test]
+fn op_families_equal_the_loop_on_both_backends() {
+    eight_devices();
+    let x = det(&[5, 3, 4], 12.0);
+    let n = 3;
+    let lanes: Vec<(Tensor, Tensor, Tensor)> = (0..n).map(|i| families(&row(&x, 1, i))).collect();
+    let want = (
+        stack(&lanes.iter().map(|l| l.0.clone()).collect::<Vec<_>>(), 0),
+        stack(&lanes.iter().map(|l| l.1.clone()).collect::<Vec<_>>(), 0),
+        stack(&lanes.iter().map(|l| l.2.clone()).collect::<Vec<_>>(), 0),
+    );
+    let v = |x: &Tensor| vmap(families).in_axes(1).call(x);
+    let got = v(&x);
+    same(&got.0, &want.0, "eager 0");
+    same(&got.1, &want.1, "eager 1");
+    same(&got.2, &want.2, "eager 2");
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        let j = jit(|x: Tensor| v(&x)).backend(backend);
+        let g = j.call(x.clone()).unwrap();
+        close(&g.0, &want.0, 4, &format!("{backend:?} 0"));
+        close(&g.1, &want.1, 4, &format!("{backend:?} 1"));
+        close(&g.2, &want.2, 4, &format!("{backend:?} 2"));
+    }
+}
+
+fn values(v: &Value) -> Tensor {
+    let shape: Vec<usize> = v["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    let data: Vec<f32> = v["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    Tensor::from_vec(data, shape)
+}
+
+/// JAX's values for the same programs (its CPU kernels sum in another order: within 8 ulp).
+#[test]
+fn jax_fixtures() {
+    eight_devices();
+    let fx: Value = serde_json::from_str(include_str!("fixtures/vmap/vmap.json")).unwrap();
+    let inp = &fx["mlp"]["inputs"];
+    let p = Mlp {
+        w1: values(&inp["w1"]),
+        b1: values(&inp["b1"]),
+        w2: values(&inp["w2"]),
+        b2: values(&inp["b2"]),
+    };
+    same(&p.w1, &mlp().w1, "make.py's det is this file's det");
+    let (x, y) = (values(&inp["x"]), values(&inp["y"]));
+    let g = per_example_grads(&(p, x, y));
+    let gw = &fx["mlp"]["grads"];
+    close(&g.w1, &values(&gw["w1"]), 8, "jax grad w1");
+    close(&g.b1, &values(&gw["b1"]), 8, "jax grad b1");
+    close(&g.w2, &values(&gw["w2"]), 8, "jax grad w2");
+    close(&g.b2, &values(&gw["b2"]), 8, "jax grad b2");
+
+    let nx = &fx["nested"];
+    let (a, b) = (values(&nx["a"]), values(&nx["b"]));
+    let nest = vmap(|a: &Tensor| vmap(|b: &Tensor| pair(a, b)).call(&b)).call(&a);
+    close(&nest, &values(&nx["out"]), 8, "jax nested");
+
+    let nm = &fx["named"];
+    close(
+        &vmap(named).axis_name("b").call(&values(&nm["x"])),
+        &values(&nm["out"]),
+        8,
+        "jax axis_name",
+    );
+
+    let o1 = &fx["out_axes_1"];
+    let m = values(&o1["m"]);
+    let got = vmap(|v: &Tensor| v.tanh().matmul(&m))
+        .out_axes(1)
+        .call(&values(&o1["x"]));
+    close(&got, &values(&o1["out"]), 8, "jax out_axes=1");
+}
+
+/// The message of the error a jitted vmap returns.
+fn jit_error<T: Tree>(f: impl Fn(Tensor) -> T, x: &Tensor) -> String {
+    match jit(f).call(x.clone()) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_axes_are_errors_at_the_callers_line() {
+    eight_devices();
+    let x = Tensor::ones([4, 3]);
+    let here = |line: u32| format!("tests/vmap.rs:{line}");
+
+    let line = line!() + 1;
+    let e = jit_error(|x| vmap(|x: &Tensor| x.exp()).in_axes(2).call(&x), &x);
+    assert!(
+        e.contains("in_axes maps dim 2") && e.contains(&here(line)),
+        "{e}"
+    );
+
+    let line = line!() + 2;
+    let e = jit_error(
+        |x| vmap(|(a, b): &(Tensor, Tensor)| a + b).call(&(x.clone(), x.slice(&[0, 0], &[3, 3]))),
+        &x,
+    );
+    assert!(
+        e.contains("differ in size") && e.contains("has 4") && e.contains("has 3"),
+        "{e}"
+    );
+    assert!(e.contains(&here(line)), "{e}");
+
+    let line = line!() + 1;
+    let e = jit_error(
+        |x| vmap(|x: &Tensor| x.exp()).in_axes(axes![0, 0]).call(&x),
+        &x,
+    );
+    assert!(
+        e.contains("do not match the tree") && e.contains(&here(line)),
+        "{e}"
+    );
+
+    let line = line!() + 1;
+    let e = jit_error(|x| vmap(|x: &Tensor| x.exp()).out_axes(None).call(&x), &x);
+    assert!(
+        e.contains("out_axes is None") && e.contains(&here(line)),
+        "{e}"
+    );
+
+    let e = jit_error(|x| vmap(|x: &Tensor| x.exp()).in_axes(None).call(&x), &x);
+    assert!(e.contains("give axis_size"), "{e}");
+
+    // Eagerly, the same error is a panic with the same text.
+    let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        vmap(|x: &Tensor| x.exp()).in_axes(5).call(&x)
+    }));
+    let msg = p.unwrap_err();
+    let msg = msg.downcast_ref::<String>().unwrap();
+    assert!(msg.contains("in_axes maps dim 5"), "{msg}");
+}
