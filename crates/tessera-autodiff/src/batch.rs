@@ -30,10 +30,10 @@ use tessera_ir::{
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum BatchError {
     /// The graph breaks an IR invariant, or the axes do not match its parameters or outputs.
-    #[error("vmap: the graph to batch is malformed: {0}")]
+    #[error("the graph to batch is malformed: {0}")]
     Malformed(String),
     /// An in_axes entry names a dim the batched argument cannot have.
-    #[error("vmap: in_axes[{index}] = {axis} is out of range for an argument of type {ty} (per example), which batched has rank {}", .ty.rank() + 1)]
+    #[error("in_axes[{index}] = {axis} is out of range for an argument of type {ty} (per example), which batched has rank {}", .ty.rank() + 1)]
     InAxis {
         index: usize,
         axis: usize,
@@ -41,7 +41,7 @@ pub enum BatchError {
     },
     /// An out_axes entry names a dim the batched output cannot have, or is `None` for an
     /// output that depends on the batch.
-    #[error("vmap: output {index} ({ty} per example): {reason}")]
+    #[error("output {index} ({ty} per example): {reason}")]
     OutAxis {
         index: usize,
         ty: TensorType,
