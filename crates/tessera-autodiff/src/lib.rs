@@ -3,7 +3,9 @@
 //! Consumes a graph, the values to differentiate (`outputs`), a cotangent node for each, and the
 //! values to differentiate with respect to (`wrt`). Appends the backward graph to the same graph
 //! and returns, for each `wrt`, the node holding its cotangent (`None` when the outputs do not
-//! depend on it). Preserves every existing node: the forward program is untouched.
+//! depend on it). Preserves every existing node and value: the forward program computes what
+//! it computed; the one change is that a differentiated `scan` gains results (the carries at
+//! the start of each step, which its backward scan reads), see `region.rs`.
 //!
 //! One VJP rule per op, in `vjp_rule`, a `match` with no wildcard arm. The rules are written in
 //! ops that have rules themselves, so the backward graph can be differentiated again (`grad`
@@ -41,6 +43,8 @@ pub enum AutodiffError {
 
 type Result<T> = std::result::Result<T, AutodiffError>;
 
+mod region;
+
 /// Appends the backward graph; see the module doc.
 pub fn vjp(
     g: &mut Graph,
@@ -75,11 +79,15 @@ pub fn vjp(
     // Nodes that depend on some `wrt`: only they receive cotangents.
     let mut active: HashSet<NodeId> = wrt.iter().copied().collect();
     for &id in &order {
-        if g.ty(id).dtype.is_float() && g.operands(id).iter().any(|o| active.contains(o)) {
+        // A region node's token is not a float, but its results may be.
+        let carries_ct = g.ty(id).dtype.is_float() || matches!(g.op(id), Op::Region(_));
+        if carries_ct && g.operands(id).iter().any(|o| active.contains(o)) {
             active.insert(id);
         }
     }
     let mut ct: HashMap<NodeId, NodeId> = HashMap::new();
+    // The cotangent of each result of a region node, from its `get_result`s.
+    let mut result_ct: HashMap<(NodeId, usize), NodeId> = HashMap::new();
     let mut b = Builder {
         g,
         loc: None,
@@ -94,7 +102,6 @@ pub fn vjp(
         if !active.contains(&id) {
             continue;
         }
-        let Some(&g_ct) = ct.get(&id) else { continue };
         let operands = b.g.operands(id);
         let node = b.g.node(id).clone();
         b.op = node.op.name().to_string();
@@ -103,7 +110,31 @@ pub fn vjp(
             None => format!("vjp of {}", node.op.name()),
         });
         let needed: Vec<bool> = operands.iter().map(|o| active.contains(o)).collect();
-        let contributions = vjp_rule(&mut b, &node.op, id, &operands, &needed, g_ct)?;
+        let contributions = if let Op::Region(r) = &node.op {
+            let n = b.g.result_types(id).map_err(|error| AutodiffError::Rule {
+                op: r.name().into(),
+                error,
+            })?;
+            let cts: Vec<Option<NodeId>> = (0..n.len())
+                .map(|i| result_ct.get(&(id, i)).copied())
+                .collect();
+            if cts.iter().all(Option::is_none) {
+                continue;
+            }
+            region::vjp(&mut b, r, id, &operands, &needed, &cts)?
+        } else {
+            let Some(&g_ct) = ct.get(&id) else { continue };
+            if let Op::GetResult { index, .. } = &node.op {
+                let key = (operands[0], *index);
+                let sum = match result_ct.get(&key) {
+                    Some(&prev) => b.bin(BinaryOp::Add, prev, g_ct)?,
+                    None => g_ct,
+                };
+                result_ct.insert(key, sum);
+                continue;
+            }
+            vjp_rule(&mut b, &node.op, id, &operands, &needed, g_ct)?
+        };
         for (pos, contribution) in contributions.into_iter().enumerate() {
             if let Some(c) = contribution {
                 let operand = operands[pos];
@@ -306,6 +337,14 @@ fn vjp_rule(
         Op::ShardingConstraint(s) => {
             Ok(vec![Some(b.add(Op::ShardingConstraint(s.clone()), &[g])?)])
         }
+        // The identity on values, with no derivative.
+        Op::StopGradient => Ok(vec![]),
+        // `vjp` routes a `get_result`'s cotangent to its region and calls `region::vjp` for
+        // the region node; neither reaches this table.
+        Op::Region(_) | Op::GetResult { .. } => Err(AutodiffError::Malformed(format!(
+            "{} reached the per-op table: region cotangents go through region::vjp",
+            op.name()
+        ))),
     }
 }
 

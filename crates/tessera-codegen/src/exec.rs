@@ -10,7 +10,7 @@ use tessera_ir::{CollectiveOp, DType, Data, Literal, Mesh, Op, TensorType};
 use tessera_transport::values::{data_ptr, literal_from_raw};
 use tessera_transport::{Collectives, GemmCall, GemmPart, Group};
 
-use crate::fusion::{BufKind, GemmSpec, Schedule, Step, StepKind};
+use crate::fusion::{BufKind, GemmSpec, RegionStep, Schedule, Step, StepKind};
 use crate::kernel::Kernel;
 use crate::lower::{Compiled, KernelFn};
 use crate::plan::Plan;
@@ -39,6 +39,9 @@ pub struct Executable {
     /// Steps this executable skips, and buffers it does not produce (`dropping_outputs`).
     skipped: Vec<bool>,
     dropped: Vec<bool>,
+    /// For each region step, its bodies compiled (in `RegionOp::regions` order); empty for
+    /// other steps.
+    regions: Vec<Vec<Executable>>,
 }
 
 /// GEMMs of at least this many multiply-adds with a replicated right operand are done once for
@@ -247,6 +250,7 @@ impl Executable {
         code: Compiled,
         kernel_steps: Vec<Option<usize>>,
         mesh: Option<Mesh>,
+        regions: Vec<Vec<Executable>>,
     ) -> Executable {
         let kernels = kernel_steps
             .iter()
@@ -268,6 +272,7 @@ impl Executable {
             parallel_gemm_from: 64 * 64 * 64,
             parallel_kernel_from: 1 << 16,
             shared_gemm_from: usize::MAX,
+            regions,
         }
     }
 
@@ -287,6 +292,11 @@ impl Executable {
             reduced_by: self.reduced_by.clone(),
             skipped: self.skipped.clone(),
             dropped: self.dropped.clone(),
+            regions: self
+                .regions
+                .iter()
+                .map(|bodies| bodies.iter().map(Executable::fork).collect())
+                .collect(),
         }
     }
 
@@ -300,6 +310,15 @@ impl Executable {
         self.parallel_gemm_from = usize::MAX;
         self.parallel_kernel_from = usize::MAX;
         self.shared_gemm_from = SHARED_GEMM_FROM;
+        self.regions = std::mem::take(&mut self.regions)
+            .into_iter()
+            .map(|bodies| {
+                bodies
+                    .into_iter()
+                    .map(Executable::single_threaded)
+                    .collect()
+            })
+            .collect();
         self
     }
 
@@ -317,6 +336,8 @@ impl Executable {
                         || matches!(self.schedule.bufs[step.inputs[1]].kind, BufKind::Input(_)))
             }
             StepKind::Kernel(_) => false,
+            // Conservatively: a body may hold collectives, and every device runs it.
+            StepKind::Region(_) => true,
         }
     }
 
@@ -335,7 +356,7 @@ impl Executable {
         }
         let mut skipped = vec![true; steps.len()];
         for i in (0..steps.len()).rev() {
-            if self.meets_others(i) || live[steps[i].output] {
+            if self.meets_others(i) || steps[i].writes().iter().any(|&b| live[b]) {
                 skipped[i] = false;
                 for &b in &steps[i].inputs {
                     live[b] = true;
@@ -345,7 +366,9 @@ impl Executable {
         let mut dropped = vec![false; self.schedule.bufs.len()];
         for (i, s) in steps.iter().enumerate() {
             if skipped[i] {
-                dropped[s.output] = true;
+                for b in s.writes() {
+                    dropped[b] = true;
+                }
             }
         }
         self.skipped = skipped;
@@ -368,6 +391,7 @@ impl Executable {
                     g.batch.len()
                 ),
                 StepKind::Collective(op) => format!("collective {}", op.name()),
+                StepKind::Region(r) => format!("region {} -> {:?}", r.op.name(), r.results),
             };
             writeln!(
                 s,
@@ -420,6 +444,7 @@ impl Executable {
                 StepKind::Collective(op) => {
                     self.run_collective(step, op, &bound.ptrs, collectives)?
                 }
+                StepKind::Region(r) => self.run_region(i, r, &bound.ptrs, collectives)?,
             }
         }
         Ok(self.collect(bound))
@@ -647,6 +672,54 @@ impl Executable {
         let n = out_ty.byte_size();
         // SAFETY: the result has the output's type (`run` checks), so `n` bytes fit the buffer.
         unsafe { std::ptr::copy_nonoverlapping(data_ptr(&r.data), ptrs[step.output], n) };
+        Ok(())
+    }
+
+    /// Runs step `i`, the region `r`: its control flow on copies of its operands, each body
+    /// by its compiled executable; the results are copied into their buffers.
+    fn run_region(
+        &self,
+        i: usize,
+        r: &RegionStep,
+        ptrs: &[*mut u8],
+        collectives: &dyn Collectives,
+    ) -> Result<(), InterpError> {
+        let step = &self.schedule.steps[i];
+        let bufs = &self.schedule.bufs;
+        let args: Vec<Literal> = step
+            .inputs
+            .iter()
+            .map(|&b| {
+                let ty = &bufs[b].ty;
+                if ty.numel() == 0 {
+                    return Literal::zeros(ty);
+                }
+                // SAFETY: the buffer holds a value of its type (written by an earlier step,
+                // or bound at launch): a region step is never skipped, so neither is the step
+                // that writes its operand.
+                unsafe { literal_from_raw(ty, ptrs[b]) }
+            })
+            .collect();
+        let refs: Vec<&Literal> = args.iter().collect();
+        let bodies = &self.regions[i];
+        let results = tessera_interp::run_region_with(&r.op, &refs, &mut |k, inputs| {
+            bodies[k].run(inputs, collectives)
+        })?;
+        for (v, &b) in results.iter().zip(&r.results) {
+            if v.ty != bufs[b].ty {
+                return Err(InterpError::Op {
+                    op: r.op.name().into(),
+                    message: format!("a body returned {} for a result of {}", v.ty, bufs[b].ty),
+                });
+            }
+            let n = v.ty.byte_size();
+            if n > 0 {
+                // SAFETY: the result has the buffer's type, so its `n` bytes fit the buffer,
+                // which lives until `run` returns; the result is a fresh vector, so they do
+                // not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(data_ptr(&v.data), ptrs[b], n) };
+            }
+        }
         Ok(())
     }
 

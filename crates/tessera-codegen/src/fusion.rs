@@ -10,7 +10,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tessera_ir::{DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, TensorType};
+use tessera_ir::{
+    DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, RegionOp, TensorType,
+};
 
 use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar};
 
@@ -53,14 +55,36 @@ pub enum StepKind {
     Gemm(GemmSpec),
     /// A collective op, run through the program's transport.
     Collective(Op),
+    /// A region op: its bodies are compiled as programs of their own (`compile`), run by the
+    /// region's control flow (`tessera_interp::run_region_with`) on this step's input buffers;
+    /// it writes one buffer per result.
+    Region(Box<RegionStep>),
 }
 
-/// One step: reads `inputs`, writes `output`.
+/// A region step: the op (its layouts and bodies) and the buffer of each of its results.
+#[derive(Clone, Debug)]
+pub struct RegionStep {
+    pub op: RegionOp,
+    pub results: Vec<usize>,
+}
+
+/// One step: reads `inputs`, writes `output` (a region step: its token, and its results).
 #[derive(Clone, Debug)]
 pub struct Step {
     pub kind: StepKind,
     pub inputs: Vec<usize>,
     pub output: usize,
+}
+
+impl Step {
+    /// Every buffer the step writes: its output, and a region step's results.
+    pub fn writes(&self) -> Vec<usize> {
+        let mut w = vec![self.output];
+        if let StepKind::Region(r) = &self.kind {
+            w.extend_from_slice(&r.results);
+        }
+        w
+    }
 }
 
 /// The schedule of a program.
@@ -112,7 +136,11 @@ pub fn fuse(g: &Graph) -> Schedule {
         // operands, and what the transport reads and writes as whole buffers.
         let must_be_buffers = match g.op(id) {
             Op::DotGeneral(dd) => !is_outer_product(dd, g.ty(g.operands(id)[0])),
-            Op::Reshape(_) | Op::Pad { .. } | Op::Concatenate { .. } | Op::Collective(_) => true,
+            Op::Reshape(_)
+            | Op::Pad { .. }
+            | Op::Concatenate { .. }
+            | Op::Collective(_)
+            | Op::Region(_) => true,
             Op::Parameter(_)
             | Op::Constant(_)
             | Op::Iota { .. }
@@ -127,7 +155,9 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Slice { .. }
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
-            | Op::ShardingConstraint(_) => false,
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient
+            | Op::GetResult { .. } => false,
         };
         if must_be_buffers {
             forced.extend(g.operands(id));
@@ -167,7 +197,9 @@ pub fn fuse(g: &Graph) -> Schedule {
                 continue;
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
-            Op::Reduce { .. } | Op::ArgMax { .. } | Op::Collective(_) => true,
+            Op::Reduce { .. } | Op::ArgMax { .. } | Op::Collective(_) | Op::Region(_) => true,
+            // Its buffer is one of the results its region's step writes.
+            Op::GetResult { .. } => continue,
             // Inlined into its users unless a rule below writes it out.
             Op::Constant(_)
             | Op::Iota { .. }
@@ -184,7 +216,8 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Concatenate { .. }
             | Op::Pad { .. }
             | Op::DotGeneral(_)
-            | Op::ShardingConstraint(_) => {
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient => {
                 let (mut n, mut heavy, mut d) = (1, is_transcendental(op), 1);
                 for o in g.operands(id) {
                     if f.materialized.contains_key(&o) {
@@ -204,7 +237,8 @@ pub fn fuse(g: &Graph) -> Schedule {
                     Op::BroadcastInDim { .. }
                     | Op::Transpose(_)
                     | Op::Slice { .. }
-                    | Op::ShardingConstraint(_) => {
+                    | Op::ShardingConstraint(_)
+                    | Op::StopGradient => {
                         let o = g.operands(id)[0];
                         f.materialized.contains_key(&o) || cheap.get(&o).copied().unwrap_or(false)
                     }
@@ -221,7 +255,9 @@ pub fn fuse(g: &Graph) -> Schedule {
                     Op::Parameter(_)
                     | Op::Reduce { .. }
                     | Op::ArgMax { .. }
-                    | Op::Collective(_) => false,
+                    | Op::Collective(_)
+                    | Op::Region(_)
+                    | Op::GetResult { .. } => false,
                 };
                 cheap.insert(id, is_cheap);
                 forced.contains(&id)
@@ -259,6 +295,37 @@ impl Fuser<'_> {
         let op = g.op(id).clone();
         let name = format!("{}_{}", op.name(), self.sched.steps.len());
         let (kind, inputs) = match &op {
+            Op::Region(r) => {
+                let inputs: Vec<usize> =
+                    operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                let types = g
+                    .result_types(id)
+                    .expect("a verified region's operands fit its bodies");
+                // One buffer per result; a `get_result` reads its result's buffer.
+                let results: Vec<usize> = types
+                    .into_iter()
+                    .map(|ty| {
+                        let b = self.sched.bufs.len();
+                        self.sched.bufs.push(Buf {
+                            ty,
+                            kind: BufKind::Temp,
+                        });
+                        b
+                    })
+                    .collect();
+                for user in g.users(id) {
+                    if let Op::GetResult { index, .. } = g.op(user) {
+                        self.materialized.insert(user, results[*index]);
+                    }
+                }
+                let step = RegionStep {
+                    op: (**r).clone(),
+                    results,
+                };
+                (StepKind::Region(Box::new(step)), inputs)
+            }
+            // Materialized by its region (above), never here.
+            Op::GetResult { .. } => return,
             Op::Collective(_) => {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Collective(op.clone()), inputs)
@@ -313,7 +380,8 @@ impl Fuser<'_> {
             | Op::Concatenate { .. }
             | Op::Pad { .. }
             | Op::DotGeneral(_)
-            | Op::ShardingConstraint(_) => {
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient => {
                 let n = ty.rank();
                 let map: Vec<Lin> = (0..n).map(|j| Lin::var(n, j)).collect();
                 let mut inputs = Vec::new();
@@ -419,7 +487,7 @@ impl Fuser<'_> {
             Op::Slice { start, stride, .. } => {
                 self.expr(ops[0], &slice_map(&start, &stride, map), nvars, inputs)
             }
-            Op::ShardingConstraint(_) => self.expr(ops[0], map, nvars, inputs),
+            Op::ShardingConstraint(_) | Op::StopGradient => self.expr(ops[0], map, nvars, inputs),
             // Every contracting dim has size 1: a broadcast product, fused like elementwise ops.
             Op::DotGeneral(dd) if is_outer_product(&dd, g.ty(ops[0])) => {
                 let (lmap, rmap) = outer_product_maps(&dd, g.ty(ops[0]), g.ty(ops[1]), map, nvars);
@@ -436,7 +504,9 @@ impl Fuser<'_> {
             | Op::DotGeneral(_)
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
-            | Op::Collective(_) => self.buffer_load(id, map, inputs),
+            | Op::Collective(_)
+            | Op::Region(_)
+            | Op::GetResult { .. } => self.buffer_load(id, map, inputs),
         }
     }
 
@@ -838,7 +908,10 @@ fn is_transcendental(op: &Op) -> bool {
         | Op::ArgMax { .. }
         | Op::DotGeneral(_)
         | Op::Collective(_)
-        | Op::ShardingConstraint(_) => false,
+        | Op::ShardingConstraint(_)
+        | Op::StopGradient
+        | Op::Region(_)
+        | Op::GetResult { .. } => false,
     }
 }
 
@@ -949,7 +1022,7 @@ mod tests {
             .iter()
             .filter_map(|st| match &st.kind {
                 StepKind::Kernel(k) => Some(k),
-                StepKind::Gemm(_) | StepKind::Collective(_) => None,
+                StepKind::Gemm(_) | StepKind::Collective(_) | StepKind::Region(_) => None,
             })
             .collect()
     }

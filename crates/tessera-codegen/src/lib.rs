@@ -30,14 +30,25 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
     let schedule = fusion::fuse(g);
     let mut kernels = Vec::new();
     let mut kernel_steps = Vec::new();
+    let mut regions = Vec::new();
     for step in &schedule.steps {
+        let mut bodies = Vec::new();
         match &step.kind {
             StepKind::Kernel(k) => {
                 kernel_steps.push(Some(kernels.len()));
                 kernels.push(k.clone());
             }
             StepKind::Gemm(_) | StepKind::Collective(_) => kernel_steps.push(None),
+            // Each body is a program of its own, compiled once (never per iteration); the
+            // verifier bounds how deeply this recursion goes (`MAX_REGION_DEPTH`).
+            StepKind::Region(r) => {
+                kernel_steps.push(None);
+                for (_, body) in r.op.regions() {
+                    bodies.push(compile(body)?);
+                }
+            }
         }
+        regions.push(bodies);
     }
     let code = lower::compile(&kernels)?;
     Ok(Executable::new(
@@ -45,5 +56,6 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
         code,
         kernel_steps,
         g.mesh.clone(),
+        regions,
     ))
 }

@@ -1,7 +1,7 @@
 //! Buffer planning: liveness over the schedule, temporaries packed into one arena.
 //!
 //! Consumes a `Schedule`; produces each temporary buffer's byte offset in the arena and the
-//! arena's size. A temporary lives from the step that writes it to its last reader (outputs to
+//! arena's size. A temporary lives from the step that writes it (a region step writes several) to its last reader (outputs to
 //! the end); a freed range is reused first-fit. A step's output never shares memory with that
 //! step's inputs, since it is placed before they are freed. The program's outputs are not in
 //! the arena: each run writes them into fresh vectors that become the result literals, so no
@@ -32,7 +32,9 @@ impl Plan {
             for &b in &step.inputs {
                 last_use[b] = i;
             }
-            last_use[step.output] = last_use[step.output].max(i);
+            for b in step.writes() {
+                last_use[b] = last_use[b].max(i);
+            }
         }
         for &o in &s.outputs {
             last_use[o] = usize::MAX;
@@ -42,8 +44,11 @@ impl Plan {
         let mut free: Vec<(usize, usize)> = Vec::new();
         let mut end = 0usize;
         for (i, step) in s.steps.iter().enumerate() {
-            let b = step.output;
-            if matches!(s.bufs[b].kind, BufKind::Temp) && !s.outputs.contains(&b) {
+            let writes = step.writes();
+            for &b in &writes {
+                if !matches!(s.bufs[b].kind, BufKind::Temp) || s.outputs.contains(&b) {
+                    continue;
+                }
                 let size = s.bufs[b].ty.byte_size().max(1).next_multiple_of(ALIGN);
                 match free.iter().position(|&(_, sz)| sz >= size) {
                     Some(k) => {
@@ -62,7 +67,7 @@ impl Plan {
                 }
             }
             let mut dead: Vec<usize> = step.inputs.clone();
-            dead.push(b);
+            dead.extend(writes);
             dead.sort_unstable();
             dead.dedup();
             for d in dead {

@@ -11,8 +11,8 @@ pub mod scalar;
 use std::collections::HashMap;
 
 use tessera_ir::{
-    BinaryOp, CompareOp, DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape,
-    TensorType, UnaryOp,
+    BinaryOp, CompareOp, DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, RegionOp,
+    Shape, TensorType, UnaryOp,
 };
 
 use scalar::{Float, Int, bool_binary, bool_unary, compare, fmax, fmin};
@@ -54,6 +54,15 @@ pub fn run_with(
     collectives: &dyn Collectives,
 ) -> Result<Vec<Literal>, InterpError> {
     tessera_ir::verify(g)?;
+    run_verified(g, inputs, collectives)
+}
+
+/// `run_with` on a graph already verified (a region's body, run once per iteration).
+fn run_verified(
+    g: &Graph,
+    inputs: &[&Literal],
+    collectives: &dyn Collectives,
+) -> Result<Vec<Literal>, InterpError> {
     if inputs.len() != g.params().len() {
         return Err(InterpError::InputCount {
             expected: g.params().len(),
@@ -80,11 +89,24 @@ pub fn run_with(
         }
     }
     let mut values: HashMap<NodeId, Literal> = HashMap::new();
+    // The results of each region node, read by its `get_result`s.
+    let mut results: HashMap<NodeId, Vec<Literal>> = HashMap::new();
     for &id in &order {
         let node = g.node(id);
         let operands = g.operands(id);
         let value = if let Op::Parameter(i) = &node.op {
             inputs[*i].clone()
+        } else if let Op::Region(r) = &node.op {
+            let args: Vec<&Literal> = operands.iter().map(|o| &values[o]).collect();
+            results.insert(id, region_verified(r, &args, collectives)?);
+            Literal::zeros(&node.ty)
+        } else if let Op::GetResult { index, .. } = &node.op {
+            let region = operands[0];
+            results
+                .get(&region)
+                .and_then(|r| r.get(*index))
+                .cloned()
+                .ok_or_else(|| op_error(&node.op, "reads a region that has not run"))?
         } else if let Op::Collective(op) = &node.op {
             let mesh = g.mesh.as_ref().ok_or_else(|| InterpError::Op {
                 op: op.name().into(),
@@ -106,6 +128,126 @@ pub fn run_with(
         values.insert(id, value);
     }
     Ok(g.outputs().iter().map(|o| values[o].clone()).collect())
+}
+
+/// Runs a region op on its operand values (the layouts are in `tessera_ir::region`); returns
+/// its results. Bodies run through `run_with`, so collectives inside a loop body meet on every
+/// device once per iteration.
+pub fn run_region(
+    r: &RegionOp,
+    args: &[&Literal],
+    collectives: &dyn Collectives,
+) -> Result<Vec<Literal>, InterpError> {
+    for (_, body) in r.regions() {
+        tessera_ir::verify(body)?;
+    }
+    let types: Vec<&TensorType> = args.iter().map(|a| &a.ty).collect();
+    let mesh = r.regions().first().and_then(|(_, b)| b.mesh.clone());
+    r.result_types(&types, mesh.as_ref())
+        .map_err(|message| InterpError::Op {
+            op: r.name().into(),
+            message,
+        })?;
+    region_verified(r, args, collectives)
+}
+
+/// `run_region` on a region whose bodies are verified and fit its operands.
+fn region_verified(
+    r: &RegionOp,
+    args: &[&Literal],
+    collectives: &dyn Collectives,
+) -> Result<Vec<Literal>, InterpError> {
+    let bodies: Vec<&Graph> = r.regions().into_iter().map(|(_, b)| b).collect();
+    run_region_with(r, args, &mut |k, inputs| {
+        run_verified(bodies[k], inputs, collectives)
+    })
+}
+
+/// The control flow of region op `r` on its operand values, with `body(k, inputs)` running
+/// region `k` (in the order of `RegionOp::regions`) on one set of inputs. The interpreter
+/// runs bodies with itself; the native backend with their compiled code. `args` must fit the
+/// region (`RegionOp::result_types`).
+pub fn run_region_with(
+    r: &RegionOp,
+    args: &[&Literal],
+    body: &mut dyn FnMut(usize, &[&Literal]) -> Result<Vec<Literal>, InterpError>,
+) -> Result<Vec<Literal>, InterpError> {
+    let fail = |message: String| InterpError::Op {
+        op: r.name().into(),
+        message,
+    };
+    match r {
+        RegionOp::Scan {
+            length,
+            reverse,
+            consts,
+            carries,
+            body: scan_body,
+        } => {
+            let fixed = consts + carries;
+            let mut carry: Vec<Literal> = args[*consts..fixed].iter().map(|&l| l.clone()).collect();
+            let xs = &args[fixed..];
+            let out_types = tessera_ir::region::output_types(scan_body);
+            let mut ys: Vec<Literal> = Vec::new();
+            for t in &out_types[*carries..] {
+                let mut dims = vec![*length];
+                dims.extend_from_slice(t.dims());
+                let ty = TensorType::new(t.dtype, dims);
+                ys.push(Literal::try_zeros(&ty).map_err(fail)?);
+            }
+            for step in 0..*length {
+                let i = if *reverse { length - 1 - step } else { step };
+                let slices: Vec<Literal> = xs
+                    .iter()
+                    .map(|x| {
+                        let ty = TensorType::new(x.ty.dtype, x.ty.dims()[1..].to_vec());
+                        let n = ty.numel();
+                        Literal {
+                            data: x.data.slice(i * n..(i + 1) * n),
+                            ty,
+                        }
+                    })
+                    .collect();
+                let mut params: Vec<&Literal> = args[..*consts].to_vec();
+                params.extend(carry.iter());
+                params.extend(slices.iter());
+                let mut outs = body(0, &params)?;
+                let per_step = outs.split_off(*carries);
+                carry = outs;
+                for (y, v) in ys.iter_mut().zip(&per_step) {
+                    let n = v.ty.numel();
+                    y.data
+                        .copy_block(i * n, &v.data, 0..n)
+                        .map_err(|e| fail(e.0))?;
+                }
+            }
+            carry.extend(ys);
+            Ok(carry)
+        }
+        RegionOp::While { consts, .. } => {
+            let mut carry: Vec<Literal> = args[*consts..].iter().map(|&l| l.clone()).collect();
+            loop {
+                let mut params: Vec<&Literal> = args[..*consts].to_vec();
+                params.extend(carry.iter());
+                let go = body(0, &params)?;
+                if !matches!(go[0].data.as_bool(), Some([true])) {
+                    return Ok(carry);
+                }
+                carry = body(1, &params)?;
+            }
+        }
+        RegionOp::Case { branches } => {
+            let index = args[0]
+                .data
+                .as_i32()
+                .and_then(|v| v.first().copied())
+                .ok_or_else(|| fail("the index is not an i32 scalar".into()))?;
+            let last = branches.len() as i64 - 1;
+            let k = (index as i64).clamp(0, last) as usize;
+            body(k, &args[1..])
+        }
+        RegionOp::Checkpoint { .. } | RegionOp::CustomVjp { .. } => body(0, args),
+    }
 }
 
 fn op_error(op: &Op, message: impl Into<String>) -> InterpError {
@@ -193,7 +335,7 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
             };
             gather_data(op, &args[0].data, &ty.shape, map, None)?
         }
-        Op::Reshape(_) | Op::ShardingConstraint(_) => args[0].data.clone(),
+        Op::Reshape(_) | Op::ShardingConstraint(_) | Op::StopGradient => args[0].data.clone(),
         Op::Transpose(perm) => {
             let strides = args[0].ty.shape.strides();
             let map = |out: &[usize]| {
@@ -265,6 +407,12 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
             return Err(op_error(
                 op,
                 "collectives run through a Collectives transport",
+            ));
+        }
+        Op::Region(_) | Op::GetResult { .. } => {
+            return Err(op_error(
+                op,
+                "region ops have several results: run them with run_region",
             ));
         }
     };

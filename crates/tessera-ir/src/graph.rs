@@ -12,6 +12,7 @@ use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 
 use crate::op::{Op, TypeError};
+use crate::region::RegionOp;
 use crate::sharding::{Mesh, Sharding};
 use crate::types::TensorType;
 
@@ -64,7 +65,16 @@ impl Graph {
     }
 
     /// Adds `op` applied to `operands`, with its type from the op's type rule.
-    pub fn add(&mut self, op: Op, operands: &[NodeId]) -> Result<NodeId, TypeError> {
+    pub fn add(&mut self, mut op: Op, operands: &[NodeId]) -> Result<NodeId, TypeError> {
+        if let Op::Region(r) = &mut op {
+            // A body is named by its label, as the text format prints it.
+            let labels: Vec<&str> = r.regions().iter().map(|(l, _)| *l).collect();
+            for (g, l) in r.regions_mut().into_iter().zip(labels) {
+                if g.name != l {
+                    g.name = l.to_string();
+                }
+            }
+        }
         if let Op::Parameter(_) = op {
             return Err(TypeError {
                 op: op.name().into(),
@@ -84,6 +94,97 @@ impl Graph {
             self.graph.add_edge(o, id, pos);
         }
         Ok(id)
+    }
+
+    /// Adds the region op `r` applied to `operands`, and one `get_result` node per result.
+    /// Returns the region node and the result nodes.
+    pub fn add_region(
+        &mut self,
+        r: RegionOp,
+        operands: &[NodeId],
+    ) -> Result<(NodeId, Vec<NodeId>), TypeError> {
+        let region = self.add(Op::Region(Box::new(r)), operands)?;
+        let results = self.add_results(region)?;
+        Ok((region, results))
+    }
+
+    /// The result types of region node `region` (its operands checked against its bodies).
+    pub fn result_types(&self, region: NodeId) -> Result<Vec<TensorType>, TypeError> {
+        let Op::Region(r) = self.op(region) else {
+            return Err(TypeError {
+                op: self.op(region).name().into(),
+                operands: vec![],
+                reason: "is not a region op: it has one result, its node".into(),
+            });
+        };
+        let types: Vec<TensorType> = self
+            .operands(region)
+            .iter()
+            .map(|&o| self.ty(o).clone())
+            .collect();
+        let refs: Vec<&TensorType> = types.iter().collect();
+        r.result_types(&refs, self.mesh.as_ref())
+            .map_err(|reason| TypeError {
+                op: r.name().into(),
+                operands: types.clone(),
+                reason,
+            })
+    }
+
+    /// Adds one `get_result` node per result of region node `region`.
+    pub fn add_results(&mut self, region: NodeId) -> Result<Vec<NodeId>, TypeError> {
+        let types = self.result_types(region)?;
+        types
+            .into_iter()
+            .enumerate()
+            .map(|(index, ty)| self.add(Op::GetResult { index, ty }, &[region]))
+            .collect()
+    }
+
+    /// Copies the nodes of `src` into this graph with `src`'s parameters replaced by `args`
+    /// (one per parameter, of the same types), keeping each node's location and sharding.
+    /// Returns the nodes that stand for `src`'s outputs. Region ops are copied whole.
+    pub fn inline(&mut self, src: &Graph, args: &[NodeId]) -> Result<Vec<NodeId>, TypeError> {
+        let fail = |reason: String| TypeError {
+            op: "inline".into(),
+            operands: vec![],
+            reason,
+        };
+        if args.len() != src.params().len() {
+            return Err(fail(format!(
+                "@{} takes {} parameters, given {}",
+                src.name,
+                src.params().len(),
+                args.len()
+            )));
+        }
+        let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+        for (&p, &a) in src.params().iter().zip(args) {
+            if src.ty(p) != self.ty(a) {
+                return Err(fail(format!(
+                    "a parameter of @{} has type {}, given {}",
+                    src.name,
+                    src.ty(p),
+                    self.ty(a)
+                )));
+            }
+            map.insert(p, a);
+        }
+        let order = src
+            .try_topo_order()
+            .ok_or_else(|| fail(format!("@{} has a cycle", src.name)))?;
+        for id in order {
+            if map.contains_key(&id) {
+                continue;
+            }
+            let node = src.node(id);
+            let operands: Vec<NodeId> = src.operands(id).iter().map(|o| map[o]).collect();
+            let new = self.add(node.op.clone(), &operands)?;
+            self.graph[new].loc = node.loc.clone();
+            self.graph[new].sharding = node.sharding.clone();
+            map.insert(id, new);
+        }
+        Ok(src.outputs().iter().map(|o| map[o]).collect())
     }
 
     pub fn contains(&self, id: NodeId) -> bool {
@@ -283,5 +384,13 @@ impl Graph {
             .iter()
             .zip(&other.outputs)
             .all(|(p, q)| map.get(p) == Some(q))
+    }
+}
+
+/// Graphs compare structurally ([`Graph::structurally_eq`]): region ops hold their bodies by
+/// value, and two bodies are equal when they compute the same thing the same way.
+impl PartialEq for Graph {
+    fn eq(&self, other: &Graph) -> bool {
+        self.structurally_eq(other)
     }
 }

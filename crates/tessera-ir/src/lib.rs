@@ -12,6 +12,7 @@ pub mod literal;
 pub mod op;
 pub mod parse;
 pub mod print;
+pub mod region;
 pub mod sharding;
 pub mod types;
 pub mod verify;
@@ -24,6 +25,7 @@ pub use op::{
 };
 pub use parse::{ParseError, parse};
 pub use print::{attrs_text, print};
+pub use region::{MAX_REGION_DEPTH, REGION_OP_NAMES, RegionOp};
 pub use sharding::{DimSharding, Mesh, Sharding};
 pub use types::{DType, MAX_TENSOR_BYTES, Shape, TensorType};
 pub use verify::{VerifyError, verify};

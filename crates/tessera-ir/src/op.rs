@@ -8,6 +8,7 @@
 use std::fmt;
 
 use crate::literal::Literal;
+use crate::region::RegionOp;
 use crate::sharding::{Mesh, Sharding};
 use crate::types::{DType, Shape, TensorType};
 
@@ -362,8 +363,12 @@ pub enum OpClass {
     Dot,
     /// Runs over a group of devices ([`CollectiveOp`]).
     Collective,
-    /// The identity on values, carrying a hint for a pass: `sharding_constraint`.
+    /// The identity on values, carrying a hint for a pass: `sharding_constraint`,
+    /// `stop_gradient`.
     Annotation,
+    /// An op that owns sub-graphs (`scan`, `while`, `case`, `checkpoint`, `custom_vjp`) and
+    /// `get_result`, which reads one of its results.
+    Region,
 }
 
 /// One primitive op with its attributes. The result type of a node is stored on the node; the
@@ -423,6 +428,18 @@ pub enum Op {
     Collective(CollectiveOp),
     /// A user hint that sharding propagation must respect; the identity on values.
     ShardingConstraint(Sharding),
+    /// The identity on values whose derivative is zero (`lax.stop_gradient`).
+    StopGradient,
+    /// An op that owns sub-graphs: loops, branches, checkpointed and custom-gradient calls
+    /// ([`RegionOp`], layouts in `region.rs`). Its node has the [`TensorType::token`] type;
+    /// [`Op::GetResult`] nodes read its results.
+    Region(Box<RegionOp>),
+    /// Result `index` of the region node that is its operand; `ty` is that result's type
+    /// (checked by the verifier against the region).
+    GetResult {
+        index: usize,
+        ty: TensorType,
+    },
 }
 
 /// Every op mnemonic of the text format, in one list: table tests iterate over it, so an op
@@ -490,6 +507,13 @@ pub const ALL_OP_NAMES: &[&str] = &[
     "collective_permute",
     "axis_index",
     "sharding_constraint",
+    "stop_gradient",
+    "scan",
+    "while",
+    "case",
+    "checkpoint",
+    "custom_vjp",
+    "get_result",
 ];
 
 /// A type rule rejected an op's operands or attributes.
@@ -540,6 +564,9 @@ impl Op {
             Op::DotGeneral(_) => "dot_general",
             Op::Collective(c) => c.name(),
             Op::ShardingConstraint(_) => "sharding_constraint",
+            Op::StopGradient => "stop_gradient",
+            Op::Region(r) => r.name(),
+            Op::GetResult { .. } => "get_result",
         }
     }
 
@@ -578,7 +605,10 @@ impl Op {
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
             | Op::DotGeneral(_)
-            | Op::ShardingConstraint(_) => &[],
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient
+            | Op::Region(_)
+            | Op::GetResult { .. } => &[],
         }
     }
 
@@ -600,7 +630,8 @@ impl Op {
             Op::Reduce { .. } | Op::ArgMax { .. } => OpClass::Reduction,
             Op::DotGeneral(_) => OpClass::Dot,
             Op::Collective(_) => OpClass::Collective,
-            Op::ShardingConstraint(_) => OpClass::Annotation,
+            Op::ShardingConstraint(_) | Op::StopGradient => OpClass::Annotation,
+            Op::Region(_) | Op::GetResult { .. } => OpClass::Region,
         }
     }
 
@@ -618,10 +649,12 @@ impl Op {
             | Op::Slice { .. }
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
-            | Op::ShardingConstraint(_) => 1,
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient
+            | Op::GetResult { .. } => 1,
             Op::Binary(_) | Op::Compare(_) | Op::DotGeneral(_) | Op::Pad { .. } => 2,
             Op::Select => 3,
-            Op::Concatenate { .. } => return None,
+            Op::Concatenate { .. } | Op::Region(_) => return None,
         })
     }
 
@@ -651,7 +684,7 @@ impl Op {
                     operands.len()
                 )));
             }
-            None if operands.is_empty() => {
+            None if operands.is_empty() && !matches!(self, Op::Region(_)) => {
                 return Err(cx.fail("takes at least one operand".into()));
             }
             _ => {}
@@ -687,6 +720,9 @@ impl Op {
             Op::DotGeneral(dd) => rules::dot::dot_general(&cx, dd),
             Op::Collective(c) => rules::collective::collective(&cx, c),
             Op::ShardingConstraint(s) => rules::annotation::sharding_constraint(&cx, s),
+            Op::StopGradient => Ok(cx.operands[0].clone()),
+            Op::Region(r) => rules::region::region(&cx, r),
+            Op::GetResult { ty, .. } => rules::region::get_result(&cx, ty),
         }?;
         ty.check_size().map_err(|e| cx.fail(e))?;
         Ok(ty)
@@ -1171,6 +1207,26 @@ mod rules {
                 }
             }
             Ok(t.clone())
+        }
+    }
+
+    /// Ops that own sub-graphs: the region checks its operands against its bodies.
+    pub(super) mod region {
+        use super::{Cx, Rule};
+        use crate::region::RegionOp;
+        use crate::types::TensorType;
+
+        pub(in crate::op) fn region(cx: &Cx, r: &RegionOp) -> Rule {
+            r.result_types(cx.operands, cx.mesh)
+                .map_err(|e| cx.fail(e))?;
+            Ok(TensorType::token())
+        }
+
+        pub(in crate::op) fn get_result(cx: &Cx, ty: &TensorType) -> Rule {
+            if !cx.t(0).is_token() {
+                return Err(cx.fail("reads a result of a region op only".into()));
+            }
+            Ok(ty.clone())
         }
     }
 }

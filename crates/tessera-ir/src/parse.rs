@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use crate::graph::{Graph, NodeId};
 use crate::literal::{Data, Literal};
 use crate::op::{BinaryOp, CollectiveOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
+use crate::region::{MAX_REGION_DEPTH, RegionOp};
 use crate::sharding::{DimSharding, Mesh, Sharding};
 use crate::types::{DType, TensorType};
 
@@ -44,6 +45,7 @@ pub fn parse(text: &str) -> Result<Graph, ParseError> {
         chars: text.chars().collect(),
         pos: 0,
         depth: 0,
+        regions: 0,
     };
     p.module()
 }
@@ -65,6 +67,8 @@ struct Parser {
     pos: usize,
     /// How many attribute lists enclose the current position.
     depth: usize,
+    /// How many regions enclose the current position.
+    regions: usize,
 }
 
 type PResult<T> = Result<T, ParseError>;
@@ -454,6 +458,27 @@ impl Parser {
     fn func(&mut self, mesh: Option<Mesh>) -> PResult<Graph> {
         self.keyword("func")?;
         let name = self.symbol_name()?;
+        self.func_rest(name, mesh)
+    }
+
+    /// One region of a region op: `label(params) { ... return ... }`, at most
+    /// [`MAX_REGION_DEPTH`] deep.
+    fn region(&mut self, label: &str, mesh: Option<Mesh>) -> PResult<Graph> {
+        self.skip_space();
+        if self.regions >= MAX_REGION_DEPTH {
+            return Err(self.error(format!(
+                "regions nest deeper than {MAX_REGION_DEPTH} levels"
+            )));
+        }
+        self.keyword(label)?;
+        self.regions += 1;
+        let g = self.func_rest(label.to_string(), mesh);
+        self.regions -= 1;
+        g
+    }
+
+    /// The parameters and body of a function or region, after its name.
+    fn func_rest(&mut self, name: String, mesh: Option<Mesh>) -> PResult<Graph> {
         let mut g = Graph::new(name);
         g.mesh = mesh;
         let mut names: HashMap<String, NodeId> = HashMap::new();
@@ -584,6 +609,18 @@ impl Parser {
             }
         }
         self.expect(':')?;
+        if let Some(labels) = region_labels(&mnemonic) {
+            return self.region_statement(
+                g,
+                names,
+                (v, op_at),
+                &mnemonic,
+                labels,
+                kind,
+                &attrs,
+                operands,
+            );
+        }
         let ty = self.tensor_type()?;
         let sharding = self.optional_sharding()?;
         let loc = self.location();
@@ -604,6 +641,73 @@ impl Parser {
         let node = g.node_mut(id);
         node.sharding = sharding;
         node.loc = loc;
+        names.insert(v, id);
+        Ok(())
+    }
+
+    /// The rest of a region op's statement after its `:`: the result types in parentheses, the
+    /// location, then its regions.
+    #[allow(clippy::too_many_arguments)]
+    fn region_statement(
+        &mut self,
+        g: &mut Graph,
+        names: &mut HashMap<String, NodeId>,
+        (v, op_at): (String, usize),
+        mnemonic: &str,
+        labels: &[&str],
+        kind: Option<String>,
+        attrs: &[(String, Attr)],
+        operands: Vec<NodeId>,
+    ) -> PResult<()> {
+        self.expect('(')?;
+        let mut types = Vec::new();
+        if !self.eat(')') {
+            loop {
+                types.push(self.tensor_type()?);
+                if self.eat(')') {
+                    break;
+                }
+                self.expect(',')?;
+            }
+        }
+        let loc = self.location();
+        let mut bodies = Vec::new();
+        for label in labels {
+            bodies.push(self.region(label, g.mesh.clone())?);
+        }
+        if mnemonic == "case" {
+            loop {
+                self.skip_space();
+                if !self.starts_with("branch") {
+                    break;
+                }
+                bodies.push(self.region("branch", g.mesh.clone())?);
+            }
+        }
+        let op = build_region(mnemonic, kind.as_deref(), attrs, bodies)
+            .map_err(|m| self.error_at(op_at, format!("{mnemonic}: {m}")))?;
+        let id = g
+            .add(Op::Region(Box::new(op)), &operands)
+            .map_err(|e| self.error_at(op_at, e.to_string()))?;
+        let have = g
+            .result_types(id)
+            .map_err(|e| self.error_at(op_at, e.to_string()))?;
+        if have != types {
+            let text: Vec<String> = have.iter().map(|t| t.to_string()).collect();
+            return Err(self.error_at(
+                op_at,
+                format!(
+                    "{mnemonic}: the results are written ({}) but the regions give ({})",
+                    types
+                        .iter()
+                        .map(|t| t.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    text.join(", ")
+                ),
+            ));
+        }
+        g.node_mut(id).loc = loc;
         names.insert(v, id);
         Ok(())
     }
@@ -801,6 +905,70 @@ fn literal(value: &Attr, ty: &TensorType) -> Result<Literal, String> {
     })
 }
 
+/// The labels of the regions a region op's statement is followed by (`case` has one or more
+/// `branch` regions), `None` for ops without regions.
+fn region_labels(mnemonic: &str) -> Option<&'static [&'static str]> {
+    Some(match mnemonic {
+        "scan" | "checkpoint" => &["body"],
+        "while" => &["cond", "body"],
+        "case" => &["branch"],
+        "custom_vjp" => &["fwd", "bwd"],
+        _ => return None,
+    })
+}
+
+/// Builds a region op from its attributes and its parsed regions (in label order).
+fn build_region(
+    mnemonic: &str,
+    kind: Option<&str>,
+    attrs: &[(String, Attr)],
+    mut bodies: Vec<Graph>,
+) -> Result<RegionOp, String> {
+    let allowed: &[&str] = match mnemonic {
+        "scan" => &["length", "consts", "carries"],
+        "while" => &["consts"],
+        "custom_vjp" => &["primals"],
+        _ => &[],
+    };
+    if let Some((k, _)) = attrs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
+        return Err(format!("unknown attribute '{k}'"));
+    }
+    let reverse = match kind {
+        None => false,
+        Some("reverse") if mnemonic == "scan" => true,
+        Some(w) => return Err(format!("unexpected word '{w}'")),
+    };
+    let mut next = || bodies.remove(0);
+    Ok(match mnemonic {
+        "scan" => RegionOp::Scan {
+            length: uint_attr(attrs, "length")?,
+            reverse,
+            consts: uint_attr(attrs, "consts")?,
+            carries: uint_attr(attrs, "carries")?,
+            body: next(),
+        },
+        "while" => {
+            let cond = next();
+            RegionOp::While {
+                consts: uint_attr(attrs, "consts")?,
+                cond,
+                body: next(),
+            }
+        }
+        "checkpoint" => RegionOp::Checkpoint { body: next() },
+        "custom_vjp" => {
+            let fwd = next();
+            RegionOp::CustomVjp {
+                primals: uint_attr(attrs, "primals")?,
+                fwd,
+                bwd: next(),
+            }
+        }
+        "case" => RegionOp::Case { branches: bodies },
+        _ => return Err("unknown region op".into()),
+    })
+}
+
 /// Builds the op named `mnemonic` from its written attributes and its result type (which states
 /// the attributes the printer leaves out: shapes, target dtypes).
 fn build_op(
@@ -824,6 +992,7 @@ fn build_op(
         "all_to_all" => &["split_dim", "concat_dim", "axes"],
         "collective_permute" => &["axes", "pairs"],
         "sharding_constraint" => &["sharding"],
+        "get_result" => &["index"],
         _ => &[],
     };
     if let Some((k, _)) = attrs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
@@ -945,6 +1114,11 @@ fn build_op(
         "sharding_constraint" => match need(attrs, "sharding")? {
             Attr::Sharding(s) => Op::ShardingConstraint(s.clone()),
             _ => return Err("attribute 'sharding' must be <@mesh, [...]>".into()),
+        },
+        "stop_gradient" => Op::StopGradient,
+        "get_result" => Op::GetResult {
+            index: uint_attr(attrs, "index")?,
+            ty: ty.clone(),
         },
         "parameter" => return Err("parameters are declared in the function signature".into()),
         _ => return Err("unknown op".into()),

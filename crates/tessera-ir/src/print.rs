@@ -17,6 +17,15 @@ pub fn print(g: &Graph) -> String {
     if let Some(mesh) = &g.mesh {
         writeln!(out, "{mesh}").unwrap();
     }
+    write_func(&mut out, g, &format!("func @{}", g.name), 0);
+    out
+}
+
+/// Writes `g` as `header(params) { nodes return }`, nested `depth` levels deep (two spaces a
+/// level). A region op's bodies follow its line, one level deeper, each under its label; each
+/// body numbers its values from `%0`, as it is a function of its own.
+fn write_func(out: &mut String, g: &Graph, header: &str, depth: usize) {
+    let pad = "  ".repeat(depth);
     let order = g.try_topo_order().unwrap_or_else(|| g.node_ids().collect());
     let names: HashMap<NodeId, String> = order
         .iter()
@@ -26,11 +35,11 @@ pub fn print(g: &Graph) -> String {
     let name = |id: &NodeId| names.get(id).cloned().unwrap_or_else(|| "%?".into());
 
     let params_have_locs = g.params().iter().any(|&p| g.node(p).loc.is_some());
-    write!(out, "func @{}(", g.name).unwrap();
+    write!(out, "{pad}{header}(").unwrap();
     for (i, &p) in g.params().iter().enumerate() {
         let node = g.node(p);
         if params_have_locs {
-            write!(out, "\n    ").unwrap();
+            write!(out, "\n{pad}    ").unwrap();
         } else if i > 0 {
             write!(out, ", ").unwrap();
         }
@@ -46,7 +55,7 @@ pub fn print(g: &Graph) -> String {
         }
     }
     if params_have_locs {
-        writeln!(out).unwrap();
+        write!(out, "\n{pad}").unwrap();
     }
     writeln!(out, ") {{").unwrap();
     for &id in &order {
@@ -54,7 +63,7 @@ pub fn print(g: &Graph) -> String {
         if let Op::Parameter(_) = node.op {
             continue;
         }
-        let mut line = format!("  {} = {}", name(&id), node.op.name());
+        let mut line = format!("{pad}  {} = {}", name(&id), node.op.name());
         let operands: Vec<String> = g.operands(id).iter().map(name).collect();
         if !operands.is_empty() {
             write!(line, " {}", operands.join(", ")).unwrap();
@@ -63,7 +72,13 @@ pub fn print(g: &Graph) -> String {
         if !attrs.is_empty() {
             write!(line, " {attrs}").unwrap();
         }
-        write!(line, " : {}", node.ty).unwrap();
+        if let Op::Region(r) = &node.op {
+            // The region's result types; its own node is a token.
+            let _ = r;
+            write!(line, " : ({})", result_types_text(g, id).join(", ")).unwrap();
+        } else {
+            write!(line, " : {}", node.ty).unwrap();
+        }
         if let Some(s) = &node.sharding {
             write!(line, " {s}").unwrap();
         }
@@ -71,15 +86,28 @@ pub fn print(g: &Graph) -> String {
             write!(line, "  # {loc}").unwrap();
         }
         writeln!(out, "{line}").unwrap();
+        if let Op::Region(r) = &node.op {
+            for (label, body) in r.regions() {
+                write_func(out, body, label, depth + 2);
+            }
+        }
     }
     let outs: Vec<String> = g.outputs().iter().map(name).collect();
     if outs.is_empty() {
-        writeln!(out, "  return").unwrap();
+        writeln!(out, "{pad}  return").unwrap();
     } else {
-        writeln!(out, "  return {}", outs.join(", ")).unwrap();
+        writeln!(out, "{pad}  return {}", outs.join(", ")).unwrap();
     }
-    writeln!(out, "}}").unwrap();
-    out
+    writeln!(out, "{pad}}}").unwrap();
+}
+
+/// The result types of region node `id` as text (`?` when its operands do not fit its bodies,
+/// which the verifier reports; the printer prints what it is given).
+fn result_types_text(g: &Graph, id: NodeId) -> Vec<String> {
+    match g.result_types(id) {
+        Ok(types) => types.iter().map(|t| t.to_string()).collect(),
+        Err(_) => vec!["?".into()],
+    }
 }
 
 fn ints<T: ToString>(v: &[T]) -> String {
@@ -185,5 +213,8 @@ pub fn attrs_text(op: &Op) -> String {
         }
         Op::Collective(CollectiveOp::AxisIndex { axes: a }) => format!("axes={}", axes(a)),
         Op::ShardingConstraint(s) => format!("sharding={s}"),
+        Op::StopGradient => String::new(),
+        Op::Region(r) => r.attrs_text(),
+        Op::GetResult { index, .. } => format!("index={index}"),
     }
 }

@@ -152,6 +152,17 @@ pub struct TensorType {
 }
 
 impl TensorType {
+    /// The type of a region op's own node: a zero-size `bool[0]` that holds no data; the
+    /// region's results are read by `get_result` nodes.
+    pub fn token() -> TensorType {
+        TensorType::new(DType::Bool, vec![0])
+    }
+
+    /// Whether this is [`TensorType::token`]'s type.
+    pub fn is_token(&self) -> bool {
+        self.dtype == DType::Bool && self.shape.dims() == [0]
+    }
+
     pub fn new(dtype: DType, shape: impl Into<Shape>) -> TensorType {
         TensorType {
             dtype,

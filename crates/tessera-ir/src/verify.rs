@@ -12,6 +12,9 @@
 //!    declared element type and element count.
 //! 7. Every sharding names the graph's mesh, has one entry per dimension, names only axes of
 //!    the mesh, names no axis twice, and splits each dimension into whole parts.
+//! 8. A `get_result` reads a region node, and its index and type are one of the region's
+//!    results; a region's bodies are well-formed graphs themselves (recursively, at most
+//!    [`MAX_REGION_DEPTH`] deep) that fit its operands (`RegionOp::result_types`).
 //!
 //! Errors name the value as the printer numbers it (`%7`), so they can be matched with a dump.
 
@@ -21,6 +24,7 @@ use petgraph::Direction;
 
 use crate::graph::{Graph, NodeId};
 use crate::op::Op;
+use crate::region::MAX_REGION_DEPTH;
 use crate::sharding::Sharding;
 use crate::types::TensorType;
 
@@ -35,6 +39,10 @@ pub struct VerifyError {
 
 /// Checks every invariant listed in the module doc; returns the first violation.
 pub fn verify(g: &Graph) -> Result<(), VerifyError> {
+    verify_at(g, 0)
+}
+
+fn verify_at(g: &Graph, depth: usize) -> Result<(), VerifyError> {
     let whole = |message: String| VerifyError {
         value: "graph".into(),
         message,
@@ -100,6 +108,35 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
         }
         if let Op::ShardingConstraint(s) = &node.op {
             check_sharding(g, s, &node.ty).map_err(at)?;
+        }
+        if let Op::GetResult { index, ty } = &node.op {
+            let region = g.operands(id)[0];
+            let types = g.result_types(region).map_err(|e| at(e.to_string()))?;
+            match types.get(*index) {
+                Some(t) if t == ty => {}
+                Some(t) => {
+                    return Err(at(format!(
+                        "reads result {index} as {ty} but the region's result {index} is {t}"
+                    )));
+                }
+                None => {
+                    return Err(at(format!(
+                        "reads result {index} of a region with {} results",
+                        types.len()
+                    )));
+                }
+            }
+        }
+        if let Op::Region(r) = &node.op {
+            if depth >= MAX_REGION_DEPTH {
+                return Err(at(format!(
+                    "regions nest deeper than {MAX_REGION_DEPTH} levels"
+                )));
+            }
+            for (label, body) in r.regions() {
+                verify_at(body, depth + 1)
+                    .map_err(|e| at(format!("in region {label}: {}: {}", e.value, e.message)))?;
+            }
         }
     }
     Ok(())

@@ -59,7 +59,10 @@ impl Node {
             | Op::ArgMax { .. }
             | Op::DotGeneral(_)
             | Op::Collective(_)
-            | Op::ShardingConstraint(_) => format!("{op:?}"),
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient
+            | Op::Region(_)
+            | Op::GetResult { .. } => format!("{op:?}"),
         };
         if let Some(t) = &param_ty {
             key.push_str(&format!(" : {t}"));
@@ -218,7 +221,10 @@ impl egg::Analysis<Node> for TensorAnalysis {
             | Op::ArgMax { .. }
             | Op::DotGeneral(_)
             | Op::Collective(_)
-            | Op::ShardingConstraint(_) => constant
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient
+            | Op::Region(_)
+            | Op::GetResult { .. } => constant
                 .as_ref()
                 .filter(|l| l.data.len() == 1)
                 .map(|l| l.data.get_f64(0)),

@@ -115,7 +115,11 @@ impl CostFunction<Node> for Cost<'_> {
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
             | Op::Collective(_)
-            | Op::ShardingConstraint(_) => bytes + numel,
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient
+            // A region's cost is its bodies'; it has no alternative to be weighed against.
+            | Op::Region(_)
+            | Op::GetResult { .. } => bytes + numel,
         };
         own + children
     }
@@ -130,8 +134,18 @@ pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
     for id in g.topo_order() {
         let node = g.node(id);
         let children: Vec<Id> = g.operands(id).iter().map(|o| class_of[o]).collect();
+        let mut op = node.op.clone();
+        if let Op::Region(r) = &mut op {
+            // Each body is simplified as a function of its own: its parameters and outputs
+            // stay, so the region still fits its operands. Nothing crosses the boundary: a
+            // value inside is never merged with one outside.
+            for body in r.regions_mut() {
+                let (simple, _) = simplify(body, limits)?;
+                *body = simple;
+            }
+        }
         let n = Node::new(
-            node.op.clone(),
+            op,
             children,
             matches!(node.op, Op::Parameter(_)).then(|| node.ty.clone()),
         );

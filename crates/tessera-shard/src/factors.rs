@@ -96,6 +96,22 @@ impl FactorRule {
     }
 }
 
+/// Every dim of every operand and of the result its own factor, each needing replication.
+fn replicated_rule(operands: &[&TensorType], rdims: &[usize]) -> FactorRule {
+    let mut r = FactorRule::new(operands.len());
+    for (k, t) in operands.iter().enumerate() {
+        for &size in t.dims() {
+            let f = r.factor(size, FactorKind::NeedReplication);
+            r.operands[k].push(vec![f]);
+        }
+    }
+    for &size in rdims {
+        let f = r.factor(size, FactorKind::NeedReplication);
+        r.result.push(vec![f]);
+    }
+    r
+}
+
 /// The factor rule of node `id` of `g`. Collectives have no rule: they do not appear in a
 /// program before partitioning.
 pub fn rule_of(g: &Graph, id: NodeId) -> FactorRule {
@@ -118,7 +134,12 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         | Op::Select
         | Op::Convert(_)
         | Op::Bitcast(_)
-        | Op::ShardingConstraint(_) => elementwise_rule(rdims, operands.len()),
+        | Op::ShardingConstraint(_)
+        | Op::StopGradient => elementwise_rule(rdims, operands.len()),
+        // A region runs whole on every device: its operands are gathered and its results are
+        // replicated. (Propagating shardings through a body is future work, see
+        // ARCHITECTURE.md.)
+        Op::Region(_) | Op::GetResult { .. } => replicated_rule(operands, rdims),
         Op::BroadcastInDim { dims, .. } => broadcast_rule(from(), dims, rdims),
         Op::Reshape(_) => reshape_rule(from(), rdims),
         Op::Transpose(perm) => transpose_rule(from(), perm),

@@ -112,7 +112,10 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
             | Op::Pad { .. }
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
-            | Op::DotGeneral(_) => {
+            | Op::DotGeneral(_)
+            | Op::StopGradient
+            | Op::Region(_)
+            | Op::GetResult { .. } => {
                 if let Some(&o) = operands.iter().find(|o| partial.contains_key(o)) {
                     return Err(incomplete(g, o, &partial));
                 }
@@ -195,6 +198,10 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         },
         Op::Reshape(_) => Op::Reshape(lty.shape),
         Op::Iota { dim, .. } => Op::Iota { dim: *dim, ty: lty },
+        Op::GetResult { index, .. } => Op::GetResult {
+            index: *index,
+            ty: lty,
+        },
         // Only splats are ever split (`factors.rs`); other constants are whole.
         Op::Constant(lit) => {
             if lit.data.is_splat() && !lit.data.is_empty() {
@@ -234,7 +241,10 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         | Op::ArgMax { .. }
         | Op::DotGeneral(_)
         | Op::Collective(_)
-        | Op::ShardingConstraint(_) => op.clone(),
+        | Op::ShardingConstraint(_)
+        | Op::StopGradient
+        // Its operands are replicated (`factors.rs`), so its bodies are already local.
+        | Op::Region(_) => op.clone(),
     }
 }
 

@@ -246,7 +246,8 @@ fn priority(op: &Op) -> Option<u8> {
         | OpClass::ElementwiseBinary
         | OpClass::Select
         | OpClass::Movement
-        | OpClass::Annotation => Some(0),
+        | OpClass::Annotation
+        | OpClass::Region => Some(0),
     }
 }
 

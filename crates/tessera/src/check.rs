@@ -111,13 +111,18 @@ fn bound(op: &Op) -> Bound {
         | Op::Concatenate { .. }
         | Op::Pad { .. }
         | Op::ArgMax { .. }
-        | Op::ShardingConstraint(_) => Bound::Exact,
+        | Op::ShardingConstraint(_)
+        | Op::StopGradient => Bound::Exact,
         Op::Reduce { kind, .. } => match kind {
             ReduceKind::Sum => Bound::Accumulated,
             ReduceKind::Max | ReduceKind::Min => Bound::Exact,
         },
         Op::DotGeneral(_) => Bound::Accumulated,
         Op::Collective(_) => Bound::Unchecked,
+        // A region is checked whole: its compiled results against the interpreter's by the
+        // whole-program check, and, in `check_program`, the program compiled whole against
+        // the composition in which the region is compiled alone.
+        Op::Region(_) | Op::GetResult { .. } => Bound::Unchecked,
     }
 }
 
@@ -177,6 +182,11 @@ impl Checker {
             std::collections::HashMap::new();
         let mut composed: std::collections::HashMap<NodeId, Literal> =
             std::collections::HashMap::new();
+        // The results of each region node (interpreted, and compiled alone).
+        let mut results_of: std::collections::HashMap<NodeId, Vec<Literal>> =
+            std::collections::HashMap::new();
+        let mut composed_results: std::collections::HashMap<NodeId, Vec<Literal>> =
+            std::collections::HashMap::new();
         for (&p, &l) in g.params().iter().zip(inputs) {
             values.insert(p, l.clone());
             composed.insert(p, l.clone());
@@ -188,6 +198,25 @@ impl Checker {
             let node = g.node(id);
             let operands: Vec<NodeId> = g.operands(id);
             let args: Vec<&Literal> = operands.iter().map(|o| &values[o]).collect();
+            if let Op::Region(r) = &node.op {
+                let results = tessera_interp::run_region(r, &args, &tessera_interp::SingleDevice)?;
+                results_of.insert(id, results);
+                if compose {
+                    let cargs: Vec<&Literal> = operands.iter().map(|o| &composed[o]).collect();
+                    composed_results.insert(id, self.run_region_alone(id, &cargs)?);
+                }
+                values.insert(id, Literal::zeros(&node.ty));
+                composed.insert(id, Literal::zeros(&node.ty));
+                continue;
+            }
+            if let Op::GetResult { index, .. } = &node.op {
+                let region = operands[0];
+                values.insert(id, results_of[&region][*index].clone());
+                if compose {
+                    composed.insert(id, composed_results[&region][*index].clone());
+                }
+                continue;
+            }
             let want = tessera_interp::eval_op(&node.op, &args, &node.ty)?;
             let b = bound(&node.op);
             if b != Bound::Unchecked {
@@ -283,6 +312,23 @@ impl Checker {
         Ok(outs.remove(0))
     }
 
+    /// Region node `id` compiled on its own (with its results as outputs) and run on `args`.
+    fn run_region_alone(&self, id: NodeId, args: &[&Literal]) -> Result<Vec<Literal>> {
+        let node = self.graph.node(id);
+        let mut one = Graph::new(format!("check_{}", node.op.name()));
+        one.mesh = self.graph.mesh.clone();
+        let params: Vec<NodeId> = args.iter().map(|a| one.add_param(a.ty.clone())).collect();
+        let region = one
+            .add(node.op.clone(), &params)
+            .map_err(|e| Error::Check(format!("{}: {e}", node.op.name())))?;
+        let results = one
+            .add_results(region)
+            .map_err(|e| Error::Check(format!("{}: {e}", node.op.name())))?;
+        one.set_outputs(results);
+        let exe = tessera_codegen::compile(&one).map_err(|e| Error::Codegen(e.to_string()))?;
+        Ok(exe.run(args, &tessera_interp::SingleDevice)?)
+    }
+
     fn report(&self, id: NodeId, args: &[&Literal], diff: &str) -> Error {
         let node = self.graph.node(id);
         let operands: Vec<String> = args.iter().map(|a| summary(a)).collect();
@@ -358,7 +404,10 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
         | Op::Pad { .. }
         | Op::ArgMax { .. }
         | Op::Collective(_)
-        | Op::ShardingConstraint(_) => 1usize,
+        | Op::ShardingConstraint(_)
+        | Op::StopGradient
+        | Op::Region(_)
+        | Op::GetResult { .. } => 1usize,
     };
     let describe = |k: usize, extra: String| {
         Some(format!(
