@@ -79,71 +79,21 @@ pub fn batch(
             g.outputs().len()
         )));
     }
-    let mut out = Graph::new(g.name.clone());
-    out.mesh = match (&g.mesh, axis_name) {
-        (Some(m), Some(name)) => {
-            if let Some(n) = m.axis_size(name)
-                && n != size
-            {
-                return Err(BatchError::Malformed(format!(
-                    "the mesh gives axis \"{name}\" size {n}, the batch has size {size}"
-                )));
-            }
-            let axes: Vec<(String, usize)> =
-                m.axes.iter().filter(|(a, _)| a != name).cloned().collect();
-            (!axes.is_empty()).then(|| Mesh::new(m.name.clone(), axes))
-        }
-        (m, _) => m.clone(),
-    };
-    let mut b = Builder {
-        g: out,
-        loc: None,
-        op: String::new(),
-        size,
-        axis: axis_name.map(str::to_string),
-    };
-    let mut env: HashMap<NodeId, Val> = HashMap::new();
     for (i, (&p, &axis)) in g.params().iter().zip(in_axes).enumerate() {
-        let ty = g.ty(p).clone();
-        let bty = match axis {
-            None => ty,
-            Some(a) if a <= ty.rank() => b.batched_type(&ty, a),
-            Some(a) => {
-                return Err(BatchError::InAxis {
-                    index: i,
-                    axis: a,
-                    ty,
-                });
-            }
-        };
-        let id = b.g.add_param(bty);
-        b.g.node_mut(id).loc = g.node(p).loc.clone();
-        env.insert(p, (id, axis));
-    }
-    for id in g.topo_order() {
-        if env.contains_key(&id) {
-            continue;
-        }
-        let node = g.node(id);
-        let vals: Vec<Val> = g.operands(id).iter().map(|o| env[o]).collect();
-        b.op = node.op.name().to_string();
-        b.loc = node.loc.clone();
-        let v = if vals.iter().all(|v| v.1.is_none()) && !b.is_mapped_collective(&node.op) {
-            let ops: Vec<NodeId> = vals.iter().map(|v| v.0).collect();
-            (b.add(node.op.clone(), &ops)?, None)
-        } else {
-            rule(&mut b, &node.op, &node.ty, &vals)?
-        };
-        if let Some(s) = &node.sharding
-            && v.1.is_none()
+        let ty = g.ty(p);
+        if let Some(a) = axis
+            && a > ty.rank()
         {
-            b.g.node_mut(v.0).sharding = Some(s.clone());
+            return Err(BatchError::InAxis {
+                index: i,
+                axis: a,
+                ty: ty.clone(),
+            });
         }
-        env.insert(id, v);
     }
+    let (mut b, outs) = run(g, in_axes, size, axis_name)?;
     let mut outputs = Vec::with_capacity(g.outputs().len());
-    for (i, (&o, &axis)) in g.outputs().iter().zip(out_axes).enumerate() {
-        let v = env[&o];
+    for (i, ((&o, &axis), &v)) in g.outputs().iter().zip(out_axes).zip(&outs).enumerate() {
         let ty = g.ty(o).clone();
         b.op = "vmap".into();
         b.loc = g.node(o).loc.clone();
@@ -181,6 +131,81 @@ pub fn batch(
     Ok(b.g)
 }
 
+/// The mesh of the batched graph: `mesh` without the mapped axis.
+fn batched_mesh(mesh: Option<&Mesh>, axis: Option<&str>, size: usize) -> Result<Option<Mesh>> {
+    Ok(match (mesh, axis) {
+        (Some(m), Some(name)) => {
+            if let Some(n) = m.axis_size(name)
+                && n != size
+            {
+                return Err(BatchError::Malformed(format!(
+                    "the mesh gives axis \"{name}\" size {n}, the batch has size {size}"
+                )));
+            }
+            let axes: Vec<(String, usize)> =
+                m.axes.iter().filter(|(a, _)| a != name).cloned().collect();
+            (!axes.is_empty()).then(|| Mesh::new(m.name.clone(), axes))
+        }
+        (m, _) => m.cloned(),
+    })
+}
+
+/// Batches the nodes of `g` (a function or a region's body) into a new graph whose parameters
+/// are `g`'s batched by `in_axes`; returns its builder (outputs not yet set) and the batched
+/// value of each output of `g`.
+fn run(
+    g: &Graph,
+    in_axes: &[Option<usize>],
+    size: usize,
+    axis_name: Option<&str>,
+) -> Result<(Builder, Vec<Val>)> {
+    let mut out = Graph::new(g.name.clone());
+    out.mesh = batched_mesh(g.mesh.as_ref(), axis_name, size)?;
+    let mut b = Builder {
+        g: out,
+        loc: None,
+        op: String::new(),
+        size,
+        axis: axis_name.map(str::to_string),
+        results: HashMap::new(),
+    };
+    let mut env: HashMap<NodeId, Val> = HashMap::new();
+    for (&p, &axis) in g.params().iter().zip(in_axes) {
+        let ty = g.ty(p).clone();
+        let bty = match axis {
+            None => ty,
+            Some(a) => b.batched_type(&ty, a),
+        };
+        let id = b.g.add_param(bty);
+        b.g.node_mut(id).loc = g.node(p).loc.clone();
+        env.insert(p, (id, axis));
+    }
+    for id in g.topo_order() {
+        if env.contains_key(&id) {
+            continue;
+        }
+        let node = g.node(id);
+        let srcs = g.operands(id);
+        let vals: Vec<Val> = srcs.iter().map(|o| env[o]).collect();
+        b.op = node.op.name().to_string();
+        b.loc = node.loc.clone();
+        let v = if vals.iter().all(|v| v.1.is_none()) && !b.needs_rule(&node.op) {
+            let ops: Vec<NodeId> = vals.iter().map(|v| v.0).collect();
+            (b.add(node.op.clone(), &ops)?, None)
+        } else {
+            rule(&mut b, id, &node.op, &node.ty, &srcs, &vals)?
+        };
+        if let Some(s) = &node.sharding
+            && v.1.is_none()
+        {
+            b.g.node_mut(v.0).sharding = Some(s.clone());
+        }
+        env.insert(id, v);
+    }
+    let outs = g.outputs().iter().map(|o| env[o]).collect();
+    Ok((b, outs))
+}
+
 /// Where per-example dim `d` is in a value whose batch dim is at `bd`.
 fn shift(d: usize, bd: usize) -> usize {
     if d < bd { d } else { d + 1 }
@@ -193,6 +218,8 @@ struct Builder {
     op: String,
     size: usize,
     axis: Option<String>,
+    /// The batched results of each region node of the source graph (read by `get_result`).
+    results: HashMap<NodeId, Vec<Val>>,
 }
 
 impl Builder {
@@ -216,12 +243,16 @@ impl Builder {
         TensorType::new(ty.dtype, dims)
     }
 
-    /// Whether `op` is a collective over the mapped axis (which has a rule even on unbatched
-    /// operands: `psum` of an unbatched value is `x * size`, `axis_index` has no operand).
-    fn is_mapped_collective(&self, op: &Op) -> bool {
-        self.axis
-            .as_ref()
-            .is_some_and(|a| op.mesh_axes().iter().any(|m| m == a))
+    /// Whether `op` needs its rule even on unbatched operands: a collective over the mapped
+    /// axis (`psum` of an unbatched value is `x * size`, `axis_index` has no operand), and the
+    /// region ops (their bodies may hold such collectives, and declare the batched graph's
+    /// mesh) with their `get_result`s.
+    fn needs_rule(&self, op: &Op) -> bool {
+        matches!(op, Op::Region(_) | Op::GetResult { .. })
+            || self
+                .axis
+                .as_ref()
+                .is_some_and(|a| op.mesh_axes().iter().any(|m| m == a))
     }
 
     /// The value with its batch dim at `to`: moved there by a transpose, or, for an unbatched
@@ -277,6 +308,17 @@ impl Builder {
         )
     }
 
+    /// A placeholder value for a region that has neither results nor operands.
+    fn token(&mut self) -> Result<NodeId> {
+        self.add(
+            Op::Constant(Literal::splat(
+                &TensorType::scalar(tessera_ir::DType::F32),
+                0.0,
+            )),
+            &[],
+        )
+    }
+
     fn unsupported(&self, why: String) -> BatchError {
         BatchError::Unsupported {
             op: self.op.clone(),
@@ -287,14 +329,21 @@ impl Builder {
 
 /// The batched value of `op` applied to `vals` (at least one batched, or `op` a collective over
 /// the mapped axis); `ty` is the per-example result type. Dispatches to one helper per family.
-fn rule(b: &mut Builder, op: &Op, ty: &TensorType, vals: &[Val]) -> Result<Val> {
+fn rule(
+    b: &mut Builder,
+    id: NodeId,
+    op: &Op,
+    ty: &TensorType,
+    srcs: &[NodeId],
+    vals: &[Val],
+) -> Result<Val> {
     match op {
         // No operands: never batched (parameters are placed by `batch` itself).
         Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } => {
             let ops: Vec<NodeId> = vals.iter().map(|v| v.0).collect();
             Ok((b.add(op.clone(), &ops)?, None))
         }
-        Op::Unary(_) | Op::Convert(_) | Op::Bitcast(_) => {
+        Op::Unary(_) | Op::Convert(_) | Op::Bitcast(_) | Op::StopGradient => {
             Ok((b.add(op.clone(), &[vals[0].0])?, vals[0].1))
         }
         Op::Binary(_) | Op::Compare(_) | Op::Select => elementwise(b, op, vals),
@@ -355,6 +404,21 @@ fn rule(b: &mut Builder, op: &Op, ty: &TensorType, vals: &[Val]) -> Result<Val> 
             );
             Ok((b.add(Op::ShardingConstraint(s), &[x])?, Some(bd)))
         }
+        Op::Region(r) => {
+            let results = region::region(b, r, vals)?;
+            // The region node's own value is a token nothing reads but `get_result`.
+            let token = results
+                .first()
+                .map_or(vals.first().map_or(b.token()?, |v| v.0), |v| v.0);
+            b.results.insert(id, results);
+            Ok((token, None))
+        }
+        Op::GetResult { index, .. } => b
+            .results
+            .get(&srcs[0])
+            .and_then(|r| r.get(*index))
+            .copied()
+            .ok_or_else(|| b.unsupported(format!("result {index} of a region it did not batch"))),
     }
 }
 
@@ -780,6 +844,391 @@ mod collective {
             return Ok((x, Some(0)));
         }
         Ok((b.add(Op::Concatenate { dim: 0 }, &parts)?, Some(0)))
+    }
+}
+
+/// Rules of the region ops. A body is batched as a function of its own, its batched
+/// parameters and outputs with the batch dim first; a loop's carry that becomes batched in the
+/// body is batched from the start, to a fixed point (as JAX does).
+mod region {
+    use super::{BatchError, Builder, Result, Val, run};
+    use tessera_ir::{BinaryOp, TensorType};
+    use tessera_ir::{CompareOp, DType, Graph, Literal, NodeId, Op, ReduceKind, RegionOp, Shape};
+
+    /// `g` batched with parameter `i` batched (at dim 0) where `batched[i]`.
+    fn body(b: &Builder, g: &Graph, batched: &[bool]) -> Result<(Builder, Vec<Val>)> {
+        let axes: Vec<Option<usize>> = batched.iter().map(|&x| x.then_some(0)).collect();
+        run(g, &axes, b.size, b.axis.as_deref())
+    }
+
+    fn is_b(vals: &[Val]) -> Vec<bool> {
+        vals.iter().map(|v| v.1.is_some()).collect()
+    }
+
+    /// The body graph with output `i` batched at dim 0 where `force[i]` (the others are
+    /// unbatched: the fixed points guarantee it).
+    fn finish(mut bb: Builder, outs: &[Val], force: &[bool]) -> Result<Graph> {
+        bb.loc = None;
+        bb.op = "vmap of a region's body".into();
+        let mut o = Vec::with_capacity(outs.len());
+        for (&v, &f) in outs.iter().zip(force) {
+            o.push(match (f, v.1) {
+                (true, _) => bb.materialize(v, 0)?,
+                (false, None) => v.0,
+                (false, Some(_)) => {
+                    return Err(bb.unsupported("a batched output where none was planned".into()));
+                }
+            });
+        }
+        bb.g.set_outputs(o);
+        Ok(bb.g)
+    }
+
+    /// The operand, batched at `at` when `batched` (broadcast if it was not), else as it is.
+    fn operand(b: &mut Builder, v: Val, batched: bool, at: usize) -> Result<NodeId> {
+        if batched {
+            b.materialize(v, at)
+        } else {
+            Ok(v.0)
+        }
+    }
+
+    /// Adds the region and reads its results, batched as `bdims` says.
+    fn emit(
+        b: &mut Builder,
+        r: RegionOp,
+        operands: &[NodeId],
+        bdims: Vec<Option<usize>>,
+    ) -> Result<Vec<Val>> {
+        let op = r.name().to_string();
+        let (node, results) =
+            b.g.add_region(r, operands)
+                .map_err(|error| BatchError::Rule { op, error })?;
+        b.g.node_mut(node).loc = b.loc.clone();
+        for &n in &results {
+            b.g.node_mut(n).loc = b.loc.clone();
+        }
+        Ok(results.into_iter().zip(bdims).collect())
+    }
+
+    /// The batched results of region `r` applied to `vals`.
+    pub(super) fn region(b: &mut Builder, r: &RegionOp, vals: &[Val]) -> Result<Vec<Val>> {
+        match r {
+            RegionOp::Scan {
+                length,
+                reverse,
+                consts,
+                carries,
+                body: g,
+            } => scan(b, (*length, *reverse, *consts, *carries), g, vals),
+            RegionOp::While {
+                consts,
+                cond,
+                body: g,
+            } => while_loop(b, *consts, cond, g, vals),
+            RegionOp::Case { branches } => case(b, branches, vals),
+            RegionOp::Checkpoint { body: g } => {
+                let (bb, outs) = body(b, g, &is_b(vals))?;
+                let out_b = is_b(&outs);
+                let new = finish(bb, &outs, &out_b)?;
+                let ops = vals
+                    .iter()
+                    .map(|&v| operand(b, v, v.1.is_some(), 0))
+                    .collect::<Result<Vec<_>>>()?;
+                let bdims = out_b.iter().map(|&x| x.then_some(0)).collect();
+                emit(b, RegionOp::Checkpoint { body: new }, &ops, bdims)
+            }
+            RegionOp::CustomVjp { primals, fwd, bwd } => custom_vjp(b, *primals, fwd, bwd, vals),
+        }
+    }
+
+    /// `scan`: consts and xs batched as given (xs at dim 1, so a step's slice has it first),
+    /// carries batched where the body makes them so, to a fixed point.
+    fn scan(
+        b: &mut Builder,
+        (length, reverse, nc, nk): (usize, bool, usize, usize),
+        g: &Graph,
+        vals: &[Val],
+    ) -> Result<Vec<Val>> {
+        let in_b = is_b(vals);
+        let mut kb = in_b[nc..nc + nk].to_vec();
+        loop {
+            let mut pb = in_b[..nc].to_vec();
+            pb.extend(&kb);
+            pb.extend(&in_b[nc + nk..]);
+            let (bb, outs) = body(b, g, &pb)?;
+            let mut changed = false;
+            for (k, o) in kb.iter_mut().zip(&outs[..nk]) {
+                if o.1.is_some() && !*k {
+                    *k = true;
+                    changed = true;
+                }
+            }
+            if changed {
+                continue;
+            }
+            let yb = is_b(&outs[nk..]);
+            let mut force = kb.clone();
+            force.extend(&yb);
+            let new = finish(bb, &outs, &force)?;
+            let mut ops = Vec::with_capacity(vals.len());
+            for (i, &v) in vals.iter().enumerate() {
+                ops.push(if i < nc {
+                    operand(b, v, in_b[i], 0)?
+                } else if i < nc + nk {
+                    operand(b, v, kb[i - nc], 0)?
+                } else {
+                    operand(b, v, in_b[i], 1)?
+                });
+            }
+            let mut bdims: Vec<Option<usize>> = kb.iter().map(|&x| x.then_some(0)).collect();
+            bdims.extend(yb.iter().map(|&x| x.then_some(1)));
+            let r = RegionOp::Scan {
+                length,
+                reverse,
+                consts: nc,
+                carries: nk,
+                body: new,
+            };
+            return emit(b, r, &ops, bdims);
+        }
+    }
+
+    /// `while`: carries batched to a fixed point of the body. A batched predicate (lanes
+    /// that stop at different steps) makes every carry batched and becomes JAX's rule: run
+    /// while any lane's predicate holds, and keep each lane's old carries where its own does
+    /// not.
+    fn while_loop(
+        b: &mut Builder,
+        nc: usize,
+        cond: &Graph,
+        g: &Graph,
+        vals: &[Val],
+    ) -> Result<Vec<Val>> {
+        let in_b = is_b(vals);
+        let mut kb = in_b[nc..].to_vec();
+        loop {
+            let mut pb = in_b[..nc].to_vec();
+            pb.extend(&kb);
+            let (bb, outs) = body(b, g, &pb)?;
+            let mut changed = false;
+            for (k, o) in kb.iter_mut().zip(&outs) {
+                if o.1.is_some() && !*k {
+                    *k = true;
+                    changed = true;
+                }
+            }
+            if changed {
+                continue;
+            }
+            let (cb, couts) = body(b, cond, &pb)?;
+            let pred_b = couts[0].1.is_some();
+            if pred_b && !kb.iter().all(|&k| k) {
+                kb = vec![true; kb.len()];
+                continue;
+            }
+            let new_body = finish(bb, &outs, &kb)?;
+            let new_cond = finish(cb, &couts, &[pred_b])?;
+            let mut ops = Vec::with_capacity(vals.len());
+            for (i, &v) in vals.iter().enumerate() {
+                let batched = if i < nc { in_b[i] } else { kb[i - nc] };
+                ops.push(operand(b, v, batched, 0)?);
+            }
+            let bdims = kb.iter().map(|&x| x.then_some(0)).collect();
+            let (cond, body) = if pred_b {
+                (
+                    any_lane(b, &new_cond)?,
+                    select_lanes(b, &new_cond, &new_body, nc)?,
+                )
+            } else {
+                (new_cond, new_body)
+            };
+            let r = RegionOp::While {
+                consts: nc,
+                cond,
+                body,
+            };
+            return emit(b, r, &ops, bdims);
+        }
+    }
+
+    /// A graph over `like`'s parameters, for a new body.
+    fn over_params(b: &Builder, like: &Graph) -> (Graph, Vec<NodeId>) {
+        let mut g = Graph::new(like.name.clone());
+        g.mesh = b.g.mesh.clone();
+        let ps = like
+            .params()
+            .iter()
+            .map(|&p| g.add_param(like.ty(p).clone()))
+            .collect();
+        (g, ps)
+    }
+
+    fn rule_err(error: tessera_ir::TypeError) -> BatchError {
+        BatchError::Rule {
+            op: "while".into(),
+            error,
+        }
+    }
+
+    /// The condition `any(pred)` of a batched predicate `cond` (`bool[n]`).
+    fn any_lane(b: &Builder, cond: &Graph) -> Result<Graph> {
+        let (mut g, ps) = over_params(b, cond);
+        let p = g.inline(cond, &ps).map_err(rule_err)?[0];
+        let i = g.add(Op::Convert(DType::I32), &[p]).map_err(rule_err)?;
+        let m = g
+            .add(
+                Op::Reduce {
+                    kind: ReduceKind::Max,
+                    axes: vec![0],
+                },
+                &[i],
+            )
+            .map_err(rule_err)?;
+        let zero = g
+            .add(
+                Op::Constant(Literal::splat(&TensorType::scalar(DType::I32), 0.0)),
+                &[],
+            )
+            .map_err(rule_err)?;
+        let any = g
+            .add(Op::Compare(CompareOp::Gt), &[m, zero])
+            .map_err(rule_err)?;
+        g.set_outputs(vec![any]);
+        Ok(g)
+    }
+
+    /// The body that steps only the lanes whose predicate holds: `select(pred, body(c), c)`
+    /// for every carry `c` (all batched at dim 0).
+    fn select_lanes(b: &Builder, cond: &Graph, body: &Graph, nc: usize) -> Result<Graph> {
+        let (mut g, ps) = over_params(b, body);
+        let p = g.inline(cond, &ps).map_err(rule_err)?[0];
+        let new = g.inline(body, &ps).map_err(rule_err)?;
+        let mut outs = Vec::with_capacity(new.len());
+        for (&n, &old) in new.iter().zip(&ps[nc..]) {
+            let shape = g.ty(old).shape.clone();
+            let pb = g
+                .add(
+                    Op::BroadcastInDim {
+                        shape,
+                        dims: vec![0],
+                    },
+                    &[p],
+                )
+                .map_err(rule_err)?;
+            outs.push(g.add(Op::Select, &[pb, n, old]).map_err(rule_err)?);
+        }
+        g.set_outputs(outs);
+        Ok(g)
+    }
+
+    /// `case`: with an unbatched index, a `case` of the batched branches (an output batched in
+    /// one branch batched in all). With a batched index (each lane its own branch), JAX's rule:
+    /// every branch runs on the whole batch and each lane selects its branch's result by its
+    /// index, clamped as `case` clamps it.
+    fn case(b: &mut Builder, branches: &[Graph], vals: &[Val]) -> Result<Vec<Val>> {
+        let (idx, args) = (vals[0], &vals[1..]);
+        let ab = is_b(args);
+        let batched: Vec<(Builder, Vec<Val>)> = branches
+            .iter()
+            .map(|g| body(b, g, &ab))
+            .collect::<Result<_>>()?;
+        let n_out = branches[0].outputs().len();
+        let out_b: Vec<bool> = (0..n_out)
+            .map(|o| idx.1.is_some() || batched.iter().any(|(_, outs)| outs[o].1.is_some()))
+            .collect();
+        let mut new = Vec::with_capacity(branches.len());
+        for (bb, outs) in batched {
+            new.push(finish(bb, &outs, &out_b)?);
+        }
+        let ops = args
+            .iter()
+            .map(|&v| operand(b, v, v.1.is_some(), 0))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(ib) = idx.1 else {
+            let mut all = vec![idx.0];
+            all.extend(ops);
+            let bdims = out_b.iter().map(|&x| x.then_some(0)).collect();
+            return emit(b, RegionOp::Case { branches: new }, &all, bdims);
+        };
+        debug_assert_eq!(ib, 0, "a batched scalar has its batch dim first");
+        let n = b.size;
+        let lanes = TensorType::new(DType::I32, vec![n]);
+        let top = b.full(&lanes, (new.len() - 1) as f64)?;
+        let zero = b.full(&lanes, 0.0)?;
+        let i = b.add(Op::Binary(BinaryOp::Min), &[idx.0, top])?;
+        let i = b.add(Op::Binary(BinaryOp::Max), &[i, zero])?;
+        let mut results: Vec<Vec<NodeId>> = Vec::with_capacity(new.len());
+        for g in &new {
+            let r = b.g.inline(g, &ops).map_err(|error| BatchError::Rule {
+                op: "case".into(),
+                error,
+            })?;
+            results.push(r);
+        }
+        let mut out = Vec::with_capacity(n_out);
+        for o in 0..n_out {
+            let mut r = results[0][o];
+            for (k, res) in results.iter().enumerate().skip(1) {
+                let kk = b.full(&lanes, k as f64)?;
+                let is_k = b.add(Op::Compare(CompareOp::Eq), &[i, kk])?;
+                let shape: Shape = b.ty(r).shape;
+                let p = b.add(
+                    Op::BroadcastInDim {
+                        shape,
+                        dims: vec![0],
+                    },
+                    &[is_k],
+                )?;
+                r = b.add(Op::Select, &[p, res[o], r])?;
+            }
+            out.push((r, Some(0)));
+        }
+        Ok(out)
+    }
+
+    /// `custom_vjp`: `fwd` batched as its arguments are; `bwd` with its residuals batched as
+    /// `fwd` returns them and each cotangent as its primal output. An argument whose cotangent
+    /// `bwd` makes batched is batched from the start, to a fixed point.
+    fn custom_vjp(
+        b: &mut Builder,
+        primals: usize,
+        fwd: &Graph,
+        bwd: &Graph,
+        vals: &[Val],
+    ) -> Result<Vec<Val>> {
+        let mut ab = is_b(vals);
+        loop {
+            let (fb, fouts) = body(b, fwd, &ab)?;
+            let fo_b = is_b(&fouts);
+            let mut bw_in = fo_b[primals..].to_vec();
+            bw_in.extend(&fo_b[..primals]);
+            let (bb, bouts) = body(b, bwd, &bw_in)?;
+            let mut changed = false;
+            for (a, o) in ab.iter_mut().zip(&bouts) {
+                if o.1.is_some() && !*a {
+                    *a = true;
+                    changed = true;
+                }
+            }
+            if changed {
+                continue;
+            }
+            let new_fwd = finish(fb, &fouts, &fo_b)?;
+            let new_bwd = finish(bb, &bouts, &ab)?;
+            let ops = vals
+                .iter()
+                .zip(&ab)
+                .map(|(&v, &x)| operand(b, v, x, 0))
+                .collect::<Result<Vec<_>>>()?;
+            let bdims = fo_b.iter().map(|&x| x.then_some(0)).collect();
+            let r = RegionOp::CustomVjp {
+                primals,
+                fwd: new_fwd,
+                bwd: new_bwd,
+            };
+            return emit(b, r, &ops, bdims);
+        }
     }
 }
 

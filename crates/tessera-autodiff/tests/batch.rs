@@ -267,3 +267,236 @@ fn text_cases() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Every region op: a scan whose carry becomes batched through its body (the fixed point), a
+/// while whose predicate is batched when its carry is (JAX's select rule) or not, a case on a
+/// batched or unbatched index (clamped), a checkpoint, a custom_vjp and a stop_gradient.
+const REGIONS: &str = r#"func @regions(%0: f32[4], %1: f32[3,4], %2: i32[], %3: f32[]) {
+  %4 = scan %3, %0, %1 length=3 consts=1 carries=1 : (f32[4], f32[3,4])
+    body(%0: f32[], %1: f32[4], %2: f32[4]) {
+      %3 = add %1, %2 : f32[4]
+      %4 = broadcast_in_dim %0 dims=[] : f32[4]
+      %5 = mul %3, %4 : f32[4]
+      %6 = tanh %5 : f32[4]
+      return %6, %3
+    }
+  %5 = get_result %4 index=0 : f32[4]
+  %6 = get_result %4 index=1 : f32[3,4]
+  %7 = while %5 consts=0 : (f32[4])
+    cond(%0: f32[4]) {
+      %1 = abs %0 : f32[4]
+      %2 = reduce_sum %1 axes=[0] : f32[]
+      %3 = constant 6.0 : f32[]
+      %4 = lt %2, %3 : bool[]
+      return %4
+    }
+    body(%0: f32[4]) {
+      %1 = constant 0.5 : f32[]
+      %2 = broadcast_in_dim %1 dims=[] : f32[4]
+      %3 = add %0, %2 : f32[4]
+      %4 = add %0, %3 : f32[4]
+      return %4
+    }
+  %8 = get_result %7 index=0 : f32[4]
+  %9 = case %2, %8, %0 : (f32[4])
+    branch(%0: f32[4], %1: f32[4]) {
+      %2 = neg %0 : f32[4]
+      return %2
+    }
+    branch(%0: f32[4], %1: f32[4]) {
+      return %0
+    }
+    branch(%0: f32[4], %1: f32[4]) {
+      %2 = mul %0, %1 : f32[4]
+      return %2
+    }
+  %10 = get_result %9 index=0 : f32[4]
+  %11 = checkpoint %10 : (f32[4])
+    body(%0: f32[4]) {
+      %1 = sin %0 : f32[4]
+      return %1
+    }
+  %12 = get_result %11 index=0 : f32[4]
+  %13 = custom_vjp %12 primals=1 : (f32[4], f32[4])
+    fwd(%0: f32[4]) {
+      %1 = exp %0 : f32[4]
+      return %1, %1
+    }
+    bwd(%0: f32[4], %1: f32[4]) {
+      %2 = mul %0, %1 : f32[4]
+      return %2
+    }
+  %14 = get_result %13 index=0 : f32[4]
+  %15 = stop_gradient %14 : f32[4]
+  return %15, %6
+}
+"#;
+
+/// A while whose predicate depends only on an unbatched counter: the loop stays one loop.
+const COUNTED_WHILE: &str = r#"func @counted(%0: i32[], %1: f32[4]) {
+  %2 = while %0, %1 consts=0 : (i32[], f32[4])
+    cond(%0: i32[], %1: f32[4]) {
+      %2 = constant 3 : i32[]
+      %3 = lt %0, %2 : bool[]
+      return %3
+    }
+    body(%0: i32[], %1: f32[4]) {
+      %2 = constant 1 : i32[]
+      %3 = add %0, %2 : i32[]
+      %4 = sin %1 : f32[4]
+      %5 = add %1, %4 : f32[4]
+      return %3, %5
+    }
+  %3 = get_result %2 index=1 : f32[4]
+  %4 = get_result %2 index=0 : i32[]
+  return %3, %4
+}
+"#;
+
+/// Random inputs for `g`'s parameters: floats in (-2, 2), i32 indices in -1..4 (so a case
+/// clamps on both sides).
+fn inputs_for(g: &tessera_ir::Graph, rng: &mut Lcg) -> Vec<Literal> {
+    g.params()
+        .iter()
+        .map(|&p| {
+            let ty = g.ty(p).clone();
+            let n = ty.numel();
+            let data = match ty.dtype {
+                tessera_ir::DType::I32 => Data::I32(
+                    (0..n)
+                        .map(|_| rng.range(-1.0, 4.0).floor() as i32)
+                        .collect(),
+                ),
+                tessera_ir::DType::F32 => {
+                    Data::F32((0..n).map(|_| rng.range(-2.0, 2.0) as f32).collect())
+                }
+                other => panic!("no inputs of {other} in these tests"),
+            };
+            Literal { ty, data }
+        })
+        .collect()
+}
+
+/// `g` batched along every in_axes combination equals the loop over its examples.
+fn check_against_loop(g: &tessera_ir::Graph, size: usize) -> usize {
+    let mut rng = Lcg(7);
+    let ranks: Vec<usize> = g.params().iter().map(|&p| g.ty(p).rank()).collect();
+    let mut cases = 0;
+    for in_axes in axis_choices(&ranks, usize::MAX) {
+        let examples: Vec<Vec<Literal>> = (0..size).map(|_| inputs_for(g, &mut rng)).collect();
+        let inputs: Vec<Literal> = in_axes
+            .iter()
+            .enumerate()
+            .map(|(p, a)| match a {
+                Some(a) => stack(
+                    &examples.iter().map(|e| e[p].clone()).collect::<Vec<_>>(),
+                    *a,
+                ),
+                None => examples[0][p].clone(),
+            })
+            .collect();
+        let out_axes: Vec<Option<usize>> = g.outputs().iter().map(|_| Some(0)).collect();
+        let bg = batch(g, &in_axes, size, None, &out_axes)
+            .unwrap_or_else(|e| panic!("{in_axes:?}: {e}"));
+        let got = run(&bg, &inputs).unwrap_or_else(|e| panic!("{in_axes:?}: {e}\n{}", print(&bg)));
+        for i in 0..size {
+            let per: Vec<Literal> = in_axes
+                .iter()
+                .zip(&inputs)
+                .map(|(a, x)| match a {
+                    Some(a) => lane(x, *a, i),
+                    None => x.clone(),
+                })
+                .collect();
+            let want = run(g, &per).unwrap();
+            for (o, w) in want.iter().enumerate() {
+                let l = lane(&got[o], 0, i);
+                assert!(
+                    same(&l, w),
+                    "in_axes {in_axes:?}, output {o}, example {i}:\n{}\ngot {:?}\nwant {:?}",
+                    print(&bg),
+                    l.to_f64_vec(),
+                    w.to_f64_vec()
+                );
+            }
+        }
+        cases += 1;
+    }
+    cases
+}
+
+#[test]
+fn region_ops_batched_equal_the_loop() {
+    let g = parse(REGIONS).unwrap();
+    assert_eq!(check_against_loop(&g, 3), 48);
+    let g = parse(COUNTED_WHILE).unwrap();
+    assert_eq!(check_against_loop(&g, 3), 6);
+}
+
+#[test]
+fn region_structure() {
+    let g = parse(COUNTED_WHILE).unwrap();
+    // The counter stays unbatched: the loop is one loop over a batched carry.
+    let bg = batch(&g, &[None, Some(0)], 5, None, &[Some(0), None]).unwrap();
+    let text = print(&bg);
+    assert!(
+        text.contains("while %0, %1 consts=0 : (i32[], f32[5,4])"),
+        "{text}"
+    );
+    assert!(!text.contains("reduce_max"), "{text}");
+    // A batched carry that decides the predicate: any lane's predicate runs the loop.
+    let g = parse(REGIONS).unwrap();
+    let bg = batch(
+        &g,
+        &[Some(0), None, None, None],
+        5,
+        None,
+        &[Some(0), Some(0)],
+    )
+    .unwrap();
+    let text = print(&bg);
+    assert!(
+        text.contains("reduce_max") && text.contains("select"),
+        "{text}"
+    );
+    // The scan's carry is batched from the start when only its xs are (the fixed point).
+    let bg = batch(
+        &g,
+        &[None, Some(0), None, None],
+        5,
+        None,
+        &[Some(0), Some(0)],
+    )
+    .unwrap();
+    let text = print(&bg);
+    assert!(
+        text.contains("body(%0: f32[], %1: f32[5,4], %2: f32[5,4])"),
+        "{text}"
+    );
+}
+
+/// `axis_index` over the mapped axis inside a scan body whose operands are all unbatched: the
+/// body still becomes batched (each lane adds its own index per step).
+#[test]
+fn mapped_collectives_inside_a_body() {
+    let g = parse(
+        r#"mesh @vmap = <"b"=4>
+func @f(%0: f32[]) {
+  %1 = scan %0 length=3 consts=0 carries=1 : (f32[])
+    body(%0: f32[]) {
+      %1 = axis_index axes=["b"] : i32[]
+      %2 = convert %1 : f32[]
+      %3 = add %0, %2 : f32[]
+      return %3
+    }
+  %2 = get_result %1 index=0 : f32[]
+  return %2
+}
+"#,
+    )
+    .unwrap();
+    let bg = batch(&g, &[None], 4, Some("b"), &[Some(0)]).unwrap();
+    assert!(bg.mesh.is_none(), "{}", print(&bg));
+    let out = run(&bg, &[Literal::scalar_f32(1.0)]).unwrap();
+    assert_eq!(out[0].to_f64_vec(), vec![1.0, 4.0, 7.0, 10.0]);
+}
