@@ -462,3 +462,47 @@ fn bad_axes_are_errors_at_the_callers_line() {
     let msg = msg.downcast_ref::<String>().unwrap();
     assert!(msg.contains("in_axes maps dim 5"), "{msg}");
 }
+
+/// `pmap` with `in_axes`/`out_axes`: an input every device gets whole, one mapped along dim 1,
+/// an output stacked along dim 1 and one returned once.
+#[test]
+fn pmap_in_axes_and_out_axes() {
+    eight_devices();
+    let (w, x) = (det(&[3], 13.0), det(&[3, 4], 14.0));
+    let f = pmap("d", |(w, x): (Tensor, Tensor)| {
+        let y = &x * &w;
+        (&y + axis_index("d").astype(DType::F32), psum(&y, "d"))
+    })
+    .in_axes(axes![None, 1])
+    .out_axes(axes![1, None]);
+    let (a, s) = f.call((w.clone(), x.clone())).unwrap();
+    let cols: Vec<Tensor> = (0..4).map(|j| &row(&x, 1, j) * &w + (j as f32)).collect();
+    same(&a, &stack(&cols, 1), "mapped output along dim 1");
+    close(
+        &s,
+        &(&x * &w.broadcast_in_dim([3, 4], &[0])).sum_axes(&[1]),
+        1,
+        "unmapped psum",
+    );
+    // The same as vmap with the axis named.
+    let v = vmap(|(w, x): &(Tensor, Tensor)| {
+        let y = x * w;
+        (&y + axis_index("d").astype(DType::F32), psum(&y, "d"))
+    })
+    .in_axes(axes![None, 1])
+    .out_axes(axes![1, None])
+    .axis_name("d")
+    .call(&(w.clone(), x.clone()));
+    same(&v.0, &a, "vmap = pmap");
+    close(&v.1, &s, 1, "vmap = pmap psum");
+    // An unmapped output that differs between devices is an error, not device 0's value.
+    let bad = pmap("d", |x: Tensor| x * 2.0).in_axes(1).out_axes(None);
+    let e = bad.call(x.clone()).unwrap_err().to_string();
+    assert!(e.contains("out_axes is None for output 0"), "{e}");
+    let e = pmap("d", |x: Tensor| x)
+        .in_axes(2)
+        .call(x)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("has no dim 2 to map"), "{e}");
+}
