@@ -220,22 +220,23 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         for (i, (t, a)) in leaves.iter().zip(&spec).enumerate() {
             let Some(a) = *a else { continue };
             let Some(&n) = t.shape().get(a) else {
-                return Err(fail(format!(
-                    "input {} ({}) has no dim {a} to map",
-                    paths[i],
-                    t.ty()
-                )));
+                let what = if a == 0 {
+                    "no leading axis".to_string()
+                } else {
+                    format!("no dim {a}")
+                };
+                return Err(fail(format!("input {i} ({}) has {what} to map", t.ty())));
             };
             match size {
                 None => size = Some((n, i)),
                 Some((m, j)) if m != n => {
                     return Err(fail(format!(
-                        "input {} ({}) has size {n} along its mapped dim {a}, input {} ({}) \
-                         has {m}",
-                        paths[i],
+                        "input {i} ({}) does not have the leading size {m} of input {j} ({}) \
+                         along its mapped dim {a} (input paths {} and {})",
                         t.ty(),
-                        paths[j],
-                        leaves[j].ty()
+                        leaves[j].ty(),
+                        paths[i],
+                        paths[j]
                     )));
                 }
                 Some(_) => {}
