@@ -506,3 +506,30 @@ fn pmap_in_axes_and_out_axes() {
         .to_string();
     assert!(e.contains("has no dim 2 to map"), "{e}");
 }
+
+/// The random ops are composites of primitives (threefry on u32 words), so a vmap over keys
+/// draws exactly what the loop over the keys draws (which is JAX's, `tests/prng.rs`).
+#[test]
+fn vmap_over_keys_draws_what_the_loop_draws() {
+    eight_devices();
+    let keys = Key::new(3).split_n(5);
+    let words = stack(
+        &keys.iter().map(|k| k.data().clone()).collect::<Vec<_>>(),
+        0,
+    );
+    let draw = |k: &Key| {
+        (
+            random::normal(k, [3]),
+            random::uniform(&k.fold_in(7), [2, 2], -1.0, 2.0),
+        )
+    };
+    let got = vmap(draw).call(&Key(words.clone()));
+    let loop_n = stack(&keys.iter().map(|k| draw(k).0).collect::<Vec<_>>(), 0);
+    let loop_u = stack(&keys.iter().map(|k| draw(k).1).collect::<Vec<_>>(), 0);
+    same(&got.0, &loop_n, "normal");
+    same(&got.1, &loop_u, "uniform");
+    let j = jit(|w: Tensor| vmap(draw).call(&Key(w)));
+    let gj = j.call(words).unwrap();
+    same(&gj.0, &loop_n, "jit normal");
+    same(&gj.1, &loop_u, "jit uniform");
+}
