@@ -533,3 +533,53 @@ fn vmap_over_keys_draws_what_the_loop_draws() {
     same(&gj.0, &loop_n, "jit normal");
     same(&gj.1, &loop_u, "jit uniform");
 }
+
+/// Per-example gradients at batch 256, vmapped against the Rust loop inside one `jit` (the
+/// issue's numbers: the loop's first call grows with the batch). Prints both first calls and
+/// steps; run with `cargo test -p tessera --test vmap -- --ignored --nocapture timing`.
+#[test]
+#[ignore]
+fn timing_per_example_grads_at_batch_256() {
+    eight_devices();
+    let p = mlp();
+    let (x, y) = (det(&[256, 4], 5.0), det(&[256, 1], 6.0));
+    let args = (p, x, y);
+    let looped = |(p, x, y): (Mlp, Tensor, Tensor)| {
+        let gs: Vec<Tensor> = (0..256)
+            .map(|i| {
+                let (xi, yi) = (row(&x, 0, i), row(&y, 0, i));
+                grad(|p: &Mlp| loss(p, &xi, &yi))(&p).w1
+            })
+            .collect();
+        stack(&gs, 0)
+    };
+    let vmapped = |a: (Mlp, Tensor, Tensor)| per_example_grads(&a).w1;
+    let time = |f: &dyn Fn() -> Tensor| {
+        let t = std::time::Instant::now();
+        let out = f();
+        (out, t.elapsed().as_secs_f64() * 1e3)
+    };
+    let (jl, jv) = (jit(looped), jit(vmapped));
+    let (l, l_first) = time(&|| jl.call(args.clone()).unwrap());
+    let (v, v_first) = time(&|| jv.call(args.clone()).unwrap());
+    close(&v, &l, 4, "vmap vs loop");
+    let steps = 20;
+    let (_, l_step) = time(&|| {
+        (0..steps)
+            .map(|_| jl.call(args.clone()).unwrap())
+            .last()
+            .unwrap()
+    });
+    let (_, v_step) = time(&|| {
+        (0..steps)
+            .map(|_| jv.call(args.clone()).unwrap())
+            .last()
+            .unwrap()
+    });
+    println!(
+        "batch 256 per-example grads: first call loop {l_first:.1} ms, vmap {v_first:.1} ms; \
+         step loop {:.3} ms, vmap {:.3} ms",
+        l_step / steps as f64,
+        v_step / steps as f64
+    );
+}
