@@ -583,3 +583,66 @@ fn timing_per_example_grads_at_batch_256() {
         v_step / steps as f64
     );
 }
+
+/// Nested vmaps with two axis names: the inner pass leaves the collective over the outer name
+/// as a collective (its dims shifted), which the outer pass then maps. A psum of a value that
+/// does not depend on the batch is the value times the batch size (JAX's rule).
+#[test]
+fn nested_axis_names() {
+    eight_devices();
+    let x = det(&[3, 4], 15.0) + 2.0;
+    let inner = |r: &Tensor| {
+        vmap(|v: &Tensor| v / psum(v, "i") + psum(v, "j") + psum(&v.scalar_like(1.0), "j"))
+            .axis_name("j")
+            .call(r)
+    };
+    let got = vmap(inner).axis_name("i").call(&x);
+    let want = &x / x.sum_axes(&[0]).broadcast_in_dim([3, 4], &[1])
+        + x.sum_axes(&[1]).broadcast_in_dim([3, 4], &[0])
+        + 4.0;
+    close(&got, &want, 1, "nested names");
+    let j = jit(|x: Tensor| vmap(inner).axis_name("i").call(&x));
+    close(&j.call(x.clone()).unwrap(), &want, 2, "jit nested names");
+    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        vmap(|r: &Tensor| vmap(|v: &Tensor| psum(v, "i")).axis_name("i").call(r))
+            .axis_name("i")
+            .call(&x)
+    }))
+    .unwrap_err();
+    let e = e.downcast_ref::<String>().unwrap();
+    assert!(e.contains("axis_name \"i\" is already an axis"), "{e}");
+}
+
+/// Inside pmap, a collective over the devices' axis in a vmapped function stays a collective
+/// over the devices, its dims shifted past the batch dim: the same values as the collective on
+/// the hand-batched value.
+#[test]
+fn mesh_collectives_inside_vmap_inside_pmap() {
+    eight_devices();
+    let x = det(&[4, 3, 4], 16.0);
+    let per_row = |r: &Tensor| {
+        (
+            psum(r, "d"),
+            all_gather(r, "d"),
+            psum_scatter(r, "d", 0),
+            all_to_all(&r.reshape([4, 1]), "d", 0, 1),
+        )
+    };
+    let got = pmap("d", |x: Tensor| vmap(per_row).call(&x))
+        .call(x.clone())
+        .unwrap();
+    let want = pmap("d", |x: Tensor| {
+        (
+            psum(&x, "d"),
+            all_gather(&x, "d").transpose(&[1, 0, 2]),
+            psum_scatter(&x, "d", 1),
+            all_to_all(&x.reshape([3, 4, 1]), "d", 1, 2),
+        )
+    })
+    .call(x)
+    .unwrap();
+    same(&got.0, &want.0, "psum");
+    same(&got.1, &want.1, "all_gather");
+    same(&got.2, &want.2, "psum_scatter");
+    same(&got.3, &want.3, "all_to_all");
+}
