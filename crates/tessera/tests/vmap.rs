@@ -404,6 +404,40 @@ fn jax_fixtures() {
         .out_axes(1)
         .call(&values(&o1["x"]));
     close(&got, &values(&o1["out"]), 8, "jax out_axes=1");
+
+    // Control flow under vmap: scan (and its gradient), while_loop, cond.
+    let c = &fx["control"];
+    let (w, h0, xs, x) = (
+        values(&c["w"]),
+        values(&c["h0"]),
+        values(&c["xs"]),
+        values(&c["x"]),
+    );
+    same(&xs, &det(&[4, 5, 3], 19.0), "make.py's det");
+    let s = vmap(|s: &Tensor| rnn(&w, &h0, s)).call(&xs);
+    close(&s, &values(&c["scan"]), 8, "jax vmap of scan");
+    let gs = vmap(|s: &Tensor| grad(|w: &Tensor| rnn(w, &h0, s))(&w)).call(&xs);
+    close(&gs, &values(&c["grad_scan"]), 8, "jax vmap of grad of scan");
+    let trips = vmap(|v: &Tensor| {
+        while_loop(
+            |c: &(Tensor, Tensor)| c.0.sum().lt(&c.0.scalar_like(8.0)),
+            |c: &(Tensor, Tensor)| (c.0.abs() * 1.5 + 0.25, &c.1 + 1.0),
+            &(v.clone(), Tensor::scalar(0.0f32)),
+        )
+        .1
+    })
+    .call(&x);
+    same(&trips, &values(&c["while_loop"]), "jax vmap of while_loop");
+    let br = vmap(|v: &Tensor| {
+        cond(
+            &v.sum().gt(&v.scalar_like(0.0)),
+            |v: &Tensor| v.exp(),
+            |v: &Tensor| v.sin() * 2.0,
+            v,
+        )
+    })
+    .call(&x);
+    close(&br, &values(&c["cond"]), 8, "jax vmap of cond");
 }
 
 /// The message of the error a jitted vmap returns.
