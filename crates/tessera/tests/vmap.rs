@@ -817,3 +817,27 @@ fn control_flow_under_vmap_equals_the_loop() {
         }
     }
 }
+
+/// A sharding constraint inside a vmapped function under a sharded jit: the batch dim is left
+/// open (`{?}`, JAX's unconstrained dim), and the values are the loop's. (Propagation closes
+/// every dim of a constraint today, open ones too, so this program still gathers the batch
+/// after the constraint; see docs/notes-vmap.md.)
+#[test]
+fn sharding_constraints_leave_the_batch_dim_to_propagation() {
+    eight_devices();
+    let mesh = Mesh::new([8], ["dp"]);
+    let x = det(&[16, 6], 21.0);
+    let whole = NamedSharding::new(&mesh, P![]);
+    let f =
+        |x: Tensor| vmap(|r: &Tensor| with_sharding_constraint(&r.tanh(), &whole) * 2.0).call(&x);
+    let xs = device_put(x.clone(), &NamedSharding::new(&mesh, P!["dp"]));
+    let j = jit(f);
+    let got = j.call(xs.clone()).unwrap();
+    close(&got, &loop_over(&x, |r| r.tanh() * 2.0), 1, "values");
+    let ir = j.lower(&xs).unwrap().ir();
+    assert!(ir.contains("sharding_constraint"), "{ir}");
+    assert!(
+        ir.contains("sharding=<@mesh, [{?}, {}]>"),
+        "the batch dim is open:\n{ir}"
+    );
+}
