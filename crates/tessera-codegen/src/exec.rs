@@ -404,6 +404,38 @@ impl Executable {
         s
     }
 
+    /// The most bytes of temporaries the executable holds at once: its arena, and while a
+    /// region step runs, that region's bodies' (their own peaks; a body's arena is given back
+    /// when its region step ends) and its carries' two scratch buffers. Program inputs and
+    /// outputs are not counted (the caller holds them).
+    pub fn peak_bytes(&self) -> usize {
+        let bufs = &self.schedule.bufs;
+        let mut during = 0usize;
+        for (i, step) in self.schedule.steps.iter().enumerate() {
+            let StepKind::Region(r) = &step.kind else {
+                continue;
+            };
+            let bodies: usize = self.regions[i].iter().map(Executable::peak_bytes).sum();
+            let carries = r.op.carries(step.inputs.len());
+            let scratch: usize = r.results[..carries]
+                .iter()
+                .map(|&b| 2 * bufs[b].ty.byte_size().next_multiple_of(8))
+                .sum();
+            during = during.max(bodies.saturating_add(scratch));
+        }
+        self.plan.arena_bytes.saturating_add(during)
+    }
+
+    /// Gives back the arena (and the bodies' arenas): the next run allocates it again.
+    fn release(&self) {
+        *self.arena.borrow_mut() = Vec::new();
+        for bodies in &self.regions {
+            for b in bodies {
+                b.release();
+            }
+        }
+    }
+
     /// The number of fused kernels.
     pub fn kernel_count(&self) -> usize {
         self.kernels.iter().flatten().count()
@@ -880,6 +912,10 @@ impl Executable {
                 // SAFETY: as for a case's branch.
                 unsafe { bodies[0].run_at(&ins, &outs, collectives)? };
             }
+        }
+        // A body's temporaries live only while its region runs (what `checkpoint` saves).
+        for b in bodies {
+            b.release();
         }
         Ok(())
     }
