@@ -31,6 +31,7 @@ mod spmd;
 pub mod tensor;
 mod trace;
 pub mod tree;
+pub mod vmap;
 
 pub use control::{
     checkpoint, cond, custom_vjp, fori_loop, scan, stop_gradient, switch, while_loop,
@@ -50,6 +51,7 @@ pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
 pub use tessera_ir::{DType, DotDims};
 pub use tessera_runtime::{device_count, shared_gemm_count};
+pub use vmap::{Axes, Vmapped, vmap};
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
@@ -70,5 +72,9 @@ pub mod prelude {
         value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp, while_loop,
     };
     pub use crate::{P, device_count};
+    pub use crate::{
+        axes,
+        vmap::{Axes, Vmapped, vmap},
+    };
     pub use tessera_derive::Tree;
 }
