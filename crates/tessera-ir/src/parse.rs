@@ -670,6 +670,7 @@ impl Parser {
                 self.expect(',')?;
             }
         }
+        let sharding = self.optional_sharding()?;
         let loc = self.location();
         let mut bodies = Vec::new();
         for label in labels {
@@ -708,6 +709,7 @@ impl Parser {
             ));
         }
         g.node_mut(id).loc = loc;
+        g.node_mut(id).sharding = sharding;
         names.insert(v, id);
         Ok(())
     }
