@@ -646,7 +646,7 @@ impl Parser {
     }
 
     /// The rest of a region op's statement after its `:`: the result types in parentheses, the
-    /// location, then its regions.
+    /// node's sharding (as the printer writes it), the location, then its regions.
     #[allow(clippy::too_many_arguments)]
     fn region_statement(
         &mut self,
@@ -708,8 +708,9 @@ impl Parser {
                 ),
             ));
         }
-        g.node_mut(id).loc = loc;
-        g.node_mut(id).sharding = sharding;
+        let node = g.node_mut(id);
+        node.sharding = sharding;
+        node.loc = loc;
         names.insert(v, id);
         Ok(())
     }
