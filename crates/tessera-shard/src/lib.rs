@@ -15,6 +15,7 @@ pub mod factors;
 pub mod insert_collectives;
 pub mod partition;
 pub mod propagate;
+mod region;
 pub mod spec;
 
 pub use combine::combine_all_reduces;
