@@ -31,6 +31,7 @@ const OP_ENUMS: &[&str] = &[
     "ReduceKind",
     "CollectiveOp",
     "OpClass",
+    "RegionOp",
 ];
 
 /// The escape hatch, up to its reason and closing parenthesis.

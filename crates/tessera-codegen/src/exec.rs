@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use tessera_interp::InterpError;
-use tessera_ir::{CollectiveOp, DType, Data, Literal, Mesh, Op, TensorType};
+use tessera_ir::{CollectiveOp, DType, Data, Literal, Mesh, Op, RegionOp, TensorType};
 use tessera_transport::values::{data_ptr, literal_from_raw};
 use tessera_transport::{Collectives, GemmCall, GemmPart, Group};
 
@@ -404,6 +404,38 @@ impl Executable {
         s
     }
 
+    /// The most bytes of temporaries the executable holds at once: its arena, and while a
+    /// region step runs, that region's bodies' (their own peaks; a body's arena is given back
+    /// when its region step ends) and its carries' two scratch buffers. Program inputs and
+    /// outputs are not counted (the caller holds them).
+    pub fn peak_bytes(&self) -> usize {
+        let bufs = &self.schedule.bufs;
+        let mut during = 0usize;
+        for (i, step) in self.schedule.steps.iter().enumerate() {
+            let StepKind::Region(r) = &step.kind else {
+                continue;
+            };
+            let bodies: usize = self.regions[i].iter().map(Executable::peak_bytes).sum();
+            let carries = r.op.carries(step.inputs.len());
+            let scratch: usize = r.results[..carries]
+                .iter()
+                .map(|&b| 2 * bufs[b].ty.byte_size().next_multiple_of(8))
+                .sum();
+            during = during.max(bodies.saturating_add(scratch));
+        }
+        self.plan.arena_bytes.saturating_add(during)
+    }
+
+    /// Gives back the arena (and the bodies' arenas): the next run allocates it again.
+    fn release(&self) {
+        *self.arena.borrow_mut() = Vec::new();
+        for bodies in &self.regions {
+            for b in bodies {
+                b.release();
+            }
+        }
+    }
+
     /// The number of fused kernels.
     pub fn kernel_count(&self) -> usize {
         self.kernels.iter().flatten().count()
@@ -431,6 +463,16 @@ impl Executable {
     ) -> Result<Vec<Option<Literal>>, InterpError> {
         let mut arena = self.arena.borrow_mut();
         let mut bound = self.bind(&mut arena, inputs)?;
+        self.run_steps(&mut bound.ptrs, collectives)?;
+        Ok(self.collect(bound))
+    }
+
+    /// Runs every step that is not skipped on the bound buffers `ptrs`.
+    fn run_steps(
+        &self,
+        ptrs: &mut [*mut u8],
+        collectives: &dyn Collectives,
+    ) -> Result<(), InterpError> {
         let mut args: Vec<*mut u8> = Vec::new();
         // The all-reduce step a shared product did along with its GEMM.
         let mut fused = None;
@@ -439,15 +481,71 @@ impl Executable {
                 continue;
             }
             match &step.kind {
-                StepKind::Kernel(k) => self.run_kernel(i, k, &bound.ptrs, &mut args),
-                StepKind::Gemm(g) => fused = self.run_gemm(i, g, &mut bound.ptrs, collectives)?,
-                StepKind::Collective(op) => {
-                    self.run_collective(step, op, &bound.ptrs, collectives)?
-                }
-                StepKind::Region(r) => self.run_region(i, r, &bound.ptrs, collectives)?,
+                StepKind::Kernel(k) => self.run_kernel(i, k, ptrs, &mut args),
+                StepKind::Gemm(g) => fused = self.run_gemm(i, g, ptrs, collectives)?,
+                StepKind::Collective(op) => self.run_collective(step, op, ptrs, collectives)?,
+                StepKind::Region(r) => self.run_region(i, r, ptrs, collectives)?,
             }
         }
-        Ok(self.collect(bound))
+        Ok(())
+    }
+
+    /// Runs the program with its inputs read from, and its outputs written to, the given
+    /// addresses (no literal is made): how a region runs its compiled body once per iteration.
+    /// An output buffer of the program is the caller's memory itself; an output that is an
+    /// input, a constant, or returned twice is copied there at the end.
+    ///
+    /// # Safety
+    /// `inputs[k]` must point to a value of input `k`'s type that stays readable and unchanged
+    /// until this returns; `outputs[k]` to room for a value of output `k`'s type, writable, and
+    /// overlapping no input and no other output.
+    unsafe fn run_at(
+        &self,
+        inputs: &[*const u8],
+        outputs: &[*mut u8],
+        collectives: &dyn Collectives,
+    ) -> Result<(), InterpError> {
+        let mut arena = self.arena.borrow_mut();
+        let words = self.plan.arena_bytes.div_ceil(8);
+        if arena.len() < words {
+            let more = words - arena.len();
+            arena.try_reserve_exact(more).map_err(|_| InterpError::Op {
+                op: "allocate".into(),
+                message: format!(
+                    "cannot allocate the {} bytes of temporaries a region body needs",
+                    self.plan.arena_bytes
+                ),
+            })?;
+            arena.resize(words, 0);
+        }
+        let base = arena.as_mut_ptr() as *mut u8;
+        let bufs = &self.schedule.bufs;
+        let outs = &self.schedule.outputs;
+        let mut ptrs: Vec<*mut u8> = Vec::with_capacity(bufs.len());
+        for (i, b) in bufs.iter().enumerate() {
+            ptrs.push(match &b.kind {
+                // Kernels only read input buffers, so handing out `*mut` is sound.
+                BufKind::Input(k) => inputs[*k] as *mut u8,
+                BufKind::Constant(lit) => data_ptr(&lit.data) as *mut u8,
+                BufKind::Temp => match outs.iter().position(|&o| o == i) {
+                    Some(k) => outputs[k],
+                    // SAFETY: the plan places every temporary inside the arena, which holds
+                    // `arena_bytes` bytes.
+                    None => unsafe { base.add(self.plan.offsets[i]) },
+                },
+            });
+        }
+        self.run_steps(&mut ptrs, collectives)?;
+        for (k, &b) in outs.iter().enumerate() {
+            let n = bufs[b].ty.byte_size();
+            if ptrs[b] != outputs[k] && n > 0 {
+                // SAFETY: buffer `b` holds a value of output `k`'s type (its step ran, or it is
+                // an input or constant), and `outputs[k]` has room for one that overlaps no
+                // input (the caller's contract) and no other output.
+                unsafe { std::ptr::copy_nonoverlapping(ptrs[b], outputs[k], n) };
+            }
+        }
+        Ok(())
     }
 
     /// Sizes the arena and gives every buffer its address: an input's or constant's own
@@ -675,8 +773,10 @@ impl Executable {
         Ok(())
     }
 
-    /// Runs step `i`, the region `r`: its control flow on copies of its operands, each body
-    /// by its compiled executable; the results are copied into their buffers.
+    /// Runs step `i`, the region `r`: its control flow over its compiled bodies, each run in
+    /// place on the step's buffers (`run_at`). A loop's carries alternate between two scratch
+    /// buffers, so a body never writes what it reads; a scan's bodies read their slice of each
+    /// scanned operand and write their slice of each stacked result where they lie.
     fn run_region(
         &self,
         i: usize,
@@ -686,39 +786,136 @@ impl Executable {
     ) -> Result<(), InterpError> {
         let step = &self.schedule.steps[i];
         let bufs = &self.schedule.bufs;
-        let args: Vec<Literal> = step
-            .inputs
-            .iter()
-            .map(|&b| {
-                let ty = &bufs[b].ty;
-                if ty.numel() == 0 {
-                    return Literal::zeros(ty);
-                }
-                // SAFETY: the buffer holds a value of its type (written by an earlier step,
-                // or bound at launch): a region step is never skipped, so neither is the step
-                // that writes its operand.
-                unsafe { literal_from_raw(ty, ptrs[b]) }
-            })
-            .collect();
-        let refs: Vec<&Literal> = args.iter().collect();
+        let ins: Vec<*const u8> = step.inputs.iter().map(|&b| ptrs[b] as *const u8).collect();
+        let outs: Vec<*mut u8> = r.results.iter().map(|&b| ptrs[b]).collect();
+        let in_bytes = |k: usize| bufs[step.inputs[k]].ty.byte_size();
+        let out_bytes = |k: usize| bufs[r.results[k]].ty.byte_size();
         let bodies = &self.regions[i];
-        let results = tessera_interp::run_region_with(&r.op, &refs, &mut |k, inputs| {
-            bodies[k].run(inputs, collectives)
-        })?;
-        for (v, &b) in results.iter().zip(&r.results) {
-            if v.ty != bufs[b].ty {
-                return Err(InterpError::Op {
-                    op: r.op.name().into(),
-                    message: format!("a body returned {} for a result of {}", v.ty, bufs[b].ty),
-                });
+        // Two scratch buffers for each carry of `bytes[k]` bytes.
+        let scratch = |bytes: &[usize]| -> Result<Vec<[Vec<u64>; 2]>, InterpError> {
+            bytes
+                .iter()
+                .map(|&n| {
+                    let words = n.div_ceil(8);
+                    let mut a = Vec::new();
+                    let mut b = Vec::new();
+                    a.try_reserve_exact(words)
+                        .and_then(|()| b.try_reserve_exact(words))
+                        .map_err(|_| InterpError::Op {
+                            op: r.op.name().into(),
+                            message: format!("cannot allocate a carry of {n} bytes"),
+                        })?;
+                    a.resize(words, 0);
+                    b.resize(words, 0);
+                    Ok([a, b])
+                })
+                .collect()
+        };
+        // Copies each final carry into its result buffer.
+        let finish = |cur: &[*const u8], first: usize| {
+            for (k, &c) in cur.iter().enumerate() {
+                let n = out_bytes(first + k);
+                if n > 0 {
+                    // SAFETY: `c` holds a value of the carry's type (an operand, or a body's
+                    // output in scratch), the result buffer has room for one, and they are
+                    // different memory (an operand buffer is never a result of the same step).
+                    unsafe { std::ptr::copy_nonoverlapping(c, outs[first + k], n) };
+                }
             }
-            let n = v.ty.byte_size();
-            if n > 0 {
-                // SAFETY: the result has the buffer's type, so its `n` bytes fit the buffer,
-                // which lives until `run` returns; the result is a fresh vector, so they do
-                // not overlap.
-                unsafe { std::ptr::copy_nonoverlapping(data_ptr(&v.data), ptrs[b], n) };
+        };
+        match &r.op {
+            RegionOp::Scan {
+                length,
+                reverse,
+                consts,
+                carries,
+                ..
+            } => {
+                let (length, nc, nk) = (*length, *consts, *carries);
+                let nx = ins.len() - nc - nk;
+                let ny = outs.len() - nk;
+                let carry_bytes: Vec<usize> = (0..nk).map(|k| out_bytes(k)).collect();
+                let mut scratch = scratch(&carry_bytes)?;
+                let x_step: Vec<usize> = (0..nx)
+                    .map(|j| in_bytes(nc + nk + j).checked_div(length).unwrap_or(0))
+                    .collect();
+                let y_step: Vec<usize> = (0..ny)
+                    .map(|y| out_bytes(nk + y).checked_div(length).unwrap_or(0))
+                    .collect();
+                let mut cur: Vec<*const u8> = ins[nc..nc + nk].to_vec();
+                let mut args: Vec<*const u8> = Vec::with_capacity(ins.len());
+                let mut dst: Vec<*mut u8> = Vec::with_capacity(outs.len());
+                for s in 0..length {
+                    let t = if *reverse { length - 1 - s } else { s };
+                    args.clear();
+                    args.extend_from_slice(&ins[..nc]);
+                    args.extend_from_slice(&cur);
+                    // SAFETY: slice `t < length` of a scanned operand of `length` slices.
+                    args.extend((0..nx).map(|j| unsafe { ins[nc + nk + j].add(t * x_step[j]) }));
+                    dst.clear();
+                    dst.extend(
+                        scratch
+                            .iter_mut()
+                            .map(|pair| pair[s % 2].as_mut_ptr() as *mut u8),
+                    );
+                    // SAFETY: slice `t` of a stacked result of `length` slices.
+                    dst.extend((0..ny).map(|y| unsafe { outs[nk + y].add(t * y_step[y]) }));
+                    // SAFETY: each argument points to a value of the body's parameter type
+                    // (a whole operand, the carry of the step before, one slice of a scanned
+                    // operand), alive until the step ends; each destination to room for a value
+                    // of the body's output type: this step's scratch half (never the half the
+                    // carry is read from) or one slice of a result buffer, which overlaps no
+                    // operand and no other slice.
+                    unsafe { bodies[0].run_at(&args, &dst, collectives)? };
+                    cur = dst[..nk].iter().map(|&p| p as *const u8).collect();
+                }
+                finish(&cur, 0);
             }
+            RegionOp::While { consts, .. } => {
+                let nc = *consts;
+                let nk = ins.len() - nc;
+                let carry_bytes: Vec<usize> = (0..nk).map(|k| out_bytes(k)).collect();
+                let mut scratch = scratch(&carry_bytes)?;
+                let mut cur: Vec<*const u8> = ins[nc..].to_vec();
+                let mut flag = [0u8; 1];
+                let mut args: Vec<*const u8> = Vec::with_capacity(ins.len());
+                for s in 0usize.. {
+                    args.clear();
+                    args.extend_from_slice(&ins[..nc]);
+                    args.extend_from_slice(&cur);
+                    // SAFETY: the arguments as in the scan; the condition's one output is a
+                    // bool scalar, one byte, into `flag`.
+                    unsafe { bodies[0].run_at(&args, &[flag.as_mut_ptr()], collectives)? };
+                    if flag[0] == 0 {
+                        break;
+                    }
+                    let dst: Vec<*mut u8> = scratch
+                        .iter_mut()
+                        .map(|pair| pair[s % 2].as_mut_ptr() as *mut u8)
+                        .collect();
+                    // SAFETY: as in the scan: the body writes this iteration's scratch half,
+                    // and reads the other (or the operands).
+                    unsafe { bodies[1].run_at(&args, &dst, collectives)? };
+                    cur = dst.iter().map(|&p| p as *const u8).collect();
+                }
+                finish(&cur, 0);
+            }
+            RegionOp::Case { branches } => {
+                // SAFETY: operand 0 is the index, an i32 scalar (the type rule).
+                let index = unsafe { std::ptr::read_unaligned(ins[0] as *const i32) };
+                let k = (index as i64).clamp(0, branches.len() as i64 - 1) as usize;
+                // SAFETY: the operands have the branches' parameter types and the results their
+                // output types; results overlap no operand (the plan).
+                unsafe { bodies[k].run_at(&ins[1..], &outs, collectives)? };
+            }
+            RegionOp::Checkpoint { .. } | RegionOp::CustomVjp { .. } => {
+                // SAFETY: as for a case's branch.
+                unsafe { bodies[0].run_at(&ins, &outs, collectives)? };
+            }
+        }
+        // A body's temporaries live only while its region runs (what `checkpoint` saves).
+        for b in bodies {
+            b.release();
         }
         Ok(())
     }

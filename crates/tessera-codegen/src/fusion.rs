@@ -55,8 +55,8 @@ pub enum StepKind {
     Gemm(GemmSpec),
     /// A collective op, run through the program's transport.
     Collective(Op),
-    /// A region op: its bodies are compiled as programs of their own (`compile`), run by the
-    /// region's control flow (`tessera_interp::run_region_with`) on this step's input buffers;
+    /// A region op: its bodies are compiled as programs of their own (`compile`) and run in
+    /// place on this step's buffers by the region's control flow (`Executable::run_region`);
     /// it writes one buffer per result.
     Region(Box<RegionStep>),
 }

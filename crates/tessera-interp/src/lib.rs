@@ -164,9 +164,9 @@ fn region_verified(
 }
 
 /// The control flow of region op `r` on its operand values, with `body(k, inputs)` running
-/// region `k` (in the order of `RegionOp::regions`) on one set of inputs. The interpreter
-/// runs bodies with itself; the native backend with their compiled code. `args` must fit the
-/// region (`RegionOp::result_types`).
+/// region `k` (in the order of `RegionOp::regions`) on one set of inputs (the interpreter runs
+/// bodies with itself; the native backend has its own, in-place loop in `exec.rs`). `args`
+/// must fit the region (`RegionOp::result_types`).
 pub fn run_region_with(
     r: &RegionOp,
     args: &[&Literal],

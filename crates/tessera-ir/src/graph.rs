@@ -73,6 +73,10 @@ impl Graph {
                 if g.name != l {
                     g.name = l.to_string();
                 }
+                // A body runs on the mesh of the graph it sits in.
+                if g.mesh != self.mesh {
+                    g.set_mesh(self.mesh.clone());
+                }
             }
         }
         if let Op::Parameter(_) = op {
@@ -94,6 +98,19 @@ impl Graph {
             self.graph.add_edge(o, id, pos);
         }
         Ok(id)
+    }
+
+    /// Sets the mesh of this graph and of every region body inside it.
+    pub fn set_mesh(&mut self, mesh: Option<Mesh>) {
+        let ids: Vec<NodeId> = self.graph.node_indices().collect();
+        for id in ids {
+            if let Op::Region(r) = &mut self.graph[id].op {
+                for body in r.regions_mut() {
+                    body.set_mesh(mesh.clone());
+                }
+            }
+        }
+        self.mesh = mesh;
     }
 
     /// Adds the region op `r` applied to `operands`, and one `get_result` node per result.

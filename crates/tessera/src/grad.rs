@@ -12,11 +12,11 @@ use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::panic::Location;
 
-use tessera_ir::{Graph, NodeId, Op, TensorType, verify};
+use tessera_ir::{Graph, Literal, NodeId, Op, TensorType, verify};
 
 use crate::error::{Error, catch, loc_text, raise};
 use crate::tensor::Tensor;
-use crate::trace::{self, apply_at};
+use crate::trace::{self, apply_at, apply_region};
 use crate::tree::{self, Tree, TreeDef};
 
 /// A function traced and differentiated, with its forward values computed.
@@ -44,6 +44,17 @@ pub(crate) fn replay(g: &Graph, order: &[NodeId], env: &mut HashMap<NodeId, Tens
         let operands: Vec<Tensor> = g.operands(id).iter().map(|o| env[o].clone()).collect();
         let refs: Vec<&Tensor> = operands.iter().collect();
         let loc = node.loc.clone().unwrap_or_else(|| "grad".into());
+        if let Op::Region(r) = &node.op {
+            // A region's results are its `get_result` nodes' values; its own node has none.
+            let results = apply_region((**r).clone(), &refs, loc);
+            for user in g.users(id) {
+                if let Op::GetResult { index, .. } = g.op(user) {
+                    env.insert(user, results[*index].clone());
+                }
+            }
+            env.insert(id, Tensor::from_literal(Literal::zeros(&node.ty)));
+            continue;
+        }
         env.insert(id, apply_at(node.op.clone(), &refs, loc));
     }
 }

@@ -17,6 +17,7 @@ extern crate self as tessera;
 
 mod cache;
 pub mod check;
+pub mod control;
 pub mod error;
 pub mod grad;
 pub mod jit;
@@ -30,6 +31,9 @@ pub mod tensor;
 mod trace;
 pub mod tree;
 
+pub use control::{
+    checkpoint, cond, custom_vjp, fori_loop, scan, stop_gradient, switch, while_loop,
+};
 pub use error::{Error, Result};
 pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
 pub use jit::{Jitted, Lowered, eval_graph, jit, make_ir};
@@ -58,8 +62,9 @@ pub mod prelude {
     };
     pub use crate::tree::{self, Tree};
     pub use crate::{
-        Backend, DType, DotDims, Error, Jitted, Lowered, Result, Tensor, eval_graph, grad, jit,
-        make_ir, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp,
+        Backend, DType, DotDims, Error, Jitted, Lowered, Result, Tensor, checkpoint, cond,
+        custom_vjp, eval_graph, fori_loop, grad, jit, make_ir, scan, stop_gradient, switch,
+        value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp, while_loop,
     };
     pub use crate::{P, device_count};
     pub use tessera_derive::Tree;

@@ -12,7 +12,7 @@ use std::panic::Location;
 use std::rc::Rc;
 
 use tessera_interp::eval_op;
-use tessera_ir::{Graph, Literal, Mesh, NodeId, Op, TensorType};
+use tessera_ir::{Graph, Literal, Mesh, NodeId, Op, RegionOp, TensorType};
 use tessera_runtime::Array;
 
 use crate::error::{Error, loc_text, raise};
@@ -263,6 +263,72 @@ pub(crate) fn apply_at(op: Op, operands: &[&Tensor], location: String) -> Tensor
             let ty = graph.ty(node).clone();
             drop(graph);
             Tensor::traced(trace, node, ty)
+        }
+    }
+}
+
+/// Applies a region op: records it (and one `get_result` per result) in the innermost trace
+/// of its operands, or runs it at once (the interpreter) when they are all concrete. Returns
+/// its results.
+pub(crate) fn apply_region(r: RegionOp, operands: &[&Tensor], location: String) -> Vec<Tensor> {
+    let has_collectives = r.regions().iter().any(|(_, b)| {
+        b.node_ids()
+            .any(|id| b.op(id).is_collective() || matches!(b.op(id), Op::Region(_)))
+    });
+    let trace = innermost(operands).or_else(|| {
+        if has_collectives {
+            STACK.with(|s| s.borrow().last().cloned())
+        } else {
+            None
+        }
+    });
+    match trace {
+        None => {
+            let literals: Vec<&Literal> = operands
+                .iter()
+                .map(|t| match &t.repr {
+                    Repr::Concrete(a) => a.literal(),
+                    Repr::Traced(_) => unreachable!("no tracer among eager operands"),
+                })
+                .collect();
+            match tessera_interp::run_region(&r, &literals, &tessera_interp::SingleDevice) {
+                Ok(values) => values
+                    .into_iter()
+                    .map(|v| Tensor::from_array(Array::new(v)))
+                    .collect(),
+                Err(e) => raise(Error::Op {
+                    op: r.name().into(),
+                    message: e.to_string(),
+                    location,
+                }),
+            }
+        }
+        Some(trace) => {
+            let nodes: Vec<NodeId> = operands.iter().map(|t| lift(&trace, t)).collect();
+            let mut graph = trace.graph.borrow_mut();
+            let added = graph.add(Op::Region(Box::new(r)), &nodes).and_then(|node| {
+                let results = graph.add_results(node)?;
+                Ok((node, results))
+            });
+            let (node, results) = match added {
+                Ok(v) => v,
+                Err(error) => {
+                    drop(graph);
+                    raise(Error::Type { error, location })
+                }
+            };
+            graph.node_mut(node).loc = Some(location.clone());
+            let out: Vec<(NodeId, TensorType)> = results
+                .iter()
+                .map(|&n| {
+                    graph.node_mut(n).loc = Some(location.clone());
+                    (n, graph.ty(n).clone())
+                })
+                .collect();
+            drop(graph);
+            out.into_iter()
+                .map(|(n, ty)| Tensor::traced(trace.clone(), n, ty))
+                .collect()
         }
     }
 }
