@@ -233,7 +233,11 @@ fn region(
     };
     for (k, &o) in operands.iter().enumerate() {
         if specs[&o] != want_operands[k] {
-            return Err(mismatch(format!("operand {k}"), &specs[&o], &want_operands[k]));
+            return Err(mismatch(
+                format!("operand {k}"),
+                &specs[&o],
+                &want_operands[k],
+            ));
         }
     }
     let mut local = r.clone();

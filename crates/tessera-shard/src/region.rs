@@ -141,7 +141,11 @@ pub(crate) fn slots(r: &RegionOp, n_operands: usize) -> Vec<Slot> {
             let n = outs(fwd);
             let residuals = n.saturating_sub(*primals);
             for j in 0..n {
-                let bwd_param = if j < *primals { residuals + j } else { j - primals };
+                let bwd_param = if j < *primals {
+                    residuals + j
+                } else {
+                    j - primals
+                };
                 s.push(Slot {
                     result: Some(j),
                     params: vec![(1, bwd_param)],
@@ -166,7 +170,9 @@ pub(crate) fn slot_type<'g>(bodies: &[&'g Graph], slot: &Slot) -> &'g TensorType
 /// The outer sharding of a slot sharded `spec`.
 pub(crate) fn stack(slot: &Slot, spec: &Spec) -> Spec {
     if slot.stacked {
-        std::iter::once(Vec::new()).chain(spec.iter().cloned()).collect()
+        std::iter::once(Vec::new())
+            .chain(spec.iter().cloned())
+            .collect()
     } else {
         spec.clone()
     }
