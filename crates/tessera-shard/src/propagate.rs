@@ -16,6 +16,14 @@
 //! changes. So a sharding flows along elementwise chains before a dot or a reduction gets to
 //! decide what the chain's values should be.
 //!
+//! A region op (loop, branch, call) is not an op with factors: its operands, results, body
+//! parameters and body outputs form slots (`region.rs`), each one value that keeps one
+//! sharding. A region's turn starts each slot from its operand's and result's shardings,
+//! propagates each body as a function of its own (this pass, recursively) from its slots, and
+//! lets each slot take what its parameters and outputs became, until no slot changes: a carried
+//! value then has one sharding across iterations (where members disagree, the slot keeps the
+//! axes they share). The slots flow back to the open operands and to the results.
+//!
 //! Where tensors disagree on a factor, the sharding of the larger tensor wins (the smaller one
 //! is resharded, which moves fewer bytes); between tensors of one size, the first operand wins,
 //! and operands win over the result. `insert_collectives` records each conflict in the dump.

@@ -234,3 +234,52 @@ impl Settling {
         changed
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn axes(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_slot_grows_once_then_keeps_the_meet_and_freezes() {
+        let mesh = Mesh::new("mesh", vec![("dp".into(), 2), ("mp".into(), 2)]);
+        let mut s = Settling::whole(2);
+        // A whole dim takes a member's axes.
+        assert!(s.merge(&mesh, &vec![axes(&["dp", "mp"]), vec![]]));
+        assert_eq!(s.spec, vec![axes(&["dp", "mp"]), vec![]]);
+        // A member whole where the slot is split changes nothing.
+        assert!(!s.merge(&mesh, &vec![vec![], vec![]]));
+        // An axis in use on another dim is not taken twice.
+        assert!(!s.merge(&mesh, &vec![axes(&["dp", "mp"]), axes(&["mp"])]));
+        // Split differently: the shared major axes stay, and the dim freezes.
+        assert!(s.merge(&mesh, &vec![axes(&["dp"]), vec![]]));
+        assert_eq!(s.spec, vec![axes(&["dp"]), vec![]]);
+        assert!(s.merge(&mesh, &vec![axes(&["mp"]), vec![]]));
+        assert_eq!(s.spec[0], Vec::<String>::new());
+        assert!(s.frozen[0]);
+        // A frozen dim takes nothing more; the other dim still can.
+        assert!(!s.merge(&mesh, &vec![axes(&["mp"]), vec![]]));
+        assert!(s.merge(&mesh, &vec![vec![], axes(&["mp"])]));
+        assert_eq!(s.spec, vec![vec![], axes(&["mp"])]);
+    }
+
+    #[test]
+    fn stacked_slots_add_and_drop_the_whole_leading_dim() {
+        let slot = Slot {
+            stacked: true,
+            ..Slot::default()
+        };
+        let inner = vec![axes(&["dp"]), vec![]];
+        let outer = stack(&slot, &inner);
+        assert_eq!(outer, vec![vec![], axes(&["dp"]), vec![]]);
+        assert_eq!(unstack(&slot, &outer), inner);
+        // A split leading dim proposes nothing for the body.
+        assert_eq!(
+            unstack(&slot, &vec![axes(&["mp"]), axes(&["dp"]), vec![]]),
+            inner
+        );
+    }
+}
