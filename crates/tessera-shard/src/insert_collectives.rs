@@ -92,6 +92,10 @@ fn insert_graph(
     let order = order(g, PASS)?;
     let mut wanted: HashMap<NodeId, Spec> = HashMap::new();
     for id in g.node_ids() {
+        if let Op::Region(_) = g.op(id) {
+            // A token, not annotated: its results are.
+            continue;
+        }
         let spec = annotation(g, id, PASS, "propagate")?;
         check_spec(mesh, g.ty(id), &spec)
             .map_err(|e| ShardError::Invalid(format!("{PASS}: {}: {e}", g.op(id).name())))?;
@@ -376,10 +380,10 @@ impl Inserter<'_> {
         }
         let token = whole(1);
         let n = self.add(Op::Region(Box::new(explicit)), &args, &token)?;
+        // A token holds no data: only its results are annotated.
+        self.x.node_mut(n).sharding = None;
         self.x.node_mut(n).loc = g.node(id).loc.clone();
-        let node = annotated.node_mut(id);
-        node.op = Op::Region(Box::new(noted));
-        node.sharding = Some(Sharding::closed(mesh, &token));
+        annotated.node_mut(id).op = Op::Region(Box::new(noted));
         self.results.insert(id, results);
         self.at.insert(id, (n, token));
         Ok(why)

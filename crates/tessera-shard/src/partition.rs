@@ -44,6 +44,11 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
     let order = order(g, PASS)?;
     let mut specs: HashMap<NodeId, Spec> = HashMap::new();
     for id in g.node_ids() {
+        if let Op::Region(_) = g.op(id) {
+            // A token, not annotated: its results are.
+            specs.insert(id, vec![Vec::new()]);
+            continue;
+        }
         let spec = annotation(g, id, PASS, "insert_collectives")?;
         check_spec(mesh, g.ty(id), &spec)
             .map_err(|e| ShardError::Invalid(format!("{PASS}: {}: {e}", g.op(id).name())))?;

@@ -327,7 +327,10 @@ struct Specs {
 fn annotate(g: &mut Graph, mesh: &Mesh, specs: &Specs) {
     g.mesh = Some(mesh.clone());
     for (&id, spec) in &specs.of {
-        g.node_mut(id).sharding = Some(Sharding::closed(mesh, spec));
+        // A region's own node is a token that holds no data: its results are annotated.
+        if !matches!(g.op(id), Op::Region(_)) {
+            g.node_mut(id).sharding = Some(Sharding::closed(mesh, spec));
+        }
     }
     for (&id, bodies) in &specs.bodies {
         if let Op::Region(r) = &mut g.node_mut(id).op {

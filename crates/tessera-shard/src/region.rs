@@ -212,8 +212,8 @@ impl Settling {
     /// changed. Each dim grows once and then only shrinks, so repeating this ends.
     pub fn merge(&mut self, mesh: &Mesh, new: &Spec) -> bool {
         let mut changed = false;
-        for d in 0..self.spec.len().min(new.len()) {
-            let (cur, n) = (&self.spec[d], &new[d]);
+        for (d, n) in new.iter().enumerate().take(self.spec.len()) {
+            let cur = &self.spec[d];
             if cur == n || n.is_empty() {
                 continue;
             }
