@@ -59,6 +59,31 @@ def per_step(step, p, x, y, n):
     return float(np.median(times)) * 1e3
 
 
+def rnn_data(t, b=8):
+    """The data of examples/rnn_scan.rs: 8 phase-shifted sine waves, next-step targets."""
+    k = np.arange(t)[:, None]
+    ph = 0.7 * np.arange(b)[None, :]
+    xs = np.sin(0.05 * k + ph).astype(np.float32)[..., None]
+    ys = np.sin(0.05 * (k + 1) + ph).astype(np.float32)[..., None]
+    return jnp.asarray(xs), jnp.asarray(ys)
+
+
+def rnn_init(key, h=16):
+    k1, k2, k3 = jax.random.split(key, 3)
+    return {"wx": jax.random.normal(k1, (1, h)) * 0.5,
+            "wh": jax.random.normal(k2, (h, h)) * (1.0 / np.sqrt(h)),
+            "b": jnp.zeros((h,)), "wo": jax.random.normal(k3, (h, 1)) * 0.1}
+
+
+def rnn_loss(p, xs, ys):
+    def body(h, xy):
+        x, y = xy
+        h2 = jnp.tanh(x @ p["wx"] + h @ p["wh"] + p["b"])
+        return h2, jnp.sum((h2 @ p["wo"] - y) ** 2)
+    _, errs = jax.lax.scan(body, jnp.zeros((xs.shape[1], p["wh"].shape[0])), (xs, ys))
+    return jnp.sum(errs) / (xs.shape[0] * xs.shape[1])
+
+
 def first_call(loss, p, x, y):
     step = jax.jit(make_step(loss))
     t = time.perf_counter()
@@ -80,6 +105,11 @@ def main():
     print(f"big MLP first call: {first_call(deep_loss, bp, bx, by):.1f} ms")
     bstep = jax.jit(make_step(deep_loss))
     print(f"big MLP step (median, blocked): {per_step(bstep, bp, bx, by, 20):.2f} ms")
+    rp = rnn_init(jax.random.PRNGKey(0))
+    xs, ys = rnn_data(400)
+    print(f"rnn scan T=400 first call: {first_call(rnn_loss, rp, xs, ys):.1f} ms")
+    rstep = jax.jit(make_step(rnn_loss))
+    print(f"rnn scan T=400 step (median, blocked): {per_step(rstep, rp, xs, ys, 200):.3f} ms")
 
 
 if __name__ == "__main__":

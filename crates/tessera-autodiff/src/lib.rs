@@ -12,7 +12,13 @@
 //! of `grad`). Where JAX defines a gradient by a particular formula (tanh, max at ties), the rule
 //! follows that formula, so results match JAX's to the last bit where the arithmetic allows.
 
+pub mod batch;
+pub use batch::{BatchError, batch};
+
 use std::collections::{HashMap, HashSet};
+
+mod jvp;
+pub use jvp::jvp;
 
 use tessera_ir::{
     BinaryOp, CompareOp, DType, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape, TensorType,

@@ -834,7 +834,7 @@ impl Executable {
                 let (length, nc, nk) = (*length, *consts, *carries);
                 let nx = ins.len() - nc - nk;
                 let ny = outs.len() - nk;
-                let carry_bytes: Vec<usize> = (0..nk).map(|k| out_bytes(k)).collect();
+                let carry_bytes: Vec<usize> = (0..nk).map(out_bytes).collect();
                 let mut scratch = scratch(&carry_bytes)?;
                 let x_step: Vec<usize> = (0..nx)
                     .map(|j| in_bytes(nc + nk + j).checked_div(length).unwrap_or(0))
@@ -874,7 +874,7 @@ impl Executable {
             RegionOp::While { consts, .. } => {
                 let nc = *consts;
                 let nk = ins.len() - nc;
-                let carry_bytes: Vec<usize> = (0..nk).map(|k| out_bytes(k)).collect();
+                let carry_bytes: Vec<usize> = (0..nk).map(out_bytes).collect();
                 let mut scratch = scratch(&carry_bytes)?;
                 let mut cur: Vec<*const u8> = ins[nc..].to_vec();
                 let mut flag = [0u8; 1];

@@ -117,6 +117,10 @@ pub const MAX_FUSED_DEPTH: usize = 128;
 /// tree of single-use nodes feeding it.
 pub const MAX_FUSED_SIZE: usize = 2048;
 
+/// The most elements of a splat constant that is baked into the executable when it needs a
+/// buffer (64 Ki elements, at most 512 KiB); a larger one is filled by a kernel at run time.
+pub const MAX_BAKED_SPLAT: usize = 1 << 16;
+
 struct Fuser<'a> {
     g: &'a Graph,
     materialized: HashMap<NodeId, usize>,
@@ -294,6 +298,14 @@ impl Fuser<'_> {
         let operands = g.operands(id);
         let op = g.op(id).clone();
         let name = format!("{}_{}", op.name(), self.sched.steps.len());
+        if let Op::Constant(lit) = &op
+            && ty.numel() <= MAX_BAKED_SPLAT
+        {
+            // A small splat that must be a buffer (a region's operand, an output) is baked into
+            // the executable: no kernel to compile for it.
+            self.add_buf(id, BufKind::Constant(lit.clone()));
+            return;
+        }
         let (kind, inputs) = match &op {
             Op::Region(r) => {
                 let inputs: Vec<usize> =

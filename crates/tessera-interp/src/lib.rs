@@ -151,6 +151,9 @@ pub fn run_region(
     region_verified(r, args, collectives)
 }
 
+/// Runs region `k` of a region op on one set of inputs (`run_region_with`).
+pub type RunBody<'a> = dyn FnMut(usize, &[&Literal]) -> Result<Vec<Literal>, InterpError> + 'a;
+
 /// `run_region` on a region whose bodies are verified and fit its operands.
 fn region_verified(
     r: &RegionOp,
@@ -170,7 +173,7 @@ fn region_verified(
 pub fn run_region_with(
     r: &RegionOp,
     args: &[&Literal],
-    body: &mut dyn FnMut(usize, &[&Literal]) -> Result<Vec<Literal>, InterpError>,
+    body: &mut RunBody<'_>,
 ) -> Result<Vec<Literal>, InterpError> {
     let fail = |message: String| InterpError::Op {
         op: r.name().into(),

@@ -1,7 +1,9 @@
 //! A generated corpus: one small graph per op and accepted element type. Table tests iterate
 //! over it (round trip through the text format, interpreter against a reference, and later
-//! compiled against interpreted), and a test checks that it names every op in `ALL_OP_NAMES`,
-//! so an op added without a sample fails the suite.
+//! compiled against interpreted), and a test checks that it names every op in `ALL_OP_NAMES`
+//! but the region ops (`REGION_OP_NAMES`: a region's sample is a graph with bodies, tested by
+//! `tessera-ir/tests/regions.rs`, `tessera-codegen/tests/regions.rs`, the `regions.ir`
+//! filetests of every pass and the fuzzer), so an op added without a sample fails the suite.
 
 use crate::graph::Graph;
 use crate::literal::{Data, Literal};
@@ -173,6 +175,15 @@ pub fn op_samples() -> Vec<Sample> {
             }),
             &[t(d, &[2, 3])],
             Some(mesh),
+        ));
+    }
+    // Identity on values (its derivative, zero, is tested in `tessera/tests/grad.rs`).
+    for d in [F32, F64] {
+        out.push(one(
+            format!("stop_gradient.{d}"),
+            Op::StopGradient,
+            &[t(d, &[3, 5])],
+            None,
         ));
     }
     for (from, to) in [

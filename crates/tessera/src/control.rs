@@ -221,18 +221,11 @@ pub fn scan<C: Tree, X: Tree, Y: Tree>(
 }
 
 /// `lax.fori_loop` with static bounds: `body(i, carry) -> carry` for `i` in `lo..hi` (an `i32`
-/// scalar). A `scan` with the counter as a carry, so it has a reverse mode.
+/// scalar; no iteration when `hi <= lo`, as for a Rust range). A `scan` with the counter as a
+/// carry, so it has a reverse mode.
 #[track_caller]
 pub fn fori_loop<C: Tree>(lo: i32, hi: i32, body: impl Fn(&Tensor, &C) -> C, init: &C) -> C {
-    let at = loc_text(Location::caller());
-    if hi < lo {
-        raise(op_error(
-            "fori_loop",
-            format!("the upper bound {hi} is below the lower bound {lo}"),
-            &at,
-        ));
-    }
-    let length = (hi as i64 - lo as i64) as usize;
+    let length = (hi as i64 - lo as i64).max(0) as usize;
     let (leaves, def) = tree::flatten(init);
     let c: C = tree::unflatten(&def, leaves).unwrap_or_else(|e| raise(e));
     let start = (Tensor::scalar(lo), c);

@@ -19,6 +19,7 @@ mod cache;
 pub mod check;
 pub mod control;
 pub mod error;
+pub mod fwd;
 pub mod grad;
 pub mod jit;
 pub mod ops;
@@ -30,11 +31,13 @@ mod spmd;
 pub mod tensor;
 mod trace;
 pub mod tree;
+pub mod vmap;
 
 pub use control::{
     checkpoint, cond, custom_vjp, fori_loop, scan, stop_gradient, switch, while_loop,
 };
 pub use error::{Error, Result};
+pub use fwd::{Linearized, hessian, jacfwd, jacrev, jvp, linearize};
 pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
 pub use jit::{Jitted, Lowered, eval_graph, jit, make_ir};
 pub use pipeline::Backend;
@@ -48,9 +51,11 @@ pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
 pub use tessera_ir::{DType, DotDims};
 pub use tessera_runtime::{device_count, shared_gemm_count};
+pub use vmap::{Axes, Vmapped, vmap};
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
+    pub use crate::fwd::{Linearized, hessian, jacfwd, jacrev, jvp, linearize};
     pub use crate::pmap::{
         Pmapped, all_gather, all_to_all, axis_index, pmap, pmax, pmean, pmin, ppermute, psum,
         psum_scatter,
@@ -67,5 +72,9 @@ pub mod prelude {
         value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp, while_loop,
     };
     pub use crate::{P, device_count};
+    pub use crate::{
+        axes,
+        vmap::{Axes, Vmapped, vmap},
+    };
     pub use tessera_derive::Tree;
 }

@@ -4,13 +4,16 @@
 //! `pmap(axis, f)` maps the leading axis of every input over that many devices: `f` is traced
 //! once on one device's slice, in a graph whose mesh has the one axis, so the collectives the
 //! user writes are typed against it; the program runs on every device at once, and the outputs
-//! are stacked back along a new leading axis.
+//! are stacked back along a new leading axis. `in_axes` and `out_axes` (trees of axes, as
+//! `vmap`'s) choose another dim to map, or `None`: an input every device gets whole, an
+//! output that is the same on every device, returned once.
 
 use std::marker::PhantomData;
 use std::panic::Location;
 use std::sync::Arc;
 
-use tessera_ir::{CollectiveOp, Data, Literal, Mesh, Op, ReduceKind, TensorType};
+use tessera_interp::eval_op;
+use tessera_ir::{CollectiveOp, Data, Literal, Mesh, Op, ReduceKind, Shape, TensorType};
 use tessera_runtime::try_device_count;
 
 use crate::cache::{Cache, Signature};
@@ -20,6 +23,7 @@ use crate::spmd::DeviceProgram;
 use crate::tensor::Tensor;
 use crate::trace::{apply, current_mesh};
 use crate::tree::{self, Tree, TreeDef};
+use crate::vmap::Axes;
 
 /// A compiled `pmap` program for one signature.
 struct PmapEntry {
@@ -31,6 +35,8 @@ struct PmapEntry {
 pub struct Pmapped<F, In, Out> {
     f: F,
     axis: String,
+    in_axes: Axes,
+    out_axes: Axes,
     cache: Cache<PmapEntry>,
     _types: PhantomData<fn(In) -> Out>,
 }
@@ -40,6 +46,8 @@ pub fn pmap<In: Tree, Out: Tree, F: Fn(In) -> Out>(axis: &str, f: F) -> Pmapped<
     Pmapped {
         f,
         axis: axis.to_string(),
+        in_axes: Axes::Leaf(Some(0)),
+        out_axes: Axes::Leaf(Some(0)),
         cache: Cache::new("pmap".into()),
         _types: PhantomData,
     }
@@ -53,6 +61,53 @@ fn leading_slice(lit: &Literal, p: usize, n: usize) -> Literal {
         ty: TensorType::new(lit.ty.dtype, lit.ty.dims()[1..].to_vec()),
         data,
     }
+}
+
+/// Host-side slice `p` along dim `axis`, which is dropped (the interpreter's slice and
+/// reshape, so the elements are exactly the input's).
+fn axis_slice(lit: &Literal, axis: usize, p: usize) -> Result<Literal> {
+    if axis == 0 {
+        return Ok(leading_slice(lit, p, lit.ty.dims()[0]));
+    }
+    let rank = lit.ty.rank();
+    let (mut start, mut limit) = (vec![0; rank], lit.ty.dims().to_vec());
+    start[axis] = p;
+    limit[axis] = p + 1;
+    let mut one = limit.clone();
+    one[axis] = 1;
+    let s = eval_op(
+        &Op::Slice {
+            start,
+            limit,
+            stride: vec![1; rank],
+        },
+        &[lit],
+        &TensorType::new(lit.ty.dtype, one),
+    )?;
+    let mut dims = lit.ty.dims().to_vec();
+    dims.remove(axis);
+    let shape = Shape::from(dims);
+    Ok(eval_op(
+        &Op::Reshape(shape.clone()),
+        &[&s],
+        &TensorType::new(lit.ty.dtype, shape),
+    )?)
+}
+
+/// The stacked value (devices along dim 0) with the devices' dim moved to `axis`.
+fn move_leading(lit: Literal, axis: usize) -> Result<Literal> {
+    if axis == 0 {
+        return Ok(lit);
+    }
+    let dims = lit.ty.dims().to_vec();
+    let mut perm: Vec<usize> = (1..dims.len()).collect();
+    perm.insert(axis, 0);
+    let out: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+    Ok(eval_op(
+        &Op::Transpose(perm),
+        &[&lit],
+        &TensorType::new(lit.ty.dtype, out),
+    )?)
 }
 
 /// Stacks equal-typed values along a new leading axis (every device's output of one program,
@@ -80,6 +135,22 @@ fn stack(parts: Vec<Literal>) -> Result<Literal> {
 }
 
 impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
+    /// Which dim of each input is mapped over the devices: `0` (the default), another dim,
+    /// `None` (every device gets the whole input), or a tree `axes![None, 0]`.
+    pub fn in_axes(mut self, axes: impl Into<Axes>) -> Self {
+        self.in_axes = axes.into();
+        self.cache.clear();
+        self
+    }
+
+    /// Where each output's devices dim goes; `None` for an output that is the same on every
+    /// device (checked), returned once.
+    pub fn out_axes(mut self, axes: impl Into<Axes>) -> Self {
+        self.out_axes = axes.into();
+        self.cache.clear();
+        self
+    }
+
     /// Names the function in the IR and in dumps.
     pub fn named(mut self, name: &str) -> Self {
         self.cache.set_name(name);
@@ -111,7 +182,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
     pub fn lower(&self, args: &In) -> Result<Lowered> {
         let location = loc_text(Location::caller());
         let (leaves, def) = tree::flatten(args);
-        let n = self.mapped_size(&leaves, &location)?;
+        let (n, _) = self.mapped_size(&leaves, &def, &location)?;
         let sig = Signature::unplaced(&leaves, def);
         let dump = Dump::disabled(&self.cache.options.name);
         let (pipeline, lowered) = self.run_passes(&sig, n, dump, &location, true)?;
@@ -119,9 +190,14 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         Ok(lowered)
     }
 
-    /// The size of the mapped (leading) axis, the same for every input and at most the
-    /// number of devices.
-    fn mapped_size(&self, leaves: &[Tensor], location: &str) -> Result<usize> {
+    /// The size of the mapped axis (the same for every mapped input, at most the number of
+    /// devices) and the mapped dim of each input leaf.
+    fn mapped_size(
+        &self,
+        leaves: &[Tensor],
+        def: &TreeDef,
+        location: &str,
+    ) -> Result<(usize, Vec<Option<usize>>)> {
         let fail = |message: String| Error::Op {
             op: "pmap".into(),
             message,
@@ -135,38 +211,57 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                     .into(),
             ));
         }
-        let Some(first) = leaves.first() else {
-            return Err(fail("no inputs to map over".into()));
-        };
-        let n = *first.shape().first().ok_or_else(|| {
-            fail(format!(
-                "input 0 ({}) has no leading axis to map",
-                first.ty()
-            ))
-        })?;
-        for (i, t) in leaves.iter().enumerate() {
-            if t.shape().first() != Some(&n) {
-                return Err(fail(format!(
-                    "input {i} ({}) does not have the leading size {n} of input 0",
-                    t.ty()
-                )));
+        let spec = self
+            .in_axes
+            .resolve(def)
+            .map_err(|m| fail(format!("in_axes: {m}")))?;
+        let paths = def.leaf_paths();
+        let mut size: Option<(usize, usize)> = None;
+        for (i, (t, a)) in leaves.iter().zip(&spec).enumerate() {
+            let Some(a) = *a else { continue };
+            let Some(&n) = t.shape().get(a) else {
+                let what = if a == 0 {
+                    "no leading axis".to_string()
+                } else {
+                    format!("no dim {a}")
+                };
+                return Err(fail(format!("input {i} ({}) has {what} to map", t.ty())));
+            };
+            match size {
+                None => size = Some((n, i)),
+                Some((m, j)) if m != n => {
+                    return Err(fail(format!(
+                        "input {i} ({}) does not have the leading size {m} of input {j} ({}) \
+                         along its mapped dim {a} (input paths {} and {})",
+                        t.ty(),
+                        leaves[j].ty(),
+                        paths[i],
+                        paths[j]
+                    )));
+                }
+                Some(_) => {}
             }
         }
+        let Some((n, _)) = size else {
+            return Err(fail(
+                "no input is mapped (in_axes is None for every one, or there are no inputs)".into(),
+            ));
+        };
         let devices = try_device_count().map_err(fail)?;
         if n == 0 || n > devices {
             return Err(fail(format!(
-                "the leading axis has size {n}, there are {devices} devices (set TESSERA_DEVICES)"
+                "the mapped axis has size {n}, there are {devices} devices (set TESSERA_DEVICES)"
             )));
         }
-        Ok(n)
+        Ok((n, spec))
     }
 
-    /// Runs `f` on every slice of the leading axis, one device each.
+    /// Runs `f` on every slice of the mapped axis, one device each.
     #[track_caller]
     pub fn call(&self, args: In) -> Result<Out> {
         let location = loc_text(Location::caller());
         let (leaves, def) = tree::flatten(&args);
-        let n = self.mapped_size(&leaves, &location)?;
+        let (n, spec) = self.mapped_size(&leaves, &def, &location)?;
         let sig = Signature::unplaced(&leaves, def);
         let compiled = self
             .cache
@@ -179,10 +274,14 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .map(|p| {
                 hosts
                     .iter()
-                    .map(|h| Arc::new(leading_slice(h, p, n)))
-                    .collect()
+                    .zip(&spec)
+                    .map(|(h, a)| match a {
+                        Some(a) => axis_slice(h, *a, p).map(Arc::new),
+                        None => Ok(h.clone()),
+                    })
+                    .collect::<Result<_>>()
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let per_device = compiled.program.run(inputs)?;
         let n_out = per_device[0].len();
         let mut columns: Vec<Vec<Literal>> = (0..n_out).map(|_| Vec::with_capacity(n)).collect();
@@ -191,9 +290,22 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                 columns[o].push(l.expect("pmap drops no output"));
             }
         }
+        let out_spec = self
+            .out_axes
+            .resolve(&compiled.out_def)
+            .map_err(|m| Error::Op {
+                op: "pmap".into(),
+                message: format!("out_axes: {m}"),
+                location: location.clone(),
+            })?;
         let tensors: Vec<Tensor> = columns
             .into_iter()
-            .map(|c| stack(c).map(Tensor::from_literal))
+            .zip(&out_spec)
+            .enumerate()
+            .map(|(o, (c, a))| match a {
+                Some(a) => move_leading(stack(c)?, *a).map(Tensor::from_literal),
+                None => unmapped(c, o, &location).map(Tensor::from_literal),
+            })
             .collect::<Result<_>>()?;
         tree::unflatten(&compiled.out_def, tensors)
     }
@@ -209,10 +321,23 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         keep_stages: bool,
     ) -> Result<(Pipeline<'a>, Lowered)> {
         let mesh = Mesh::new("pmap", vec![(self.axis.clone(), n)]);
+        let spec = self.in_axes.resolve(&sig.def).map_err(|m| Error::Op {
+            op: "pmap".into(),
+            message: format!("in_axes: {m}"),
+            location: location.to_string(),
+        })?;
         let local: Vec<TensorType> = sig
             .types
             .iter()
-            .map(|t| TensorType::new(t.dtype, t.dims()[1..].to_vec()))
+            .zip(&spec)
+            .map(|(t, a)| match a {
+                Some(a) => {
+                    let mut dims = t.dims().to_vec();
+                    dims.remove(*a);
+                    TensorType::new(t.dtype, dims)
+                }
+                None => t.clone(),
+            })
             .collect();
         let options = &self.cache.options;
         let target = Target::PerDevice { mesh: mesh.clone() };
@@ -236,6 +361,23 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             program,
         })
     }
+}
+
+/// An output with `out_axes` `None`: every device's value, which must all be the same.
+fn unmapped(parts: Vec<Literal>, output: usize, location: &str) -> Result<Literal> {
+    for (d, p) in parts.iter().enumerate().skip(1) {
+        if p.ty != parts[0].ty || !p.data.bits_eq(&parts[0].data) {
+            return Err(Error::Op {
+                op: "pmap".into(),
+                message: format!(
+                    "out_axes is None for output {output}, but device {d}'s value differs from \
+                     device 0's (an unmapped output must be the same on every device)"
+                ),
+                location: location.to_string(),
+            });
+        }
+    }
+    Ok(parts.into_iter().next().expect("at least one device"))
 }
 
 /// The size of a named axis of the enclosing pmap, or an error naming the caller.

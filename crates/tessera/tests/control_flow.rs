@@ -258,9 +258,37 @@ fn fori_loop_newton_iterations_differentiate_with_respect_to_a_parameter() {
         close64(v2.item::<f64>(), 2f64.sqrt(), 1e-15, "jit sqrt 2");
         close64(g2.item::<f64>(), 0.5 / 2f64.sqrt(), 1e-12, "jit d sqrt 2");
     }
-    // The counter runs from lo to hi.
+    // The counter runs from lo to hi; an empty range runs no iteration.
     let count = fori_loop(3, 7, |i: &Tensor, s: &Tensor| s + i, &Tensor::scalar(0i32));
     assert_eq!(count.item::<i32>(), 3 + 4 + 5 + 6);
+    let none = fori_loop(7, 3, |i: &Tensor, s: &Tensor| s + i, &Tensor::scalar(5i32));
+    assert_eq!(none.item::<i32>(), 5);
+}
+
+/// Second derivatives through a loop: `a^3` as a `fori_loop`, differentiated twice (the
+/// backward scan is differentiated in turn).
+#[test]
+fn grad_of_grad_through_a_fori_loop() {
+    let cube = |a: &Tensor| {
+        fori_loop(
+            0,
+            3,
+            |_i: &Tensor, x: &Tensor| x * a,
+            &Tensor::scalar(1.0f64),
+        )
+    };
+    let d2 = |a: &Tensor| grad(|a: &Tensor| grad(cube)(a))(a);
+    let a = Tensor::scalar(1.5f64);
+    close64(d2(&a).item::<f64>(), 6.0 * 1.5, 1e-14, "d2 a^3");
+    for backend in BACKENDS {
+        let j = jit(move |a: Tensor| d2(&a)).backend(backend);
+        close64(
+            j.call(a.clone()).unwrap().item::<f64>(),
+            9.0,
+            1e-14,
+            "jit d2 a^3",
+        );
+    }
 }
 
 /// Halving until below 1: the trip count depends on the data, under jit too.

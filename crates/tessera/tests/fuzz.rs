@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use tessera::check::check_program;
 use tessera::ir::corpus::Lcg;
 use tessera::ir::{
-    BinaryOp, CompareOp, DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, Shape,
-    TensorType, UnaryOp, print,
+    BinaryOp, CompareOp, DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, RegionOp,
+    Shape, TensorType, UnaryOp, print,
 };
 
 /// Dims the shapes are drawn from: empty, one, small primes, a size past the 8-lane loops.
@@ -22,6 +22,9 @@ const DIMS: [usize; 8] = [0, 1, 1, 2, 3, 5, 7, 17];
 
 struct Gen {
     rng: Lcg,
+    /// How deep in region bodies the generator is (0: the program itself). A body cannot gain
+    /// parameters, so inside one a missing operand is a new constant instead.
+    depth: usize,
 }
 
 impl Gen {
@@ -135,9 +138,252 @@ impl Gen {
         if !same.is_empty() && self.chance(0.7) {
             return self.pick(&same);
         }
-        let p = g.add_param(ty.clone());
+        let p = if self.depth > 0 {
+            self.constant(g, ty)
+        } else {
+            g.add_param(ty.clone())
+        };
         nodes.push(p);
         p
+    }
+
+    /// A new constant of type `ty` with random (edge) values.
+    fn constant(&mut self, g: &mut Graph, ty: &TensorType) -> NodeId {
+        let lit = Literal::new(ty.shape.clone(), self.data(ty.dtype, ty.numel())).expect("sized");
+        g.add(Op::Constant(lit), &[])
+            .expect("a constant is well-typed")
+    }
+
+    /// A node of type `ty` among `nodes`, else a new constant (a body's output of a fixed type).
+    fn node_of_type(&mut self, g: &mut Graph, nodes: &[NodeId], ty: &TensorType) -> NodeId {
+        let same: Vec<NodeId> = nodes.iter().copied().filter(|&n| g.ty(n) == ty).collect();
+        if same.is_empty() {
+            self.constant(g, ty)
+        } else {
+            self.pick(&same)
+        }
+    }
+
+    /// A random body over parameters of the given types: a few random ops (and, two levels
+    /// deep at most, a region of its own); returns it with its nodes, outputs not yet set.
+    fn body(&mut self, params: &[TensorType]) -> (Graph, Vec<NodeId>) {
+        let mut g = Graph::new("body");
+        let mut nodes: Vec<NodeId> = params.iter().map(|t| g.add_param(t.clone())).collect();
+        self.depth += 1;
+        for _ in 0..1 + self.below(4) {
+            if nodes.is_empty() {
+                break;
+            }
+            if self.depth < 3 && self.chance(0.15) {
+                self.region(&mut g, &mut nodes);
+            } else {
+                self.op(&mut g, &mut nodes);
+            }
+        }
+        self.depth -= 1;
+        (g, nodes)
+    }
+
+    /// Sets a body's outputs: one node of each type in `fixed`, then up to `free` random
+    /// nodes of types whose stacked form (a scan's ys: `[stack, ..dims]`) is small.
+    fn finish(
+        &mut self,
+        g: &mut Graph,
+        nodes: &[NodeId],
+        fixed: &[TensorType],
+        free: usize,
+        stack: usize,
+    ) {
+        let mut outs: Vec<NodeId> = fixed
+            .iter()
+            .map(|t| self.node_of_type(g, nodes, t))
+            .collect();
+        if !nodes.is_empty() {
+            for _ in 0..self.below(free + 1) {
+                let n = self.pick(nodes);
+                if g.ty(n).numel().saturating_mul(stack) <= 1 << 16 {
+                    outs.push(n);
+                }
+            }
+        }
+        g.set_outputs(outs);
+    }
+
+    /// Up to `n` distinct nodes of `nodes` (at least one).
+    fn some(&mut self, nodes: &[NodeId], n: usize) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        for _ in 0..1 + self.below(n) {
+            let x = self.pick(nodes);
+            if !out.contains(&x) {
+                out.push(x);
+            }
+        }
+        out
+    }
+
+    /// One random region op (scan, while, case, checkpoint or custom_vjp) with random small
+    /// bodies over the nodes so far; some of its results (not always all) are read by
+    /// `get_result` nodes, which join `nodes`.
+    fn region(&mut self, g: &mut Graph, nodes: &mut Vec<NodeId>) -> Option<NodeId> {
+        let ty_of = |g: &Graph, ids: &[NodeId]| -> Vec<TensorType> {
+            ids.iter().map(|&i| g.ty(i).clone()).collect()
+        };
+        let (r, operands) = match self.below(5) {
+            0 => {
+                let length = self.pick(&[0, 1, 2, 3]);
+                let consts = if self.chance(0.5) {
+                    self.some(nodes, 1)
+                } else {
+                    vec![]
+                };
+                let carries = self.some(nodes, 2);
+                let mut xs = Vec::new();
+                for _ in 0..self.below(3) {
+                    let mut dims = vec![length];
+                    dims.extend(self.shape());
+                    let ty = TensorType::new(self.dtype(), dims);
+                    xs.push(self.operand_like(g, nodes, &ty));
+                }
+                let mut params = ty_of(g, &consts);
+                params.extend(ty_of(g, &carries));
+                let carry_types = ty_of(g, &carries);
+                for &x in &xs {
+                    let t = g.ty(x);
+                    params.push(TensorType::new(t.dtype, t.dims()[1..].to_vec()));
+                }
+                let (mut body, body_nodes) = self.body(&params);
+                self.finish(&mut body, &body_nodes, &carry_types, 2, length);
+                let mut operands = consts.clone();
+                operands.extend(&carries);
+                operands.extend(&xs);
+                let r = RegionOp::Scan {
+                    length,
+                    reverse: self.chance(0.5),
+                    consts: consts.len(),
+                    carries: carries.len(),
+                    body,
+                };
+                (r, operands)
+            }
+            1 => {
+                // A counter carry bounds the trip count: `while n < limit` with the counter
+                // starting in -1..=1 and the limit in 0..4, so at most 5 iterations.
+                let start = self.below(3) as i32 - 1;
+                let limit = self.below(4) as i32;
+                let counter = g
+                    .add(
+                        Op::Constant(
+                            Literal::new(Shape::scalar(), Data::I32(vec![start])).expect("scalar"),
+                        ),
+                        &[],
+                    )
+                    .expect("a constant is well-typed");
+                let consts = if self.chance(0.5) {
+                    self.some(nodes, 1)
+                } else {
+                    vec![]
+                };
+                let mut carries = vec![counter];
+                carries.extend(self.some(nodes, 2));
+                let mut params = ty_of(g, &consts);
+                params.extend(ty_of(g, &carries));
+                let n = consts.len();
+                let mut cond = Graph::new("cond");
+                let ps: Vec<NodeId> = params.iter().map(|t| cond.add_param(t.clone())).collect();
+                let lim = cond
+                    .add(
+                        Op::Constant(
+                            Literal::new(Shape::scalar(), Data::I32(vec![limit])).expect("scalar"),
+                        ),
+                        &[],
+                    )
+                    .expect("a constant is well-typed");
+                let go = cond
+                    .add(Op::Compare(CompareOp::Lt), &[ps[n], lim])
+                    .expect("i32[] < i32[]");
+                cond.set_outputs(vec![go]);
+                let (mut body, mut body_nodes) = self.body(&params);
+                let one = body
+                    .add(
+                        Op::Constant(
+                            Literal::new(Shape::scalar(), Data::I32(vec![1])).expect("scalar"),
+                        ),
+                        &[],
+                    )
+                    .expect("a constant is well-typed");
+                let next = body
+                    .add(Op::Binary(BinaryOp::Add), &[body.params()[n], one])
+                    .expect("i32[] + i32[]");
+                // The counter's successor is the body's first output, not a value the random
+                // ops may pick as another carry.
+                body_nodes.retain(|&x| x != body.params()[n]);
+                let rest = ty_of(g, &carries[1..]);
+                self.finish(&mut body, &body_nodes, &rest, 0, 1);
+                let mut outs = vec![next];
+                outs.extend(body.outputs().iter().copied());
+                body.set_outputs(outs);
+                let mut operands = consts.clone();
+                operands.extend(&carries);
+                let r = RegionOp::While {
+                    consts: n,
+                    cond,
+                    body,
+                };
+                (r, operands)
+            }
+            2 => {
+                let index =
+                    self.operand_like(g, nodes, &TensorType::new(DType::I32, Vec::<usize>::new()));
+                let args = self.some(nodes, 2);
+                let params = ty_of(g, &args);
+                let (mut first, first_nodes) = self.body(&params);
+                self.finish(&mut first, &first_nodes, &[], 2, 1);
+                let out_types = tessera::ir::region::output_types(&first);
+                let mut branches = vec![first];
+                for _ in 0..1 + self.below(2) {
+                    let (mut b, b_nodes) = self.body(&params);
+                    self.finish(&mut b, &b_nodes, &out_types, 0, 1);
+                    branches.push(b);
+                }
+                let mut operands = vec![index];
+                operands.extend(&args);
+                (RegionOp::Case { branches }, operands)
+            }
+            3 => {
+                let args = self.some(nodes, 2);
+                let (mut body, body_nodes) = self.body(&ty_of(g, &args));
+                self.finish(&mut body, &body_nodes, &[], 3, 1);
+                (RegionOp::Checkpoint { body }, args)
+            }
+            _ => {
+                let args = self.some(nodes, 2);
+                let arg_types = ty_of(g, &args);
+                let (mut fwd, fwd_nodes) = self.body(&arg_types);
+                self.finish(&mut fwd, &fwd_nodes, &[], 3, 1);
+                let outs = tessera::ir::region::output_types(&fwd);
+                let primals = if outs.is_empty() {
+                    0
+                } else {
+                    1 + self.below(outs.len())
+                };
+                let mut bwd_params = outs[primals..].to_vec();
+                bwd_params.extend_from_slice(&outs[..primals]);
+                let (mut bwd, bwd_nodes) = self.body(&bwd_params);
+                self.finish(&mut bwd, &bwd_nodes, &arg_types, 0, 1);
+                (RegionOp::CustomVjp { primals, fwd, bwd }, args)
+            }
+        };
+        let id = g.add(Op::Region(Box::new(r)), &operands).ok()?;
+        let types = g.result_types(id).ok()?;
+        let mut last = None;
+        for (index, ty) in types.into_iter().enumerate() {
+            if self.chance(0.8) {
+                let res = g.add(Op::GetResult { index, ty }, &[id]).ok()?;
+                nodes.push(res);
+                last = Some(res);
+            }
+        }
+        last
     }
 
     /// One random op on the nodes so far (or a new leaf). `None` when the draw is not
@@ -304,6 +550,12 @@ impl Gen {
     }
 
     fn program(&mut self) -> (Graph, Vec<Literal>) {
+        self.program_with(0.0)
+    }
+
+    /// A program whose steps are region ops with probability `regions` (drawn only when it is
+    /// positive, so `program`'s seeds keep their programs).
+    fn program_with(&mut self, regions: f64) -> (Graph, Vec<Literal>) {
         let mut g = Graph::new("fuzz");
         let mut nodes = Vec::new();
         for _ in 0..1 + self.below(2) {
@@ -334,7 +586,12 @@ impl Gen {
         }
         let mut made = Vec::new();
         for _ in 0..2 + self.below(10) {
-            if let Some(id) = self.op(&mut g, &mut nodes) {
+            let id = if regions > 0.0 && self.chance(regions) {
+                self.region(&mut g, &mut nodes)
+            } else {
+                self.op(&mut g, &mut nodes)
+            };
+            if let Some(id) = id {
                 made.push(id);
             }
         }
@@ -367,7 +624,10 @@ fn fuzz(first_seed: u64, count: u64, budget: Duration) -> Result<u64, String> {
         if start.elapsed() > budget {
             break;
         }
-        let mut gen_ = Gen { rng: Lcg(seed) };
+        let mut gen_ = Gen {
+            rng: Lcg(seed),
+            depth: 0,
+        };
         let (g, inputs) = gen_.program();
         if std::env::var_os("TESSERA_FUZZ_VERBOSE").is_some() {
             // A crash (the class of bug this looks for) leaves the program it died on here.
@@ -384,6 +644,185 @@ fn fuzz(first_seed: u64, count: u64, budget: Duration) -> Result<u64, String> {
         ran += 1;
     }
     Ok(ran)
+}
+
+/// Whether both backends compute every op of `g` and of its bodies bit for bit alike: not
+/// the f32 transcendental functions (each backend has its own within the stated bounds) nor
+/// float sums and dots (the order of the terms is the backend's); f64 functions are Rust's
+/// libm on both, `pow` the same f64 call, `sqrt` correctly rounded, `rsqrt` `1 / sqrt(x)`.
+fn exact_between_backends(g: &Graph) -> bool {
+    g.node_ids().all(|id| {
+        let float = g.ty(id).dtype.is_float();
+        match g.op(id) {
+            Op::Unary(u) => match u {
+                UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Log1p
+                | UnaryOp::Expm1
+                | UnaryOp::Tanh
+                | UnaryOp::Logistic
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Erf
+                | UnaryOp::ErfInv => g.ty(id).dtype == DType::F64,
+                UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Sign
+                | UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Not => true,
+            },
+            Op::Reduce { kind, .. } => match kind {
+                ReduceKind::Sum => !float,
+                ReduceKind::Max | ReduceKind::Min => true,
+            },
+            Op::DotGeneral(_) => !float,
+            Op::Region(r) => r.regions().iter().all(|(_, b)| exact_between_backends(b)),
+            Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::ArgMax { .. }
+            | Op::Collective(_)
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient
+            | Op::GetResult { .. } => true,
+        }
+    })
+}
+
+/// Every body of every region op of `g`, nested ones included.
+fn bodies(g: &Graph) -> Vec<Graph> {
+    let mut out = Vec::new();
+    for id in g.node_ids() {
+        if let Op::Region(r) = g.op(id) {
+            for (_, b) in r.regions() {
+                out.push(b.clone());
+                out.extend(bodies(b));
+            }
+        }
+    }
+    out
+}
+
+/// Bitwise equality of two program outputs, any NaN equal to any NaN.
+fn same_bits(a: &Literal, b: &Literal) -> bool {
+    a.ty == b.ty
+        && (0..a.data.len()).all(|i| {
+            let (x, y) = (a.data.get_f64(i), b.data.get_f64(i));
+            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+        })
+}
+
+/// The fuzzer over programs with region ops (scan, while, case, checkpoint, custom_vjp, two
+/// levels of nesting at most, some results unused) with random small bodies. Each program:
+/// `check_program` on it (its regions compiled alone against the program compiled whole, bit
+/// for bit; the other ops within their bounds) and on each body with random inputs (the body's
+/// ops compiled against interpreted); and when all its ops are exact between the backends,
+/// the program compiled whole against the interpreter, bit for bit. Returns how many programs
+/// with a region ran and how many of them were exact.
+fn fuzz_regions(first_seed: u64, count: u64, budget: Duration) -> Result<(u64, u64), String> {
+    let start = Instant::now();
+    let (mut ran, mut exact) = (0, 0);
+    for seed in first_seed..first_seed + count {
+        if start.elapsed() > budget {
+            break;
+        }
+        let mut gen_ = Gen {
+            rng: Lcg(seed),
+            depth: 0,
+        };
+        let (g, inputs) = gen_.program_with(0.4);
+        let inner = bodies(&g);
+        if inner.is_empty() {
+            continue;
+        }
+        let text = print(&g);
+        if std::env::var_os("TESSERA_FUZZ_VERBOSE").is_some() {
+            eprintln!("seed {seed}:\n{text}");
+        }
+        let fail = |what: String| {
+            let values: Vec<String> = inputs.iter().map(|l| format!("{:?}", l.data)).collect();
+            format!(
+                "seed {seed}: {what}\n{text}\ninputs: {}",
+                values.join("\n        ")
+            )
+        };
+        check_program(&g, &inputs).map_err(|e| fail(e.to_string()))?;
+        for b in &inner {
+            let body_inputs: Vec<Literal> = b
+                .params()
+                .iter()
+                .map(|&p| {
+                    let ty = b.ty(p).clone();
+                    let n = ty.numel();
+                    Literal::new(ty.shape.clone(), gen_.data(ty.dtype, n)).expect("sized")
+                })
+                .collect();
+            check_program(b, &body_inputs)
+                .map_err(|e| fail(format!("body {}: {e}\n{}", b.name, print(b))))?;
+        }
+        if exact_between_backends(&g) {
+            let want = tessera_interp::run(&g, &inputs).map_err(|e| fail(e.to_string()))?;
+            let exe = tessera_codegen::compile(&g).map_err(|e| fail(e.to_string()))?;
+            let refs: Vec<&Literal> = inputs.iter().collect();
+            let got = exe
+                .run(&refs, &tessera_interp::SingleDevice)
+                .map_err(|e| fail(e.to_string()))?;
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                if !same_bits(a, b) {
+                    return Err(fail(format!(
+                        "output {i}: compiled {:?}, interpreted {:?}",
+                        a.data, b.data
+                    )));
+                }
+            }
+            exact += 1;
+        }
+        ran += 1;
+    }
+    Ok((ran, exact))
+}
+
+#[test]
+fn fuzz_regions_short() {
+    let (ran, exact) =
+        fuzz_regions(1, 600, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("fuzz_regions_short: {ran} programs with regions, {exact} of them exact");
+    assert!(ran >= 100, "only {ran} programs with regions ran");
+    assert!(
+        exact >= 20,
+        "only {exact} programs were compared bit for bit"
+    );
+}
+
+#[test]
+#[ignore = "long run: TESSERA_FUZZ_SECONDS=600 cargo test --release -p tessera --test fuzz -- --ignored fuzz_regions_long"]
+fn fuzz_regions_long() {
+    let secs: u64 = std::env::var("TESSERA_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600);
+    let first: u64 = std::env::var("TESSERA_FUZZ_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let (ran, exact) = fuzz_regions(first, u64::MAX / 2, Duration::from_secs(secs))
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("fuzz_regions_long: {ran} programs ({exact} exact) in {secs} s, no mismatch");
 }
 
 #[test]

@@ -34,6 +34,17 @@ const NOT_DIFFERENTIATED_HERE: &[&str] = &[
     "collective_permute",
     "axis_index",
     "sharding_constraint",
+    // Its derivative is zero by definition, not the identity's that finite differences of its
+    // values would measure: `grad_through_stop_gradient_is_zero` below.
+    "stop_gradient",
+    // The region ops have no one-op sample; their reverse mode is in the autodiff filetests
+    // (`tests/filetests/autodiff/regions.ir`) and `tessera/tests/control_flow.rs`.
+    "scan",
+    "while",
+    "case",
+    "checkpoint",
+    "custom_vjp",
+    "get_result",
 ];
 
 /// `sum(graph(inputs) * w)`, with the float inputs given and the others fixed.
@@ -67,6 +78,9 @@ fn every_vjp_rule_matches_finite_differences() {
             continue;
         }
         let op_name = g.op(g.outputs()[0]).name();
+        if op_name == "stop_gradient" {
+            continue;
+        }
         covered.insert(op_name);
         let inputs = random_inputs(&s, &mut rng);
         let fixed: Vec<Option<Tensor>> = inputs
@@ -120,6 +134,45 @@ fn every_vjp_rule_matches_finite_differences() {
         "differentiable ops without a finite-difference check: {missing:?}"
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `stop_gradient` is the identity on values and has a zero derivative: through
+/// `sum(stop_gradient(x) * x)` the gradient is `x` (the stopped factor is a constant), not the
+/// `2x` of `sum(x * x)`; through `sum(exp(stop_gradient(x)))` it is zero. Eagerly and under jit.
+#[test]
+fn grad_through_stop_gradient_is_zero() {
+    let product = tessera::ir::parse(
+        "func @f(%0: f64[3]) {
+  %1 = stop_gradient %0 : f64[3]
+  %2 = mul %1, %0 : f64[3]
+  return %2
+}",
+    )
+    .unwrap();
+    let stopped = tessera::ir::parse(
+        "func @f(%0: f64[3]) {
+  %1 = stop_gradient %0 : f64[3]
+  %2 = exp %1 : f64[3]
+  %3 = add %2, %0 : f64[3]
+  %4 = sub %3, %0 : f64[3]
+  return %4
+}",
+    )
+    .unwrap();
+    let x = Tensor::from_vec(vec![0.5f64, -2.0, 3.0], [3]);
+    let through = |g: &Graph, x: &Tensor| eval_graph(g, std::slice::from_ref(x)).unwrap()[0].sum();
+    let g1 = grad(|x: &Tensor| through(&product, x))(&x);
+    assert_eq!(g1.to_vec::<f64>(), vec![0.5, -2.0, 3.0]);
+    let g2 = grad(|x: &Tensor| through(&stopped, x))(&x);
+    assert_eq!(g2.to_vec::<f64>(), vec![0.0, 0.0, 0.0]);
+    // The values are the identity's.
+    let v = eval_graph(&product, std::slice::from_ref(&x)).unwrap();
+    assert_eq!(v[0].to_vec::<f64>(), vec![0.25, 4.0, 9.0]);
+    let jitted = jit(|x: Tensor| grad(|x: &Tensor| through(&product, x))(&x));
+    assert_eq!(
+        jitted.call(x.clone()).unwrap().to_vec::<f64>(),
+        vec![0.5, -2.0, 3.0]
+    );
 }
 
 #[test]
