@@ -109,5 +109,18 @@ pub fn combine_all_reduces(g: &mut Graph) -> Result<usize, ShardError> {
         }
         removed += members.len() - 1;
     }
+    // Inside a region's body, its own all-reduces combine (a loop body meets once per
+    // iteration); never across the boundary.
+    let regions: Vec<NodeId> = g
+        .node_ids()
+        .filter(|&id| matches!(g.op(id), Op::Region(_)))
+        .collect();
+    for id in regions {
+        if let Op::Region(r) = &mut g.node_mut(id).op {
+            for body in r.regions_mut() {
+                removed += combine_all_reduces(body)?;
+            }
+        }
+    }
     Ok(removed)
 }

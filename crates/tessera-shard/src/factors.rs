@@ -136,9 +136,9 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         | Op::Bitcast(_)
         | Op::ShardingConstraint(_)
         | Op::StopGradient => elementwise_rule(rdims, operands.len()),
-        // A region runs whole on every device: its operands are gathered and its results are
-        // replicated. (Propagating shardings through a body is future work, see
-        // ARCHITECTURE.md.)
+        // The passes never use these: `region.rs` ties a region's operands and results to its
+        // bodies' parameters and outputs (slots), and each body has its own rules. Seen from
+        // outside its bodies, a region is whole.
         Op::Region(_) | Op::GetResult { .. } => replicated_rule(operands, rdims),
         Op::BroadcastInDim { dims, .. } => broadcast_rule(from(), dims, rdims),
         Op::Reshape(_) => reshape_rule(from(), rdims),

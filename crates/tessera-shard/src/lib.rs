@@ -6,7 +6,9 @@
 //!   nodes of their own;
 //! - [`per_device`] (`partition.rs`): -> the program each device runs, local shapes;
 //!
-//! then [`combine_all_reduces`] on the per-device program. [`partition`] runs the three.
+//! then [`combine_all_reduces`] on the per-device program. Each pass recurses into region
+//! bodies (`region.rs`: the slots that tie a region's operands and results to its bodies), so
+//! a loop body is propagated, gets its own collectives and runs on local shapes. [`partition`] runs the three.
 //! `spec.rs` is the vocabulary of a split, the one the user-facing `Mesh`, `P!` and
 //! `NamedSharding` of the `tessera` crate reduce to.
 
@@ -15,6 +17,7 @@ pub mod factors;
 pub mod insert_collectives;
 pub mod partition;
 pub mod propagate;
+mod region;
 pub mod spec;
 
 pub use combine::combine_all_reduces;

@@ -15,11 +15,13 @@
 use std::collections::HashMap;
 
 use tessera_ir::{
-    CollectiveOp, CompareOp, DType, Graph, Literal, Mesh, NodeId, Op, ReduceKind, TensorType,
+    CollectiveOp, CompareOp, DType, Graph, Literal, Mesh, NodeId, Op, ReduceKind, RegionOp,
+    TensorType,
 };
 
 use crate::factors::rule_of;
 use crate::propagate::{project, settle};
+use crate::region;
 use crate::spec::{
     ShardError, Spec, annotation, check_spec, local_type, mesh_of, order, spec_text,
 };
@@ -33,10 +35,20 @@ struct Partitioner<'a> {
 
 /// The pass (see the module doc).
 pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
-    let order = order(g, PASS)?;
     let mesh = mesh_of(g, PASS)?;
+    per_device_graph(g, mesh, format!("{}_per_device", g.name))
+}
+
+/// The pass on `g`, the program or a region's body, on `mesh`, the local graph named `name`.
+fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, ShardError> {
+    let order = order(g, PASS)?;
     let mut specs: HashMap<NodeId, Spec> = HashMap::new();
     for id in g.node_ids() {
+        if let Op::Region(_) = g.op(id) {
+            // A token, not annotated: its results are.
+            specs.insert(id, vec![Vec::new()]);
+            continue;
+        }
         let spec = annotation(g, id, PASS, "insert_collectives")?;
         check_spec(mesh, g.ty(id), &spec)
             .map_err(|e| ShardError::Invalid(format!("{PASS}: {}: {e}", g.op(id).name())))?;
@@ -44,7 +56,7 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
     }
     let mut p = Partitioner {
         mesh,
-        lg: Graph::new(format!("{}_per_device", g.name)),
+        lg: Graph::new(name),
     };
     p.lg.mesh = Some(mesh.clone());
     let mut local: HashMap<NodeId, NodeId> = HashMap::new();
@@ -57,6 +69,8 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
     // The ops whose local results are partial, with their reduction and axes: only
     // `all_reduce`s of exactly those may use them.
     let mut partial: HashMap<NodeId, (ReduceKind, Vec<String>)> = HashMap::new();
+    // For each region node, where each of its results is.
+    let mut results: HashMap<NodeId, Vec<Spec>> = HashMap::new();
     for id in order {
         let op = g.op(id);
         let operands = g.operands(id);
@@ -113,15 +127,39 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
             | Op::DotGeneral(_)
-            | Op::StopGradient
-            | Op::Region(_)
-            | Op::GetResult { .. } => {
+            | Op::StopGradient => {
                 if let Some(&o) = operands.iter().find(|o| partial.contains_key(o)) {
                     return Err(incomplete(g, o, &partial));
                 }
                 let operand_specs: Vec<&Spec> = operands.iter().map(|o| &specs[o]).collect();
                 if let Some(reduced) = check_op(g, mesh, id, &operand_specs, spec)? {
                     partial.insert(id, reduced);
+                }
+                let n = p.add(localize(op, mesh, g.ty(id), spec), &args)?;
+                p.lg.node_mut(n).loc = g.node(id).loc.clone();
+                n
+            }
+            Op::Region(r) => {
+                if let Some(&o) = operands.iter().find(|o| partial.contains_key(o)) {
+                    return Err(incomplete(g, o, &partial));
+                }
+                let (local_r, specs_of_results) = region(g, mesh, id, r, &specs)?;
+                results.insert(id, specs_of_results);
+                let n = p.add(Op::Region(Box::new(local_r)), &args)?;
+                p.lg.node_mut(n).loc = g.node(id).loc.clone();
+                n
+            }
+            Op::GetResult { index, .. } => {
+                let want = &results[&operands[0]][*index];
+                if spec != want {
+                    return Err(ShardError::Invalid(format!(
+                        "{PASS}: get_result index={index} : {} is sharded {} but the {}'s \
+                         result {index} is {}; run insert_collectives first",
+                        g.ty(id),
+                        spec_text(spec),
+                        g.op(operands[0]).name(),
+                        spec_text(want)
+                    )));
                 }
                 let n = p.add(localize(op, mesh, g.ty(id), spec), &args)?;
                 p.lg.node_mut(n).loc = g.node(id).loc.clone();
@@ -137,6 +175,97 @@ pub fn per_device(g: &Graph) -> Result<Graph, ShardError> {
     p.lg.set_outputs(outs);
     p.lg.remove_dead();
     Ok(p.lg)
+}
+
+/// A region node's per-device op: each slot (`region.rs`) must be sharded alike wherever it
+/// appears (operands, body parameters and outputs; a stacked slot's leading dim whole, what
+/// `insert_collectives` guarantees); each body partitioned recursively. Returns the op and
+/// where each of its results is.
+fn region(
+    g: &Graph,
+    mesh: &Mesh,
+    id: NodeId,
+    r: &RegionOp,
+    specs: &HashMap<NodeId, Spec>,
+) -> Result<(RegionOp, Vec<Spec>), ShardError> {
+    let operands = g.operands(id);
+    let slots = region::slots(r, operands.len());
+    let bodies: Vec<&Graph> = r.regions().into_iter().map(|(_, b)| b).collect();
+    let whole = |rank: usize| vec![Vec::new(); rank];
+    // Where each operand and body value must be: whole unless its slot says otherwise.
+    let mut want_operands: Vec<Spec> = operands.iter().map(|&o| whole(g.ty(o).rank())).collect();
+    let mut want_params: Vec<Vec<Spec>> = bodies
+        .iter()
+        .map(|b| b.params().iter().map(|&q| whole(b.ty(q).rank())).collect())
+        .collect();
+    let mut want_outputs: Vec<Vec<Spec>> = bodies
+        .iter()
+        .map(|b| b.outputs().iter().map(|&q| whole(b.ty(q).rank())).collect())
+        .collect();
+    let result_types = g.result_types(id).map_err(|error| ShardError::Type {
+        op: r.name().into(),
+        error,
+    })?;
+    let mut results: Vec<Spec> = result_types.iter().map(|t| whole(t.rank())).collect();
+    for s in &slots {
+        let (b, v) = match (s.params.first(), s.outputs.first()) {
+            (Some(&(b, q)), _) => (b, bodies[b].params()[q]),
+            (None, Some(&(b, j))) => (b, bodies[b].outputs()[j]),
+            (None, None) => continue,
+        };
+        let spec = annotation(bodies[b], v, PASS, "insert_collectives")?;
+        if let Some(k) = s.operand {
+            want_operands[k] = region::stack(s, &spec);
+        }
+        if let Some(i) = s.result {
+            results[i] = region::stack(s, &spec);
+        }
+        for &(b, q) in &s.params {
+            want_params[b][q] = spec.clone();
+        }
+        for &(b, j) in &s.outputs {
+            want_outputs[b][j] = spec.clone();
+        }
+    }
+    let mismatch = |what: String, have: &Spec, want: &Spec| {
+        ShardError::Invalid(format!(
+            "{PASS}: {what} of the {} is sharded {} but its slot is {}; run insert_collectives \
+             first",
+            r.name(),
+            spec_text(have),
+            spec_text(want)
+        ))
+    };
+    for (k, &o) in operands.iter().enumerate() {
+        if specs[&o] != want_operands[k] {
+            return Err(mismatch(
+                format!("operand {k}"),
+                &specs[&o],
+                &want_operands[k],
+            ));
+        }
+    }
+    let mut local = r.clone();
+    let labels: Vec<&str> = r.regions().iter().map(|(l, _)| *l).collect();
+    for (b, lb) in local.regions_mut().into_iter().enumerate() {
+        let body = bodies[b];
+        for (q, &param) in body.params().iter().enumerate() {
+            let have = annotation(body, param, PASS, "insert_collectives")?;
+            if have != want_params[b][q] {
+                let what = format!("{} parameter {q}", labels[b]);
+                return Err(mismatch(what, &have, &want_params[b][q]));
+            }
+        }
+        for (j, &out) in body.outputs().iter().enumerate() {
+            let have = annotation(body, out, PASS, "insert_collectives")?;
+            if have != want_outputs[b][j] {
+                let what = format!("{} output {j}", labels[b]);
+                return Err(mismatch(what, &have, &want_outputs[b][j]));
+            }
+        }
+        *lb = per_device_graph(body, mesh, labels[b].to_string())?;
+    }
+    Ok((local, results))
 }
 
 /// The error for a partial result used before an `all_reduce` completes it.
@@ -243,7 +372,8 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         | Op::Collective(_)
         | Op::ShardingConstraint(_)
         | Op::StopGradient
-        // Its operands are replicated (`factors.rs`), so its bodies are already local.
+        // `per_device` makes its bodies local (`region`); `length` stays global, as a scan's
+        // leading dim is whole.
         | Op::Region(_) => op.clone(),
     }
 }

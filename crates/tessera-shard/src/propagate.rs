@@ -16,15 +16,24 @@
 //! changes. So a sharding flows along elementwise chains before a dot or a reduction gets to
 //! decide what the chain's values should be.
 //!
+//! A region op (loop, branch, call) is not an op with factors: its operands, results, body
+//! parameters and body outputs form slots (`region.rs`), each one value that keeps one
+//! sharding. A region's turn starts each slot from its operand's and result's shardings,
+//! propagates each body as a function of its own (this pass, recursively) from its slots, and
+//! lets each slot take what its parameters and outputs became, until no slot changes: a carried
+//! value then has one sharding across iterations (where members disagree, the slot keeps the
+//! axes they share). The slots flow back to the open operands and to the results.
+//!
 //! Where tensors disagree on a factor, the sharding of the larger tensor wins (the smaller one
 //! is resharded, which moves fewer bytes); between tensors of one size, the first operand wins,
 //! and operands win over the result. `insert_collectives` records each conflict in the dump.
 
 use std::collections::HashMap;
 
-use tessera_ir::{Graph, Mesh, NodeId, Op, OpClass, Sharding};
+use tessera_ir::{Graph, Mesh, NodeId, Op, OpClass, RegionOp, Sharding};
 
 use crate::factors::{FactorKind, FactorRule, rule_of};
+use crate::region::{self, Settling, Slot, slot_type};
 use crate::spec::{ShardError, Spec, axes_text, check_spec};
 
 /// How an op's factors are split, as settled from its tensors' shardings.
@@ -239,6 +248,10 @@ fn absorb(cur: &mut Spec, new: &Spec) -> bool {
 /// 0: ops that move dims without communication; 1: dots and reductions; `None`: nothing to
 /// propagate (no operands, or a collective, which the input may not hold).
 fn priority(op: &Op) -> Option<u8> {
+    if let Op::GetResult { .. } = op {
+        // Written by its region's turn (`region_step`) and by its users'.
+        return None;
+    }
     match op.class() {
         OpClass::Parameter | OpClass::Constant | OpClass::Collective => None,
         OpClass::Reduction | OpClass::Dot => Some(1),
@@ -271,46 +284,82 @@ fn check_input(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<(), ShardErr
     }
     verified
         .map_err(|e| ShardError::Invalid(format!("the graph to partition is malformed: {e}")))?;
-    if let Some(id) = g
-        .topo_order()
-        .into_iter()
-        .find(|&id| g.op(id).is_collective())
-    {
+    if let Some(name) = collective_in(g) {
         return Err(ShardError::Invalid(format!(
-            "{} written inside a sharded jit: collectives by axis name belong in pmap",
-            g.op(id).name()
+            "{name} written inside a sharded jit: collectives by axis name belong in pmap"
         )));
     }
     Ok(())
 }
 
+/// The name of a collective in `g` or in one of its bodies, if it holds one.
+fn collective_in(g: &Graph) -> Option<&'static str> {
+    g.topo_order().into_iter().find_map(|id| {
+        let op = g.op(id);
+        if let Op::Region(r) = op {
+            r.regions().into_iter().find_map(|(_, b)| collective_in(b))
+        } else {
+            op.is_collective().then(|| op.name())
+        }
+    })
+}
+
 /// The pass: `g` on `mesh`, every node annotated with the sharding propagation wants for it,
 /// from the parameters' `in_specs` and the program's sharding constraints (see the module doc).
+/// Region bodies are annotated too: each is propagated as a function of its own, its
+/// parameters sharded as the region's operands (`region.rs`).
 pub fn propagate(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Graph, ShardError> {
     check_input(g, mesh, in_specs)?;
-    let specs = fixed_point(g, mesh, in_specs)?;
+    let specs = fixed_point(g, mesh, in_specs, true)?;
     let mut annotated = g.clone();
-    annotated.mesh = Some(mesh.clone());
-    for (id, spec) in specs {
-        annotated.node_mut(id).sharding = Some(Sharding::closed(mesh, &spec));
-    }
+    annotate(&mut annotated, mesh, &specs);
     Ok(annotated)
 }
 
-/// The sharding of every value of `g`, from the parameters' `in_specs` and the program's
-/// sharding constraints.
+/// Every value's sharding in a graph and, for each region node, in each of its bodies.
+#[derive(Clone, Debug, Default)]
+struct Specs {
+    of: HashMap<NodeId, Spec>,
+    bodies: HashMap<NodeId, Vec<Specs>>,
+}
+
+/// Writes `specs` into `g` and its bodies, all of them on `mesh`.
+fn annotate(g: &mut Graph, mesh: &Mesh, specs: &Specs) {
+    g.mesh = Some(mesh.clone());
+    for (&id, spec) in &specs.of {
+        // A region's own node is a token that holds no data: its results are annotated.
+        if !matches!(g.op(id), Op::Region(_)) {
+            g.node_mut(id).sharding = Some(Sharding::closed(mesh, spec));
+        }
+    }
+    for (&id, bodies) in &specs.bodies {
+        if let Op::Region(r) = &mut g.node_mut(id).op {
+            for (body, s) in r.regions_mut().into_iter().zip(bodies) {
+                annotate(body, mesh, s);
+            }
+        }
+    }
+}
+
+/// The sharding of every value of `g`, from the parameters' `params` (fixed when
+/// `params_closed`; otherwise where they start, as a region body's parameters do) and the
+/// program's sharding constraints.
 fn fixed_point(
     g: &Graph,
     mesh: &Mesh,
-    in_specs: &[Spec],
-) -> Result<HashMap<NodeId, Spec>, ShardError> {
+    params: &[Spec],
+    params_closed: bool,
+) -> Result<Specs, ShardError> {
     let order = g.topo_order();
-    let mut specs: HashMap<NodeId, Spec> = HashMap::new();
+    let mut specs = Specs::default();
     let mut closed: Vec<NodeId> = Vec::new();
     for &id in &order {
         // The user's shardings are closed; every other value starts whole.
         let spec = if let Op::Parameter(i) = g.op(id) {
-            in_specs[*i].clone()
+            if params_closed {
+                closed.push(id);
+            }
+            params[*i].clone()
         } else if let Op::ShardingConstraint(s) = g.op(id) {
             let at = match &g.node(id).loc {
                 Some(loc) => format!(" at {loc}"),
@@ -325,20 +374,19 @@ fn fixed_point(
             let spec: Spec = s.spec();
             check_spec(mesh, g.ty(id), &spec)
                 .map_err(|e| ShardError::Invalid(format!("sharding_constraint{at}: {e}")))?;
+            closed.push(id);
             spec
         } else {
             vec![Vec::new(); g.ty(id).rank()]
         };
-        if matches!(g.op(id), Op::Parameter(_) | Op::ShardingConstraint(_)) {
-            closed.push(id);
-        }
-        specs.insert(id, spec);
+        specs.of.insert(id, spec);
     }
     let rules: HashMap<NodeId, FactorRule> = order
         .iter()
-        .filter(|&&id| priority(g.op(id)).is_some())
+        .filter(|&&id| priority(g.op(id)).is_some() && !matches!(g.op(id), Op::Region(_)))
         .map(|&id| (id, rule_of(g, id)))
         .collect();
+    let mut regions: HashMap<NodeId, Settled> = HashMap::new();
     for level in 0..=1 {
         loop {
             let mut changed = false;
@@ -346,7 +394,11 @@ fn fixed_point(
                 if priority(g.op(id)).is_none_or(|p| p > level) {
                     continue;
                 }
-                changed |= step(g, mesh, &rules[&id], id, &mut specs, &closed);
+                changed |= if let Op::Region(r) = g.op(id) {
+                    region_step(g, mesh, r, id, &mut specs, &closed, &mut regions)?
+                } else {
+                    step(g, mesh, &rules[&id], id, &mut specs.of, &closed)
+                };
             }
             if !changed {
                 break;
@@ -354,6 +406,139 @@ fn fixed_point(
         }
     }
     Ok(specs)
+}
+
+/// A region's slots settled from the outer shardings `from`, and its bodies' shardings.
+#[derive(Clone)]
+struct Settled {
+    from: Vec<Settling>,
+    slots: Vec<Settling>,
+    bodies: Vec<Specs>,
+}
+
+/// A region's turn: its slots start from the outer values' shardings (operands and results);
+/// the bodies are propagated with their parameters sharded as their slots, and each slot takes
+/// what its parameters and outputs became (`Settling::merge`), until no slot changes (a
+/// carry's sharding is then one across iterations); the slots are written back to the open
+/// operands and to the results. Returns whether an outer value changed.
+fn region_step(
+    g: &Graph,
+    mesh: &Mesh,
+    r: &RegionOp,
+    id: NodeId,
+    specs: &mut Specs,
+    closed: &[NodeId],
+    cache: &mut HashMap<NodeId, Settled>,
+) -> Result<bool, ShardError> {
+    let operands = g.operands(id);
+    let slots = region::slots(r, operands.len());
+    let bodies: Vec<&Graph> = r.regions().into_iter().map(|(_, b)| b).collect();
+    let results: Vec<(usize, NodeId)> = g
+        .users(id)
+        .into_iter()
+        .filter_map(|u| {
+            if let Op::GetResult { index, .. } = g.op(u) {
+                Some((*index, u))
+            } else {
+                None
+            }
+        })
+        .collect();
+    let mut from: Vec<Settling> = slots
+        .iter()
+        .map(|s| Settling::whole(slot_type(&bodies, s).rank()))
+        .collect();
+    for (s, st) in slots.iter().zip(from.iter_mut()) {
+        if let Some(k) = s.operand {
+            st.merge(mesh, &region::unstack(s, &specs.of[&operands[k]]));
+        }
+        for (i, n) in &results {
+            if s.result == Some(*i) {
+                st.merge(mesh, &region::unstack(s, &specs.of[n]));
+            }
+        }
+    }
+    let settled = match cache.get(&id) {
+        Some(c) if c.from == from => c.clone(),
+        _ => {
+            let s = settle_region(mesh, &bodies, &slots, from)?;
+            cache.insert(id, s.clone());
+            s
+        }
+    };
+    let mut changed = false;
+    for (s, st) in slots.iter().zip(&settled.slots) {
+        let outer = region::stack(s, &st.spec);
+        if let Some(k) = s.operand
+            && !closed.contains(&operands[k])
+        {
+            changed |= absorb(specs.of.get_mut(&operands[k]).expect("a spec"), &outer);
+        }
+        for (i, n) in &results {
+            if s.result == Some(*i) {
+                changed |= absorb(specs.of.get_mut(n).expect("a spec"), &outer);
+            }
+        }
+    }
+    specs.bodies.insert(id, settled.bodies);
+    Ok(changed)
+}
+
+/// The fixed point of a region's slots from `from` (see `region_step`); the bodies' shardings
+/// are those of a last run with every parameter fixed at its slot's sharding, so each body's
+/// parameters are exactly their slots.
+fn settle_region(
+    mesh: &Mesh,
+    bodies: &[&Graph],
+    slots: &[Slot],
+    from: Vec<Settling>,
+) -> Result<Settled, ShardError> {
+    let param_specs = |st: &[Settling]| -> Vec<Vec<Spec>> {
+        let mut ps: Vec<Vec<Spec>> = bodies
+            .iter()
+            .map(|b| {
+                b.params()
+                    .iter()
+                    .map(|&p| vec![Vec::new(); b.ty(p).rank()])
+                    .collect()
+            })
+            .collect();
+        for (s, stl) in slots.iter().zip(st) {
+            for &(b, p) in &s.params {
+                ps[b][p] = stl.spec.clone();
+            }
+        }
+        ps
+    };
+    let run = |st: &[Settling], closed: bool| -> Result<Vec<Specs>, ShardError> {
+        bodies
+            .iter()
+            .zip(param_specs(st))
+            .map(|(b, ps)| fixed_point(b, mesh, &ps, closed))
+            .collect()
+    };
+    let mut st = from.clone();
+    loop {
+        let runs = run(&st, false)?;
+        let mut changed = false;
+        for (s, stl) in slots.iter().zip(st.iter_mut()) {
+            for &(b, p) in &s.params {
+                changed |= stl.merge(mesh, &runs[b].of[&bodies[b].params()[p]]);
+            }
+            for &(b, j) in &s.outputs {
+                changed |= stl.merge(mesh, &runs[b].of[&bodies[b].outputs()[j]]);
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let bodies = run(&st, true)?;
+    Ok(Settled {
+        from,
+        slots: st,
+        bodies,
+    })
 }
 
 /// One op's turn: settle its factors, write them to its open tensors.
