@@ -84,7 +84,10 @@ pub fn vjp(
     for &id in &order {
         // A region node's token is not a float, but its results may be.
         let carries_ct = g.ty(id).dtype.is_float() || matches!(g.op(id), Op::Region(_));
-        if carries_ct && g.operands(id).iter().any(|o| active.contains(o)) {
+        if carries_ct
+            && !has_zero_derivative(g.op(id))
+            && g.operands(id).iter().any(|o| active.contains(o))
+        {
             active.insert(id);
         }
     }
@@ -148,6 +151,18 @@ pub fn vjp(
         }
     }
     Ok(wrt.iter().map(|w| ct.get(w).copied()).collect())
+}
+
+/// Ops whose derivative is zero everywhere (their VJP rules give no share): a value one of them
+/// computes is a constant for differentiation, so nothing that depends only through it is
+/// differentiated (JAX's symbolic zeros: a `while_loop` behind a `stop_gradient` needs no
+/// reverse mode).
+fn has_zero_derivative(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::StopGradient
+            | Op::Unary(UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round)
+    )
 }
 
 /// Emits backward nodes, tagging each with the forward op's location.

@@ -39,7 +39,35 @@ pub struct VerifyError {
 
 /// Checks every invariant listed in the module doc; returns the first violation.
 pub fn verify(g: &Graph) -> Result<(), VerifyError> {
+    // The nesting limit first, as one message (not one line per level).
+    if let Some(deep) = nesting_beyond(g, 0) {
+        return Err(VerifyError {
+            value: deep,
+            message: format!("regions nest deeper than {MAX_REGION_DEPTH} levels"),
+        });
+    }
     verify_at(g, 0)
+}
+
+/// The region op (as `%n (op, loc)` of the top-level graph) under which regions nest deeper
+/// than `MAX_REGION_DEPTH`, if any. Recurses at most `MAX_REGION_DEPTH + 1` levels.
+fn nesting_beyond(g: &Graph, depth: usize) -> Option<String> {
+    for id in g.node_ids() {
+        if let Op::Region(r) = g.op(id) {
+            let too_deep = depth >= MAX_REGION_DEPTH
+                || r.regions()
+                    .iter()
+                    .any(|(_, b)| nesting_beyond(b, depth + 1).is_some());
+            if too_deep {
+                let node = g.node(id);
+                return Some(match &node.loc {
+                    Some(loc) => format!("{} ({loc})", node.op.name()),
+                    None => node.op.name().to_string(),
+                });
+            }
+        }
+    }
+    None
 }
 
 fn verify_at(g: &Graph, depth: usize) -> Result<(), VerifyError> {

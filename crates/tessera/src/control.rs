@@ -355,14 +355,22 @@ fn switch_at<A: Tree, O: Tree>(
         })
         .collect();
     let first_types = bodies[0].out_types();
+    // `cond`'s branches are named as the user passed them.
+    let label = |k: usize| match (name, k) {
+        ("cond", 0) => "false_fn".to_string(),
+        ("cond", _) => "true_fn".to_string(),
+        _ => format!("branch {k}"),
+    };
     for (k, b) in bodies.iter().enumerate().skip(1) {
         if b.out_def != bodies[0].out_def || b.out_types() != first_types {
             raise(Error::Tree {
                 message: format!(
-                    "{name}: branch {k} returns {} {} but branch 0 returns {} {} (every branch \
-                     must return the same tree of the same types)",
+                    "{name}: {} returns {} {} but {} returns {} {} (every branch must return \
+                     the same tree of the same types)",
+                    label(k),
                     b.out_def.describe(),
                     list(&b.out_types()),
+                    label(0),
                     bodies[0].out_def.describe(),
                     list(&first_types)
                 ),

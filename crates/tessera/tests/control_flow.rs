@@ -563,7 +563,34 @@ fn branches_returning_different_trees_are_an_error_with_the_line() {
         )
     });
     assert!(e.contains("every branch must return the same tree"), "{e}");
+    assert!(
+        e.contains("true_fn returns") && e.contains("false_fn returns"),
+        "{e}"
+    );
     assert!(e.contains("control_flow.rs:"), "{e}");
+}
+
+/// A `while_loop` that no gradient reaches (its input is behind `stop_gradient` or `floor`)
+/// needs no reverse mode: the gradient is that of the rest (JAX's symbolic zeros).
+#[test]
+fn a_while_loop_behind_a_zero_derivative_does_not_block_grad() {
+    let doubled = |v: &Tensor| {
+        while_loop(
+            |v: &Tensor| v.lt(&Tensor::scalar(10.0f32)),
+            |v: &Tensor| v * 2.0,
+            v,
+        )
+    };
+    let f = move |x: &Tensor| x + &doubled(&stop_gradient(x));
+    let g = move |x: &Tensor| x * 3.0 + doubled(&x.floor());
+    let x = Tensor::scalar(1.5f32);
+    assert_eq!(grad(f)(&x).item::<f32>(), 1.0);
+    assert_eq!(grad(g)(&x).item::<f32>(), 3.0);
+    for backend in BACKENDS {
+        let j = jit(move |x: Tensor| (grad(f)(&x), grad(g)(&x))).backend(backend);
+        let (a, b) = j.call(x.clone()).unwrap();
+        assert_eq!((a.item::<f32>(), b.item::<f32>()), (1.0, 3.0));
+    }
 }
 
 #[test]
