@@ -15,13 +15,16 @@
 // Lets `#[derive(Tree)]`'s `::tessera::...` paths resolve inside this crate's own tests.
 extern crate self as tessera;
 
+pub mod axis;
 mod cache;
 pub mod check;
 pub mod control;
+pub mod einsum;
 pub mod error;
 pub mod fwd;
 pub mod grad;
 pub mod jit;
+pub mod manip;
 pub mod ops;
 pub mod pipeline;
 pub mod pmap;
@@ -33,9 +36,11 @@ mod trace;
 pub mod tree;
 pub mod vmap;
 
+pub use axis::{Axis, AxisList, keepdims};
 pub use control::{
     checkpoint, cond, custom_vjp, fori_loop, scan, stop_gradient, switch, while_loop,
 };
+pub use einsum::einsum;
 pub use error::{Error, Result};
 pub use fwd::{Linearized, hessian, jacfwd, jacrev, jvp, linearize};
 pub use grad::{Vjp, grad, value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp};
@@ -55,6 +60,8 @@ pub use vmap::{Axes, Vmapped, vmap};
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
+    pub use crate::axis::{Axis, AxisList, keepdims};
+    pub use crate::einsum::einsum;
     pub use crate::fwd::{Linearized, hessian, jacfwd, jacrev, jvp, linearize};
     pub use crate::pmap::{
         Pmapped, all_gather, all_to_all, axis_index, pmap, pmax, pmean, pmin, ppermute, psum,

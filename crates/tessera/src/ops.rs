@@ -12,6 +12,7 @@ use tessera_ir::{
     BinaryOp, CompareOp, DType, DotDims, Literal, Op, ReduceKind, Shape, TensorType, UnaryOp,
 };
 
+use crate::axis::{Axis, AxisList};
 use crate::error::{Error, loc_text, raise};
 use crate::tensor::Tensor;
 use crate::trace::{apply, join};
@@ -331,66 +332,82 @@ impl Tensor {
         )
     }
 
+    /// `reduce_<kind>` over resolved `axes`, then, with `keep`, those axes back as size-1 dims.
     #[track_caller]
-    fn reduce(&self, kind: ReduceKind, axes: &[usize]) -> Tensor {
-        apply(
+    fn reduce(&self, kind: ReduceKind, op: &str, axes: impl Into<AxisList>) -> Tensor {
+        let (axes, keep) = self.resolve_axes(op, axes);
+        let r = apply(
             Op::Reduce {
                 kind,
-                axes: axes.to_vec(),
+                axes: axes.clone(),
             },
             &[self],
-        )
+        );
+        if keep { self.keep_axes(&r, &axes) } else { r }
     }
 
-    /// Sum over `axes` (the `reduce_sum` primitive).
+    /// `reduced` (this tensor reduced over `axes`) reshaped with those axes as size-1 dims.
     #[track_caller]
-    pub fn sum_axes(&self, axes: &[usize]) -> Tensor {
-        self.reduce(ReduceKind::Sum, axes)
+    pub(crate) fn keep_axes(&self, reduced: &Tensor, axes: &[usize]) -> Tensor {
+        let shape: Vec<usize> = (0..self.rank())
+            .map(|d| {
+                if axes.contains(&d) {
+                    1
+                } else {
+                    self.shape()[d]
+                }
+            })
+            .collect();
+        reduced.reshape(shape)
+    }
+
+    /// Sum over `axes` (the `reduce_sum` primitive): `-1`, `[0, 2]`, `keepdims(-1)`.
+    #[track_caller]
+    pub fn sum_axes(&self, axes: impl Into<AxisList>) -> Tensor {
+        self.reduce(ReduceKind::Sum, "reduce_sum", axes)
     }
 
     /// Maximum over `axes` (`reduce_max`).
     #[track_caller]
-    pub fn max_axes(&self, axes: &[usize]) -> Tensor {
-        self.reduce(ReduceKind::Max, axes)
+    pub fn max_axes(&self, axes: impl Into<AxisList>) -> Tensor {
+        self.reduce(ReduceKind::Max, "reduce_max", axes)
     }
 
     /// Minimum over `axes` (`reduce_min`).
     #[track_caller]
-    pub fn min_axes(&self, axes: &[usize]) -> Tensor {
-        self.reduce(ReduceKind::Min, axes)
-    }
-
-    fn all_axes(&self) -> Vec<usize> {
-        (0..self.rank()).collect()
+    pub fn min_axes(&self, axes: impl Into<AxisList>) -> Tensor {
+        self.reduce(ReduceKind::Min, "reduce_min", axes)
     }
 
     /// Sum of every element.
     #[track_caller]
     pub fn sum(&self) -> Tensor {
-        self.sum_axes(&self.all_axes())
+        self.sum_axes(AxisList::all())
     }
 
     /// Maximum of every element.
     #[track_caller]
     pub fn max(&self) -> Tensor {
-        self.max_axes(&self.all_axes())
+        self.max_axes(AxisList::all())
     }
 
     /// Minimum of every element.
     #[track_caller]
     pub fn min(&self) -> Tensor {
-        self.min_axes(&self.all_axes())
+        self.min_axes(AxisList::all())
     }
 
     /// Mean over `axes`: the sum divided by the count, as `jnp.mean`.
     #[track_caller]
-    pub fn mean_axes(&self, axes: &[usize]) -> Tensor {
+    pub fn mean_axes(&self, axes: impl Into<AxisList>) -> Tensor {
         // JAX: the mean of an integer or bool tensor is f32 (not a truncated integer).
         if !self.dtype().is_float() {
             return self.astype(DType::F32).mean_axes(axes);
         }
-        let count: usize = axes.iter().filter_map(|&a| self.shape().get(a)).product();
-        let s = self.sum_axes(axes);
+        let list = axes.into();
+        let (resolved, _) = self.resolve_axes("mean", list.clone());
+        let count: usize = resolved.iter().map(|&a| self.shape()[a]).product();
+        let s = self.sum_axes(list);
         let n = s.scalar_like(count as f64);
         s.div(&n)
     }
@@ -398,12 +415,13 @@ impl Tensor {
     /// Mean of every element.
     #[track_caller]
     pub fn mean(&self) -> Tensor {
-        self.mean_axes(&self.all_axes())
+        self.mean_axes(AxisList::all())
     }
 
     /// Index of the first maximum along `axis`, as i32.
     #[track_caller]
-    pub fn argmax(&self, axis: usize) -> Tensor {
+    pub fn argmax(&self, axis: impl Into<Axis>) -> Tensor {
+        let axis = self.resolve_axis("argmax", axis);
         apply(Op::ArgMax { axis }, &[self])
     }
 
@@ -411,35 +429,6 @@ impl Tensor {
     #[track_caller]
     pub fn dot_general(&self, rhs: &Tensor, dims: DotDims) -> Tensor {
         apply(Op::DotGeneral(dims), &[self, rhs])
-    }
-
-    /// NumPy's matmul for ranks 1 and 2, and batched matmul over equal leading dims.
-    #[track_caller]
-    pub fn matmul(&self, rhs: &Tensor) -> Tensor {
-        let (l, r) = (self.rank(), rhs.rank());
-        let dims = match (l, r) {
-            (1 | 2, 1) => DotDims {
-                lhs_contract: vec![l - 1],
-                rhs_contract: vec![0],
-                ..DotDims::default()
-            },
-            (1 | 2, 2) => DotDims {
-                lhs_contract: vec![l - 1],
-                rhs_contract: vec![0],
-                ..DotDims::default()
-            },
-            (l, r) if l == r && l > 2 => DotDims {
-                lhs_batch: (0..l - 2).collect(),
-                rhs_batch: (0..l - 2).collect(),
-                lhs_contract: vec![l - 1],
-                rhs_contract: vec![l - 2],
-            },
-            _ => shape_error(
-                "matmul",
-                format!("unsupported ranks (operands: {}, {})", self.ty(), rhs.ty()),
-            ),
-        };
-        self.dot_general(rhs, dims)
     }
 
     /// `x * x`.
@@ -460,7 +449,7 @@ impl Tensor {
         self.logistic()
     }
 
-    /// Reduces over `axis` and broadcasts the result back to this tensor's shape.
+    /// `reduced` (this tensor reduced over `axis`) broadcast back to this tensor's shape.
     #[track_caller]
     fn keep_dims(&self, reduced: &Tensor, axis: usize) -> Tensor {
         let dims: Vec<usize> = (0..self.rank()).filter(|&d| d != axis).collect();
@@ -469,23 +458,26 @@ impl Tensor {
 
     /// `exp(x - max) / sum(exp(x - max))` along `axis`.
     #[track_caller]
-    pub fn softmax(&self, axis: usize) -> Tensor {
-        let shifted = self.sub(&self.keep_dims(&self.max_axes(&[axis]), axis));
+    pub fn softmax(&self, axis: impl Into<Axis>) -> Tensor {
+        let axis = self.resolve_axis("softmax", axis);
+        let shifted = self.sub(&self.keep_dims(&self.max_axes(axis), axis));
         let e = shifted.exp();
-        Tensor::div(&e, &self.keep_dims(&e.sum_axes(&[axis]), axis))
+        Tensor::div(&e, &self.keep_dims(&e.sum_axes(axis), axis))
     }
 
     /// `log(sum(exp(x)))` along `axis`, computed stably.
     #[track_caller]
-    pub fn logsumexp(&self, axis: usize) -> Tensor {
-        let m = self.max_axes(&[axis]);
-        let s = self.sub(&self.keep_dims(&m, axis)).exp().sum_axes(&[axis]);
+    pub fn logsumexp(&self, axis: impl Into<Axis>) -> Tensor {
+        let axis = self.resolve_axis("logsumexp", axis);
+        let m = self.max_axes(axis);
+        let s = self.sub(&self.keep_dims(&m, axis)).exp().sum_axes(axis);
         m.add(&s.log())
     }
 
     /// `x - logsumexp(x)` along `axis`.
     #[track_caller]
-    pub fn log_softmax(&self, axis: usize) -> Tensor {
+    pub fn log_softmax(&self, axis: impl Into<Axis>) -> Tensor {
+        let axis = self.resolve_axis("log_softmax", axis);
         self.sub(&self.keep_dims(&self.logsumexp(axis), axis))
     }
 }
