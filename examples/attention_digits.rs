@@ -14,7 +14,7 @@ use std::time::Instant;
 use tessera::prelude::*;
 
 #[path = "common/digits.rs"]
-mod digits;
+pub mod digits;
 use digits::{Adam, Digits, TRAIN, accuracy, adam_init, adam_update, cross_entropy};
 
 pub const T: usize = 8;
