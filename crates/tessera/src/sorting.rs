@@ -102,7 +102,8 @@ impl Tensor {
     }
 
     /// `lax.top_k(x, k)`: the `k` largest elements along the last axis, in descending order,
-    /// and their i32 indices; among equal elements the lower index comes first.
+    /// and their i32 indices; among equal elements the lower index comes first. NaNs rank
+    /// highest and +0 above -0, as in JAX.
     #[track_caller]
     pub fn top_k(&self, k: usize) -> (Tensor, Tensor) {
         if self.rank() == 0 {
@@ -126,9 +127,19 @@ impl Tensor {
             );
         }
         // Ascending by (x, -index), then reversed: descending x, lower index first at ties.
+        // As XLA's TopK, +0 ranks above -0: a middle key, whether 1/x is above zero, tells
+        // them apart (equal keys are of one sign otherwise).
         let iota = Tensor::iota(DType::I32, self.shape().to_vec(), last);
         let neg = iota.neg();
-        let sorted = Tensor::sort_multiple(&[self, &neg, &iota], last as i64, 2);
+        let sorted = if self.dtype().is_float() {
+            let positive = self.scalar_like(1.0).div(self).gt(&self.scalar_like(0.0));
+            let sign = positive.astype(DType::I32);
+            let mut s = Tensor::sort_multiple(&[self, &sign, &neg, &iota], last as i64, 3);
+            s.remove(1);
+            s
+        } else {
+            Tensor::sort_multiple(&[self, &neg, &iota], last as i64, 2)
+        };
         let mut limit = self.shape().to_vec();
         limit[last] = k;
         let start = vec![0; self.rank()];
