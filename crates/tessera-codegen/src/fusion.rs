@@ -59,6 +59,8 @@ pub enum StepKind {
     /// place on this step's buffers by the region's control flow (`Executable::run_region`);
     /// it writes one buffer per result.
     Region(Box<RegionStep>),
+    /// A `sort` or cumulative op, run by a Rust kernel over whole buffers (`native.rs`).
+    Native(Op),
 }
 
 /// A region step: the op (its layouts and bodies) and the buffer of each of its results.
@@ -144,7 +146,10 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Pad { .. }
             | Op::Concatenate { .. }
             | Op::Collective(_)
-            | Op::Region(_) => true,
+            | Op::Region(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. } => true,
+            Op::Rev { .. } => false,
             Op::Parameter(_)
             | Op::Constant(_)
             | Op::Iota { .. }
@@ -201,7 +206,12 @@ pub fn fuse(g: &Graph) -> Schedule {
                 continue;
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
-            Op::Reduce { .. } | Op::ArgMax { .. } | Op::Collective(_) | Op::Region(_) => true,
+            Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::Collective(_)
+            | Op::Region(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. } => true,
             // Its buffer is one of the results its region's step writes.
             Op::GetResult { .. } => continue,
             // Inlined into its users unless a rule below writes it out.
@@ -221,7 +231,8 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Pad { .. }
             | Op::DotGeneral(_)
             | Op::ShardingConstraint(_)
-            | Op::StopGradient => {
+            | Op::StopGradient
+            | Op::Rev { .. } => {
                 let (mut n, mut heavy, mut d) = (1, is_transcendental(op), 1);
                 for o in g.operands(id) {
                     if f.materialized.contains_key(&o) {
@@ -242,7 +253,8 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::Transpose(_)
                     | Op::Slice { .. }
                     | Op::ShardingConstraint(_)
-                    | Op::StopGradient => {
+                    | Op::StopGradient
+                    | Op::Rev { .. } => {
                         let o = g.operands(id)[0];
                         f.materialized.contains_key(&o) || cheap.get(&o).copied().unwrap_or(false)
                     }
@@ -261,7 +273,9 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::ArgMax { .. }
                     | Op::Collective(_)
                     | Op::Region(_)
-                    | Op::GetResult { .. } => false,
+                    | Op::GetResult { .. }
+                    | Op::Sort { .. }
+                    | Op::Cumulative { .. } => false,
                 };
                 cheap.insert(id, is_cheap);
                 forced.contains(&id)
@@ -342,6 +356,10 @@ impl Fuser<'_> {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Collective(op.clone()), inputs)
             }
+            Op::Sort { .. } | Op::Cumulative { .. } => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                (StepKind::Native(op.clone()), inputs)
+            }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(operands[0])) => {
                 let (l, r) = (
                     self.materialized_buf(operands[0]),
@@ -393,7 +411,8 @@ impl Fuser<'_> {
             | Op::Pad { .. }
             | Op::DotGeneral(_)
             | Op::ShardingConstraint(_)
-            | Op::StopGradient => {
+            | Op::StopGradient
+            | Op::Rev { .. } => {
                 let n = ty.rank();
                 let map: Vec<Lin> = (0..n).map(|j| Lin::var(n, j)).collect();
                 let mut inputs = Vec::new();
@@ -500,6 +519,10 @@ impl Fuser<'_> {
                 self.expr(ops[0], &slice_map(&start, &stride, map), nvars, inputs)
             }
             Op::ShardingConstraint(_) | Op::StopGradient => self.expr(ops[0], map, nvars, inputs),
+            Op::Rev { dims } => {
+                let from = g.ty(ops[0]).dims().to_vec();
+                self.expr(ops[0], &rev_map(&dims, &from, map), nvars, inputs)
+            }
             // Every contracting dim has size 1: a broadcast product, fused like elementwise ops.
             Op::DotGeneral(dd) if is_outer_product(&dd, g.ty(ops[0])) => {
                 let (lmap, rmap) = outer_product_maps(&dd, g.ty(ops[0]), g.ty(ops[1]), map, nvars);
@@ -518,7 +541,9 @@ impl Fuser<'_> {
             | Op::ArgMax { .. }
             | Op::Collective(_)
             | Op::Region(_)
-            | Op::GetResult { .. } => self.buffer_load(id, map, inputs),
+            | Op::GetResult { .. }
+            | Op::Sort { .. }
+            | Op::Cumulative { .. } => self.buffer_load(id, map, inputs),
         }
     }
 
@@ -825,6 +850,20 @@ fn transpose_map(perm: &[usize], map: &[Lin], nvars: usize) -> Vec<Lin> {
 }
 
 /// The operand index a `slice` reads: `start + stride * i` in every dim.
+/// The operand index of `rev` at result index `map`: `size - 1 - i` along each reversed dim.
+fn rev_map(dims: &[usize], from: &[usize], map: &[Lin]) -> Vec<Lin> {
+    map.iter()
+        .enumerate()
+        .map(|(d, l)| {
+            if dims.contains(&d) {
+                l.scale(-1).offset(from[d] as i64 - 1)
+            } else {
+                l.clone()
+            }
+        })
+        .collect()
+}
+
 fn slice_map(start: &[usize], stride: &[usize], map: &[Lin]) -> Vec<Lin> {
     map.iter()
         .enumerate()
@@ -923,7 +962,10 @@ fn is_transcendental(op: &Op) -> bool {
         | Op::ShardingConstraint(_)
         | Op::StopGradient
         | Op::Region(_)
-        | Op::GetResult { .. } => false,
+        | Op::GetResult { .. }
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => false,
     }
 }
 
@@ -1034,7 +1076,10 @@ mod tests {
             .iter()
             .filter_map(|st| match &st.kind {
                 StepKind::Kernel(k) => Some(k),
-                StepKind::Gemm(_) | StepKind::Collective(_) | StepKind::Region(_) => None,
+                StepKind::Gemm(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Native(_) => None,
             })
             .collect()
     }

@@ -7,6 +7,7 @@
 //! has one member), or the runtime's shared-memory transport for sharded programs.
 
 pub mod scalar;
+mod sorting;
 
 use std::collections::HashMap;
 
@@ -418,6 +419,17 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                 "region ops have several results: run them with run_region",
             ));
         }
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => sorting::sort(args, *dim, *num_keys, *output),
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => sorting::cumulative(*kind, *axis, *reverse, args[0]),
+        Op::Rev { dims } => sorting::rev(dims, args[0], ty),
     };
     if data.len() != ty.numel() || data.dtype() != ty.dtype {
         return Err(op_error(

@@ -10,6 +10,7 @@ use std::fmt;
 use crate::literal::Literal;
 use crate::region::RegionOp;
 use crate::sharding::{Mesh, Sharding};
+use crate::sorting::CumulativeKind;
 use crate::types::{DType, Shape, TensorType};
 
 /// Elementwise ops of one operand.
@@ -440,6 +441,23 @@ pub enum Op {
         index: usize,
         ty: TensorType,
     },
+    /// `lax.sort` of same-shaped operands along `dim`, stable, lexicographic over the first
+    /// `num_keys`; the value is operand `output` permuted (see `sorting.rs`).
+    Sort {
+        dim: usize,
+        num_keys: usize,
+        output: usize,
+    },
+    /// `lax.cumsum`/`cumprod`/`cummax`/`cummin` along `axis` (from the end when `reverse`).
+    Cumulative {
+        kind: CumulativeKind,
+        axis: usize,
+        reverse: bool,
+    },
+    /// `lax.rev`: reverses the order of elements along each of `dims`.
+    Rev {
+        dims: Vec<usize>,
+    },
 }
 
 /// Every op mnemonic of the text format, in one list: table tests iterate over it, so an op
@@ -514,6 +532,12 @@ pub const ALL_OP_NAMES: &[&str] = &[
     "checkpoint",
     "custom_vjp",
     "get_result",
+    "sort",
+    "cumsum",
+    "cumprod",
+    "cummax",
+    "cummin",
+    "rev",
 ];
 
 /// A type rule rejected an op's operands or attributes.
@@ -567,6 +591,9 @@ impl Op {
             Op::StopGradient => "stop_gradient",
             Op::Region(r) => r.name(),
             Op::GetResult { .. } => "get_result",
+            Op::Sort { .. } => "sort",
+            Op::Cumulative { kind, .. } => kind.name(),
+            Op::Rev { .. } => "rev",
         }
     }
 
@@ -608,7 +635,10 @@ impl Op {
             | Op::ShardingConstraint(_)
             | Op::StopGradient
             | Op::Region(_)
-            | Op::GetResult { .. } => &[],
+            | Op::GetResult { .. }
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => &[],
         }
     }
 
@@ -632,6 +662,8 @@ impl Op {
             Op::Collective(_) => OpClass::Collective,
             Op::ShardingConstraint(_) | Op::StopGradient => OpClass::Annotation,
             Op::Region(_) | Op::GetResult { .. } => OpClass::Region,
+            Op::Sort { .. } | Op::Cumulative { .. } => OpClass::Reduction,
+            Op::Rev { .. } => OpClass::Movement,
         }
     }
 
@@ -655,6 +687,8 @@ impl Op {
             Op::Binary(_) | Op::Compare(_) | Op::DotGeneral(_) | Op::Pad { .. } => 2,
             Op::Select => 3,
             Op::Concatenate { .. } | Op::Region(_) => return None,
+            Op::Sort { .. } => return None,
+            Op::Cumulative { .. } | Op::Rev { .. } => 1,
         })
     }
 
@@ -723,6 +757,16 @@ impl Op {
             Op::StopGradient => Ok(cx.operands[0].clone()),
             Op::Region(r) => rules::region::region(&cx, r),
             Op::GetResult { ty, .. } => rules::region::get_result(&cx, ty),
+            Op::Sort {
+                dim,
+                num_keys,
+                output,
+            } => crate::sorting::sort_type(operands, *dim, *num_keys, *output)
+                .map_err(|e| cx.fail(e)),
+            Op::Cumulative { kind, axis, .. } => {
+                crate::sorting::cumulative_type(operands[0], *kind, *axis).map_err(|e| cx.fail(e))
+            }
+            Op::Rev { dims } => crate::sorting::rev_type(operands[0], dims).map_err(|e| cx.fail(e)),
         }?;
         ty.check_size().map_err(|e| cx.fail(e))?;
         Ok(ty)

@@ -158,6 +158,11 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         Op::ArgMax { axis } => argmax_rule(from(), *axis),
         Op::DotGeneral(dd) => dot_rule(dd, from(), operands[1].dims()),
         Op::Collective(_) => collective_rule(operands, rdims),
+        // The sorted, scanned or reversed dims need replication (a device's chunk of a lane
+        // does not sort, scan or mirror locally); every other dim passes through.
+        Op::Sort { dim, .. } => FactorRule::same_shape(rdims, operands.len(), &[*dim]),
+        Op::Cumulative { axis, .. } => FactorRule::same_shape(rdims, 1, &[*axis]),
+        Op::Rev { dims } => FactorRule::same_shape(rdims, 1, dims),
     }
 }
 

@@ -127,7 +127,10 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
             | Op::DotGeneral(_)
-            | Op::StopGradient => {
+            | Op::StopGradient
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => {
                 if let Some(&o) = operands.iter().find(|o| partial.contains_key(o)) {
                     return Err(incomplete(g, o, &partial));
                 }
@@ -374,7 +377,11 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         | Op::StopGradient
         // `per_device` makes its bodies local (`region`); `length` stays global, as a scan's
         // leading dim is whole.
-        | Op::Region(_) => op.clone(),
+        | Op::Region(_)
+        // The sorted, scanned and reversed dims are whole (`factors.rs`); dims are named.
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => op.clone(),
     }
 }
 

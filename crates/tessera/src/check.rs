@@ -123,6 +123,9 @@ fn bound(op: &Op) -> Bound {
         // whole-program check, and, in `check_program`, the program compiled whole against
         // the composition in which the region is compiled alone.
         Op::Region(_) | Op::GetResult { .. } => Bound::Unchecked,
+        // A permutation, a mirror, and a scan in the interpreter's order (the native kernel
+        // combines each lane's elements one after another, as the interpreter does).
+        Op::Sort { .. } | Op::Rev { .. } | Op::Cumulative { .. } => Bound::Exact,
     }
 }
 
@@ -407,7 +410,10 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
         | Op::ShardingConstraint(_)
         | Op::StopGradient
         | Op::Region(_)
-        | Op::GetResult { .. } => 1usize,
+        | Op::GetResult { .. }
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => 1usize,
     };
     let describe = |k: usize, extra: String| {
         Some(format!(

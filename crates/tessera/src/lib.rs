@@ -30,6 +30,7 @@ pub mod pipeline;
 pub mod pmap;
 pub mod random;
 pub mod sharding;
+pub mod sorting;
 mod spmd;
 pub mod tensor;
 mod trace;
