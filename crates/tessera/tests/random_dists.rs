@@ -98,6 +98,34 @@ fn draw_fn(name: &str, p: &Value) -> Draw {
             let (rate, x) = (p["rate"].as_f64().expect("rate"), f32_tensor(&p["x"]));
             Box::new(move |k| random::dropout(k, rate, &x))
         }
+        "permutation_n" => {
+            let n = p["n"].as_u64().expect("n") as usize;
+            Box::new(move |k| random::permutation(k, n))
+        }
+        "permutation" => {
+            let xs = dims(&p["x_shape"]);
+            let n: usize = xs.iter().product();
+            let x = (Tensor::iota(DType::F32, [n], 0) * 0.5 - 3.0).reshape(xs);
+            let axis = p["axis"].as_i64().expect("axis");
+            let indep = p["independent"].as_bool().expect("independent");
+            Box::new(move |k| random::permutation_of(k, &x, axis, indep))
+        }
+        "choice" => {
+            let n = p["n"].as_u64().expect("n") as usize;
+            let replace = p["replace"].as_bool().expect("replace");
+            let pr = (!p["p"].is_null()).then(|| {
+                let v: Vec<f32> = p["p"]
+                    .as_array()
+                    .expect("p")
+                    .iter()
+                    .map(|b| f32::from_bits(hex(b)))
+                    .collect();
+                let len = v.len();
+                Tensor::from_vec(v, [len])
+            });
+            let s = shape();
+            Box::new(move |k| random::choice(k, n, s.clone(), replace, pr.as_ref()))
+        }
         other => panic!("unknown draw {other}"),
     }
 }
@@ -148,7 +176,22 @@ fn want_dtype(out: &Value) -> DType {
 /// Every fixture draw, grouped by function and parameters (one traced function serves all
 /// keys), computed by `run`; panics listing the first differences.
 fn check_all(how: &str, run: impl Fn(&dyn Fn(&Key) -> Tensor, &[Key]) -> Vec<Tensor>) {
-    let all = fixture();
+    check_fixture(fixture(), 10_000, how, run);
+}
+
+/// `fixtures/random/shuffle.json`: permutation, permutation_of and choice.
+fn check_shuffles(how: &str, run: impl Fn(&dyn Fn(&Key) -> Tensor, &[Key]) -> Vec<Tensor>) {
+    let all =
+        serde_json::from_str(include_str!("fixtures/random/shuffle.json")).expect("valid JSON");
+    check_fixture(all, 5_000, how, run);
+}
+
+fn check_fixture(
+    all: Value,
+    at_least: usize,
+    how: &str,
+    run: impl Fn(&dyn Fn(&Key) -> Tensor, &[Key]) -> Vec<Tensor>,
+) {
     let draws = all["draws"].as_array().expect("draws");
     let mut groups: Vec<(String, Vec<&Value>)> = Vec::new();
     for d in draws {
@@ -188,7 +231,7 @@ fn check_all(how: &str, run: impl Fn(&dyn Fn(&Key) -> Tensor, &[Key]) -> Vec<Ten
             }
         }
     }
-    assert!(total > 10_000, "the fixture has {total} values");
+    assert!(total > at_least, "the fixture has {total} values");
     assert!(
         wrong == 0,
         "{how}: {wrong} of {total} values differ from JAX:\n{}",
@@ -214,6 +257,31 @@ fn distributions_are_bit_exact_under_jit() {
 #[test]
 fn distributions_are_bit_exact_under_jit_on_the_interpreter() {
     check_all("jit (interpreter)", |f, keys| {
+        let j = jit(|k: Key| f(&k)).backend(Backend::Interpreter);
+        keys.iter()
+            .map(|k| j.call(k.clone()).expect("jit"))
+            .collect()
+    });
+}
+
+#[test]
+fn permutation_and_choice_are_bit_exact_eagerly() {
+    check_shuffles("eager", |f, keys| keys.iter().map(f).collect());
+}
+
+#[test]
+fn permutation_and_choice_are_bit_exact_under_jit() {
+    check_shuffles("jit (Cranelift)", |f, keys| {
+        let j = jit(|k: Key| f(&k));
+        keys.iter()
+            .map(|k| j.call(k.clone()).expect("jit"))
+            .collect()
+    });
+}
+
+#[test]
+fn permutation_and_choice_are_bit_exact_under_jit_on_the_interpreter() {
+    check_shuffles("jit (interpreter)", |f, keys| {
         let j = jit(|k: Key| f(&k)).backend(Backend::Interpreter);
         keys.iter()
             .map(|k| j.call(k.clone()).expect("jit"))

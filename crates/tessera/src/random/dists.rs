@@ -14,7 +14,7 @@ use crate::error::{Error, loc_text, raise};
 use crate::tensor::Tensor;
 
 #[track_caller]
-fn fail(op: &str, message: String) -> ! {
+pub(super) fn fail(op: &str, message: String) -> ! {
     raise(Error::Op {
         op: op.into(),
         message,
