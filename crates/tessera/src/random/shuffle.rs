@@ -131,7 +131,7 @@ pub fn choice(
         dims.push(1);
         cuml.lt(&r.reshape(dims))
             .astype(DType::I32)
-            .sum_axes(&[shape.rank()])
+            .sum_axes([shape.rank()])
     } else {
         let g = gumbel(key, [n]) + xla_log(p);
         g.top_k(draws).1.reshape(shape)
