@@ -46,7 +46,7 @@ const SOURCE_DIRS: &[&str] = &["crates", "tests", "examples", "benches", "src"];
 /// Raising a budget is a decision: say why in the commit that raises it. `tessera-examples` is
 /// the root package (`src/`, `tests/`, `examples/`, `benches/`).
 const BUDGETS: &[(&str, usize)] = &[
-    ("tessera", 14000), // 8246; 10199 with control flow; +1351 forward mode (jvp branch: fwd.rs, tests/forward.rs); +1335 vmap (vmap.rs, pmap's axes, tests/vmap.rs)
+    ("tessera", 16000), // 8246; 10199 with control flow; +1351 forward mode (jvp branch: fwd.rs, tests/forward.rs); +1335 vmap (vmap.rs, pmap's axes, tests/vmap.rs) ; +~700 type promotion (promote.rs, tests/promotion.rs: dtypes branch)
     ("tessera-autodiff", 4800), // 703; 806 with vjp_rule split per family; 1238 with region.rs; +1374 forward mode (jvp.rs, tests/jvp.rs); +1758 batching (batch.rs, tests/batch.rs)
     ("tessera-codegen", 8400), // 5741; 6465 with the launch-level fault tests moved here from the runtime; 7615 with region steps (run_region, run_at, peak_bytes) and tests/regions.rs
     ("tessera-derive", 80),    // 65

@@ -297,7 +297,7 @@ fn composites_match_their_definitions() {
     assert_eq!(x.mean_axes(&[0]).to_vec::<f32>(), vec![0.0, 1.0, 3.5]);
     assert!((x.sigmoid().to_vec::<f32>()[0] - 1.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-7);
     assert_eq!(x.argmax(1).to_vec::<i32>(), vec![2, 2]);
-    assert_eq!((2.0 - &x).to_vec::<f32>()[0], 1.0);
+    assert_eq!((2.0f32 - &x).to_vec::<f32>()[0], 1.0);
     assert_eq!((-&x).to_vec::<f32>()[3], 1.0);
     let m = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], [3, 2]);
     assert_eq!(x.matmul(&m).to_vec::<f32>(), vec![4.0, 5.0, 3.0, 4.0]);
