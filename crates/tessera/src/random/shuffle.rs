@@ -125,7 +125,7 @@ pub fn choice(
     if replace {
         let cuml = p.cumsum(0);
         let total = cuml.slice(&[n - 1], &[n]).reshape([]);
-        let r = total * (1.0 - uniform(key, shape.clone(), 0.0, 1.0));
+        let r: Tensor = total * (1.0f32 - uniform(key, shape.clone(), 0.0, 1.0));
         // `searchsorted(cuml, r)` (side left): how many partial sums are below `r`.
         let mut dims = shape.dims().to_vec();
         dims.push(1);
