@@ -59,6 +59,8 @@ pub enum StepKind {
     /// place on this step's buffers by the region's control flow (`Executable::run_region`);
     /// it writes one buffer per result.
     Region(Box<RegionStep>),
+    /// A conv or reduce_window, run by its native kernel (`window.rs`).
+    Window(Box<crate::window::WindowStep>),
 }
 
 /// A region step: the op (its layouts and bodies) and the buffer of each of its results.
@@ -144,7 +146,9 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Pad { .. }
             | Op::Concatenate { .. }
             | Op::Collective(_)
-            | Op::Region(_) => true,
+            | Op::Region(_)
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. } => true,
             Op::Parameter(_)
             | Op::Constant(_)
             | Op::Iota { .. }
@@ -202,6 +206,7 @@ pub fn fuse(g: &Graph) -> Schedule {
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
             Op::Reduce { .. } | Op::ArgMax { .. } | Op::Collective(_) | Op::Region(_) => true,
+            Op::Conv(_) | Op::ReduceWindow { .. } => true,
             // Its buffer is one of the results its region's step writes.
             Op::GetResult { .. } => continue,
             // Inlined into its users unless a rule below writes it out.
@@ -261,7 +266,9 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::ArgMax { .. }
                     | Op::Collective(_)
                     | Op::Region(_)
-                    | Op::GetResult { .. } => false,
+                    | Op::GetResult { .. }
+                    | Op::Conv(_)
+                    | Op::ReduceWindow { .. } => false,
                 };
                 cheap.insert(id, is_cheap);
                 forced.contains(&id)
@@ -341,6 +348,26 @@ impl Fuser<'_> {
             Op::Collective(_) => {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Collective(op.clone()), inputs)
+            }
+            Op::Conv(cd) => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                let step = crate::window::WindowStep::Conv {
+                    dims: (**cd).clone(),
+                    lhs: g.ty(operands[0]).clone(),
+                    rhs: g.ty(operands[1]).clone(),
+                    out: ty.clone(),
+                };
+                (StepKind::Window(Box::new(step)), inputs)
+            }
+            Op::ReduceWindow { kind, win } => {
+                let inputs = vec![self.materialized_buf(operands[0])];
+                let step = crate::window::WindowStep::ReduceWindow {
+                    kind: *kind,
+                    win: (**win).clone(),
+                    operand: g.ty(operands[0]).clone(),
+                    out: ty.clone(),
+                };
+                (StepKind::Window(Box::new(step)), inputs)
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(operands[0])) => {
                 let (l, r) = (
@@ -518,7 +545,9 @@ impl Fuser<'_> {
             | Op::ArgMax { .. }
             | Op::Collective(_)
             | Op::Region(_)
-            | Op::GetResult { .. } => self.buffer_load(id, map, inputs),
+            | Op::GetResult { .. }
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. } => self.buffer_load(id, map, inputs),
         }
     }
 
@@ -923,7 +952,9 @@ fn is_transcendental(op: &Op) -> bool {
         | Op::ShardingConstraint(_)
         | Op::StopGradient
         | Op::Region(_)
-        | Op::GetResult { .. } => false,
+        | Op::GetResult { .. }
+        | Op::Conv(_)
+        | Op::ReduceWindow { .. } => false,
     }
 }
 
@@ -1034,7 +1065,10 @@ mod tests {
             .iter()
             .filter_map(|st| match &st.kind {
                 StepKind::Kernel(k) => Some(k),
-                StepKind::Gemm(_) | StepKind::Collective(_) | StepKind::Region(_) => None,
+                StepKind::Gemm(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_) => None,
             })
             .collect()
     }

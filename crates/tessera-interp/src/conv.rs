@@ -7,6 +7,8 @@
 //! index; anything else is padding (a hole of the dilation or beyond the edges), which adds
 //! nothing to a conv and holds the reduction's identity in a `reduce_window`.
 //!
+//! With `window_reversal`, window position `k` reads kernel element `K - 1 - k`.
+//!
 //! Each result element accumulates in the operand's own type in window order (the window's
 //! dims row-major; for a conv, input features outermost), the order the compiled kernels
 //! use for `reduce_window`.
@@ -81,8 +83,13 @@ pub(crate) fn conv(
                     ) else {
                         continue 'k;
                     };
+                    let kj = if cd.window_reversal {
+                        kdims[j] - 1 - k[j]
+                    } else {
+                        k[j]
+                    };
                     lo += x * ls[cd.lhs_spec[2 + j]];
-                    ro += k[j] * rs[cd.rhs_spec[2 + j]];
+                    ro += kj * rs[cd.rhs_spec[2 + j]];
                 }
                 v.push((lo, ro));
             }
@@ -93,12 +100,20 @@ pub(crate) fn conv(
     Ok(match (&l.data, &r.data) {
         (Data::F32(a), Data::F32(w)) => Data::F32(
             (0..n)
-                .map(|f| pairs_of(f).iter().fold(0.0f32, |acc, &(x, y)| acc + a[x] * w[y]))
+                .map(|f| {
+                    pairs_of(f)
+                        .iter()
+                        .fold(0.0f32, |acc, &(x, y)| acc + a[x] * w[y])
+                })
                 .collect(),
         ),
         (Data::F64(a), Data::F64(w)) => Data::F64(
             (0..n)
-                .map(|f| pairs_of(f).iter().fold(0.0f64, |acc, &(x, y)| acc + a[x] * w[y]))
+                .map(|f| {
+                    pairs_of(f)
+                        .iter()
+                        .fold(0.0f64, |acc, &(x, y)| acc + a[x] * w[y])
+                })
                 .collect(),
         ),
         _ => return Err(op_error(op, "conv of f32 or f64 operands only")),
@@ -106,7 +121,12 @@ pub(crate) fn conv(
 }
 
 /// The operand offsets that result element `f` of a `reduce_window` combines, in window order.
-pub fn window_offsets(wd: &WindowDims, in_dims: &[usize], out_dims: &[usize], f: usize) -> Vec<usize> {
+pub fn window_offsets(
+    wd: &WindowDims,
+    in_dims: &[usize],
+    out_dims: &[usize],
+    f: usize,
+) -> Vec<usize> {
     let strides = tessera_ir::Shape::new(in_dims.to_vec()).strides();
     let oi = unravel(f, out_dims);
     let nk: usize = wd.window.iter().product();

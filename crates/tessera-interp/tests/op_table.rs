@@ -518,7 +518,11 @@ fn dilate_pad(
 ) -> (Vec<f64>, Vec<usize>) {
     let pd: Vec<usize> = (0..dims.len())
         .map(|d| {
-            let n = if dims[d] == 0 { 0 } else { (dims[d] - 1) * dil[d] + 1 } as i64;
+            let n = if dims[d] == 0 {
+                0
+            } else {
+                (dims[d] - 1) * dil[d] + 1
+            } as i64;
             (n + pad[d].0 + pad[d].1).max(0) as usize
         })
         .collect();
@@ -579,7 +583,11 @@ fn conv_reference(
                 let mut q = vec![lb, ch0 + i];
                 q.extend((0..s).map(|j| o[2 + j] * cd.strides[j] + k[j] * cd.rhs_dilation[j]));
                 let mut ri = vec![f, i];
-                ri.extend(&k);
+                if cd.window_reversal {
+                    ri.extend(k.iter().zip(&rdims[2..]).map(|(&a, &n)| n - 1 - a));
+                } else {
+                    ri.extend(&k);
+                }
                 acc += p[flat(&q, &pd)] * rc[flat(&ri, &rdims)];
             }
         }

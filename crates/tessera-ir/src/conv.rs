@@ -31,6 +31,9 @@ pub struct ConvDims {
     pub rhs_dilation: Vec<usize>,
     pub feature_group_count: usize,
     pub batch_group_count: usize,
+    /// The kernel's spatial dims are read reversed (StableHLO's `window_reversal`, on every
+    /// spatial dim): what the lhs gradient of a conv needs.
+    pub window_reversal: bool,
 }
 
 impl ConvDims {
@@ -48,6 +51,7 @@ impl ConvDims {
             rhs_dilation: vec![1; spatial],
             feature_group_count: 1,
             batch_group_count: 1,
+            window_reversal: false,
         }
     }
 
@@ -138,9 +142,7 @@ fn check_perm(what: &str, spec: &[usize], rank: usize) -> Result<(), String> {
     let mut seen = vec![false; rank];
     for &d in spec {
         if d >= rank || std::mem::replace(&mut seen[d], true) {
-            return Err(format!(
-                "{what} {spec:?} is not a permutation of 0..{rank}"
-            ));
+            return Err(format!("{what} {spec:?} is not a permutation of 0..{rank}"));
         }
     }
     Ok(())
@@ -210,7 +212,10 @@ pub fn conv_type(cd: &ConvDims, l: &TensorType, r: &TensorType) -> Result<Tensor
     for j in 0..s {
         let k = rd[cd.rhs_spec[2 + j]];
         if k == 0 {
-            return Err(format!("rhs spatial dim {j} (dim {}) is 0", cd.rhs_spec[2 + j]));
+            return Err(format!(
+                "rhs spatial dim {j} (dim {}) is 0",
+                cd.rhs_spec[2 + j]
+            ));
         }
         out[cd.out_spec[2 + j]] = window_positions(
             "spatial",
@@ -292,17 +297,16 @@ pub fn conv_attrs(cd: &ConvDims) -> String {
     if cd.batch_group_count != 1 {
         write!(t, " batch_group_count={}", cd.batch_group_count).unwrap();
     }
+    if cd.window_reversal {
+        t.push_str(" window_reversal=1");
+    }
     t
 }
 
 /// `reduce_window`'s attributes in the text format.
 pub fn window_attrs(wd: &WindowDims) -> String {
     let n = wd.window.len();
-    let mut t = format!(
-        "window={} strides={}",
-        list(&wd.window),
-        list(&wd.strides)
-    );
+    let mut t = format!("window={} strides={}", list(&wd.window), list(&wd.strides));
     if wd.padding != vec![(0, 0); n] {
         write!(t, " padding={}", pads(&wd.padding)).unwrap();
     }

@@ -300,6 +300,7 @@ pub fn op_samples() -> Vec<Sample> {
         nhwc.rhs_spec = vec![3, 2, 0, 1];
         nhwc.out_spec = vec![0, 3, 1, 2];
         nhwc.padding = vec![(1, 1), (1, 1)];
+        nhwc.window_reversal = true;
         out.push(one(
             format!("conv_nhwc.{d}"),
             Op::Conv(Box::new(nhwc.clone())),

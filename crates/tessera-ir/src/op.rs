@@ -744,7 +744,9 @@ impl Op {
             Op::StopGradient => Ok(cx.operands[0].clone()),
             Op::Region(r) => rules::region::region(&cx, r),
             Op::GetResult { ty, .. } => rules::region::get_result(&cx, ty),
-            Op::Conv(cd) => crate::conv::conv_type(cd, operands[0], operands[1]).map_err(|e| cx.fail(e)),
+            Op::Conv(cd) => {
+                crate::conv::conv_type(cd, operands[0], operands[1]).map_err(|e| cx.fail(e))
+            }
             Op::ReduceWindow { win, .. } => {
                 crate::conv::reduce_window_type(win, operands[0]).map_err(|e| cx.fail(e))
             }

@@ -1006,6 +1006,7 @@ fn build_op(
             "rhs_dilation",
             "feature_group_count",
             "batch_group_count",
+            "window_reversal",
         ],
         "reduce_window_sum" | "reduce_window_max" | "reduce_window_min" => &[
             "window",
@@ -1165,6 +1166,14 @@ fn build_op(
                 rhs_dilation: opt_list("rhs_dilation")?,
                 feature_group_count: opt_uint("feature_group_count")?,
                 batch_group_count: opt_uint("batch_group_count")?,
+                window_reversal: match get(attrs, "window_reversal") {
+                    None => false,
+                    Some(a) => match as_uint(a, "window_reversal")? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err("attribute 'window_reversal' is 0 or 1".into()),
+                    },
+                },
                 lhs_spec,
             }))
         }
@@ -1200,9 +1209,11 @@ fn build_op(
 fn pad_pairs(a: &Attr) -> Result<Vec<(i64, i64)>, String> {
     as_list(a, "padding")?
         .iter()
-        .map(|p| match ints(as_list(p, "padding")?, "padding")?.as_slice() {
-            [lo, hi] => Ok((*lo, *hi)),
-            _ => Err("each entry of 'padding' is [lo,hi]".to_string()),
-        })
+        .map(
+            |p| match ints(as_list(p, "padding")?, "padding")?.as_slice() {
+                [lo, hi] => Ok((*lo, *hi)),
+                _ => Err("each entry of 'padding' is [lo,hi]".to_string()),
+            },
+        )
         .collect()
 }

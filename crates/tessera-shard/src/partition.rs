@@ -127,7 +127,9 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
             | Op::DotGeneral(_)
-            | Op::StopGradient => {
+            | Op::StopGradient
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. } => {
                 if let Some(&o) = operands.iter().find(|o| partial.contains_key(o)) {
                     return Err(incomplete(g, o, &partial));
                 }
@@ -374,7 +376,11 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         | Op::StopGradient
         // `per_device` makes its bodies local (`region`); `length` stays global, as a scan's
         // leading dim is whole.
-        | Op::Region(_) => op.clone(),
+        | Op::Region(_)
+        // Only whole spatial dims and pass-through windows split (`factors.rs`): the
+        // attributes hold no sizes.
+        | Op::Conv(_)
+        | Op::ReduceWindow { .. } => op.clone(),
     }
 }
 

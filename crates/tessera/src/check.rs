@@ -123,6 +123,9 @@ fn bound(op: &Op) -> Bound {
         // whole-program check, and, in `check_program`, the program compiled whole against
         // the composition in which the region is compiled alone.
         Op::Region(_) | Op::GetResult { .. } => Bound::Unchecked,
+        Op::Conv(_) => Bound::Accumulated,
+        // The native kernel combines each window in the interpreter's order (window.rs).
+        Op::ReduceWindow { .. } => Bound::Exact,
     }
 }
 
@@ -407,7 +410,16 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
         | Op::ShardingConstraint(_)
         | Op::StopGradient
         | Op::Region(_)
-        | Op::GetResult { .. } => 1usize,
+        | Op::GetResult { .. }
+        | Op::ReduceWindow { .. } => 1usize,
+        // Input features of a group times the kernel's window.
+        Op::Conv(cd) => {
+            let r = args[1].ty.dims();
+            std::iter::once(cd.rhs_spec[1])
+                .chain(cd.rhs_spec[2..].iter().copied())
+                .map(|d| r[d])
+                .product()
+        }
     };
     let describe = |k: usize, extra: String| {
         Some(format!(
