@@ -256,6 +256,22 @@ fn jvp_rule(b: &mut Builder, op: &Op, at: &Tan) -> Result<Option<NodeId>> {
         Op::ReduceWindow { kind, win } => {
             super::conv::reduce_window_jvp(b, *kind, win, at.xs[0], at.y, at.t()?)
         }
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => match at.ts[*output] {
+            Some(t) if b.ty(t).dtype.is_float() => Ok(Some(super::sorting::sort_jvp(
+                b, *dim, *num_keys, at.xs, t,
+            )?)),
+            Some(_) | None => Ok(None),
+        },
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => super::sorting::cumulative_jvp(b, *kind, *axis, *reverse, at.xs[0], at.y, at.t()?),
+        Op::Rev { .. } => Ok(Some(b.add(op.clone(), &[at.t()?])?)),
     }
 }
 

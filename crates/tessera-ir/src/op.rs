@@ -11,6 +11,7 @@ use crate::conv::{ConvDims, WindowDims};
 use crate::literal::Literal;
 use crate::region::RegionOp;
 use crate::sharding::{Mesh, Sharding};
+use crate::sorting::CumulativeKind;
 use crate::types::{DType, Shape, TensorType};
 
 /// Elementwise ops of one operand.
@@ -449,6 +450,23 @@ pub enum Op {
         kind: ReduceKind,
         win: Box<WindowDims>,
     },
+    /// `lax.sort` of same-shaped operands along `dim`, stable, lexicographic over the first
+    /// `num_keys`; the value is operand `output` permuted (see `sorting.rs`).
+    Sort {
+        dim: usize,
+        num_keys: usize,
+        output: usize,
+    },
+    /// `lax.cumsum`/`cumprod`/`cummax`/`cummin` along `axis` (from the end when `reverse`).
+    Cumulative {
+        kind: CumulativeKind,
+        axis: usize,
+        reverse: bool,
+    },
+    /// `lax.rev`: reverses the order of elements along each of `dims`.
+    Rev {
+        dims: Vec<usize>,
+    },
 }
 
 /// Every op mnemonic of the text format, in one list: table tests iterate over it, so an op
@@ -527,6 +545,12 @@ pub const ALL_OP_NAMES: &[&str] = &[
     "reduce_window_sum",
     "reduce_window_max",
     "reduce_window_min",
+    "sort",
+    "cumsum",
+    "cumprod",
+    "cummax",
+    "cummin",
+    "rev",
 ];
 
 /// A type rule rejected an op's operands or attributes.
@@ -582,6 +606,9 @@ impl Op {
             Op::GetResult { .. } => "get_result",
             Op::Conv(_) => "conv_general_dilated",
             Op::ReduceWindow { kind, .. } => crate::conv::reduce_window_name(*kind),
+            Op::Sort { .. } => "sort",
+            Op::Cumulative { kind, .. } => kind.name(),
+            Op::Rev { .. } => "rev",
         }
     }
 
@@ -625,7 +652,10 @@ impl Op {
             | Op::Region(_)
             | Op::GetResult { .. }
             | Op::Conv(_)
-            | Op::ReduceWindow { .. } => &[],
+            | Op::ReduceWindow { .. }
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => &[],
         }
     }
 
@@ -651,6 +681,8 @@ impl Op {
             Op::Region(_) | Op::GetResult { .. } => OpClass::Region,
             Op::Conv(_) => OpClass::Dot,
             Op::ReduceWindow { .. } => OpClass::Reduction,
+            Op::Sort { .. } | Op::Cumulative { .. } => OpClass::Reduction,
+            Op::Rev { .. } => OpClass::Movement,
         }
     }
 
@@ -676,6 +708,8 @@ impl Op {
             Op::Conv(_) => 2,
             Op::Select => 3,
             Op::Concatenate { .. } | Op::Region(_) => return None,
+            Op::Sort { .. } => return None,
+            Op::Cumulative { .. } | Op::Rev { .. } => 1,
         })
     }
 
@@ -750,6 +784,16 @@ impl Op {
             Op::ReduceWindow { win, .. } => {
                 crate::conv::reduce_window_type(win, operands[0]).map_err(|e| cx.fail(e))
             }
+            Op::Sort {
+                dim,
+                num_keys,
+                output,
+            } => crate::sorting::sort_type(operands, *dim, *num_keys, *output)
+                .map_err(|e| cx.fail(e)),
+            Op::Cumulative { kind, axis, .. } => {
+                crate::sorting::cumulative_type(operands[0], *kind, *axis).map_err(|e| cx.fail(e))
+            }
+            Op::Rev { dims } => crate::sorting::rev_type(operands[0], dims).map_err(|e| cx.fail(e)),
         }?;
         ty.check_size().map_err(|e| cx.fail(e))?;
         Ok(ty)

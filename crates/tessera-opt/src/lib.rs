@@ -119,7 +119,11 @@ impl CostFunction<Node> for Cost<'_> {
             | Op::StopGradient
             // A region's cost is its bodies'; it has no alternative to be weighed against.
             | Op::Region(_)
-            | Op::GetResult { .. } => bytes + numel,
+            | Op::GetResult { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => bytes + numel,
+            // A comparison sort: n log n comparisons per lane, over every element.
+            Op::Sort { .. } => bytes + numel * (numel.max(2.0)).log2(),
             // A multiply-add per result element and kernel element it reads (as dot's).
             Op::Conv(_) | Op::ReduceWindow { .. } => {
                 let k: f64 = enode

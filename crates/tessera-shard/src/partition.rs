@@ -129,7 +129,10 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
             | Op::DotGeneral(_)
             | Op::StopGradient
             | Op::Conv(_)
-            | Op::ReduceWindow { .. } => {
+            | Op::ReduceWindow { .. }
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => {
                 if let Some(&o) = operands.iter().find(|o| partial.contains_key(o)) {
                     return Err(incomplete(g, o, &partial));
                 }
@@ -381,6 +384,10 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         // attributes hold no sizes.
         | Op::Conv(_)
         | Op::ReduceWindow { .. } => op.clone(),
+        // The sorted, scanned and reversed dims are whole (`factors.rs`); dims are named.
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => op.clone(),
     }
 }
 

@@ -126,6 +126,9 @@ fn bound(op: &Op) -> Bound {
         Op::Conv(_) => Bound::Accumulated,
         // The native kernel combines each window in the interpreter's order (window.rs).
         Op::ReduceWindow { .. } => Bound::Exact,
+        // A permutation, a mirror, and a scan in the interpreter's order (the native kernel
+        // combines each lane's elements one after another, as the interpreter does).
+        Op::Sort { .. } | Op::Rev { .. } | Op::Cumulative { .. } => Bound::Exact,
     }
 }
 
@@ -411,7 +414,10 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
         | Op::StopGradient
         | Op::Region(_)
         | Op::GetResult { .. }
-        | Op::ReduceWindow { .. } => 1usize,
+        | Op::ReduceWindow { .. }
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => 1usize,
         // Input features of a group times the kernel's window.
         Op::Conv(cd) => {
             let r = args[1].ty.dims();

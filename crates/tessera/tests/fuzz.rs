@@ -701,7 +701,10 @@ fn exact_between_backends(g: &Graph) -> bool {
             | Op::Collective(_)
             | Op::ShardingConstraint(_)
             | Op::StopGradient
-            | Op::GetResult { .. } => true,
+            | Op::GetResult { .. }
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => true,
         }
     })
 }
