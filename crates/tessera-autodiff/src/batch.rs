@@ -206,6 +206,8 @@ fn run(
     Ok((b, outs))
 }
 
+mod conv;
+
 /// Where per-example dim `d` is in a value whose batch dim is at `bd`.
 fn shift(d: usize, bd: usize) -> usize {
     if d < bd { d } else { d + 1 }
@@ -419,6 +421,8 @@ fn rule(
             .and_then(|r| r.get(*index))
             .copied()
             .ok_or_else(|| b.unsupported(format!("result {index} of a region it did not batch"))),
+        Op::Conv(cd) => conv::conv(b, cd, vals[0], vals[1], ty),
+        Op::ReduceWindow { kind, win } => conv::reduce_window(b, *kind, win, vals[0]),
         Op::Sort {
             dim,
             num_keys,

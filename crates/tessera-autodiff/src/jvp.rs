@@ -252,6 +252,10 @@ fn jvp_rule(b: &mut Builder, op: &Op, at: &Tan) -> Result<Option<NodeId>> {
             "{} reached the per-op JVP table: region tangents go through region::jvp",
             op.name()
         ))),
+        Op::Conv(cd) => super::conv::conv_jvp(b, cd, at.xs, at.ts),
+        Op::ReduceWindow { kind, win } => {
+            super::conv::reduce_window_jvp(b, *kind, win, at.xs[0], at.y, at.t()?)
+        }
         Op::Sort {
             dim,
             num_keys,

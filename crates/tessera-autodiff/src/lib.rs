@@ -47,6 +47,7 @@ pub enum AutodiffError {
 
 type Result<T> = std::result::Result<T, AutodiffError>;
 
+mod conv;
 mod region;
 
 /// Appends the backward graph; see the module doc.
@@ -364,6 +365,8 @@ fn vjp_rule(
             "{} reached the per-op table: region cotangents go through region::vjp",
             op.name()
         ))),
+        Op::Conv(cd) => conv::conv_vjp(b, cd, &at),
+        Op::ReduceWindow { kind, win } => conv::reduce_window_vjp(b, *kind, win, &at),
         Op::Sort {
             dim,
             num_keys,

@@ -87,7 +87,7 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
 /// # Safety
 /// The views must lie inside live buffers of `dtype` (a float type), `out` not overlapping the
 /// operands.
-unsafe fn gemm_view(
+pub(crate) unsafe fn gemm_view(
     dtype: DType,
     (m, n, k): (usize, usize, usize),
     (l, ls): (*const u8, [isize; 2]),
@@ -335,7 +335,7 @@ impl Executable {
                     && (self.reduced_by[i].is_some()
                         || matches!(self.schedule.bufs[step.inputs[1]].kind, BufKind::Input(_)))
             }
-            StepKind::Kernel(_) | StepKind::Native(_) => false,
+            StepKind::Kernel(_) | StepKind::Window(_) | StepKind::Native(_) => false,
             // Conservatively: a body may hold collectives, and every device runs it.
             StepKind::Region(_) => true,
         }
@@ -393,6 +393,7 @@ impl Executable {
                 StepKind::Collective(op) => format!("collective {}", op.name()),
                 StepKind::Native(op) => format!("native {}", op.name()),
                 StepKind::Region(r) => format!("region {} -> {:?}", r.op.name(), r.results),
+                StepKind::Window(w) => w.summary(),
             };
             writeln!(
                 s,
@@ -486,6 +487,14 @@ impl Executable {
                 StepKind::Gemm(g) => fused = self.run_gemm(i, g, ptrs, collectives)?,
                 StepKind::Collective(op) => self.run_collective(step, op, ptrs, collectives)?,
                 StepKind::Region(r) => self.run_region(i, r, ptrs, collectives)?,
+                StepKind::Window(w) => {
+                    let inputs: Vec<*const u8> =
+                        step.inputs.iter().map(|&b| ptrs[b] as *const u8).collect();
+                    // SAFETY: each input buffer holds a value of its operand's type (its step
+                    // ran, or it is an input or constant), and the output is this step's own
+                    // temporary of the result's type, which no input overlaps (plan.rs).
+                    unsafe { crate::window::run(w, &inputs, ptrs[step.output]) }
+                }
                 StepKind::Native(op) => self.run_native(step, op, ptrs)?,
             }
         }

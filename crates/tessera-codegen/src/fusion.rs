@@ -59,6 +59,8 @@ pub enum StepKind {
     /// place on this step's buffers by the region's control flow (`Executable::run_region`);
     /// it writes one buffer per result.
     Region(Box<RegionStep>),
+    /// A conv or reduce_window, run by its native kernel (`window.rs`).
+    Window(Box<crate::window::WindowStep>),
     /// A `sort` or cumulative op, run by a Rust kernel over whole buffers (`native.rs`).
     Native(Op),
 }
@@ -147,6 +149,8 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Concatenate { .. }
             | Op::Collective(_)
             | Op::Region(_)
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
             | Op::Sort { .. }
             | Op::Cumulative { .. } => true,
             Op::Rev { .. } => false,
@@ -212,6 +216,7 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Region(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. } => true,
+            Op::Conv(_) | Op::ReduceWindow { .. } => true,
             // Its buffer is one of the results its region's step writes.
             Op::GetResult { .. } => continue,
             // Inlined into its users unless a rule below writes it out.
@@ -274,6 +279,8 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::Collective(_)
                     | Op::Region(_)
                     | Op::GetResult { .. }
+                    | Op::Conv(_)
+                    | Op::ReduceWindow { .. }
                     | Op::Sort { .. }
                     | Op::Cumulative { .. } => false,
                 };
@@ -355,6 +362,26 @@ impl Fuser<'_> {
             Op::Collective(_) => {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Collective(op.clone()), inputs)
+            }
+            Op::Conv(cd) => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                let step = crate::window::WindowStep::Conv {
+                    dims: (**cd).clone(),
+                    lhs: g.ty(operands[0]).clone(),
+                    rhs: g.ty(operands[1]).clone(),
+                    out: ty.clone(),
+                };
+                (StepKind::Window(Box::new(step)), inputs)
+            }
+            Op::ReduceWindow { kind, win } => {
+                let inputs = vec![self.materialized_buf(operands[0])];
+                let step = crate::window::WindowStep::ReduceWindow {
+                    kind: *kind,
+                    win: (**win).clone(),
+                    operand: g.ty(operands[0]).clone(),
+                    out: ty.clone(),
+                };
+                (StepKind::Window(Box::new(step)), inputs)
             }
             Op::Sort { .. } | Op::Cumulative { .. } => {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
@@ -542,6 +569,8 @@ impl Fuser<'_> {
             | Op::Collective(_)
             | Op::Region(_)
             | Op::GetResult { .. }
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
             | Op::Sort { .. }
             | Op::Cumulative { .. } => self.buffer_load(id, map, inputs),
         }
@@ -963,6 +992,8 @@ fn is_transcendental(op: &Op) -> bool {
         | Op::StopGradient
         | Op::Region(_)
         | Op::GetResult { .. }
+        | Op::Conv(_)
+        | Op::ReduceWindow { .. }
         | Op::Sort { .. }
         | Op::Cumulative { .. }
         | Op::Rev { .. } => false,
@@ -1079,6 +1110,7 @@ mod tests {
                 StepKind::Gemm(_)
                 | StepKind::Collective(_)
                 | StepKind::Region(_)
+                | StepKind::Window(_)
                 | StepKind::Native(_) => None,
             })
             .collect()

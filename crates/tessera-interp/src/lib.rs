@@ -6,6 +6,7 @@
 //! are delegated to a transport (`tessera_transport::Collectives`): `SingleDevice` (every group
 //! has one member), or the runtime's shared-memory transport for sharded programs.
 
+pub mod conv;
 pub mod scalar;
 mod sorting;
 
@@ -419,6 +420,8 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                 "region ops have several results: run them with run_region",
             ));
         }
+        Op::Conv(cd) => conv::conv(op, cd, args[0], args[1], ty)?,
+        Op::ReduceWindow { kind, win } => conv::reduce_window(op, *kind, win, args[0], ty)?,
         Op::Sort {
             dim,
             num_keys,

@@ -471,6 +471,38 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
                 iacc.into_iter().map(V::I).collect()
             }
         }
+        Op::Conv(cd) => conv_reference(cd, in_ty(0), in_ty(1), &args[0], &args[1], &ty),
+        Op::ReduceWindow { kind, win } => {
+            let x = in_ty(0);
+            let int = !x.dtype.is_float();
+            let init = match (kind, int) {
+                (ReduceKind::Sum, _) => 0.0,
+                (ReduceKind::Max, false) => f64::NEG_INFINITY,
+                (ReduceKind::Min, false) => f64::INFINITY,
+                (ReduceKind::Max, true) => -1e300,
+                (ReduceKind::Min, true) => 1e300,
+            };
+            let vals: Vec<f64> = args[0].iter().map(|v| v.f()).collect();
+            let (p, pd) = dilate_pad(&vals, x.dims(), &win.base_dilation, &win.padding, init);
+            indices(ty.dims())
+                .iter()
+                .map(|o| {
+                    let mut acc = init;
+                    for k in indices(&win.window) {
+                        let q: Vec<usize> = (0..o.len())
+                            .map(|d| o[d] * win.strides[d] + k[d] * win.window_dilation[d])
+                            .collect();
+                        let v = p[flat(&q, &pd)];
+                        acc = match kind {
+                            ReduceKind::Sum => acc + v,
+                            ReduceKind::Max => acc.max(v),
+                            ReduceKind::Min => acc.min(v),
+                        };
+                    }
+                    if int { V::I(acc as i64) } else { V::F(acc) }
+                })
+                .collect()
+        }
         Op::Sort {
             dim,
             num_keys,
@@ -559,6 +591,100 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
             .collect(),
     };
     r.into_iter().map(|v| narrow(ty.dtype, v)).collect()
+}
+
+/// The operand scattered into a dilated, padded copy (negative padding crops): element `i`
+/// lands at `i * dilation + lo`.
+fn dilate_pad(
+    v: &[f64],
+    dims: &[usize],
+    dil: &[usize],
+    pad: &[(i64, i64)],
+    fill: f64,
+) -> (Vec<f64>, Vec<usize>) {
+    let pd: Vec<usize> = (0..dims.len())
+        .map(|d| {
+            let n = if dims[d] == 0 {
+                0
+            } else {
+                (dims[d] - 1) * dil[d] + 1
+            } as i64;
+            (n + pad[d].0 + pad[d].1).max(0) as usize
+        })
+        .collect();
+    let mut out = vec![fill; pd.iter().product()];
+    for ix in indices(dims) {
+        let q: Vec<i64> = (0..dims.len())
+            .map(|d| ix[d] as i64 * dil[d] as i64 + pad[d].0)
+            .collect();
+        if q.iter().zip(&pd).all(|(&a, &n)| a >= 0 && (a as usize) < n) {
+            let q: Vec<usize> = q.iter().map(|&a| a as usize).collect();
+            out[flat(&q, &pd)] = v[flat(&ix, dims)];
+        }
+    }
+    (out, pd)
+}
+
+/// A conv written as XLA documents it: the lhs moved to canonical `[N, C, spatial]` order,
+/// dilated and padded; then every result element `[b, o, p]` sums
+/// `lhs[group batch, group channel, p * stride + k * rhs_dilation] * rhs[o, i, k]`.
+fn conv_reference(
+    cd: &tessera_ir::ConvDims,
+    lt: &TensorType,
+    rt: &TensorType,
+    l: &[V],
+    r: &[V],
+    ty: &TensorType,
+) -> Vec<V> {
+    let s = cd.spatial();
+    let canon = |t: &TensorType, spec: &[usize], v: &[V]| -> (Vec<f64>, Vec<usize>) {
+        let cd: Vec<usize> = spec.iter().map(|&d| t.dims()[d]).collect();
+        let mut out = vec![0.0; v.len()];
+        for ix in indices(t.dims()) {
+            let c: Vec<usize> = spec.iter().map(|&d| ix[d]).collect();
+            out[flat(&c, &cd)] = v[flat(&ix, t.dims())].f();
+        }
+        (out, cd)
+    };
+    let (lc, ldims) = canon(lt, &cd.lhs_spec, l);
+    let (rc, rdims) = canon(rt, &cd.rhs_spec, r);
+    let mut dil = vec![1, 1];
+    dil.extend(&cd.lhs_dilation);
+    let mut pad = vec![(0, 0), (0, 0)];
+    pad.extend(&cd.padding);
+    let (p, pd) = dilate_pad(&lc, &ldims, &dil, &pad, 0.0);
+    let (fg, bg) = (cd.feature_group_count, cd.batch_group_count);
+    let (o_feat, cin) = (rdims[0], rdims[1]);
+    let nb = ldims[0] / bg;
+    let mut odims = vec![ty.dims()[cd.out_spec[0]], ty.dims()[cd.out_spec[1]]];
+    odims.extend((0..s).map(|j| ty.dims()[cd.out_spec[2 + j]]));
+    let mut canon_out = vec![0.0; ty.numel()];
+    for o in indices(&odims) {
+        let (b, f) = (o[0], o[1]);
+        let ch0 = f / (o_feat / fg) * cin;
+        let lb = f / (o_feat / bg) * nb + b;
+        let mut acc = 0.0;
+        for i in 0..cin {
+            for k in indices(&rdims[2..]) {
+                let mut q = vec![lb, ch0 + i];
+                q.extend((0..s).map(|j| o[2 + j] * cd.strides[j] + k[j] * cd.rhs_dilation[j]));
+                let mut ri = vec![f, i];
+                if cd.window_reversal {
+                    ri.extend(k.iter().zip(&rdims[2..]).map(|(&a, &n)| n - 1 - a));
+                } else {
+                    ri.extend(&k);
+                }
+                acc += p[flat(&q, &pd)] * rc[flat(&ri, &rdims)];
+            }
+        }
+        canon_out[flat(&o, &odims)] = acc;
+    }
+    let mut out = vec![V::F(0.0); ty.numel()];
+    for ix in indices(ty.dims()) {
+        let c: Vec<usize> = cd.out_spec.iter().map(|&d| ix[d]).collect();
+        out[flat(&ix, ty.dims())] = V::F(canon_out[flat(&c, &odims)]);
+    }
+    out
 }
 
 fn close(d: DType, got: V, want: V) -> bool {

@@ -5,6 +5,7 @@
 //! Architecture invariant: this crate depends on no other Tessera crate, and on no egg, no
 //! Cranelift and no threads. Meshes and shardings appear here as plain data only.
 
+pub mod conv;
 pub mod corpus;
 pub mod dot;
 pub mod graph;
@@ -18,6 +19,7 @@ pub mod sorting;
 pub mod types;
 pub mod verify;
 
+pub use conv::{ConvDims, WindowDims};
 pub use graph::{Graph, Node, NodeId};
 pub use literal::{Data, DataElement, DataError, Literal};
 pub use op::{

@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use crate::conv::{ConvDims, WindowDims};
 use crate::literal::Literal;
 use crate::region::RegionOp;
 use crate::sharding::{Mesh, Sharding};
@@ -358,9 +359,9 @@ pub enum OpClass {
     /// Moves or copies elements without arithmetic: broadcast, reshape, transpose, slice,
     /// concatenate, pad.
     Movement,
-    /// Combines elements along axes: `reduce_*`, `argmax`.
+    /// Combines elements along axes: `reduce_*`, `argmax`, `reduce_window_*`.
     Reduction,
-    /// `dot_general`.
+    /// `dot_general`, `conv_general_dilated`.
     Dot,
     /// Runs over a group of devices ([`CollectiveOp`]).
     Collective,
@@ -440,6 +441,14 @@ pub enum Op {
     GetResult {
         index: usize,
         ty: TensorType,
+    },
+    /// `conv_general_dilated lhs, rhs` (`lax.conv_general_dilated`; see `conv.rs`).
+    Conv(Box<ConvDims>),
+    /// A sum, max or min over a sliding window (`lax.reduce_window`; see `conv.rs`); the
+    /// padding holds the reduction's identity (0, -inf / the lowest int, +inf / the highest).
+    ReduceWindow {
+        kind: ReduceKind,
+        win: Box<WindowDims>,
     },
     /// `lax.sort` of same-shaped operands along `dim`, stable, lexicographic over the first
     /// `num_keys`; the value is operand `output` permuted (see `sorting.rs`).
@@ -532,6 +541,10 @@ pub const ALL_OP_NAMES: &[&str] = &[
     "checkpoint",
     "custom_vjp",
     "get_result",
+    "conv_general_dilated",
+    "reduce_window_sum",
+    "reduce_window_max",
+    "reduce_window_min",
     "sort",
     "cumsum",
     "cumprod",
@@ -591,6 +604,8 @@ impl Op {
             Op::StopGradient => "stop_gradient",
             Op::Region(r) => r.name(),
             Op::GetResult { .. } => "get_result",
+            Op::Conv(_) => "conv_general_dilated",
+            Op::ReduceWindow { kind, .. } => crate::conv::reduce_window_name(*kind),
             Op::Sort { .. } => "sort",
             Op::Cumulative { kind, .. } => kind.name(),
             Op::Rev { .. } => "rev",
@@ -636,6 +651,8 @@ impl Op {
             | Op::StopGradient
             | Op::Region(_)
             | Op::GetResult { .. }
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => &[],
@@ -662,6 +679,8 @@ impl Op {
             Op::Collective(_) => OpClass::Collective,
             Op::ShardingConstraint(_) | Op::StopGradient => OpClass::Annotation,
             Op::Region(_) | Op::GetResult { .. } => OpClass::Region,
+            Op::Conv(_) => OpClass::Dot,
+            Op::ReduceWindow { .. } => OpClass::Reduction,
             Op::Sort { .. } | Op::Cumulative { .. } => OpClass::Reduction,
             Op::Rev { .. } => OpClass::Movement,
         }
@@ -685,6 +704,8 @@ impl Op {
             | Op::StopGradient
             | Op::GetResult { .. } => 1,
             Op::Binary(_) | Op::Compare(_) | Op::DotGeneral(_) | Op::Pad { .. } => 2,
+            Op::ReduceWindow { .. } => 1,
+            Op::Conv(_) => 2,
             Op::Select => 3,
             Op::Concatenate { .. } | Op::Region(_) => return None,
             Op::Sort { .. } => return None,
@@ -757,6 +778,12 @@ impl Op {
             Op::StopGradient => Ok(cx.operands[0].clone()),
             Op::Region(r) => rules::region::region(&cx, r),
             Op::GetResult { ty, .. } => rules::region::get_result(&cx, ty),
+            Op::Conv(cd) => {
+                crate::conv::conv_type(cd, operands[0], operands[1]).map_err(|e| cx.fail(e))
+            }
+            Op::ReduceWindow { win, .. } => {
+                crate::conv::reduce_window_type(win, operands[0]).map_err(|e| cx.fail(e))
+            }
             Op::Sort {
                 dim,
                 num_keys,

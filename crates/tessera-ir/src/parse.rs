@@ -996,6 +996,25 @@ fn build_op(
         "collective_permute" => &["axes", "pairs"],
         "sharding_constraint" => &["sharding"],
         "get_result" => &["index"],
+        "conv_general_dilated" => &[
+            "lhs_spec",
+            "rhs_spec",
+            "out_spec",
+            "strides",
+            "padding",
+            "lhs_dilation",
+            "rhs_dilation",
+            "feature_group_count",
+            "batch_group_count",
+            "window_reversal",
+        ],
+        "reduce_window_sum" | "reduce_window_max" | "reduce_window_min" => &[
+            "window",
+            "strides",
+            "padding",
+            "base_dilation",
+            "window_dilation",
+        ],
         "sort" => &["dim", "keys", "output"],
         "cumsum" | "cumprod" | "cummax" | "cummin" => &["axis", "reverse"],
         "rev" => &["dims"],
@@ -1126,6 +1145,64 @@ fn build_op(
             index: uint_attr(attrs, "index")?,
             ty: ty.clone(),
         },
+        "conv_general_dilated" => {
+            let lhs_spec = uint_list_attr(attrs, "lhs_spec")?;
+            let s = lhs_spec.len().saturating_sub(2);
+            let opt_list = |key: &str| -> Result<Vec<usize>, String> {
+                match get(attrs, key) {
+                    Some(a) => uints(as_list(a, key)?, key),
+                    None => Ok(vec![1; s]),
+                }
+            };
+            let opt_uint = |key: &str| -> Result<usize, String> {
+                match get(attrs, key) {
+                    Some(a) => as_uint(a, key),
+                    None => Ok(1),
+                }
+            };
+            Op::Conv(Box::new(crate::conv::ConvDims {
+                rhs_spec: uint_list_attr(attrs, "rhs_spec")?,
+                out_spec: uint_list_attr(attrs, "out_spec")?,
+                strides: uint_list_attr(attrs, "strides")?,
+                padding: pad_pairs(need(attrs, "padding")?)?,
+                lhs_dilation: opt_list("lhs_dilation")?,
+                rhs_dilation: opt_list("rhs_dilation")?,
+                feature_group_count: opt_uint("feature_group_count")?,
+                batch_group_count: opt_uint("batch_group_count")?,
+                window_reversal: match get(attrs, "window_reversal") {
+                    None => false,
+                    Some(a) => match as_uint(a, "window_reversal")? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err("attribute 'window_reversal' is 0 or 1".into()),
+                    },
+                },
+                lhs_spec,
+            }))
+        }
+        "reduce_window_sum" | "reduce_window_max" | "reduce_window_min" => {
+            let window = uint_list_attr(attrs, "window")?;
+            let n = window.len();
+            let opt_list = |key: &str| -> Result<Vec<usize>, String> {
+                match get(attrs, key) {
+                    Some(a) => uints(as_list(a, key)?, key),
+                    None => Ok(vec![1; n]),
+                }
+            };
+            Op::ReduceWindow {
+                kind: reduce_kind(mnemonic.strip_prefix("reduce_window_"))?,
+                win: Box::new(crate::conv::WindowDims {
+                    strides: uint_list_attr(attrs, "strides")?,
+                    padding: match get(attrs, "padding") {
+                        Some(a) => pad_pairs(a)?,
+                        None => vec![(0, 0); n],
+                    },
+                    base_dilation: opt_list("base_dilation")?,
+                    window_dilation: opt_list("window_dilation")?,
+                    window,
+                }),
+            }
+        }
         "sort" => Op::Sort {
             dim: uint_attr(attrs, "dim")?,
             num_keys: uint_attr(attrs, "keys")?,
@@ -1149,6 +1226,19 @@ fn build_op(
         "parameter" => return Err("parameters are declared in the function signature".into()),
         _ => return Err("unknown op".into()),
     })
+}
+
+/// A `padding=[[lo,hi],...]` attribute.
+fn pad_pairs(a: &Attr) -> Result<Vec<(i64, i64)>, String> {
+    as_list(a, "padding")?
+        .iter()
+        .map(
+            |p| match ints(as_list(p, "padding")?, "padding")?.as_slice() {
+                [lo, hi] => Ok((*lo, *hi)),
+                _ => Err("each entry of 'padding' is [lo,hi]".to_string()),
+            },
+        )
+        .collect()
 }
 
 fn tessera_cumulative_kind(mnemonic: &str) -> Result<crate::sorting::CumulativeKind, String> {

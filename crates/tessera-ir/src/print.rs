@@ -216,6 +216,8 @@ pub fn attrs_text(op: &Op) -> String {
         Op::StopGradient => String::new(),
         Op::Region(r) => r.attrs_text(),
         Op::GetResult { index, .. } => format!("index={index}"),
+        Op::Conv(cd) => crate::conv::conv_attrs(cd),
+        Op::ReduceWindow { win, .. } => crate::conv::window_attrs(win),
         Op::Sort {
             dim,
             num_keys,

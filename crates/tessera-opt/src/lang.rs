@@ -63,6 +63,8 @@ impl Node {
             | Op::StopGradient
             | Op::Region(_)
             | Op::GetResult { .. }
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => format!("{op:?}"),
@@ -228,6 +230,8 @@ impl egg::Analysis<Node> for TensorAnalysis {
             | Op::StopGradient
             | Op::Region(_)
             | Op::GetResult { .. }
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => constant

@@ -165,6 +165,8 @@ fn insert_graph(
             | Op::Collective(_)
             | Op::ShardingConstraint(_)
             | Op::StopGradient
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => p.op(id, op, &wanted, &mut annotated)?,

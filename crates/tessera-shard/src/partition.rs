@@ -128,6 +128,8 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
             | Op::ArgMax { .. }
             | Op::DotGeneral(_)
             | Op::StopGradient
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => {
@@ -378,6 +380,10 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         // `per_device` makes its bodies local (`region`); `length` stays global, as a scan's
         // leading dim is whole.
         | Op::Region(_)
+        // Only whole spatial dims and pass-through windows split (`factors.rs`): the
+        // attributes hold no sizes.
+        | Op::Conv(_)
+        | Op::ReduceWindow { .. } => op.clone(),
         // The sorted, scanned and reversed dims are whole (`factors.rs`); dims are named.
         | Op::Sort { .. }
         | Op::Cumulative { .. }

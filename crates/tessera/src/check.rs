@@ -123,6 +123,9 @@ fn bound(op: &Op) -> Bound {
         // whole-program check, and, in `check_program`, the program compiled whole against
         // the composition in which the region is compiled alone.
         Op::Region(_) | Op::GetResult { .. } => Bound::Unchecked,
+        Op::Conv(_) => Bound::Accumulated,
+        // The native kernel combines each window in the interpreter's order (window.rs).
+        Op::ReduceWindow { .. } => Bound::Exact,
         // A permutation, a mirror, and a scan in the interpreter's order (the native kernel
         // combines each lane's elements one after another, as the interpreter does).
         Op::Sort { .. } | Op::Rev { .. } | Op::Cumulative { .. } => Bound::Exact,
@@ -411,9 +414,18 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
         | Op::StopGradient
         | Op::Region(_)
         | Op::GetResult { .. }
+        | Op::ReduceWindow { .. }
         | Op::Sort { .. }
         | Op::Cumulative { .. }
         | Op::Rev { .. } => 1usize,
+        // Input features of a group times the kernel's window.
+        Op::Conv(cd) => {
+            let r = args[1].ty.dims();
+            std::iter::once(cd.rhs_spec[1])
+                .chain(cd.rhs_spec[2..].iter().copied())
+                .map(|d| r[d])
+                .product()
+        }
     };
     let describe = |k: usize, extra: String| {
         Some(format!(

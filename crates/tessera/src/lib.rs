@@ -19,6 +19,7 @@ pub mod axis;
 mod cache;
 pub mod check;
 pub mod control;
+pub mod conv;
 pub mod einsum;
 pub mod error;
 pub mod fwd;
@@ -64,6 +65,7 @@ pub use vmap::{Axes, Vmapped, vmap};
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
     pub use crate::axis::{Axis, AxisList, keepdims};
+    pub use crate::conv::{ConvOptions, Padding};
     pub use crate::einsum::einsum;
     pub use crate::fwd::{Linearized, hessian, jacfwd, jacrev, jvp, linearize};
     pub use crate::pmap::{

@@ -185,7 +185,10 @@ fn a_shape_error_in_a_trace_is_an_err_naming_op_types_and_line() {
         .call((Tensor::zeros([2, 3]), Tensor::zeros([4, 5])))
         .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("matmul: contracting dims differ: 3 and 4"), "{msg}");
+    assert!(
+        msg.contains("matmul: contracting dims differ: 3 and 4"),
+        "{msg}"
+    );
     assert!(
         msg.contains("f32[2,3]") && msg.contains("f32[4,5]"),
         "{msg}"

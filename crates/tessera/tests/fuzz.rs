@@ -680,6 +680,8 @@ fn exact_between_backends(g: &Graph) -> bool {
                 ReduceKind::Max | ReduceKind::Min => true,
             },
             Op::DotGeneral(_) => !float,
+            Op::Conv(_) => !float,
+            Op::ReduceWindow { .. } => true,
             Op::Region(r) => r.regions().iter().all(|(_, b)| exact_between_backends(b)),
             Op::Parameter(_)
             | Op::Constant(_)
