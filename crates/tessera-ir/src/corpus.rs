@@ -294,6 +294,9 @@ pub fn op_samples() -> Vec<Sample> {
         &[],
         Some(Mesh::new("mesh", vec![("x".into(), 1), ("y".into(), 1)])),
     ));
+    for (name, op, params) in crate::gather::corpus_samples() {
+        out.push(one(name, op, &params, None));
+    }
     out
 }
 

@@ -7,6 +7,7 @@
 
 pub mod corpus;
 pub mod dot;
+pub mod gather;
 pub mod graph;
 pub mod literal;
 pub mod op;
@@ -17,6 +18,7 @@ pub mod sharding;
 pub mod types;
 pub mod verify;
 
+pub use gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 pub use graph::{Graph, Node, NodeId};
 pub use literal::{Data, DataElement, DataError, Literal};
 pub use op::{

@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+pub use crate::gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 use crate::literal::Literal;
 use crate::region::RegionOp;
 use crate::sharding::{Mesh, Sharding};
@@ -440,6 +441,12 @@ pub enum Op {
         index: usize,
         ty: TensorType,
     },
+    /// `gather operand, indices`: slices of the operand at start indices read from `indices`
+    /// (XLA's gather; dimension numbers and out-of-bounds modes in `gather.rs`).
+    Gather(Box<GatherDims>),
+    /// `scatter operand, indices, updates`: the operand with update windows combined in at
+    /// start indices read from `indices` (XLA's scatter; `gather.rs`).
+    Scatter(Box<ScatterDims>),
 }
 
 /// Every op mnemonic of the text format, in one list: table tests iterate over it, so an op
@@ -514,6 +521,8 @@ pub const ALL_OP_NAMES: &[&str] = &[
     "checkpoint",
     "custom_vjp",
     "get_result",
+    "gather",
+    "scatter",
 ];
 
 /// A type rule rejected an op's operands or attributes.
@@ -567,6 +576,8 @@ impl Op {
             Op::StopGradient => "stop_gradient",
             Op::Region(r) => r.name(),
             Op::GetResult { .. } => "get_result",
+            Op::Gather(_) => "gather",
+            Op::Scatter(_) => "scatter",
         }
     }
 
@@ -608,7 +619,9 @@ impl Op {
             | Op::ShardingConstraint(_)
             | Op::StopGradient
             | Op::Region(_)
-            | Op::GetResult { .. } => &[],
+            | Op::GetResult { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_) => &[],
         }
     }
 
@@ -632,6 +645,8 @@ impl Op {
             Op::Collective(_) => OpClass::Collective,
             Op::ShardingConstraint(_) | Op::StopGradient => OpClass::Annotation,
             Op::Region(_) | Op::GetResult { .. } => OpClass::Region,
+            Op::Gather(_) => OpClass::Movement,
+            Op::Scatter(_) => OpClass::Reduction,
         }
     }
 
@@ -654,6 +669,8 @@ impl Op {
             | Op::GetResult { .. } => 1,
             Op::Binary(_) | Op::Compare(_) | Op::DotGeneral(_) | Op::Pad { .. } => 2,
             Op::Select => 3,
+            Op::Gather(_) => 2,
+            Op::Scatter(_) => 3,
             Op::Concatenate { .. } | Op::Region(_) => return None,
         })
     }
@@ -723,6 +740,8 @@ impl Op {
             Op::StopGradient => Ok(cx.operands[0].clone()),
             Op::Region(r) => rules::region::region(&cx, r),
             Op::GetResult { ty, .. } => rules::region::get_result(&cx, ty),
+            Op::Gather(d) => d.infer(operands[0], operands[1]).map_err(|e| cx.fail(e)),
+            Op::Scatter(d) => d.infer(operands[0], operands[1], operands[2]).map_err(|e| cx.fail(e)),
         }?;
         ty.check_size().map_err(|e| cx.fail(e))?;
         Ok(ty)

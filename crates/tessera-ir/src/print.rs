@@ -216,5 +216,7 @@ pub fn attrs_text(op: &Op) -> String {
         Op::StopGradient => String::new(),
         Op::Region(r) => r.attrs_text(),
         Op::GetResult { index, .. } => format!("index={index}"),
+        Op::Gather(d) => crate::gather::gather_attrs_text(d),
+        Op::Scatter(d) => crate::gather::scatter_attrs_text(d),
     }
 }
