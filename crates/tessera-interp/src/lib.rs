@@ -6,6 +6,7 @@
 //! are delegated to a transport (`tessera_transport::Collectives`): `SingleDevice` (every group
 //! has one member), or the runtime's shared-memory transport for sharded programs.
 
+mod gather;
 pub mod scalar;
 
 use std::collections::HashMap;
@@ -418,6 +419,8 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                 "region ops have several results: run them with run_region",
             ));
         }
+        Op::Gather(d) => gather::gather(d, args[0], args[1], ty),
+        Op::Scatter(d) => gather::scatter(d, args[0], args[1], args[2]),
     };
     if data.len() != ty.numel() || data.dtype() != ty.dtype {
         return Err(op_error(
