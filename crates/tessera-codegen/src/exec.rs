@@ -335,7 +335,7 @@ impl Executable {
                     && (self.reduced_by[i].is_some()
                         || matches!(self.schedule.bufs[step.inputs[1]].kind, BufKind::Input(_)))
             }
-            StepKind::Kernel(_) => false,
+            StepKind::Kernel(_) | StepKind::Indexed(_) => false,
             // Conservatively: a body may hold collectives, and every device runs it.
             StepKind::Region(_) => true,
         }
@@ -392,6 +392,7 @@ impl Executable {
                 ),
                 StepKind::Collective(op) => format!("collective {}", op.name()),
                 StepKind::Region(r) => format!("region {} -> {:?}", r.op.name(), r.results),
+                StepKind::Indexed(op) => format!("{} {}", op.name(), tessera_ir::attrs_text(op)),
             };
             writeln!(
                 s,
@@ -485,6 +486,7 @@ impl Executable {
                 StepKind::Gemm(g) => fused = self.run_gemm(i, g, ptrs, collectives)?,
                 StepKind::Collective(op) => self.run_collective(step, op, ptrs, collectives)?,
                 StepKind::Region(r) => self.run_region(i, r, ptrs, collectives)?,
+                StepKind::Indexed(op) => crate::indexed::run(step, op, &self.schedule.bufs, ptrs)?,
             }
         }
         Ok(())

@@ -59,6 +59,8 @@ pub enum StepKind {
     /// place on this step's buffers by the region's control flow (`Executable::run_region`);
     /// it writes one buffer per result.
     Region(Box<RegionStep>),
+    /// A `gather` or `scatter`: data-dependent addressing, run by `indexed.rs`.
+    Indexed(Op),
 }
 
 /// A region step: the op (its layouts and bodies) and the buffer of each of its results.
@@ -144,7 +146,9 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Pad { .. }
             | Op::Concatenate { .. }
             | Op::Collective(_)
-            | Op::Region(_) => true,
+            | Op::Region(_)
+            | Op::Gather(_)
+            | Op::Scatter(_) => true,
             Op::Parameter(_)
             | Op::Constant(_)
             | Op::Iota { .. }
@@ -202,6 +206,7 @@ pub fn fuse(g: &Graph) -> Schedule {
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
             Op::Reduce { .. } | Op::ArgMax { .. } | Op::Collective(_) | Op::Region(_) => true,
+            Op::Gather(_) | Op::Scatter(_) => true,
             // Its buffer is one of the results its region's step writes.
             Op::GetResult { .. } => continue,
             // Inlined into its users unless a rule below writes it out.
@@ -261,7 +266,9 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::ArgMax { .. }
                     | Op::Collective(_)
                     | Op::Region(_)
-                    | Op::GetResult { .. } => false,
+                    | Op::GetResult { .. }
+                    | Op::Gather(_)
+                    | Op::Scatter(_) => false,
                 };
                 cheap.insert(id, is_cheap);
                 forced.contains(&id)
@@ -341,6 +348,10 @@ impl Fuser<'_> {
             Op::Collective(_) => {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Collective(op.clone()), inputs)
+            }
+            Op::Gather(_) | Op::Scatter(_) => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                (StepKind::Indexed(op.clone()), inputs)
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(operands[0])) => {
                 let (l, r) = (
@@ -518,7 +529,9 @@ impl Fuser<'_> {
             | Op::ArgMax { .. }
             | Op::Collective(_)
             | Op::Region(_)
-            | Op::GetResult { .. } => self.buffer_load(id, map, inputs),
+            | Op::GetResult { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_) => self.buffer_load(id, map, inputs),
         }
     }
 
@@ -923,7 +936,9 @@ fn is_transcendental(op: &Op) -> bool {
         | Op::ShardingConstraint(_)
         | Op::StopGradient
         | Op::Region(_)
-        | Op::GetResult { .. } => false,
+        | Op::GetResult { .. }
+        | Op::Gather(_)
+        | Op::Scatter(_) => false,
     }
 }
 
@@ -1034,7 +1049,10 @@ mod tests {
             .iter()
             .filter_map(|st| match &st.kind {
                 StepKind::Kernel(k) => Some(k),
-                StepKind::Gemm(_) | StepKind::Collective(_) | StepKind::Region(_) => None,
+                StepKind::Gemm(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Indexed(_) => None,
             })
             .collect()
     }

@@ -13,6 +13,7 @@
 pub mod approx;
 pub mod exec;
 pub mod fusion;
+mod indexed;
 pub mod kernel;
 pub mod lower;
 pub mod plan;
@@ -38,7 +39,9 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
                 kernel_steps.push(Some(kernels.len()));
                 kernels.push(k.clone());
             }
-            StepKind::Gemm(_) | StepKind::Collective(_) => kernel_steps.push(None),
+            StepKind::Gemm(_) | StepKind::Collective(_) | StepKind::Indexed(_) => {
+                kernel_steps.push(None)
+            }
             // Each body is a program of its own, compiled once (never per iteration); the
             // verifier bounds how deeply this recursion goes (`MAX_REGION_DEPTH`).
             StepKind::Region(r) => {

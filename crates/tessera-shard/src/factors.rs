@@ -38,7 +38,7 @@ pub struct FactorRule {
 }
 
 impl FactorRule {
-    fn new(n_operands: usize) -> FactorRule {
+    pub(crate) fn new(n_operands: usize) -> FactorRule {
         FactorRule {
             sizes: Vec::new(),
             kinds: Vec::new(),
@@ -47,7 +47,7 @@ impl FactorRule {
         }
     }
 
-    fn factor(&mut self, size: usize, kind: FactorKind) -> usize {
+    pub(crate) fn factor(&mut self, size: usize, kind: FactorKind) -> usize {
         self.sizes.push(size);
         self.kinds.push(kind);
         self.sizes.len() - 1
@@ -158,6 +158,8 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         Op::ArgMax { axis } => argmax_rule(from(), *axis),
         Op::DotGeneral(dd) => dot_rule(dd, from(), operands[1].dims()),
         Op::Collective(_) => collective_rule(operands, rdims),
+        Op::Gather(d) => crate::gather::gather_rule(d, from(), operands[1].dims(), rdims),
+        Op::Scatter(d) => crate::gather::scatter_rule(d, operands),
     }
 }
 

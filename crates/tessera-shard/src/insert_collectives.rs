@@ -164,7 +164,9 @@ fn insert_graph(
             | Op::DotGeneral(_)
             | Op::Collective(_)
             | Op::ShardingConstraint(_)
-            | Op::StopGradient => p.op(id, op, &wanted, &mut annotated)?,
+            | Op::StopGradient
+            | Op::Gather(_)
+            | Op::Scatter(_) => p.op(id, op, &wanted, &mut annotated)?,
         };
         // The dump says where communication was inserted and why.
         if !why.is_empty() {
