@@ -419,6 +419,22 @@ fn rule(
             .and_then(|r| r.get(*index))
             .copied()
             .ok_or_else(|| b.unsupported(format!("result {index} of a region it did not batch"))),
+        Op::Gather(d) => {
+            let ops: Vec<NodeId> = vals
+                .iter()
+                .map(|&v| b.materialize(v, 0))
+                .collect::<Result<_>>()?;
+            let dd = crate::gather::batch_gather(d);
+            Ok((b.add(Op::Gather(Box::new(dd)), &ops)?, Some(0)))
+        }
+        Op::Scatter(d) => {
+            let ops: Vec<NodeId> = vals
+                .iter()
+                .map(|&v| b.materialize(v, 0))
+                .collect::<Result<_>>()?;
+            let dd = crate::gather::batch_scatter(d);
+            Ok((b.add(Op::Scatter(Box::new(dd)), &ops)?, Some(0)))
+        }
     }
 }
 

@@ -252,6 +252,10 @@ fn jvp_rule(b: &mut Builder, op: &Op, at: &Tan) -> Result<Option<NodeId>> {
             "{} reached the per-op JVP table: region tangents go through region::jvp",
             op.name()
         ))),
+        Op::Gather(d) => crate::gather::gather_jvp(b, d, at.xs[1], at.ts[0]),
+        Op::Scatter(d) => {
+            crate::gather::scatter_jvp(b, d, (at.xs[0], at.xs[1], at.xs[2]), (at.ts[0], at.ts[2]))
+        }
     }
 }
 

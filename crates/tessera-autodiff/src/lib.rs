@@ -46,6 +46,7 @@ pub enum AutodiffError {
 
 type Result<T> = std::result::Result<T, AutodiffError>;
 
+mod gather;
 mod region;
 
 /// Appends the backward graph; see the module doc.
@@ -363,6 +364,8 @@ fn vjp_rule(
             "{} reached the per-op table: region cotangents go through region::vjp",
             op.name()
         ))),
+        Op::Gather(d) => gather::gather_vjp(b, d, &at),
+        Op::Scatter(d) => gather::scatter_vjp(b, d, &at),
     }
 }
 

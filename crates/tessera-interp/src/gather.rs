@@ -16,7 +16,12 @@ fn index_reader(indices: &Literal) -> impl Fn(usize) -> i64 + '_ {
     }
 }
 
-pub(crate) fn gather(d: &GatherDims, operand: &Literal, indices: &Literal, ty: &TensorType) -> Data {
+pub(crate) fn gather(
+    d: &GatherDims,
+    operand: &Literal,
+    indices: &Literal,
+    ty: &TensorType,
+) -> Data {
     let index = index_reader(indices);
     let strides = operand.ty.shape.strides();
     let n = ty.numel();

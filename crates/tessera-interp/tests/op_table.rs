@@ -577,7 +577,9 @@ fn window_starts(
     idx: &[V],
     idx_dims: &[usize],
 ) -> Vec<(Vec<usize>, Option<Vec<usize>>)> {
-    let batch_dims: Vec<usize> = (0..idx_dims.len()).filter(|&d| d != index_vector_dim).collect();
+    let batch_dims: Vec<usize> = (0..idx_dims.len())
+        .filter(|&d| d != index_vector_dim)
+        .collect();
     let extents: Vec<usize> = batch_dims.iter().map(|&d| idx_dims[d]).collect();
     indices(&extents)
         .into_iter()
@@ -633,7 +635,9 @@ fn gather_reference(
     let kept: Vec<usize> = (0..xt.rank())
         .filter(|o| !d.collapsed_slice_dims.contains(o) && !d.operand_batching_dims.contains(o))
         .collect();
-    let batch_out: Vec<usize> = (0..ty.rank()).filter(|o| !d.offset_dims.contains(o)).collect();
+    let batch_out: Vec<usize> = (0..ty.rank())
+        .filter(|o| !d.offset_dims.contains(o))
+        .collect();
     let starts = window_starts(
         d.index_vector_dim,
         &d.start_index_map,
@@ -726,8 +730,20 @@ fn scatter_reference(
             (ScatterKind::Max, V::F(a), V::F(b)) if a.is_nan() || b.is_nan() => V::F(f64::NAN),
             (ScatterKind::Min, V::B(a), V::B(b)) => V::B(a && b),
             (ScatterKind::Max, V::B(a), V::B(b)) => V::B(a || b),
-            (ScatterKind::Min, a, b) => if b.f() < a.f() { b } else { a },
-            (ScatterKind::Max, a, b) => if b.f() > a.f() { b } else { a },
+            (ScatterKind::Min, a, b) => {
+                if b.f() < a.f() {
+                    b
+                } else {
+                    a
+                }
+            }
+            (ScatterKind::Max, a, b) => {
+                if b.f() > a.f() {
+                    b
+                } else {
+                    a
+                }
+            }
         };
         out[t] = narrow(xt.dtype, out[t]);
     }

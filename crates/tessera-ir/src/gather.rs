@@ -125,7 +125,9 @@ pub fn default_fill(dtype: DType) -> f64 {
 fn check_dims(list: &[usize], rank: usize, what: &str) -> Result<(), String> {
     for (i, &d) in list.iter().enumerate() {
         if d >= rank {
-            return Err(format!("{what} {list:?}: {d} is out of range for rank {rank}"));
+            return Err(format!(
+                "{what} {list:?}: {d} is out of range for rank {rank}"
+            ));
         }
         if list[..i].contains(&d) {
             return Err(format!("{what} {list:?} names {d} twice"));
@@ -179,9 +181,17 @@ fn index_side(
         ));
     }
     check_dims(to_operand, operand.rank(), "the indexed operand dims")?;
-    check_dims(operand_batching, operand.rank(), "the operand batching dims")?;
+    check_dims(
+        operand_batching,
+        operand.rank(),
+        "the operand batching dims",
+    )?;
     check_dims(indices_batching, r, "the indices batching dims")?;
-    check_disjoint(to_operand, operand_batching, "indexed and batching operand dims")?;
+    check_disjoint(
+        to_operand,
+        operand_batching,
+        "indexed and batching operand dims",
+    )?;
     if indices_batching.contains(&index_vector_dim) {
         return Err("index_vector_dim cannot be a batching dim".into());
     }
@@ -281,13 +291,20 @@ impl GatherDims {
             .collect();
         if !self.fill.is_nan() && operand.dtype != DType::F32 && operand.dtype != DType::F64 {
             let ok = match operand.dtype {
-                DType::I32 => self.fill == self.fill.trunc() && i32::try_from(self.fill as i64).is_ok(),
-                DType::U32 => self.fill == self.fill.trunc() && u32::try_from(self.fill as i64).is_ok(),
+                DType::I32 => {
+                    self.fill == self.fill.trunc() && i32::try_from(self.fill as i64).is_ok()
+                }
+                DType::U32 => {
+                    self.fill == self.fill.trunc() && u32::try_from(self.fill as i64).is_ok()
+                }
                 DType::Bool => self.fill == 0.0 || self.fill == 1.0,
                 DType::F32 | DType::F64 => true,
             };
             if !ok {
-                return Err(format!("fill {} is not a {} value", self.fill, operand.dtype));
+                return Err(format!(
+                    "fill {} is not a {} value",
+                    self.fill, operand.dtype
+                ));
             }
         } else if self.fill.is_nan() && !matches!(operand.dtype, DType::F32 | DType::F64) {
             return Err(format!("fill NaN is not a {} value", operand.dtype));
@@ -347,8 +364,7 @@ impl GatherDims {
         }
         let mut w = self.offset_dims.iter();
         for (d, s) in src.iter_mut().enumerate() {
-            if !self.collapsed_slice_dims.contains(&d) && !self.operand_batching_dims.contains(&d)
-            {
+            if !self.collapsed_slice_dims.contains(&d) && !self.operand_batching_dims.contains(&d) {
                 *s += out[*w.next().expect("one offset dim per window dim")];
             }
         }
@@ -379,8 +395,7 @@ impl ScatterDims {
                 updates.dtype, operand.dtype
             ));
         }
-        if operand.dtype == DType::Bool
-            && matches!(self.kind, ScatterKind::Add | ScatterKind::Mul)
+        if operand.dtype == DType::Bool && matches!(self.kind, ScatterKind::Add | ScatterKind::Mul)
         {
             return Err(format!("scatter {} of bool", self.kind.name()));
         }
@@ -443,8 +458,7 @@ impl ScatterDims {
         let mut w = self.update_window_dims.iter();
         (0..operand_rank)
             .map(|d| {
-                if self.inserted_window_dims.contains(&d) || self.input_batching_dims.contains(&d)
-                {
+                if self.inserted_window_dims.contains(&d) || self.input_batching_dims.contains(&d) {
                     1
                 } else {
                     updates_dims[*w.next().expect("one update window dim per window dim")]
@@ -695,13 +709,25 @@ pub fn corpus_samples() -> Vec<(String, crate::op::Op, Vec<TensorType>)> {
     ));
     out.push((
         "scatter_no_updates.f32".into(),
-        Op::Scatter(Box::new(rows(IndexMode::Fill, 0.0).as_scatter(ScatterKind::Add))),
-        vec![t(DType::F32, &[5, 4]), t(DType::I32, &[0, 1]), t(DType::F32, &[0, 4])],
+        Op::Scatter(Box::new(
+            rows(IndexMode::Fill, 0.0).as_scatter(ScatterKind::Add),
+        )),
+        vec![
+            t(DType::F32, &[5, 4]),
+            t(DType::I32, &[0, 1]),
+            t(DType::F32, &[0, 4]),
+        ],
     ));
     out.push((
         "scatter_into_empty.f32".into(),
-        Op::Scatter(Box::new(rows(IndexMode::Clip, 0.0).as_scatter(ScatterKind::Set))),
-        vec![t(DType::F32, &[0, 4]), t(DType::I32, &[2, 1]), t(DType::F32, &[2, 4])],
+        Op::Scatter(Box::new(
+            rows(IndexMode::Clip, 0.0).as_scatter(ScatterKind::Set),
+        )),
+        vec![
+            t(DType::F32, &[0, 4]),
+            t(DType::I32, &[2, 1]),
+            t(DType::F32, &[2, 4]),
+        ],
     ));
     out
 }

@@ -741,7 +741,9 @@ impl Op {
             Op::Region(r) => rules::region::region(&cx, r),
             Op::GetResult { ty, .. } => rules::region::get_result(&cx, ty),
             Op::Gather(d) => d.infer(operands[0], operands[1]).map_err(|e| cx.fail(e)),
-            Op::Scatter(d) => d.infer(operands[0], operands[1], operands[2]).map_err(|e| cx.fail(e)),
+            Op::Scatter(d) => d
+                .infer(operands[0], operands[1], operands[2])
+                .map_err(|e| cx.fail(e)),
         }?;
         ty.check_size().map_err(|e| cx.fail(e))?;
         Ok(ty)

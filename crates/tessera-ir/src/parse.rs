@@ -13,8 +13,8 @@
 
 use std::collections::HashMap;
 
-use crate::graph::{Graph, NodeId};
 use crate::gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
+use crate::graph::{Graph, NodeId};
 use crate::literal::{Data, Literal};
 use crate::op::{BinaryOp, CollectiveOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
 use crate::region::{MAX_REGION_DEPTH, RegionOp};

@@ -119,7 +119,9 @@ impl CostFunction<Node> for Cost<'_> {
             | Op::StopGradient
             // A region's cost is its bodies'; it has no alternative to be weighed against.
             | Op::Region(_)
-            | Op::GetResult { .. } => bytes + numel,
+            | Op::GetResult { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_) => bytes + numel,
         };
         own + children
     }

@@ -9,7 +9,12 @@ use tessera_ir::{GatherDims, ScatterDims, TensorType};
 
 use crate::factors::{FactorKind, FactorRule};
 
-pub(crate) fn gather_rule(d: &GatherDims, operand: &[usize], indices: &[usize], rdims: &[usize]) -> FactorRule {
+pub(crate) fn gather_rule(
+    d: &GatherDims,
+    operand: &[usize],
+    indices: &[usize],
+    rdims: &[usize],
+) -> FactorRule {
     let mut r = FactorRule::new(2);
     let mut idx_f = Vec::with_capacity(indices.len());
     for (k, &size) in indices.iter().enumerate() {
@@ -20,12 +25,18 @@ pub(crate) fn gather_rule(d: &GatherDims, operand: &[usize], indices: &[usize], 
         };
         idx_f.push(r.factor(size, kind));
     }
-    let batch: Vec<usize> = (0..indices.len()).filter(|&k| k != d.index_vector_dim).collect();
+    let batch: Vec<usize> = (0..indices.len())
+        .filter(|&k| k != d.index_vector_dim)
+        .collect();
     let window: Vec<usize> = (0..operand.len())
         .filter(|o| !d.collapsed_slice_dims.contains(o) && !d.operand_batching_dims.contains(o))
         .collect();
     let mut op_f = vec![None; operand.len()];
-    for (&o, &i) in d.operand_batching_dims.iter().zip(&d.start_indices_batching_dims) {
+    for (&o, &i) in d
+        .operand_batching_dims
+        .iter()
+        .zip(&d.start_indices_batching_dims)
+    {
         op_f[o] = Some(idx_f[i]);
     }
     let (mut b, mut w) = (batch.iter(), window.iter());
@@ -62,12 +73,18 @@ pub(crate) fn scatter_rule(d: &ScatterDims, operands: &[&TensorType]) -> FactorR
         .map(|&size| r.factor(size, FactorKind::NeedReplication))
         .collect();
     let mut op_f: Vec<Option<usize>> = vec![None; operand.len()];
-    for (&o, &i) in d.input_batching_dims.iter().zip(&d.scatter_indices_batching_dims) {
+    for (&o, &i) in d
+        .input_batching_dims
+        .iter()
+        .zip(&d.scatter_indices_batching_dims)
+    {
         let f = r.factor(operand[o], FactorKind::PassThrough);
         op_f[o] = Some(f);
         idx_f[i] = f;
     }
-    let batch: Vec<usize> = (0..indices.len()).filter(|&k| k != d.index_vector_dim).collect();
+    let batch: Vec<usize> = (0..indices.len())
+        .filter(|&k| k != d.index_vector_dim)
+        .collect();
     let window: Vec<usize> = (0..operand.len())
         .filter(|o| !d.inserted_window_dims.contains(o) && !d.input_batching_dims.contains(o))
         .collect();

@@ -699,7 +699,9 @@ fn exact_between_backends(g: &Graph) -> bool {
             | Op::Collective(_)
             | Op::ShardingConstraint(_)
             | Op::StopGradient
-            | Op::GetResult { .. } => true,
+            | Op::GetResult { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_) => true,
         }
     })
 }
