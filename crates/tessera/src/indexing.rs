@@ -4,8 +4,8 @@
 //! `dynamic_update_slice` and `one_hot`.
 //!
 //! Out-of-bounds behavior is JAX's defaults (checked against jax 0.10.2 by
-//! `tests/fixtures/gather`): a negative index counts from the end; a retrieval (`take`,
-//! `at().get()`) clamps an index still out of range; an update (`at().set()`, ...) drops it;
+//! `tests/fixtures/gather`): a negative index counts from the end; `take` fills a slice at an index
+//! still out of range (NaN for floats), `at().get()` clamps it; an update (`at().set()`, ...) drops it;
 //! `dynamic_slice`/`dynamic_update_slice` clamp the start so the window fits; `one_hot` gives a
 //! zero row for a label out of range.
 
@@ -55,11 +55,17 @@ pub struct At<'a> {
 }
 
 impl Tensor {
-    /// The elements of `self` at `idx` along `axis` (`jnp.take`, clamping): the result's shape
+    /// The elements of `self` at `idx` along `axis` (`jnp.take`: an index out of range after wrapping negatives gives a slice of JAX's fill, NaN for floats): the result's shape
     /// is `shape[..axis] + idx.shape + shape[axis+1..]`.
     #[track_caller]
     pub fn take(&self, idx: &Tensor, axis: impl Into<Axis>) -> Tensor {
         let axis = self.resolve_axis("take", axis);
+        let idx = normalized("take", idx, self.shape()[axis]);
+        self.take_mode(&idx, axis, IndexMode::Fill)
+    }
+
+    #[track_caller]
+    fn take_mode(&self, idx: &Tensor, axis: usize, mode: IndexMode) -> Tensor {
         let n = self.shape()[axis];
         if n == 0 && idx.ty().numel() > 0 {
             fail(
@@ -71,7 +77,6 @@ impl Tensor {
                 ),
             );
         }
-        let idx = normalized("take", idx, n);
         let (r, k) = (self.rank(), idx.rank());
         let mut slice_sizes = self.shape().to_vec();
         slice_sizes[axis] = 1;
@@ -84,8 +89,8 @@ impl Tensor {
             start_indices_batching_dims: vec![],
             index_vector_dim: k,
             slice_sizes,
-            mode: IndexMode::Clip,
-            fill: 0.0,
+            mode,
+            fill: tessera_ir::gather::default_fill(self.dtype()),
         };
         let j = join(&[self, &idx]);
         apply(Op::Gather(Box::new(d)), &[&j[0], &j[1]])
@@ -129,7 +134,7 @@ impl Tensor {
                 ),
             );
         }
-        let idx = start_vector("dynamic_slice", starts);
+        let idx = start_vector("dynamic_slice", starts, self.shape());
         let d = GatherDims {
             offset_dims: (0..r).collect(),
             collapsed_slice_dims: vec![],
@@ -167,7 +172,7 @@ impl Tensor {
                 ),
             );
         }
-        let idx = start_vector("dynamic_update_slice", starts);
+        let idx = start_vector("dynamic_update_slice", starts, self.shape());
         let d = ScatterDims {
             kind: ScatterKind::Set,
             update_window_dims: (0..r).collect(),
@@ -202,10 +207,11 @@ impl Tensor {
 
 /// The start scalars as one i32 vector (u32 starts above `i32::MAX` clamp the same way).
 #[track_caller]
-fn start_vector(op: &str, starts: &[Tensor]) -> Tensor {
+fn start_vector(op: &str, starts: &[Tensor], dims: &[usize]) -> Tensor {
     let parts: Vec<Tensor> = starts
         .iter()
-        .map(|s| {
+        .zip(dims)
+        .map(|(s, &n)| {
             if s.rank() != 0 || !matches!(s.dtype(), DType::I32 | DType::U32) {
                 fail(
                     op,
@@ -217,7 +223,8 @@ fn start_vector(op: &str, starts: &[Tensor]) -> Tensor {
                 s.minimum(&s.scalar_like(f64::from(i32::MAX)))
                     .astype(DType::I32)
             } else {
-                s.clone()
+                // A negative start counts from the end, as in JAX.
+                normalized(op, s, n)
             };
             s.reshape(vec![1])
         })
@@ -260,7 +267,7 @@ impl At<'_> {
     /// The rows at the indices (clamped, as `x.at[idx].get()` and `x[idx]`).
     #[track_caller]
     pub fn get(&self) -> Tensor {
-        self.x.take(&self.idx, 0)
+        self.x.take_mode(&self.idx, 0, IndexMode::Clip)
     }
 
     /// Rows replaced by `v` (broadcast); for a repeated index the last update wins.
