@@ -435,6 +435,43 @@ fn rule(
             let dd = crate::gather::batch_scatter(d);
             Ok((b.add(Op::Scatter(Box::new(dd)), &ops)?, Some(0)))
         }
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => {
+            // Every operand batched at 0 (broadcast if unbatched); the sorted dim moves by one.
+            let ops = vals
+                .iter()
+                .map(|&v| b.materialize(v, 0))
+                .collect::<Result<Vec<_>>>()?;
+            let s = Op::Sort {
+                dim: dim + 1,
+                num_keys: *num_keys,
+                output: *output,
+            };
+            Ok((b.add(s, &ops)?, Some(0)))
+        }
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => {
+            let (x, bd) = (vals[0].0, vals[0].1.expect("a batched operand"));
+            let c = Op::Cumulative {
+                kind: *kind,
+                axis: shift(*axis, bd),
+                reverse: *reverse,
+            };
+            Ok((b.add(c, &[x])?, Some(bd)))
+        }
+        Op::Rev { dims } => {
+            let (x, bd) = (vals[0].0, vals[0].1.expect("a batched operand"));
+            let r = Op::Rev {
+                dims: dims.iter().map(|&d| shift(d, bd)).collect(),
+            };
+            Ok((b.add(r, &[x])?, Some(bd)))
+        }
     }
 }
 

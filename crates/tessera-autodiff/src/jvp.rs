@@ -256,6 +256,22 @@ fn jvp_rule(b: &mut Builder, op: &Op, at: &Tan) -> Result<Option<NodeId>> {
         Op::Scatter(d) => {
             crate::gather::scatter_jvp(b, d, (at.xs[0], at.xs[1], at.xs[2]), (at.ts[0], at.ts[2]))
         }
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => match at.ts[*output] {
+            Some(t) if b.ty(t).dtype.is_float() => Ok(Some(super::sorting::sort_jvp(
+                b, *dim, *num_keys, at.xs, t,
+            )?)),
+            Some(_) | None => Ok(None),
+        },
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => super::sorting::cumulative_jvp(b, *kind, *axis, *reverse, at.xs[0], at.y, at.t()?),
+        Op::Rev { .. } => Ok(Some(b.add(op.clone(), &[at.t()?])?)),
     }
 }
 

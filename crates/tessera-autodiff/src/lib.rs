@@ -18,6 +18,7 @@ pub use batch::{BatchError, batch};
 use std::collections::{HashMap, HashSet};
 
 mod jvp;
+mod sorting;
 pub use jvp::jvp;
 
 use tessera_ir::{
@@ -366,6 +367,19 @@ fn vjp_rule(
         ))),
         Op::Gather(d) => gather::gather_vjp(b, d, &at),
         Op::Scatter(d) => gather::scatter_vjp(b, d, &at),
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => sorting::sort_vjp(b, *dim, *num_keys, *output, xs, needed, g),
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => Ok(vec![sorting::cumulative_vjp(
+            b, *kind, *axis, *reverse, xs[0], y, g,
+        )?]),
+        Op::Rev { .. } => Ok(vec![Some(b.add(op.clone(), &[g])?)]),
     }
 }
 

@@ -61,6 +61,8 @@ pub enum StepKind {
     Region(Box<RegionStep>),
     /// A `gather` or `scatter`: data-dependent addressing, run by `indexed.rs`.
     Indexed(Op),
+    /// A `sort` or cumulative op, run by a Rust kernel over whole buffers (`native.rs`).
+    Native(Op),
 }
 
 /// A region step: the op (its layouts and bodies) and the buffer of each of its results.
@@ -148,7 +150,10 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Collective(_)
             | Op::Region(_)
             | Op::Gather(_)
-            | Op::Scatter(_) => true,
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. } => true,
+            Op::Rev { .. } => false,
             Op::Parameter(_)
             | Op::Constant(_)
             | Op::Iota { .. }
@@ -205,8 +210,13 @@ pub fn fuse(g: &Graph) -> Schedule {
                 continue;
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
-            Op::Reduce { .. } | Op::ArgMax { .. } | Op::Collective(_) | Op::Region(_) => true,
             Op::Gather(_) | Op::Scatter(_) => true,
+            Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::Collective(_)
+            | Op::Region(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. } => true,
             // Its buffer is one of the results its region's step writes.
             Op::GetResult { .. } => continue,
             // Inlined into its users unless a rule below writes it out.
@@ -226,7 +236,8 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Pad { .. }
             | Op::DotGeneral(_)
             | Op::ShardingConstraint(_)
-            | Op::StopGradient => {
+            | Op::StopGradient
+            | Op::Rev { .. } => {
                 let (mut n, mut heavy, mut d) = (1, is_transcendental(op), 1);
                 for o in g.operands(id) {
                     if f.materialized.contains_key(&o) {
@@ -247,7 +258,8 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::Transpose(_)
                     | Op::Slice { .. }
                     | Op::ShardingConstraint(_)
-                    | Op::StopGradient => {
+                    | Op::StopGradient
+                    | Op::Rev { .. } => {
                         let o = g.operands(id)[0];
                         f.materialized.contains_key(&o) || cheap.get(&o).copied().unwrap_or(false)
                     }
@@ -268,7 +280,9 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::Region(_)
                     | Op::GetResult { .. }
                     | Op::Gather(_)
-                    | Op::Scatter(_) => false,
+                    | Op::Scatter(_)
+                    | Op::Sort { .. }
+                    | Op::Cumulative { .. } => false,
                 };
                 cheap.insert(id, is_cheap);
                 forced.contains(&id)
@@ -353,6 +367,10 @@ impl Fuser<'_> {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Indexed(op.clone()), inputs)
             }
+            Op::Sort { .. } | Op::Cumulative { .. } => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                (StepKind::Native(op.clone()), inputs)
+            }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(operands[0])) => {
                 let (l, r) = (
                     self.materialized_buf(operands[0]),
@@ -404,7 +422,8 @@ impl Fuser<'_> {
             | Op::Pad { .. }
             | Op::DotGeneral(_)
             | Op::ShardingConstraint(_)
-            | Op::StopGradient => {
+            | Op::StopGradient
+            | Op::Rev { .. } => {
                 let n = ty.rank();
                 let map: Vec<Lin> = (0..n).map(|j| Lin::var(n, j)).collect();
                 let mut inputs = Vec::new();
@@ -511,6 +530,10 @@ impl Fuser<'_> {
                 self.expr(ops[0], &slice_map(&start, &stride, map), nvars, inputs)
             }
             Op::ShardingConstraint(_) | Op::StopGradient => self.expr(ops[0], map, nvars, inputs),
+            Op::Rev { dims } => {
+                let from = g.ty(ops[0]).dims().to_vec();
+                self.expr(ops[0], &rev_map(&dims, &from, map), nvars, inputs)
+            }
             // Every contracting dim has size 1: a broadcast product, fused like elementwise ops.
             Op::DotGeneral(dd) if is_outer_product(&dd, g.ty(ops[0])) => {
                 let (lmap, rmap) = outer_product_maps(&dd, g.ty(ops[0]), g.ty(ops[1]), map, nvars);
@@ -531,7 +554,9 @@ impl Fuser<'_> {
             | Op::Region(_)
             | Op::GetResult { .. }
             | Op::Gather(_)
-            | Op::Scatter(_) => self.buffer_load(id, map, inputs),
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. } => self.buffer_load(id, map, inputs),
         }
     }
 
@@ -838,6 +863,20 @@ fn transpose_map(perm: &[usize], map: &[Lin], nvars: usize) -> Vec<Lin> {
 }
 
 /// The operand index a `slice` reads: `start + stride * i` in every dim.
+/// The operand index of `rev` at result index `map`: `size - 1 - i` along each reversed dim.
+fn rev_map(dims: &[usize], from: &[usize], map: &[Lin]) -> Vec<Lin> {
+    map.iter()
+        .enumerate()
+        .map(|(d, l)| {
+            if dims.contains(&d) {
+                l.scale(-1).offset(from[d] as i64 - 1)
+            } else {
+                l.clone()
+            }
+        })
+        .collect()
+}
+
 fn slice_map(start: &[usize], stride: &[usize], map: &[Lin]) -> Vec<Lin> {
     map.iter()
         .enumerate()
@@ -938,7 +977,10 @@ fn is_transcendental(op: &Op) -> bool {
         | Op::Region(_)
         | Op::GetResult { .. }
         | Op::Gather(_)
-        | Op::Scatter(_) => false,
+        | Op::Scatter(_)
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => false,
     }
 }
 
@@ -1052,7 +1094,8 @@ mod tests {
                 StepKind::Gemm(_)
                 | StepKind::Collective(_)
                 | StepKind::Region(_)
-                | StepKind::Indexed(_) => None,
+                | StepKind::Indexed(_)
+                | StepKind::Native(_) => None,
             })
             .collect()
     }

@@ -16,6 +16,7 @@ pub mod fusion;
 mod indexed;
 pub mod kernel;
 pub mod lower;
+mod native;
 pub mod plan;
 
 pub use exec::Executable;
@@ -39,9 +40,10 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
                 kernel_steps.push(Some(kernels.len()));
                 kernels.push(k.clone());
             }
-            StepKind::Gemm(_) | StepKind::Collective(_) | StepKind::Indexed(_) => {
-                kernel_steps.push(None)
-            }
+            StepKind::Gemm(_)
+            | StepKind::Collective(_)
+            | StepKind::Indexed(_)
+            | StepKind::Native(_) => kernel_steps.push(None),
             // Each body is a program of its own, compiled once (never per iteration); the
             // verifier bounds how deeply this recursion goes (`MAX_REGION_DEPTH`).
             StepKind::Region(r) => {

@@ -8,6 +8,7 @@
 
 mod gather;
 pub mod scalar;
+mod sorting;
 
 use std::collections::HashMap;
 
@@ -421,6 +422,17 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
         }
         Op::Gather(d) => gather::gather(d, args[0], args[1], ty),
         Op::Scatter(d) => gather::scatter(d, args[0], args[1], args[2]),
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => sorting::sort(args, *dim, *num_keys, *output),
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => sorting::cumulative(*kind, *axis, *reverse, args[0]),
+        Op::Rev { dims } => sorting::rev(dims, args[0], ty),
     };
     if data.len() != ty.numel() || data.dtype() != ty.dtype {
         return Err(op_error(

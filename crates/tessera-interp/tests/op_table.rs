@@ -6,8 +6,8 @@
 use tessera_interp::run;
 use tessera_ir::corpus::{Lcg, covered_op_names, op_samples, random_inputs};
 use tessera_ir::{
-    ALL_OP_NAMES, BinaryOp, CollectiveOp, CompareOp, DType, Data, Graph, Literal, Op,
-    REGION_OP_NAMES, ReduceKind, TensorType, UnaryOp,
+    ALL_OP_NAMES, BinaryOp, CollectiveOp, CompareOp, CumulativeKind, DType, Data, Graph, Literal,
+    Op, REGION_OP_NAMES, ReduceKind, TensorType, UnaryOp,
 };
 
 /// One element, widened.
@@ -473,6 +473,92 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
                 iacc.into_iter().map(V::I).collect()
             }
         }
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => {
+            // The stable rank of each element: the elements of its lane with a smaller key, or
+            // an equal key and a smaller position (no NaN or -0 in the corpus's inputs).
+            let dims = in_ty(0).dims();
+            let key = |ix: &[usize]| -> Vec<f64> {
+                (0..*num_keys)
+                    .map(|k| args[k][flat(ix, dims)].f())
+                    .collect()
+            };
+            let mut out = vec![V::I(0); n];
+            for ix in indices(dims) {
+                let kx = key(&ix);
+                let mut rank = 0;
+                for j in 0..dims[*dim] {
+                    let mut jx = ix.clone();
+                    jx[*dim] = j;
+                    let kj = key(&jx);
+                    let before = kj.partial_cmp(&kx) == Some(std::cmp::Ordering::Less);
+                    if before || (kj == kx && j < ix[*dim]) {
+                        rank += 1;
+                    }
+                }
+                let mut dst = ix.clone();
+                dst[*dim] = rank;
+                out[flat(&dst, dims)] = args[*output][flat(&ix, dims)];
+            }
+            out
+        }
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => indices(ty.dims())
+            .iter()
+            .map(|ix| {
+                // Every element of the lane up to this one (from the end when reversed).
+                let len = ty.dims()[*axis];
+                let range: Vec<usize> = if *reverse {
+                    (ix[*axis]..len).collect()
+                } else {
+                    (0..=ix[*axis]).collect()
+                };
+                let vals: Vec<V> = range
+                    .into_iter()
+                    .map(|k| {
+                        let mut full = ix.clone();
+                        full[*axis] = k;
+                        args[0][flat(&full, ty.dims())]
+                    })
+                    .collect();
+                let float = ty.dtype.is_float();
+                match kind {
+                    CumulativeKind::Sum if float => V::F(vals.iter().map(|v| v.f()).sum()),
+                    CumulativeKind::Sum => {
+                        V::I(vals.iter().fold(0i64, |a, v| a.wrapping_add(v.i())))
+                    }
+                    CumulativeKind::Prod if float => V::F(vals.iter().map(|v| v.f()).product()),
+                    CumulativeKind::Prod => V::I(
+                        vals.iter()
+                            .fold(1i64, |a, v| (a.wrapping_mul(v.i())) & 0xffff_ffff),
+                    ),
+                    CumulativeKind::Max => *vals
+                        .iter()
+                        .max_by(|a, b| a.f().total_cmp(&b.f()))
+                        .expect("a lane holds this element"),
+                    CumulativeKind::Min => *vals
+                        .iter()
+                        .min_by(|a, b| a.f().total_cmp(&b.f()))
+                        .expect("a lane holds this element"),
+                }
+            })
+            .collect(),
+        Op::Rev { dims: rdims } => indices(ty.dims())
+            .iter()
+            .map(|ix| {
+                let mut src = ix.clone();
+                for &d in rdims {
+                    src[d] = ty.dims()[d] - 1 - ix[d];
+                }
+                args[0][flat(&src, ty.dims())]
+            })
+            .collect(),
     };
     r.into_iter().map(|v| narrow(ty.dtype, v)).collect()
 }

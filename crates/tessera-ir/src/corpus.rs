@@ -262,6 +262,7 @@ pub fn op_samples() -> Vec<Sample> {
             &[t(d, &[3, 6, 2])],
             None,
         ));
+        out.extend(crate::sorting::corpus::samples(d));
         out.push(one(
             format!("dot_general.{d}"),
             Op::DotGeneral(DotDims {

@@ -15,6 +15,7 @@ pub mod parse;
 pub mod print;
 pub mod region;
 pub mod sharding;
+pub mod sorting;
 pub mod types;
 pub mod verify;
 
@@ -29,5 +30,6 @@ pub use parse::{ParseError, parse};
 pub use print::{attrs_text, print};
 pub use region::{MAX_REGION_DEPTH, REGION_OP_NAMES, RegionOp};
 pub use sharding::{DimSharding, Mesh, Sharding};
+pub use sorting::CumulativeKind;
 pub use types::{DType, MAX_TENSOR_BYTES, Shape, TensorType};
 pub use verify::{VerifyError, verify};

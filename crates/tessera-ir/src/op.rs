@@ -11,6 +11,7 @@ pub use crate::gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 use crate::literal::Literal;
 use crate::region::RegionOp;
 use crate::sharding::{Mesh, Sharding};
+use crate::sorting::CumulativeKind;
 use crate::types::{DType, Shape, TensorType};
 
 /// Elementwise ops of one operand.
@@ -447,6 +448,23 @@ pub enum Op {
     /// `scatter operand, indices, updates`: the operand with update windows combined in at
     /// start indices read from `indices` (XLA's scatter; `gather.rs`).
     Scatter(Box<ScatterDims>),
+    /// `lax.sort` of same-shaped operands along `dim`, stable, lexicographic over the first
+    /// `num_keys`; the value is operand `output` permuted (see `sorting.rs`).
+    Sort {
+        dim: usize,
+        num_keys: usize,
+        output: usize,
+    },
+    /// `lax.cumsum`/`cumprod`/`cummax`/`cummin` along `axis` (from the end when `reverse`).
+    Cumulative {
+        kind: CumulativeKind,
+        axis: usize,
+        reverse: bool,
+    },
+    /// `lax.rev`: reverses the order of elements along each of `dims`.
+    Rev {
+        dims: Vec<usize>,
+    },
 }
 
 /// Every op mnemonic of the text format, in one list: table tests iterate over it, so an op
@@ -523,6 +541,12 @@ pub const ALL_OP_NAMES: &[&str] = &[
     "get_result",
     "gather",
     "scatter",
+    "sort",
+    "cumsum",
+    "cumprod",
+    "cummax",
+    "cummin",
+    "rev",
 ];
 
 /// A type rule rejected an op's operands or attributes.
@@ -578,6 +602,9 @@ impl Op {
             Op::GetResult { .. } => "get_result",
             Op::Gather(_) => "gather",
             Op::Scatter(_) => "scatter",
+            Op::Sort { .. } => "sort",
+            Op::Cumulative { kind, .. } => kind.name(),
+            Op::Rev { .. } => "rev",
         }
     }
 
@@ -621,7 +648,10 @@ impl Op {
             | Op::Region(_)
             | Op::GetResult { .. }
             | Op::Gather(_)
-            | Op::Scatter(_) => &[],
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => &[],
         }
     }
 
@@ -647,6 +677,8 @@ impl Op {
             Op::Region(_) | Op::GetResult { .. } => OpClass::Region,
             Op::Gather(_) => OpClass::Movement,
             Op::Scatter(_) => OpClass::Reduction,
+            Op::Sort { .. } | Op::Cumulative { .. } => OpClass::Reduction,
+            Op::Rev { .. } => OpClass::Movement,
         }
     }
 
@@ -672,6 +704,8 @@ impl Op {
             Op::Gather(_) => 2,
             Op::Scatter(_) => 3,
             Op::Concatenate { .. } | Op::Region(_) => return None,
+            Op::Sort { .. } => return None,
+            Op::Cumulative { .. } | Op::Rev { .. } => 1,
         })
     }
 
@@ -744,6 +778,16 @@ impl Op {
             Op::Scatter(d) => d
                 .infer(operands[0], operands[1], operands[2])
                 .map_err(|e| cx.fail(e)),
+            Op::Sort {
+                dim,
+                num_keys,
+                output,
+            } => crate::sorting::sort_type(operands, *dim, *num_keys, *output)
+                .map_err(|e| cx.fail(e)),
+            Op::Cumulative { kind, axis, .. } => {
+                crate::sorting::cumulative_type(operands[0], *kind, *axis).map_err(|e| cx.fail(e))
+            }
+            Op::Rev { dims } => crate::sorting::rev_type(operands[0], dims).map_err(|e| cx.fail(e)),
         }?;
         ty.check_size().map_err(|e| cx.fail(e))?;
         Ok(ty)

@@ -999,6 +999,9 @@ fn build_op(
         "get_result" => &["index"],
         "gather" => crate::gather::GATHER_ATTRS,
         "scatter" => crate::gather::SCATTER_ATTRS,
+        "sort" => &["dim", "keys", "output"],
+        "cumsum" | "cumprod" | "cummax" | "cummin" => &["axis", "reverse"],
+        "rev" => &["dims"],
         _ => &[],
     };
     if let Some((k, _)) = attrs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
@@ -1128,6 +1131,26 @@ fn build_op(
         },
         "gather" => Op::Gather(Box::new(gather_attrs(attrs)?)),
         "scatter" => Op::Scatter(Box::new(scatter_attrs(kind, attrs)?)),
+        "sort" => Op::Sort {
+            dim: uint_attr(attrs, "dim")?,
+            num_keys: uint_attr(attrs, "keys")?,
+            output: uint_attr(attrs, "output")?,
+        },
+        "cumsum" | "cumprod" | "cummax" | "cummin" => Op::Cumulative {
+            kind: tessera_cumulative_kind(mnemonic)?,
+            axis: uint_attr(attrs, "axis")?,
+            reverse: match get(attrs, "reverse") {
+                None => false,
+                Some(_) => match uint_attr(attrs, "reverse")? {
+                    0 => false,
+                    1 => true,
+                    r => return Err(format!("attribute 'reverse' must be 0 or 1, got {r}")),
+                },
+            },
+        },
+        "rev" => Op::Rev {
+            dims: uint_list_attr(attrs, "dims")?,
+        },
         "parameter" => return Err("parameters are declared in the function signature".into()),
         _ => return Err("unknown op".into()),
     })
@@ -1196,4 +1219,9 @@ fn scatter_attrs(kind: Option<&str>, attrs: &[(String, Attr)]) -> Result<Scatter
         index_vector_dim: uint_attr(attrs, "index_vector_dim")?,
         mode: mode_attr(attrs, true)?,
     })
+}
+
+fn tessera_cumulative_kind(mnemonic: &str) -> Result<crate::sorting::CumulativeKind, String> {
+    crate::sorting::CumulativeKind::from_name(mnemonic)
+        .ok_or_else(|| format!("unknown cumulative op '{mnemonic}'"))
 }

@@ -64,7 +64,10 @@ impl Node {
             | Op::Region(_)
             | Op::GetResult { .. }
             | Op::Gather(_)
-            | Op::Scatter(_) => format!("{op:?}"),
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => format!("{op:?}"),
         };
         if let Some(t) = &param_ty {
             key.push_str(&format!(" : {t}"));
@@ -228,7 +231,10 @@ impl egg::Analysis<Node> for TensorAnalysis {
             | Op::Region(_)
             | Op::GetResult { .. }
             | Op::Gather(_)
-            | Op::Scatter(_) => constant
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => constant
                 .as_ref()
                 .filter(|l| l.data.len() == 1)
                 .map(|l| l.data.get_f64(0)),

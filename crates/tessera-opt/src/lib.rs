@@ -122,6 +122,10 @@ impl CostFunction<Node> for Cost<'_> {
             | Op::GetResult { .. }
             | Op::Gather(_)
             | Op::Scatter(_) => bytes + numel,
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => bytes + numel,
+            // A comparison sort: n log n comparisons per lane, over every element.
+            Op::Sort { .. } => bytes + numel * (numel.max(2.0)).log2(),
         };
         own + children
     }

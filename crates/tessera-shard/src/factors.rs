@@ -160,6 +160,11 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         Op::Collective(_) => collective_rule(operands, rdims),
         Op::Gather(d) => crate::gather::gather_rule(d, from(), operands[1].dims(), rdims),
         Op::Scatter(d) => crate::gather::scatter_rule(d, operands),
+        // The sorted, scanned or reversed dims need replication (a device's chunk of a lane
+        // does not sort, scan or mirror locally); every other dim passes through.
+        Op::Sort { dim, .. } => FactorRule::same_shape(rdims, operands.len(), &[*dim]),
+        Op::Cumulative { axis, .. } => FactorRule::same_shape(rdims, 1, &[*axis]),
+        Op::Rev { dims } => FactorRule::same_shape(rdims, 1, dims),
     }
 }
 

@@ -166,7 +166,10 @@ fn insert_graph(
             | Op::ShardingConstraint(_)
             | Op::StopGradient
             | Op::Gather(_)
-            | Op::Scatter(_) => p.op(id, op, &wanted, &mut annotated)?,
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => p.op(id, op, &wanted, &mut annotated)?,
         };
         // The dump says where communication was inserted and why.
         if !why.is_empty() {

@@ -129,7 +129,10 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
             | Op::DotGeneral(_)
             | Op::StopGradient
             | Op::Gather(_)
-            | Op::Scatter(_) => {
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => {
                 if let Some(&o) = operands.iter().find(|o| partial.contains_key(o)) {
                     return Err(incomplete(g, o, &partial));
                 }
@@ -391,6 +394,10 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
             }
             Op::Gather(local)
         }
+        // The sorted, scanned and reversed dims are whole (`factors.rs`); dims are named.
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => op.clone(),
     }
 }
 

@@ -126,6 +126,9 @@ fn bound(op: &Op) -> Bound {
         // The compiled step runs the interpreter's kernel (`tessera-codegen/src/indexed.rs`):
         // the same updates in the same order, so even a scatter's sums agree bit for bit.
         Op::Gather(_) | Op::Scatter(_) => Bound::Exact,
+        // A permutation, a mirror, and a scan in the interpreter's order (the native kernel
+        // combines each lane's elements one after another, as the interpreter does).
+        Op::Sort { .. } | Op::Rev { .. } | Op::Cumulative { .. } => Bound::Exact,
     }
 }
 
@@ -412,7 +415,10 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
         | Op::Region(_)
         | Op::GetResult { .. }
         | Op::Gather(_)
-        | Op::Scatter(_) => 1usize,
+        | Op::Scatter(_)
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => 1usize,
     };
     let describe = |k: usize, extra: String| {
         Some(format!(

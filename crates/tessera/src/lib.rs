@@ -29,8 +29,10 @@ pub mod manip;
 pub mod ops;
 pub mod pipeline;
 pub mod pmap;
+pub mod promote;
 pub mod random;
 pub mod sharding;
+pub mod sorting;
 mod spmd;
 pub mod tensor;
 mod trace;
@@ -51,6 +53,7 @@ pub use pmap::{
     Pmapped, all_gather, all_to_all, axis_index, pmap, pmax, pmean, pmin, ppermute, psum,
     psum_scatter,
 };
+pub use promote::{Number, Scalar, result_type};
 pub use sharding::{Mesh, NamedSharding, PartitionSpec, device_put, visualize_array_sharding};
 pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;

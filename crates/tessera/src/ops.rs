@@ -5,7 +5,10 @@
 //! Every method is `#[track_caller]`, so the location recorded in the IR and named in errors is
 //! the user's line.
 
-use std::ops::{Add, Div, Mul, Neg, Sub};
+use std::ops::{
+    Add, AddAssign, BitAnd, BitAndAssign, BitOr, BitOrAssign, BitXor, BitXorAssign, Div, DivAssign,
+    Mul, MulAssign, Neg, Not, Rem, RemAssign, Sub, SubAssign,
+};
 use std::panic::Location;
 
 use tessera_ir::{
@@ -14,6 +17,7 @@ use tessera_ir::{
 
 use crate::axis::{Axis, AxisList};
 use crate::error::{Error, loc_text, raise};
+use crate::promote::Scalar;
 use crate::tensor::Tensor;
 use crate::trace::{apply, join};
 
@@ -84,7 +88,7 @@ macro_rules! binary_methods {
     ($($name:ident => $op:ident),* $(,)?) => {
         impl Tensor {
             $(
-                #[doc = concat!("Elementwise `", stringify!($name), "` with NumPy broadcasting (the `", stringify!($op), "` primitive).")]
+                #[doc = concat!("Elementwise `", stringify!($name), "` with JAX's type promotion and NumPy broadcasting (the `", stringify!($op), "` primitive).")]
                 #[track_caller]
                 pub fn $name(&self, other: &Tensor) -> Tensor {
                     self.binary(BinaryOp::$op, other)
@@ -95,7 +99,7 @@ macro_rules! binary_methods {
 }
 
 binary_methods! {
-    add => Add, sub => Sub, mul => Mul, div => Div, rem => Rem, maximum => Max, minimum => Min,
+    add => Add, sub => Sub, mul => Mul, rem => Rem, maximum => Max, minimum => Min,
     pow => Pow, bitand => And, bitor => Or, bitxor => Xor, shift_left => ShiftLeft,
     shift_right_logical => ShiftRightLogical,
 }
@@ -104,10 +108,11 @@ macro_rules! compare_methods {
     ($($name:ident => $op:ident),* $(,)?) => {
         impl Tensor {
             $(
-                #[doc = concat!("Elementwise comparison `", stringify!($name), "` with broadcasting, giving bool.")]
+                #[doc = concat!("Elementwise comparison `", stringify!($name), "` with type promotion and broadcasting, giving bool.")]
                 #[track_caller]
                 pub fn $name(&self, other: &Tensor) -> Tensor {
-                    let (a, b) = self.broadcast_pair(CompareOp::$op.name(), other);
+                    let (p, _, _) = Tensor::promote(&[self, other]);
+                    let (a, b) = p[0].broadcast_pair(CompareOp::$op.name(), &p[1]);
                     apply(Op::Compare(CompareOp::$op), &[&a, &b])
                 }
             )*
@@ -129,16 +134,62 @@ impl Tensor {
         )
     }
 
+    /// `op` on both operands promoted to their common type (`promote::result_type`) and
+    /// broadcast; the result is weak when both operands are.
     #[track_caller]
     fn binary(&self, op: BinaryOp, other: &Tensor) -> Tensor {
-        let (a, b) = self.broadcast_pair(op.name(), other);
-        apply(Op::Binary(op), &[&a, &b])
+        let (p, dtype, weak) = Tensor::promote(&[self, other]);
+        let op = crate::promote::bool_op(op, dtype);
+        let (a, b) = p[0].broadcast_pair(op.name(), &p[1]);
+        apply(Op::Binary(op), &[&a, &b]).with_weak(weak)
     }
 
-    /// A scalar of this tensor's dtype (a weakly typed Rust number, as JAX treats Python's).
-    /// For an integer or bool tensor, a number the dtype cannot hold exactly (0.5, -1 for
-    /// u32) is an error, never a silent truncation or wrap: JAX would promote to a float type,
-    /// which Tessera does not do yet.
+    /// True division, as `jnp.true_divide`: the operands are promoted, and integer or bool ones
+    /// are divided as floats (`i32 / i32` is f32; an f64 operand makes it f64). `floor_divide`
+    /// and `rem` are the integer divisions.
+    #[track_caller]
+    pub fn div(&self, other: &Tensor) -> Tensor {
+        let (p, dtype, weak) = Tensor::promote(&[self, other]);
+        let float = if dtype.is_float() {
+            dtype
+        } else if dtype.bit_width() == 64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let (a, b) = p[0]
+            .astype(float)
+            .broadcast_pair("div", &p[1].astype(float));
+        apply(Op::Binary(BinaryOp::Div), &[&a, &b]).with_weak(weak)
+    }
+
+    /// `floor(x / y)` as `jnp.floor_divide`: for integers the quotient rounded toward negative
+    /// infinity (`-7 // 2 == -4`; division by zero gives what the `div` primitive gives), for
+    /// floats `floor` of the true quotient. Operands are promoted first.
+    #[track_caller]
+    pub fn floor_divide(&self, other: &Tensor) -> Tensor {
+        let (p, dtype, weak) = Tensor::promote(&[self, other]);
+        let (a, b) = p[0].broadcast_pair("floor_divide", &p[1]);
+        let q = apply(Op::Binary(BinaryOp::Div), &[&a, &b]);
+        let out = if dtype.is_float() {
+            q.floor()
+        } else if dtype.is_signed() {
+            // Truncation rounds toward zero; step down when the remainder is non-zero and its
+            // sign differs from the divisor's.
+            let zero = a.scalar_like(0.0);
+            let r = apply(Op::Binary(BinaryOp::Rem), &[&a, &b]);
+            let fix = r.ne(&zero).bitand(&r.lt(&zero).ne(&b.lt(&zero)));
+            Tensor::select(&fix, &Tensor::sub(&q, &q.scalar_like(1.0)), &q)
+        } else {
+            q
+        };
+        out.with_weak(weak)
+    }
+
+    /// A scalar of this tensor's dtype, weakly typed (as JAX treats a Python number). For an
+    /// integer or bool tensor, a number the dtype cannot hold exactly (0.5, -1 for u32) is an
+    /// error, never a silent truncation or wrap (the operators promote instead: `&i32s * 0.5`
+    /// is f32).
     #[track_caller]
     pub fn scalar_like(&self, x: f64) -> Tensor {
         let dtype = self.dtype();
@@ -149,49 +200,33 @@ impl Tensor {
                 message: format!(
                     "the Rust number {x} used with a tensor of type {} is not a {dtype} value: \
                      convert the tensor first, e.g. `.astype(DType::F32)` (Tessera does not \
-                     promote types yet, and does not truncate silently)",
+                     truncate silently)",
                     self.ty()
                 ),
                 location: loc_text(Location::caller()),
             });
         }
-        Tensor::from_literal(held)
+        Tensor::from_literal(held).with_weak(true)
     }
 
-    /// A Rust `f32` operand of an operator, weakly typed as in JAX: it takes a float tensor's
-    /// dtype. With an integer or bool tensor JAX would promote the result to a float type;
-    /// Tessera does not promote yet, so that is an error rather than a silent truncation.
-    #[track_caller]
-    fn float_number(&self, x: f32) -> Tensor {
-        if !self.dtype().is_float() {
-            raise(Error::Op {
-                op: "scalar".into(),
-                message: format!(
-                    "the float number {x:?} with a tensor of type {} would need type \
-                     promotion, which Tessera does not do yet: convert the tensor first, e.g. \
-                     `.astype(DType::F32)`, or use a tensor of its type",
-                    self.ty()
-                ),
-                location: loc_text(Location::caller()),
-            });
-        }
-        self.scalar_like(x as f64)
-    }
-
+    /// `-x`; weak stays weak.
     #[track_caller]
     pub fn neg(&self) -> Tensor {
-        apply(Op::Unary(UnaryOp::Neg), &[self])
+        apply(Op::Unary(UnaryOp::Neg), &[self]).with_weak(self.weak)
     }
 
-    /// Bitwise not (logical not for bool).
+    /// Bitwise not (logical not for bool); weak stays weak.
     #[track_caller]
     pub fn not(&self) -> Tensor {
-        apply(Op::Unary(UnaryOp::Not), &[self])
+        apply(Op::Unary(UnaryOp::Not), &[self]).with_weak(self.weak)
     }
 
-    /// `select(pred, on_true, on_false)` with broadcasting of all three.
+    /// `select(pred, on_true, on_false)` (`jnp.where`) with `on_true` and `on_false` promoted
+    /// to their common type and all three broadcast.
     #[track_caller]
     pub fn select(pred: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Tensor {
+        let (p, _, weak) = Tensor::promote(&[on_true, on_false]);
+        let (on_true, on_false) = (&p[0], &p[1]);
         let s1 = broadcast_shapes("select", on_true, on_false);
         let shape = broadcast_shapes(
             "select",
@@ -204,7 +239,7 @@ impl Tensor {
             j[1].broadcast_to(&shape),
             j[2].broadcast_to(&shape),
         );
-        apply(Op::Select, &[&p, &t, &f])
+        apply(Op::Select, &[&p, &t, &f]).with_weak(weak)
     }
 
     /// Converts the values to another dtype (the `convert` primitive).
@@ -482,8 +517,13 @@ impl Tensor {
     }
 }
 
+/// The operators of `Tensor`/`&Tensor` with each other, with any Rust scalar on the right and
+/// the scalars `$s` on the left (weakly typed, promoted with the tensor as `promote.rs` says),
+/// and the compound assignment `$assign` (`x += 1` makes `x` the promoted result). A number on
+/// the left is one of several impls, so `(2 * &x).sum()` needs a typed literal (`2i32`);
+/// `let y: Tensor = 2 * &x;` does not.
 macro_rules! operator {
-    ($trait:ident, $method:ident) => {
+    ($trait:ident, $method:ident, $assign_trait:ident, $assign:ident, [$($s:ty),*]) => {
         impl $trait<Tensor> for Tensor {
             type Output = Tensor;
             #[track_caller]
@@ -512,41 +552,104 @@ macro_rules! operator {
                 Tensor::$method(self, rhs)
             }
         }
-        impl $trait<f32> for Tensor {
-            type Output = Tensor;
+        impl $assign_trait<Tensor> for Tensor {
             #[track_caller]
-            fn $method(self, rhs: f32) -> Tensor {
-                Tensor::$method(&self, &self.float_number(rhs))
+            fn $assign(&mut self, rhs: Tensor) {
+                *self = Tensor::$method(self, &rhs);
             }
         }
-        impl $trait<f32> for &Tensor {
-            type Output = Tensor;
+        impl $assign_trait<&Tensor> for Tensor {
             #[track_caller]
-            fn $method(self, rhs: f32) -> Tensor {
-                Tensor::$method(self, &self.float_number(rhs))
+            fn $assign(&mut self, rhs: &Tensor) {
+                *self = Tensor::$method(self, rhs);
             }
         }
-        impl $trait<Tensor> for f32 {
+        // One generic impl per receiver for a scalar on the right, so that `(&x * 2).sum()`
+        // type-checks (an integer literal is inferred, i32 by default, after the call).
+        impl<S: Scalar> $trait<S> for Tensor {
             type Output = Tensor;
             #[track_caller]
-            fn $method(self, rhs: Tensor) -> Tensor {
-                Tensor::$method(&rhs.float_number(self), &rhs)
+            fn $method(self, rhs: S) -> Tensor {
+                let n = self.number_operand(stringify!($method), rhs.number());
+                Tensor::$method(&self, &n)
             }
         }
-        impl $trait<&Tensor> for f32 {
+        impl<S: Scalar> $trait<S> for &Tensor {
             type Output = Tensor;
             #[track_caller]
-            fn $method(self, rhs: &Tensor) -> Tensor {
-                Tensor::$method(&rhs.float_number(self), rhs)
+            fn $method(self, rhs: S) -> Tensor {
+                Tensor::$method(self, &self.number_operand(stringify!($method), rhs.number()))
             }
         }
+        impl<S: Scalar> $assign_trait<S> for Tensor {
+            #[track_caller]
+            fn $assign(&mut self, rhs: S) {
+                let n = self.number_operand(stringify!($method), rhs.number());
+                *self = Tensor::$method(self, &n);
+            }
+        }
+        $(
+            impl $trait<Tensor> for $s {
+                type Output = Tensor;
+                #[track_caller]
+                fn $method(self, rhs: Tensor) -> Tensor {
+                    Tensor::$method(&rhs.number_operand(stringify!($method), self.number()), &rhs)
+                }
+            }
+            impl $trait<&Tensor> for $s {
+                type Output = Tensor;
+                #[track_caller]
+                fn $method(self, rhs: &Tensor) -> Tensor {
+                    Tensor::$method(&rhs.number_operand(stringify!($method), self.number()), rhs)
+                }
+            }
+        )*
     };
 }
 
-operator!(Add, add);
-operator!(Sub, sub);
-operator!(Mul, mul);
-operator!(Div, div);
+macro_rules! arithmetic {
+    ($($trait:ident, $method:ident, $assign_trait:ident, $assign:ident);*) => {$(
+        operator!($trait, $method, $assign_trait, $assign,
+            [f32, f64, i8, i16, i32, i64, isize, u8, u16, u32, u64, usize]);
+    )*};
+}
+
+arithmetic! {
+    Add, add, AddAssign, add_assign;
+    Sub, sub, SubAssign, sub_assign;
+    Mul, mul, MulAssign, mul_assign;
+    Div, div, DivAssign, div_assign;
+    Rem, rem, RemAssign, rem_assign
+}
+
+macro_rules! bitwise {
+    ($($trait:ident, $method:ident, $assign_trait:ident, $assign:ident);*) => {$(
+        operator!($trait, $method, $assign_trait, $assign,
+            [bool, i8, i16, i32, i64, isize, u8, u16, u32, u64, usize]);
+    )*};
+}
+
+bitwise! {
+    BitAnd, bitand, BitAndAssign, bitand_assign;
+    BitOr, bitor, BitOrAssign, bitor_assign;
+    BitXor, bitxor, BitXorAssign, bitxor_assign
+}
+
+impl Not for Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn not(self) -> Tensor {
+        Tensor::not(&self)
+    }
+}
+
+impl Not for &Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn not(self) -> Tensor {
+        Tensor::not(self)
+    }
+}
 
 impl Neg for Tensor {
     type Output = Tensor;

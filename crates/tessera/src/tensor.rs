@@ -16,6 +16,9 @@ use crate::trace::{TraceState, apply};
 #[derive(Clone)]
 pub struct Tensor {
     pub(crate) repr: Repr,
+    /// Weakly typed (a Rust number, `Tensor::scalar`, an op on weak operands only): it takes
+    /// the type of a strongly typed operand it meets (`promote.rs`).
+    pub(crate) weak: bool,
 }
 
 #[derive(Clone)]
@@ -53,12 +56,14 @@ impl Tensor {
     pub(crate) fn traced(trace: Rc<TraceState>, node: NodeId, ty: TensorType) -> Tensor {
         Tensor {
             repr: Repr::Traced(Tracer { trace, node, ty }),
+            weak: false,
         }
     }
 
     pub fn from_array(a: Array) -> Tensor {
         Tensor {
             repr: Repr::Concrete(a),
+            weak: false,
         }
     }
 
@@ -110,11 +115,17 @@ impl Tensor {
         }
     }
 
+    /// A scalar holding `x`, weakly typed as `jnp.asarray(2.0)` is when `x` is a float or a
+    /// signed integer (it takes the type of a strong operand it meets: `Tensor::scalar(2.0) *
+    /// &bf16_tensor` stays bf16); a u32 or a bool scalar is strongly typed (JAX has no weak
+    /// unsigned or bool Python scalar). `Tensor::scalar_of(x, dtype)` makes a strong scalar.
     pub fn scalar<T: Element>(x: T) -> Tensor {
+        let weak = T::DTYPE.is_float() || T::DTYPE.is_signed();
         Tensor::from_array(Array::new(Literal {
             ty: TensorType::scalar(T::DTYPE),
             data: T::into_data(vec![x]),
         }))
+        .with_weak(weak)
     }
 
     /// An f32 tensor of zeros. Like every host constructor (`ones`, `full`, `full_dtype`) it

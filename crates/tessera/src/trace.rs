@@ -202,7 +202,7 @@ pub(crate) fn join(operands: &[&Tensor]) -> Vec<Tensor> {
             .map(|t| {
                 let node = lift(&trace, t);
                 let ty = trace.graph.borrow().ty(node).clone();
-                Tensor::traced(trace.clone(), node, ty)
+                Tensor::traced(trace.clone(), node, ty).with_weak(t.weak)
             })
             .collect(),
     }

@@ -701,7 +701,10 @@ fn exact_between_backends(g: &Graph) -> bool {
             | Op::StopGradient
             | Op::GetResult { .. }
             | Op::Gather(_)
-            | Op::Scatter(_) => true,
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => true,
         }
     })
 }
