@@ -423,6 +423,22 @@ fn rule(
             .ok_or_else(|| b.unsupported(format!("result {index} of a region it did not batch"))),
         Op::Conv(cd) => conv::conv(b, cd, vals[0], vals[1], ty),
         Op::ReduceWindow { kind, win } => conv::reduce_window(b, *kind, win, vals[0]),
+        Op::Gather(d) => {
+            let ops: Vec<NodeId> = vals
+                .iter()
+                .map(|&v| b.materialize(v, 0))
+                .collect::<Result<_>>()?;
+            let dd = crate::gather::batch_gather(d);
+            Ok((b.add(Op::Gather(Box::new(dd)), &ops)?, Some(0)))
+        }
+        Op::Scatter(d) => {
+            let ops: Vec<NodeId> = vals
+                .iter()
+                .map(|&v| b.materialize(v, 0))
+                .collect::<Result<_>>()?;
+            let dd = crate::gather::batch_scatter(d);
+            Ok((b.add(Op::Scatter(Box::new(dd)), &ops)?, Some(0)))
+        }
         Op::Sort {
             dim,
             num_keys,

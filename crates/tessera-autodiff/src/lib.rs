@@ -48,6 +48,7 @@ pub enum AutodiffError {
 type Result<T> = std::result::Result<T, AutodiffError>;
 
 mod conv;
+mod gather;
 mod region;
 
 /// Appends the backward graph; see the module doc.
@@ -367,6 +368,8 @@ fn vjp_rule(
         ))),
         Op::Conv(cd) => conv::conv_vjp(b, cd, &at),
         Op::ReduceWindow { kind, win } => conv::reduce_window_vjp(b, *kind, win, &at),
+        Op::Gather(d) => gather::gather_vjp(b, d, &at),
+        Op::Scatter(d) => gather::scatter_vjp(b, d, &at),
         Op::Sort {
             dim,
             num_keys,

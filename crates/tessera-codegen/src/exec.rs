@@ -335,7 +335,10 @@ impl Executable {
                     && (self.reduced_by[i].is_some()
                         || matches!(self.schedule.bufs[step.inputs[1]].kind, BufKind::Input(_)))
             }
-            StepKind::Kernel(_) | StepKind::Window(_) | StepKind::Native(_) => false,
+            StepKind::Kernel(_)
+            | StepKind::Window(_)
+            | StepKind::Indexed(_)
+            | StepKind::Native(_) => false,
             // Conservatively: a body may hold collectives, and every device runs it.
             StepKind::Region(_) => true,
         }
@@ -394,6 +397,7 @@ impl Executable {
                 StepKind::Native(op) => format!("native {}", op.name()),
                 StepKind::Region(r) => format!("region {} -> {:?}", r.op.name(), r.results),
                 StepKind::Window(w) => w.summary(),
+                StepKind::Indexed(op) => format!("{} {}", op.name(), tessera_ir::attrs_text(op)),
             };
             writeln!(
                 s,
@@ -495,6 +499,7 @@ impl Executable {
                     // temporary of the result's type, which no input overlaps (plan.rs).
                     unsafe { crate::window::run(w, &inputs, ptrs[step.output]) }
                 }
+                StepKind::Indexed(op) => crate::indexed::run(step, op, &self.schedule.bufs, ptrs)?,
                 StepKind::Native(op) => self.run_native(step, op, ptrs)?,
             }
         }

@@ -61,6 +61,8 @@ pub enum StepKind {
     Region(Box<RegionStep>),
     /// A conv or reduce_window, run by its native kernel (`window.rs`).
     Window(Box<crate::window::WindowStep>),
+    /// A `gather` or `scatter`: data-dependent addressing, run by `indexed.rs`.
+    Indexed(Op),
     /// A `sort` or cumulative op, run by a Rust kernel over whole buffers (`native.rs`).
     Native(Op),
 }
@@ -151,6 +153,8 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Region(_)
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. } => true,
             Op::Rev { .. } => false,
@@ -210,6 +214,7 @@ pub fn fuse(g: &Graph) -> Schedule {
                 continue;
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
+            Op::Gather(_) | Op::Scatter(_) => true,
             Op::Reduce { .. }
             | Op::ArgMax { .. }
             | Op::Collective(_)
@@ -281,6 +286,8 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::GetResult { .. }
                     | Op::Conv(_)
                     | Op::ReduceWindow { .. }
+                    | Op::Gather(_)
+                    | Op::Scatter(_)
                     | Op::Sort { .. }
                     | Op::Cumulative { .. } => false,
                 };
@@ -382,6 +389,10 @@ impl Fuser<'_> {
                     out: ty.clone(),
                 };
                 (StepKind::Window(Box::new(step)), inputs)
+            }
+            Op::Gather(_) | Op::Scatter(_) => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                (StepKind::Indexed(op.clone()), inputs)
             }
             Op::Sort { .. } | Op::Cumulative { .. } => {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
@@ -571,6 +582,8 @@ impl Fuser<'_> {
             | Op::GetResult { .. }
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. } => self.buffer_load(id, map, inputs),
         }
@@ -994,6 +1007,8 @@ fn is_transcendental(op: &Op) -> bool {
         | Op::GetResult { .. }
         | Op::Conv(_)
         | Op::ReduceWindow { .. }
+        | Op::Gather(_)
+        | Op::Scatter(_)
         | Op::Sort { .. }
         | Op::Cumulative { .. }
         | Op::Rev { .. } => false,
@@ -1111,6 +1126,7 @@ mod tests {
                 | StepKind::Collective(_)
                 | StepKind::Region(_)
                 | StepKind::Window(_)
+                | StepKind::Indexed(_)
                 | StepKind::Native(_) => None,
             })
             .collect()

@@ -7,6 +7,7 @@
 //! has one member), or the runtime's shared-memory transport for sharded programs.
 
 pub mod conv;
+mod gather;
 pub mod scalar;
 mod sorting;
 
@@ -422,6 +423,8 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
         }
         Op::Conv(cd) => conv::conv(op, cd, args[0], args[1], ty)?,
         Op::ReduceWindow { kind, win } => conv::reduce_window(op, *kind, win, args[0], ty)?,
+        Op::Gather(d) => gather::gather(d, args[0], args[1], ty),
+        Op::Scatter(d) => gather::scatter(d, args[0], args[1], args[2]),
         Op::Sort {
             dim,
             num_keys,

@@ -321,6 +321,8 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
         Op::Region(_) | Op::GetResult { .. } => {
             unreachable!("region ops have no corpus sample (tessera-codegen/tests/regions.rs)")
         }
+        Op::Gather(d) => gather_reference(d, &args[0], in_ty(0), &args[1], in_ty(1), &ty),
+        Op::Scatter(d) => scatter_reference(d, &args, in_ty(0), in_ty(1), in_ty(2)),
         Op::Collective(CollectiveOp::AllReduce { .. })
         | Op::Collective(CollectiveOp::AllGather { .. })
         | Op::Collective(CollectiveOp::ReduceScatter { .. })
@@ -772,4 +774,190 @@ fn collectives_over_real_groups_need_the_runtime() {
     let g = tessera_ir::parse("mesh @m = <\"x\"=2>\nfunc @f(%0: f32[2]) {\n  %1 = all_reduce %0 sum axes=[\"x\"] : f32[2]\n  return %1\n}\n").unwrap();
     let err = run(&g, &[Literal::zeros(&TensorType::new(DType::F32, vec![2]))]).unwrap_err();
     assert!(err.to_string().contains("sharded runtime"), "{err}");
+}
+
+/// For each batch position of the indices (the indices' dims but `index_vector_dim`, row-major):
+/// its start vector, as the operand index of the window's first element per indexed dim, with
+/// `None` where a `fill`/`drop` window is out of bounds.
+fn window_starts(
+    index_vector_dim: usize,
+    to_operand: &[usize],
+    batching: &[(usize, usize)],
+    clip: bool,
+    window: &[usize],
+    operand_dims: &[usize],
+    idx: &[V],
+    idx_dims: &[usize],
+) -> Vec<(Vec<usize>, Option<Vec<usize>>)> {
+    let batch_dims: Vec<usize> = (0..idx_dims.len())
+        .filter(|&d| d != index_vector_dim)
+        .collect();
+    let extents: Vec<usize> = batch_dims.iter().map(|&d| idx_dims[d]).collect();
+    indices(&extents)
+        .into_iter()
+        .map(|pos| {
+            let mut start = vec![0usize; operand_dims.len()];
+            let mut ok = true;
+            for (k, &od) in to_operand.iter().enumerate() {
+                let mut full = vec![0usize; idx_dims.len()];
+                for (j, &d) in batch_dims.iter().enumerate() {
+                    full[d] = pos[j];
+                }
+                if index_vector_dim < idx_dims.len() {
+                    full[index_vector_dim] = k;
+                }
+                let v = idx[flat(&full, idx_dims)].i();
+                let hi = operand_dims[od] as i64 - window[od] as i64;
+                if hi < 0 {
+                    ok = false;
+                } else if clip {
+                    start[od] = v.max(0).min(hi) as usize;
+                } else if v < 0 || v > hi {
+                    ok = false;
+                } else {
+                    start[od] = v as usize;
+                }
+            }
+            for &(od, id) in batching {
+                let j = batch_dims.iter().position(|&d| d == id).unwrap();
+                start[od] = pos[j];
+            }
+            (pos, ok.then_some(start))
+        })
+        .collect()
+}
+
+fn gather_reference(
+    d: &tessera_ir::GatherDims,
+    x: &[V],
+    xt: &TensorType,
+    idx: &[V],
+    it: &TensorType,
+    ty: &TensorType,
+) -> Vec<V> {
+    let fill = narrow(ty.dtype, V::F(d.fill));
+    let mut out = vec![fill; ty.numel()];
+    let batching: Vec<(usize, usize)> = d
+        .operand_batching_dims
+        .iter()
+        .copied()
+        .zip(d.start_indices_batching_dims.iter().copied())
+        .collect();
+    let clip = d.mode == tessera_ir::IndexMode::Clip;
+    let kept: Vec<usize> = (0..xt.rank())
+        .filter(|o| !d.collapsed_slice_dims.contains(o) && !d.operand_batching_dims.contains(o))
+        .collect();
+    let batch_out: Vec<usize> = (0..ty.rank())
+        .filter(|o| !d.offset_dims.contains(o))
+        .collect();
+    let starts = window_starts(
+        d.index_vector_dim,
+        &d.start_index_map,
+        &batching,
+        clip,
+        &d.slice_sizes,
+        xt.dims(),
+        idx,
+        it.dims(),
+    );
+    for (pos, start) in starts {
+        let Some(start) = start else { continue };
+        // Copy the window element by element into its place in the result.
+        for w in indices(&d.slice_sizes) {
+            let src: Vec<usize> = start.iter().zip(&w).map(|(s, o)| s + o).collect();
+            let mut dst = vec![0usize; ty.rank()];
+            for (j, &o) in batch_out.iter().enumerate() {
+                dst[o] = pos[j];
+            }
+            for (j, &o) in d.offset_dims.iter().enumerate() {
+                dst[o] = w[kept[j]];
+            }
+            out[flat(&dst, ty.dims())] = x[flat(&src, xt.dims())];
+        }
+    }
+    out
+}
+
+fn scatter_reference(
+    d: &tessera_ir::ScatterDims,
+    args: &[Vec<V>],
+    xt: &TensorType,
+    it: &TensorType,
+    ut: &TensorType,
+) -> Vec<V> {
+    use tessera_ir::ScatterKind;
+    let mut out = args[0].clone();
+    let kept: Vec<usize> = (0..xt.rank())
+        .filter(|o| !d.inserted_window_dims.contains(o) && !d.input_batching_dims.contains(o))
+        .collect();
+    let mut window = vec![1usize; xt.rank()];
+    for (j, &o) in kept.iter().enumerate() {
+        window[o] = ut.dims()[d.update_window_dims[j]];
+    }
+    let batching: Vec<(usize, usize)> = d
+        .input_batching_dims
+        .iter()
+        .copied()
+        .zip(d.scatter_indices_batching_dims.iter().copied())
+        .collect();
+    let scatter_upd: Vec<usize> = (0..ut.rank())
+        .filter(|o| !d.update_window_dims.contains(o))
+        .collect();
+    let starts = window_starts(
+        d.index_vector_dim,
+        &d.scatter_dims_to_operand_dims,
+        &batching,
+        d.mode == tessera_ir::IndexMode::Clip,
+        &window,
+        xt.dims(),
+        &args[1],
+        it.dims(),
+    );
+    // Every (update index, operand index) pair, applied in row-major order of the updates.
+    let mut writes: Vec<(usize, usize)> = Vec::new();
+    for (pos, start) in starts {
+        let Some(start) = start else { continue };
+        for w in indices(&window) {
+            let dst: Vec<usize> = start.iter().zip(&w).map(|(s, o)| s + o).collect();
+            let mut u = vec![0usize; ut.rank()];
+            for (j, &o) in scatter_upd.iter().enumerate() {
+                u[o] = pos[j];
+            }
+            for (j, &o) in d.update_window_dims.iter().enumerate() {
+                u[o] = w[kept[j]];
+            }
+            writes.push((flat(&u, ut.dims()), flat(&dst, xt.dims())));
+        }
+    }
+    writes.sort();
+    for (u, t) in writes {
+        let (a, b) = (out[t], args[2][u]);
+        out[t] = match (d.kind, a, b) {
+            (ScatterKind::Set, _, b) => b,
+            (ScatterKind::Add, V::I(a), V::I(b)) => V::I(a.wrapping_add(b)),
+            (ScatterKind::Mul, V::I(a), V::I(b)) => V::I(a.wrapping_mul(b)),
+            (ScatterKind::Add, a, b) => V::F(a.f() + b.f()),
+            (ScatterKind::Mul, a, b) => V::F(a.f() * b.f()),
+            (ScatterKind::Min, V::F(a), V::F(b)) if a.is_nan() || b.is_nan() => V::F(f64::NAN),
+            (ScatterKind::Max, V::F(a), V::F(b)) if a.is_nan() || b.is_nan() => V::F(f64::NAN),
+            (ScatterKind::Min, V::B(a), V::B(b)) => V::B(a && b),
+            (ScatterKind::Max, V::B(a), V::B(b)) => V::B(a || b),
+            (ScatterKind::Min, a, b) => {
+                if b.f() < a.f() {
+                    b
+                } else {
+                    a
+                }
+            }
+            (ScatterKind::Max, a, b) => {
+                if b.f() > a.f() {
+                    b
+                } else {
+                    a
+                }
+            }
+        };
+        out[t] = narrow(xt.dtype, out[t]);
+    }
+    out
 }

@@ -353,6 +353,9 @@ pub fn op_samples() -> Vec<Sample> {
         &[],
         Some(Mesh::new("mesh", vec![("x".into(), 1), ("y".into(), 1)])),
     ));
+    for (name, op, params) in crate::gather::corpus_samples() {
+        out.push(one(name, op, &params, None));
+    }
     out
 }
 
@@ -398,6 +401,8 @@ pub fn random_inputs(sample: &Sample, rng: &mut Lcg) -> Vec<Literal> {
         }
         Op::Unary(UnaryOp::Log1p) => (-0.9, 3.0),
         Op::Unary(UnaryOp::ErfInv) => (-0.99, 0.99),
+        // Integer indices from -2 to 7: in and out of bounds of the samples' dims.
+        Op::Gather(_) | Op::Scatter(_) => (-0.2, 0.7),
         // tidy: allow-wildcard(a default input range for test samples, not per-op policy)
         _ if shift => (0.0, 40.0),
         // tidy: allow-wildcard(a default input range for test samples, not per-op policy)

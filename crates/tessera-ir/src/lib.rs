@@ -8,6 +8,7 @@
 pub mod conv;
 pub mod corpus;
 pub mod dot;
+pub mod gather;
 pub mod graph;
 pub mod literal;
 pub mod op;
@@ -20,6 +21,7 @@ pub mod types;
 pub mod verify;
 
 pub use conv::{ConvDims, WindowDims};
+pub use gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 pub use graph::{Graph, Node, NodeId};
 pub use literal::{Data, DataElement, DataError, Literal};
 pub use op::{

@@ -8,6 +8,7 @@
 use std::fmt;
 
 use crate::conv::{ConvDims, WindowDims};
+pub use crate::gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 use crate::literal::Literal;
 use crate::region::RegionOp;
 use crate::sharding::{Mesh, Sharding};
@@ -450,6 +451,12 @@ pub enum Op {
         kind: ReduceKind,
         win: Box<WindowDims>,
     },
+    /// `gather operand, indices`: slices of the operand at start indices read from `indices`
+    /// (XLA's gather; dimension numbers and out-of-bounds modes in `gather.rs`).
+    Gather(Box<GatherDims>),
+    /// `scatter operand, indices, updates`: the operand with update windows combined in at
+    /// start indices read from `indices` (XLA's scatter; `gather.rs`).
+    Scatter(Box<ScatterDims>),
     /// `lax.sort` of same-shaped operands along `dim`, stable, lexicographic over the first
     /// `num_keys`; the value is operand `output` permuted (see `sorting.rs`).
     Sort {
@@ -545,6 +552,8 @@ pub const ALL_OP_NAMES: &[&str] = &[
     "reduce_window_sum",
     "reduce_window_max",
     "reduce_window_min",
+    "gather",
+    "scatter",
     "sort",
     "cumsum",
     "cumprod",
@@ -606,6 +615,8 @@ impl Op {
             Op::GetResult { .. } => "get_result",
             Op::Conv(_) => "conv_general_dilated",
             Op::ReduceWindow { kind, .. } => crate::conv::reduce_window_name(*kind),
+            Op::Gather(_) => "gather",
+            Op::Scatter(_) => "scatter",
             Op::Sort { .. } => "sort",
             Op::Cumulative { kind, .. } => kind.name(),
             Op::Rev { .. } => "rev",
@@ -653,6 +664,8 @@ impl Op {
             | Op::GetResult { .. }
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => &[],
@@ -681,6 +694,8 @@ impl Op {
             Op::Region(_) | Op::GetResult { .. } => OpClass::Region,
             Op::Conv(_) => OpClass::Dot,
             Op::ReduceWindow { .. } => OpClass::Reduction,
+            Op::Gather(_) => OpClass::Movement,
+            Op::Scatter(_) => OpClass::Reduction,
             Op::Sort { .. } | Op::Cumulative { .. } => OpClass::Reduction,
             Op::Rev { .. } => OpClass::Movement,
         }
@@ -707,6 +722,8 @@ impl Op {
             Op::ReduceWindow { .. } => 1,
             Op::Conv(_) => 2,
             Op::Select => 3,
+            Op::Gather(_) => 2,
+            Op::Scatter(_) => 3,
             Op::Concatenate { .. } | Op::Region(_) => return None,
             Op::Sort { .. } => return None,
             Op::Cumulative { .. } | Op::Rev { .. } => 1,
@@ -784,6 +801,10 @@ impl Op {
             Op::ReduceWindow { win, .. } => {
                 crate::conv::reduce_window_type(win, operands[0]).map_err(|e| cx.fail(e))
             }
+            Op::Gather(d) => d.infer(operands[0], operands[1]).map_err(|e| cx.fail(e)),
+            Op::Scatter(d) => d
+                .infer(operands[0], operands[1], operands[2])
+                .map_err(|e| cx.fail(e)),
             Op::Sort {
                 dim,
                 num_keys,

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 
+use crate::gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 use crate::graph::{Graph, NodeId};
 use crate::literal::{Data, Literal};
 use crate::op::{BinaryOp, CollectiveOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
@@ -1015,6 +1016,8 @@ fn build_op(
             "base_dilation",
             "window_dilation",
         ],
+        "gather" => crate::gather::GATHER_ATTRS,
+        "scatter" => crate::gather::SCATTER_ATTRS,
         "sort" => &["dim", "keys", "output"],
         "cumsum" | "cumprod" | "cummax" | "cummin" => &["axis", "reverse"],
         "rev" => &["dims"],
@@ -1023,7 +1026,7 @@ fn build_op(
     if let Some((k, _)) = attrs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
         return Err(format!("unknown attribute '{k}'"));
     }
-    if kind.is_some() && !matches!(mnemonic, "all_reduce" | "reduce_scatter") {
+    if kind.is_some() && !matches!(mnemonic, "all_reduce" | "reduce_scatter" | "scatter") {
         return Err(format!("unexpected word '{}'", kind.unwrap_or_default()));
     }
     if let Some(u) = UnaryOp::ALL.into_iter().find(|u| u.name() == mnemonic) {
@@ -1203,6 +1206,8 @@ fn build_op(
                 }),
             }
         }
+        "gather" => Op::Gather(Box::new(gather_attrs(attrs)?)),
+        "scatter" => Op::Scatter(Box::new(scatter_attrs(kind, attrs)?)),
         "sort" => Op::Sort {
             dim: uint_attr(attrs, "dim")?,
             num_keys: uint_attr(attrs, "keys")?,
@@ -1239,6 +1244,71 @@ fn pad_pairs(a: &Attr) -> Result<Vec<(i64, i64)>, String> {
             },
         )
         .collect()
+}
+
+fn cross_attr(attrs: &[(String, Attr)], key: &str) -> Result<(Vec<usize>, Vec<usize>), String> {
+    match get(attrs, key) {
+        None => Ok((vec![], vec![])),
+        Some(Attr::Cross(l, r)) => Ok((uints(l, key)?, uints(r, key)?)),
+        Some(_) => Err(format!("attribute '{key}' must read [..]x[..]")),
+    }
+}
+
+fn mode_attr(attrs: &[(String, Attr)], scatter: bool) -> Result<IndexMode, String> {
+    let word = match need(attrs, "mode")? {
+        Attr::Word(w) => w.as_str(),
+        _ => return Err("attribute 'mode' must be a word".into()),
+    };
+    [IndexMode::Clip, IndexMode::Fill]
+        .into_iter()
+        .find(|m| m.name(scatter) == word)
+        .ok_or_else(|| {
+            format!(
+                "unknown mode '{word}' (clip or {})",
+                IndexMode::Fill.name(scatter)
+            )
+        })
+}
+
+fn gather_attrs(attrs: &[(String, Attr)]) -> Result<GatherDims, String> {
+    let (operand_batching_dims, start_indices_batching_dims) = cross_attr(attrs, "batching")?;
+    let mode = mode_attr(attrs, false)?;
+    let fill = match (mode, get(attrs, "fill")) {
+        (IndexMode::Fill, Some(Attr::Int(n))) => *n as f64,
+        (IndexMode::Fill, Some(Attr::Word(w))) => w
+            .parse::<f64>()
+            .map_err(|_| format!("fill '{w}' is not a number"))?,
+        (IndexMode::Fill, _) => return Err("a gather of mode fill needs 'fill=<value>'".into()),
+        (IndexMode::Clip, None) => 0.0,
+        (IndexMode::Clip, Some(_)) => return Err("only a gather of mode fill has a 'fill'".into()),
+    };
+    Ok(GatherDims {
+        offset_dims: uint_list_attr(attrs, "offset_dims")?,
+        collapsed_slice_dims: uint_list_attr(attrs, "collapsed")?,
+        start_index_map: uint_list_attr(attrs, "start_index_map")?,
+        operand_batching_dims,
+        start_indices_batching_dims,
+        index_vector_dim: uint_attr(attrs, "index_vector_dim")?,
+        slice_sizes: uint_list_attr(attrs, "slice_sizes")?,
+        mode,
+        fill,
+    })
+}
+
+fn scatter_attrs(kind: Option<&str>, attrs: &[(String, Attr)]) -> Result<ScatterDims, String> {
+    let k = kind.ok_or("missing the combiner (set, add, mul, min or max)")?;
+    let kind = ScatterKind::from_name(k).ok_or_else(|| format!("unknown combiner '{k}'"))?;
+    let (input_batching_dims, scatter_indices_batching_dims) = cross_attr(attrs, "batching")?;
+    Ok(ScatterDims {
+        kind,
+        update_window_dims: uint_list_attr(attrs, "window_dims")?,
+        inserted_window_dims: uint_list_attr(attrs, "inserted")?,
+        scatter_dims_to_operand_dims: uint_list_attr(attrs, "to_operand")?,
+        input_batching_dims,
+        scatter_indices_batching_dims,
+        index_vector_dim: uint_attr(attrs, "index_vector_dim")?,
+        mode: mode_attr(attrs, true)?,
+    })
 }
 
 fn tessera_cumulative_kind(mnemonic: &str) -> Result<crate::sorting::CumulativeKind, String> {

@@ -218,6 +218,8 @@ pub fn attrs_text(op: &Op) -> String {
         Op::GetResult { index, .. } => format!("index={index}"),
         Op::Conv(cd) => crate::conv::conv_attrs(cd),
         Op::ReduceWindow { win, .. } => crate::conv::window_attrs(win),
+        Op::Gather(d) => crate::gather::gather_attrs_text(d),
+        Op::Scatter(d) => crate::gather::scatter_attrs_text(d),
         Op::Sort {
             dim,
             num_keys,

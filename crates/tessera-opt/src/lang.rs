@@ -65,6 +65,8 @@ impl Node {
             | Op::GetResult { .. }
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => format!("{op:?}"),
@@ -232,6 +234,8 @@ impl egg::Analysis<Node> for TensorAnalysis {
             | Op::GetResult { .. }
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => constant

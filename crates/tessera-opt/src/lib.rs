@@ -120,6 +120,8 @@ impl CostFunction<Node> for Cost<'_> {
             // A region's cost is its bodies'; it has no alternative to be weighed against.
             | Op::Region(_)
             | Op::GetResult { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_) => bytes + numel,
             | Op::Cumulative { .. }
             | Op::Rev { .. } => bytes + numel,
             // A comparison sort: n log n comparisons per lane, over every element.

@@ -38,7 +38,7 @@ pub struct FactorRule {
 }
 
 impl FactorRule {
-    fn new(n_operands: usize) -> FactorRule {
+    pub(crate) fn new(n_operands: usize) -> FactorRule {
         FactorRule {
             sizes: Vec::new(),
             kinds: Vec::new(),
@@ -47,7 +47,7 @@ impl FactorRule {
         }
     }
 
-    fn factor(&mut self, size: usize, kind: FactorKind) -> usize {
+    pub(crate) fn factor(&mut self, size: usize, kind: FactorKind) -> usize {
         self.sizes.push(size);
         self.kinds.push(kind);
         self.sizes.len() - 1
@@ -160,6 +160,8 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         Op::Collective(_) => collective_rule(operands, rdims),
         Op::Conv(cd) => conv_rule(cd, from(), operands[1].dims(), rdims),
         Op::ReduceWindow { win, .. } => window_rule(win, from(), rdims),
+        Op::Gather(d) => crate::gather::gather_rule(d, from(), operands[1].dims(), rdims),
+        Op::Scatter(d) => crate::gather::scatter_rule(d, operands),
         // The sorted, scanned or reversed dims need replication (a device's chunk of a lane
         // does not sort, scan or mirror locally); every other dim passes through.
         Op::Sort { dim, .. } => FactorRule::same_shape(rdims, operands.len(), &[*dim]),

@@ -167,6 +167,8 @@ fn insert_graph(
             | Op::StopGradient
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => p.op(id, op, &wanted, &mut annotated)?,

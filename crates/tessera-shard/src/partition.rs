@@ -130,6 +130,8 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
             | Op::StopGradient
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => {
@@ -384,6 +386,20 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         // attributes hold no sizes.
         | Op::Conv(_)
         | Op::ReduceWindow { .. } => op.clone(),
+        | Op::Scatter(_) => op.clone(),
+        // A split offset dim is a window the slice takes whole: its local size.
+        Op::Gather(d) => {
+            let window = (0..d.slice_sizes.len()).filter(|o| {
+                !d.collapsed_slice_dims.contains(o) && !d.operand_batching_dims.contains(o)
+            });
+            let mut local = d.clone();
+            for (&i, o) in d.offset_dims.iter().zip(window) {
+                if !out[i].is_empty() {
+                    local.slice_sizes[o] = lty.dims()[i];
+                }
+            }
+            Op::Gather(local)
+        }
         // The sorted, scanned and reversed dims are whole (`factors.rs`); dims are named.
         | Op::Sort { .. }
         | Op::Cumulative { .. }

@@ -126,6 +126,9 @@ fn bound(op: &Op) -> Bound {
         Op::Conv(_) => Bound::Accumulated,
         // The native kernel combines each window in the interpreter's order (window.rs).
         Op::ReduceWindow { .. } => Bound::Exact,
+        // The compiled step runs the interpreter's kernel (`tessera-codegen/src/indexed.rs`):
+        // the same updates in the same order, so even a scatter's sums agree bit for bit.
+        Op::Gather(_) | Op::Scatter(_) => Bound::Exact,
         // A permutation, a mirror, and a scan in the interpreter's order (the native kernel
         // combines each lane's elements one after another, as the interpreter does).
         Op::Sort { .. } | Op::Rev { .. } | Op::Cumulative { .. } => Bound::Exact,
@@ -415,6 +418,8 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
         | Op::Region(_)
         | Op::GetResult { .. }
         | Op::ReduceWindow { .. }
+        | Op::Gather(_)
+        | Op::Scatter(_)
         | Op::Sort { .. }
         | Op::Cumulative { .. }
         | Op::Rev { .. } => 1usize,

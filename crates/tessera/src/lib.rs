@@ -24,6 +24,7 @@ pub mod einsum;
 pub mod error;
 pub mod fwd;
 pub mod grad;
+pub mod indexing;
 pub mod jit;
 pub mod manip;
 pub mod ops;

@@ -702,6 +702,8 @@ fn exact_between_backends(g: &Graph) -> bool {
             | Op::ShardingConstraint(_)
             | Op::StopGradient
             | Op::GetResult { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. }
             | Op::Rev { .. } => true,
