@@ -50,7 +50,7 @@ const BUDGETS: &[(&str, usize)] = &[
     ("tessera-autodiff", 5700), // issue 13: conv, gather and sorting rules; +337 sorting rules (sorting.rs); 703; 806 with vjp_rule split per family; 1238 with region.rs; +1374 forward mode (jvp.rs, tests/jvp.rs); +1758 batching (batch.rs, tests/batch.rs)
     ("tessera-codegen", 8700), // +270 native sort/cumulative steps (native.rs); 5741; 6465 with the launch-level fault tests moved here from the runtime; 7615 with region steps (run_region, run_at, peak_bytes) and tests/regions.rs
     ("tessera-derive", 80),    // 65
-    ("tessera-interp", 2750),  // issue 13: conv, gather, sorting kernels; +218 sorting kernels and their op_table references; 1765
+    ("tessera-interp", 2750), // issue 13: conv, gather, sorting kernels; +218 sorting kernels and their op_table references; 1765
     ("tessera-ir", 7900), // issue 13: conv.rs, gather.rs, sorting.rs; +286 sorting.rs (sort, cumulative, rev); 4209; 5011 with the Data API and its tests, infer_type's family helpers, the Spec vocabulary; 6003 with region.rs, regions in the text format and verifier, tests/regions.rs
     ("tessera-opt", 1300), // 1123
     ("tessera-runtime", 3100), // 2793

@@ -779,6 +779,7 @@ fn collectives_over_real_groups_need_the_runtime() {
 /// For each batch position of the indices (the indices' dims but `index_vector_dim`, row-major):
 /// its start vector, as the operand index of the window's first element per indexed dim, with
 /// `None` where a `fill`/`drop` window is out of bounds.
+#[allow(clippy::too_many_arguments)] // the scatter reference mirrors XLA's dimension numbers one by one
 fn window_starts(
     index_vector_dim: usize,
     to_operand: &[usize],

@@ -92,7 +92,7 @@ impl Tensor {
             mode,
             fill: tessera_ir::gather::default_fill(self.dtype()),
         };
-        let j = join(&[self, &idx]);
+        let j = join(&[self, idx]);
         apply(Op::Gather(Box::new(d)), &[&j[0], &j[1]])
     }
 

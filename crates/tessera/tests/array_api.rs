@@ -180,7 +180,7 @@ fn einsum_chain_contracts_the_smallest_intermediate_first() {
 }
 
 fn err_of(f: impl FnOnce() -> Tensor + std::panic::UnwindSafe) -> String {
-    let e = std::panic::catch_unwind(f).err().expect("an error");
+    let e = std::panic::catch_unwind(f).expect_err("an error");
     e.downcast_ref::<String>()
         .cloned()
         .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))

@@ -117,7 +117,12 @@ fn every_jvp_rule_matches_finite_differences() {
         let tangents: Vec<Tensor> = floats.iter().map(|x| random_like(x, &mut rng)).collect();
         let (out, t) = jvp(|xs: &Vec<Tensor>| run(g, xs, &fixed), &floats, &tangents);
         // By bits: a sample may produce NaN (a gather in fill mode fills with NaN).
-        let bits = |t: &Tensor| t.to_vec::<f64>().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits = |t: &Tensor| {
+            t.to_vec::<f64>()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(bits(&out), bits(&run(g, &floats, &fixed)), "{}", s.name);
         if g.op(g.outputs()[0]).name() == "stop_gradient" {
             // The identity on values whose derivative is zero by definition, not the identity's.
@@ -273,7 +278,7 @@ fn weight() -> Tensor {
 /// nonzero and the rules of several families take part.
 fn layer(x: &Tensor, w: &Tensor) -> Tensor {
     let h = x.matmul(w).tanh();
-    &h * &x.sum_axes(&[1]).reshape([2, 1]).sin() + h.max_axes(&[1]).reshape([2, 1]) * 0.5
+    &h * &x.sum_axes([1]).reshape([2, 1]).sin() + h.max_axes([1]).reshape([2, 1]) * 0.5
 }
 
 /// `f64[2,3] -> f64[]`: a scalar with a nonzero, non-diagonal Hessian.
@@ -479,7 +484,7 @@ fn linearize_trees_and_zero_tangents() {
     assert_eq!((c.shape(), tc.to_vec::<f32>()), (&[3][..], vec![0.0; 3]));
     assert_eq!((i.dtype(), ti.to_vec::<i32>()), (DType::I32, vec![0, 0]));
     // A Jacobian of an input with no elements, and of an output that ignores its input.
-    let empty = jacfwd(|x: &Tensor| x.sum_axes(&[0]) * 2.0)(&Tensor::zeros([0, 2]));
+    let empty = jacfwd(|x: &Tensor| x.sum_axes([0]) * 2.0)(&Tensor::zeros([0, 2]));
     assert_eq!(empty.shape(), &[2, 0, 2]);
     let flat = jacrev(|_x: &Tensor| Tensor::ones([2]))(&Tensor::ones([3]));
     assert_eq!(flat.to_vec::<f32>(), vec![0.0; 6]);
@@ -712,7 +717,7 @@ fn control_flow_functions() -> Vec<Named> {
                     None,
                     false,
                 );
-                h + ys.sum_axes(&[0])
+                h + ys.sum_axes([0])
             }),
         ),
         (
