@@ -223,6 +223,34 @@ pub struct Kernel {
     pub n_inputs: usize,
 }
 
+/// What an inline polynomial function weighs in `Kernel::code_weight` (tanh is ~100
+/// instructions on f32x4).
+pub const INLINE_FUNCTION_WEIGHT: usize = 16;
+
+fn unary_weight(u: UnaryOp) -> usize {
+    match u {
+        UnaryOp::Exp
+        | UnaryOp::Log
+        | UnaryOp::Log1p
+        | UnaryOp::Expm1
+        | UnaryOp::Tanh
+        | UnaryOp::Logistic
+        | UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Erf
+        | UnaryOp::ErfInv => INLINE_FUNCTION_WEIGHT,
+        UnaryOp::Neg
+        | UnaryOp::Abs
+        | UnaryOp::Sign
+        | UnaryOp::Sqrt
+        | UnaryOp::Rsqrt
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Round
+        | UnaryOp::Not => 1,
+    }
+}
+
 impl Kernel {
     pub fn nvars(&self) -> usize {
         self.out_dims.len() + self.reduce.as_ref().map_or(0, |(_, d)| d.len())
@@ -234,9 +262,37 @@ impl Kernel {
         if let Some((c, dims)) = &self.reduce {
             write!(s, " reduce {c:?} over {dims:?}").unwrap();
         }
-        let mut ops = 0;
-        self.body.walk(&mut |_| ops += 1);
+        let ops = self.expr_nodes();
         write!(s, " ({ops} expression nodes, {} inputs)", self.n_inputs).unwrap();
         s
+    }
+
+    /// The nodes of the body.
+    pub fn expr_nodes(&self) -> usize {
+        let mut ops = 0;
+        self.body.walk(&mut |_| ops += 1);
+        ops
+    }
+
+    /// A rough size of one copy of the lowered body: a node is 1, an inline polynomial
+    /// function (exp, log, tanh, erf, sin, ...) is `INLINE_FUNCTION_WEIGHT`, about its
+    /// instructions relative to an add's.
+    pub fn code_weight(&self) -> usize {
+        let mut w = 0;
+        self.body.walk(&mut |e| {
+            w += match e {
+                Expr::Unary(u, ..) => unary_weight(*u),
+                Expr::Load { .. }
+                | Expr::Const(..)
+                | Expr::Index(..)
+                | Expr::Binary(..)
+                | Expr::Compare(..)
+                | Expr::Select(..)
+                | Expr::Convert { .. }
+                | Expr::Bitcast { .. }
+                | Expr::Guard { .. } => 1,
+            }
+        });
+        w
     }
 }
