@@ -946,7 +946,7 @@ fn is_outer_product(dd: &DotDims, lhs: &TensorType) -> bool {
 }
 
 /// Ops whose inline code is long (polynomial approximations or calls): never duplicated.
-fn is_transcendental(op: &Op) -> bool {
+pub(crate) fn is_transcendental(op: &Op) -> bool {
     use tessera_ir::{BinaryOp, UnaryOp};
     match op {
         Op::Unary(u) => match u {

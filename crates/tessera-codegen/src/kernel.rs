@@ -9,7 +9,7 @@
 
 use std::fmt::Write;
 
-use tessera_ir::{BinaryOp, CompareOp, DType, UnaryOp};
+use tessera_ir::{BinaryOp, CompareOp, DType, Op, UnaryOp};
 
 /// `sum_j coef[j] * var[j] + c` over the kernel's loop variables.
 #[derive(Clone, Debug, PartialEq)]
@@ -227,30 +227,6 @@ pub struct Kernel {
 /// instructions on f32x4).
 pub const INLINE_FUNCTION_WEIGHT: usize = 16;
 
-fn unary_weight(u: UnaryOp) -> usize {
-    match u {
-        UnaryOp::Exp
-        | UnaryOp::Log
-        | UnaryOp::Log1p
-        | UnaryOp::Expm1
-        | UnaryOp::Tanh
-        | UnaryOp::Logistic
-        | UnaryOp::Sin
-        | UnaryOp::Cos
-        | UnaryOp::Erf
-        | UnaryOp::ErfInv => INLINE_FUNCTION_WEIGHT,
-        UnaryOp::Neg
-        | UnaryOp::Abs
-        | UnaryOp::Sign
-        | UnaryOp::Sqrt
-        | UnaryOp::Rsqrt
-        | UnaryOp::Floor
-        | UnaryOp::Ceil
-        | UnaryOp::Round
-        | UnaryOp::Not => 1,
-    }
-}
-
 impl Kernel {
     pub fn nvars(&self) -> usize {
         self.out_dims.len() + self.reduce.as_ref().map_or(0, |(_, d)| d.len())
@@ -274,14 +250,17 @@ impl Kernel {
         ops
     }
 
-    /// A rough size of one copy of the lowered body: a node is 1, an inline polynomial
-    /// function (exp, log, tanh, erf, sin, ...) is `INLINE_FUNCTION_WEIGHT`, about its
-    /// instructions relative to an add's.
+    /// A rough size of one copy of the lowered body: a node is 1, a unary op with long
+    /// inline code (fusion's `is_transcendental`: exp, log, tanh, erf, sin, sqrt, ...) is
+    /// `INLINE_FUNCTION_WEIGHT`, about its instructions relative to an add's.
     pub fn code_weight(&self) -> usize {
         let mut w = 0;
         self.body.walk(&mut |e| {
             w += match e {
-                Expr::Unary(u, ..) => unary_weight(*u),
+                Expr::Unary(u, ..) if crate::fusion::is_transcendental(&Op::Unary(*u)) => {
+                    INLINE_FUNCTION_WEIGHT
+                }
+                Expr::Unary(..) => 1,
                 Expr::Load { .. }
                 | Expr::Const(..)
                 | Expr::Index(..)
