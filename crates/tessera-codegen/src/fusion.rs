@@ -1167,6 +1167,24 @@ mod tests {
         assert_eq!(ks.len(), len.div_ceil(MAX_FUSED_DEPTH - 1));
     }
 
+    /// A kernel of a few tanh layers keeps the unrolled vector loop; a depth-capped chain of
+    /// 127 tanh (what a 100,000-op chain fuses into) gets one vector copy of its body.
+    #[test]
+    fn long_transcendental_bodies_are_not_unrolled() {
+        let chain = |len: usize| {
+            let ty = TensorType::new(DType::F32, vec![9]);
+            let mut g = Graph::new("chain");
+            let mut y = g.add_param(ty);
+            for _ in 0..len {
+                y = g.add(Op::Unary(UnaryOp::Tanh), &[y]).unwrap();
+            }
+            g.set_outputs(vec![y]);
+            kernels(&fuse(&g))[0].clone()
+        };
+        assert!(crate::lower::unrolls(&chain(3)));
+        assert!(!crate::lower::unrolls(&chain(MAX_FUSED_DEPTH - 1)));
+    }
+
     /// A wide tree of single-use adds (shallow, so the depth cap does not apply) is cut at the
     /// size cap.
     #[test]

@@ -206,12 +206,18 @@ struct Lower<'a, 'b> {
 
 /// The largest kernel body (`Kernel::code_weight`) whose vector loop is unrolled twice.
 /// Compile time is linear in the code emitted, and an unrolled vector loop emits the body four
-/// times (two f32x4 copies, one f32x4 remainder, one scalar remainder); a long fused chain of
-/// transcendental functions (a 100,000-op program cut at the fusion depth cap) spends its
-/// compile time in those copies while its run time, bound by the arithmetic, gains little from
-/// the unrolling: such bodies get one vector copy and the scalar remainder. A kernel with up
-/// to 16 inline functions (a GELU, a softmax, a tanh layer) is still unrolled.
+/// times (two f32x4 copies, one f32x4 remainder, one scalar remainder): a long fused chain of
+/// transcendental functions (a 100,000-op program cut at the fusion depth cap) spent most of
+/// its compile time in those copies (`tests/deep.rs`, 381 s -> 167 s without them). Such
+/// bodies get one vector copy and the scalar remainder; what that costs their run time is not
+/// measured. A kernel with up to 16 inline functions (a GELU, a softmax, a tanh layer) is
+/// still unrolled.
 const UNROLL_MAX_WEIGHT: usize = 16 * crate::kernel::INLINE_FUNCTION_WEIGHT;
+
+/// Whether `k`'s vector loop runs two f32x4 copies of its body an iteration.
+pub(crate) fn unrolls(k: &Kernel) -> bool {
+    k.code_weight() <= UNROLL_MAX_WEIGHT
+}
 
 fn clif_type(d: DType) -> Type {
     match d {
@@ -255,7 +261,7 @@ fn build(
         lane_var: None,
         range,
         calls: None,
-        unroll: k.code_weight() <= UNROLL_MAX_WEIGHT,
+        unroll: unrolls(k),
     };
     l.kernel(k);
     l.b.ins().return_(&[]);
