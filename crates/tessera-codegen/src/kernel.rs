@@ -76,11 +76,24 @@ pub struct Cond {
 }
 
 /// A scalar constant of some dtype.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Scalar {
     F(f64),
     I(i64),
     B(bool),
+}
+
+/// The same constant: floats by their bits, so `-0.0` is not `0.0` and a NaN is itself (kernels
+/// that compare equal compute the same bits, and `lower::compile` shares their code).
+impl PartialEq for Scalar {
+    fn eq(&self, other: &Scalar) -> bool {
+        match (self, other) {
+            (Scalar::F(a), Scalar::F(b)) => a.to_bits() == b.to_bits(),
+            (Scalar::I(a), Scalar::I(b)) => a == b,
+            (Scalar::B(a), Scalar::B(b)) => a == b,
+            (Scalar::F(_) | Scalar::I(_) | Scalar::B(_), _) => false,
+        }
+    }
 }
 
 /// A scalar expression of the loop variables.
@@ -228,6 +241,46 @@ pub struct Kernel {
 pub const INLINE_FUNCTION_WEIGHT: usize = 16;
 
 impl Kernel {
+    /// Whether `self` and `other` are the same loop nest over their buffers (the names aside):
+    /// one compiled function serves both.
+    pub fn same_code(&self, other: &Kernel) -> bool {
+        let Kernel {
+            name: _,
+            out_dtype,
+            out_dims,
+            reduce,
+            body,
+            n_inputs,
+        } = self;
+        *out_dtype == other.out_dtype
+            && *out_dims == other.out_dims
+            && *reduce == other.reduce
+            && *n_inputs == other.n_inputs
+            && *body == other.body
+    }
+
+    /// A hash of what `same_code` compares (kernels that are the same code hash the same).
+    pub fn code_hash(&self) -> u64 {
+        use std::hash::Hasher;
+        struct Sink(std::collections::hash_map::DefaultHasher);
+        impl std::fmt::Write for Sink {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                self.0.write(s.as_bytes());
+                Ok(())
+            }
+        }
+        let mut sink = Sink(std::collections::hash_map::DefaultHasher::new());
+        // Debug prints every field `same_code` compares (floats as `-0.0`, `NaN`: equal
+        // constants print the same).
+        write!(
+            sink,
+            "{:?}{:?}{:?}{}{:?}",
+            self.out_dtype, self.out_dims, self.reduce, self.n_inputs, self.body
+        )
+        .expect("writing to a hasher cannot fail");
+        sink.0.finish()
+    }
+
     pub fn nvars(&self) -> usize {
         self.out_dims.len() + self.reduce.as_ref().map_or(0, |(_, d)| d.len())
     }

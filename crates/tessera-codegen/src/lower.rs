@@ -87,6 +87,8 @@ extern "C" fn tessera_fmod_f32(x: f32, y: f32) -> f32 {
 pub struct Compiled {
     module: Option<JITModule>,
     pub functions: Vec<KernelFn>,
+    /// How many outlined functions (one per function and width) the module holds.
+    pub outlined: usize,
 }
 
 // SAFETY: after compilation nothing mutates the module until `drop` frees it, and `drop` runs
@@ -114,6 +116,13 @@ pub fn host_has_fma() -> bool {
 
 /// Compiles every kernel into one module.
 pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
+    compile_with(kernels, false)
+}
+
+/// `compile`; with `outline_all`, every kernel calls its transcendental functions out of line
+/// (as long bodies do), so a test can hold both forms of one kernel side by side.
+fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, LowerError> {
+    let outline_all = outline_all || outlines_all(kernels);
     // Cranelift's IR verifier costs 15-35% of compile time (CRANELIFT.md); it runs in builds
     // with debug assertions (the test suite), where it checks every kernel lowering makes.
     let verify = if cfg!(debug_assertions) {
@@ -140,7 +149,17 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
     let mut ids = Vec::new();
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
+    let mut outlined = Vec::new();
+    // Kernels that are the same code over other buffers (the repeated layers of a deep
+    // program) share one function: by `Kernel::code_hash`, then `Kernel::same_code`.
+    let mut by_hash: std::collections::HashMap<u64, Vec<usize>> = Default::default();
     for (i, k) in kernels.iter().enumerate() {
+        let same = by_hash.entry(k.code_hash()).or_default();
+        if let Some(&j) = same.iter().find(|&&j| kernels[j].same_code(k)) {
+            ids.push(ids[j]);
+            continue;
+        }
+        same.push(i);
         let mut sig = Signature::new(CallConv::SystemV);
         sig.params.push(AbiParam::new(ptr));
         sig.params.push(AbiParam::new(I64));
@@ -149,7 +168,14 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
             .declare_function(&format!("k{i}_{}", k.name), Linkage::Local, &sig)
             .map_err(cl)?;
         ctx.func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
-        build(&mut module, &mut ctx, &mut fctx, k)?;
+        build(
+            &mut module,
+            &mut ctx,
+            &mut fctx,
+            &mut outlined,
+            k,
+            outline_all,
+        )?;
         let disasm = std::env::var_os("TESSERA_DISASM").is_some();
         ctx.set_disasm(disasm);
         module.define_function(id, &mut ctx).map_err(cl)?;
@@ -164,6 +190,9 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
         module.clear_context(&mut ctx);
         ids.push(id);
     }
+    for &(u, lanes, id) in &outlined {
+        define_outlined(&mut module, &mut ctx, &mut fctx, u, lanes, id)?;
+    }
     module.finalize_definitions().map_err(cl)?;
     let functions = ids
         .iter()
@@ -177,19 +206,28 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
     Ok(Compiled {
         module: Some(module),
         functions,
+        outlined: outlined.len(),
     })
 }
 
 /// Lanes: 1 (scalar) or 4 (f32x4).
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Lanes {
     One,
     Four,
 }
 
+/// The f32 functions emitted once per module and called from long kernel bodies: which
+/// function, at which width, and its id in the module.
+type Outlined = Vec<(UnaryOp, Lanes, FuncId)>;
+
 struct Lower<'a, 'b> {
     b: FunctionBuilder<'b>,
     module: &'a mut JITModule,
+    /// Every outlined function declared so far in this module (defined after the kernels).
+    outlined: &'a mut Outlined,
+    /// The outlined functions declared in this function.
+    outlined_refs: Vec<(UnaryOp, Lanes, FuncRef)>,
     bufs: Vec<Value>,
     vars: Vec<Variable>,
     fma: bool,
@@ -202,6 +240,9 @@ struct Lower<'a, 'b> {
     /// Whether vector loops run two vectors an iteration (a third copy of the body); off for
     /// bodies over `UNROLL_MAX_WEIGHT`.
     unroll: bool,
+    /// Whether f32 transcendental functions are calls of their outlined copies: in the bodies
+    /// that are not unrolled.
+    outline: bool,
 }
 
 /// The largest kernel body (`Kernel::code_weight`) whose vector loop is unrolled twice.
@@ -212,7 +253,26 @@ struct Lower<'a, 'b> {
 /// bodies get one vector copy and the scalar remainder; what that costs their run time is not
 /// measured. A kernel with up to 16 inline functions (a GELU, a softmax, a tanh layer) is
 /// still unrolled.
+///
+/// The same bodies call their f32 transcendental functions (`fusion::is_transcendental`) out
+/// of line: each (function, width) is emitted once per module (`define_outlined`) and every
+/// use is a call, so the code emitted is linear in the body's node count, not 100 instructions
+/// per `tanh`. The function is the same `approx` code, so the results are the same bits.
 const UNROLL_MAX_WEIGHT: usize = 16 * crate::kernel::INLINE_FUNCTION_WEIGHT;
+
+/// The largest module (the sum of its kernels' `Kernel::code_weight`) whose short kernels
+/// keep their transcendental functions inline: 256 inline functions' worth. A program of
+/// tens of thousands of small kernels (the gradient of a 100,000-op tanh chain materializes
+/// every forward `tanh`, 50,000 four-node kernels, `tests/deep.rs`) spent its compile time
+/// emitting the same ~100-instruction `tanh` four times in each; past this size every kernel
+/// calls the module's one copy. A training step of the examples' size stays under it. What
+/// the calls cost such programs at run time is not measured.
+const MODULE_INLINE_MAX_WEIGHT: usize = 256 * crate::kernel::INLINE_FUNCTION_WEIGHT;
+
+/// Whether every kernel of the module calls its transcendental functions out of line.
+pub(crate) fn outlines_all(kernels: &[Kernel]) -> bool {
+    kernels.iter().map(Kernel::code_weight).sum::<usize>() > MODULE_INLINE_MAX_WEIGHT
+}
 
 /// Whether `k`'s vector loop runs two f32x4 copies of its body an iteration.
 pub(crate) fn unrolls(k: &Kernel) -> bool {
@@ -232,11 +292,76 @@ fn mem() -> MemFlagsData {
     MemFlagsData::new().with_notrap()
 }
 
+/// The signature of an outlined function at `lanes`: one f32 or f32x4 in, one out.
+fn outlined_signature(lanes: Lanes) -> Signature {
+    let ty = if lanes == Lanes::Four { F32X4 } else { F32 };
+    let mut sig = Signature::new(CallConv::SystemV);
+    sig.params.push(AbiParam::new(ty));
+    sig.returns.push(AbiParam::new(ty));
+    sig
+}
+
+/// Defines the outlined `u` at `lanes` (declared by `Lower::call_outlined`): the inline code
+/// `approx::unary_f32` emits, as a function of its own.
+fn define_outlined(
+    module: &mut JITModule,
+    ctx: &mut Context,
+    fctx: &mut FunctionBuilderContext,
+    u: UnaryOp,
+    lanes: Lanes,
+    id: FuncId,
+) -> Result<(), LowerError> {
+    let sig = outlined_signature(lanes);
+    ctx.func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
+    let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    b.seal_block(entry);
+    let x = b.block_params(entry)[0];
+    let fx = Fx {
+        ty: if lanes == Lanes::Four { F32X4 } else { F32 },
+        fma: host_has_fma(),
+    };
+    let calls = approx::Calls {
+        sin: import(module, b.func, "tessera_sin_f32", F32, 1),
+        cos: import(module, b.func, "tessera_cos_f32", F32, 1),
+        pow: import(module, b.func, "tessera_pow_f32", F32, 2),
+    };
+    let y = approx::unary_f32(&mut b, fx, u, x, calls);
+    b.ins().return_(&[y]);
+    b.finalize(module.target_config());
+    module.define_function(id, ctx).map_err(cl)?;
+    module.clear_context(ctx);
+    Ok(())
+}
+
+/// Declares the Rust function `name` (`arity` arguments of `ty`, one result) in `func`.
+fn import(
+    module: &mut JITModule,
+    func: &mut Function,
+    name: &str,
+    ty: Type,
+    arity: usize,
+) -> FuncRef {
+    let mut sig = module.make_signature();
+    for _ in 0..arity {
+        sig.params.push(AbiParam::new(ty));
+    }
+    sig.returns.push(AbiParam::new(ty));
+    let id: FuncId = module
+        .declare_function(name, Linkage::Import, &sig)
+        .expect("libcall signatures are consistent");
+    module.declare_func_in_func(id, func)
+}
+
 fn build(
     module: &mut JITModule,
     ctx: &mut Context,
     fctx: &mut FunctionBuilderContext,
+    outlined: &mut Outlined,
     k: &Kernel,
+    outline_all: bool,
 ) -> Result<(), LowerError> {
     let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
     let entry = b.create_block();
@@ -255,6 +380,8 @@ fn build(
     let mut l = Lower {
         b,
         module,
+        outlined,
+        outlined_refs: Vec::new(),
         bufs,
         vars,
         fma: host_has_fma(),
@@ -262,6 +389,7 @@ fn build(
         range,
         calls: None,
         unroll: unrolls(k),
+        outline: outline_all || !unrolls(k),
     };
     l.kernel(k);
     l.b.ins().return_(&[]);
@@ -804,16 +932,36 @@ impl Lower<'_, '_> {
     }
 
     fn import(&mut self, name: &str, ty: Type, arity: usize) -> FuncRef {
-        let mut sig = self.module.make_signature();
-        for _ in 0..arity {
-            sig.params.push(AbiParam::new(ty));
-        }
-        sig.returns.push(AbiParam::new(ty));
-        let id: FuncId = self
-            .module
-            .declare_function(name, Linkage::Import, &sig)
-            .expect("libcall signatures are consistent");
-        self.module.declare_func_in_func(id, self.b.func)
+        import(self.module, self.b.func, name, ty, arity)
+    }
+
+    /// A call of the outlined `u` at `lanes`, declared in the module on first use.
+    fn call_outlined(&mut self, u: UnaryOp, lanes: Lanes, x: Value) -> Value {
+        let declared = self.outlined_refs.iter().find(|r| r.0 == u && r.1 == lanes);
+        let fref = match declared {
+            Some(&(_, _, fref)) => fref,
+            None => {
+                let known = self.outlined.iter().find(|r| r.0 == u && r.1 == lanes);
+                let id = match known {
+                    Some(&(_, _, id)) => id,
+                    None => {
+                        let name = format!("tessera_outlined_{u:?}_{lanes:?}");
+                        let sig = outlined_signature(lanes);
+                        let id = self
+                            .module
+                            .declare_function(&name, Linkage::Local, &sig)
+                            .expect("each outlined function is declared once");
+                        self.outlined.push((u, lanes, id));
+                        id
+                    }
+                };
+                let fref = self.module.declare_func_in_func(id, self.b.func);
+                self.outlined_refs.push((u, lanes, fref));
+                fref
+            }
+        };
+        let call = self.b.ins().call(fref, &[x]);
+        self.b.inst_results(call)[0]
     }
 
     fn call_libcall(&mut self, name: &str, ty: Type, args: &[Value]) -> Value {
@@ -839,6 +987,9 @@ impl Lower<'_, '_> {
     fn unary(&mut self, u: UnaryOp, d: DType, x: Value, lanes: Lanes) -> Value {
         match d {
             DType::F32 => {
+                if self.outline && crate::fusion::is_transcendental(&tessera_ir::Op::Unary(u)) {
+                    return self.call_outlined(u, lanes, x);
+                }
                 let fx = self.fx(lanes);
                 let calls = self.calls();
                 approx::unary_f32(&mut self.b, fx, u, x, calls)
@@ -1150,4 +1301,135 @@ fn vectorizable(body: &Expr, lane: usize) -> bool {
         }
     });
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fusion::{StepKind, fuse, is_transcendental};
+    use tessera_ir::{Graph, Op, TensorType};
+
+    /// `u` over `xs` by `k` (a one-op kernel: one input, one output, `xs.len()` long).
+    fn run(code: &Compiled, xs: &[f32]) -> Vec<u32> {
+        let mut input = xs.to_vec();
+        let mut out = vec![0f32; xs.len()];
+        let args = [
+            input.as_mut_ptr().cast::<u8>(),
+            out.as_mut_ptr().cast::<u8>(),
+        ];
+        // SAFETY: the kernel reads `xs.len()` f32 through `args[0]` and writes as many through
+        // `args[1]`, both that long and alive for the call, over the whole range `0..len`.
+        unsafe { (code.functions[0])(args.as_ptr(), 0, xs.len() as i64) };
+        out.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Each outlined function gives the bits its inline code gives, at both widths (a length
+    /// of 4k + 3 runs the f32x4 copy and the scalar remainder), on the specials and a sample
+    /// of every binade of both signs, `sin`/`cos` past their fast range included.
+    #[test]
+    fn outlined_functions_give_the_inline_bits() {
+        let mut xs = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1.0,
+            -1.0,
+        ];
+        xs.extend([
+            f32::MIN_POSITIVE,
+            1e-45,
+            -1e-45,
+            f32::MAX,
+            f32::MIN,
+            0.5,
+            -0.5,
+            0.999,
+        ]);
+        for e in -149..128 {
+            let v = 2f32.powi(e) * 1.337;
+            xs.extend([v, -v]);
+        }
+        while xs.len() % 4 != 3 {
+            xs.push(0.25);
+        }
+        let mut checked = 0;
+        for u in UnaryOp::ALL {
+            if !is_transcendental(&Op::Unary(u)) {
+                continue;
+            }
+            let mut g = Graph::new("one");
+            let x = g.add_param(TensorType::new(DType::F32, vec![xs.len()]));
+            let y = g.add(Op::Unary(u), &[x]).unwrap();
+            g.set_outputs(vec![y]);
+            let schedule = fuse(&g);
+            let ks: Vec<Kernel> = schedule
+                .steps
+                .iter()
+                .filter_map(|st| match &st.kind {
+                    StepKind::Kernel(k) => Some(k.clone()),
+                    StepKind::Gemm(_)
+                    | StepKind::Collective(_)
+                    | StepKind::Region(_)
+                    | StepKind::Window(_)
+                    | StepKind::Indexed(_)
+                    | StepKind::Native(_) => None,
+                })
+                .collect();
+            assert_eq!(ks.len(), 1, "{u:?}");
+            let inline = compile_with(&ks, false).unwrap();
+            let outlined = compile_with(&ks, true).unwrap();
+            assert_eq!((inline.outlined, outlined.outlined), (0, 2), "{u:?}");
+            let (want, got) = (run(&inline, &xs), run(&outlined, &xs));
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(
+                    w,
+                    g,
+                    "{u:?}({}): inline {} outlined {}",
+                    xs[i],
+                    f32::from_bits(*w),
+                    f32::from_bits(*g)
+                );
+            }
+            checked += 1;
+        }
+        assert!(checked >= 10, "{checked} functions");
+    }
+
+    /// Kernels that are the same code share a function; a constant of other bits (`-0.0` for
+    /// `0.0`: `-0.0 + -0.0` is `-0.0`, `-0.0 + 0.0` is `0.0`) is other code.
+    #[test]
+    fn identical_kernels_share_one_function() {
+        let ty = TensorType::new(DType::F32, vec![5]);
+        let mut g = Graph::new("adds");
+        let x = g.add_param(ty);
+        let mut outs = Vec::new();
+        for c in [0.0f32, 0.0, -0.0] {
+            let lit =
+                tessera_ir::Literal::new(vec![5], tessera_ir::Data::splat(DType::F32, c as f64, 5));
+            let c = g.add(Op::Constant(lit.unwrap()), &[]).unwrap();
+            outs.push(g.add(Op::Binary(BinaryOp::Add), &[x, c]).unwrap());
+        }
+        g.set_outputs(outs);
+        let ks: Vec<Kernel> = fuse(&g)
+            .steps
+            .iter()
+            .filter_map(|st| match &st.kind {
+                StepKind::Kernel(k) => Some(k.clone()),
+                StepKind::Gemm(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_)
+                | StepKind::Indexed(_)
+                | StepKind::Native(_) => None,
+            })
+            .collect();
+        assert_eq!(ks.len(), 3);
+        let code = compile(&ks).unwrap();
+        let at = |i: usize| code.functions[i] as *const ();
+        assert_eq!(at(0), at(1), "x + 0.0 twice");
+        assert_ne!(at(0), at(2), "x + 0.0 and x + -0.0");
+        assert_eq!(run(&code, &[-0.0; 5])[0], 0f32.to_bits());
+    }
 }

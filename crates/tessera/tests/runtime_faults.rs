@@ -160,51 +160,63 @@ fn net_step(p: Net, x: Tensor, y: Tensor) -> (Net, Tensor) {
     (tree::map2(&p, &g, |p, g| p - g * 0.01), l)
 }
 
+/// Values spread like a standard normal's (a sum of four uniforms, centred and scaled), made on
+/// the host: the eager PRNG runs in the interpreter, which under memcheck took most of the
+/// scenario's time and is not what it checks.
+fn pseudo_normal(seed: u64, shape: [usize; 2]) -> Tensor {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let data = (0..shape[0] * shape[1])
+        .map(|_| (uniform() + uniform() + uniform() + uniform() - 2.0) * 3f32.sqrt())
+        .collect();
+    Tensor::from_vec::<f32>(data, shape)
+}
+
 /// The seed's data-parallel step on 8 devices, sized so that each threaded path runs, with
 /// 32 rows per device: `h @ w2` (32 x 256 x 512 = 2^22 multiply-adds, `w2` replicated) is a
 /// shared product with a shared right operand, `w2`'s gradient (256 x 512 x 32) a shared
 /// product with its all-reduce; `w1`'s gradient (256 x 256 x 32, below the shared size) is
 /// multiplied locally and summed by the in-place all-reduce (65536 elements); the biases'
-/// and the loss's all-reduces take the copying path. Two steps against the single-device
-/// step.
+/// and the loss's all-reduces take the copying path. One step against the single-device
+/// step: memcheck runs it about 50x slower, and a second step took the same paths again.
 fn threaded_step_scenario() {
     assert_eq!(device_count(), 8);
     let mesh = Mesh::new([8], ["dp"]);
-    let [k1, k2, k3, k4] = Key::new(0).split_n(4).try_into().unwrap();
     let init = Net {
-        w1: random::normal(&k1, [256, 256]) * 0.05,
+        w1: pseudo_normal(1, [256, 256]) * 0.05,
         b1: Tensor::zeros([256]),
-        w2: random::normal(&k2, [256, 512]) * 0.05,
+        w2: pseudo_normal(2, [256, 512]) * 0.05,
         b2: Tensor::zeros([512]),
     };
-    let x = random::normal(&k3, [256, 256]);
-    let y = random::normal(&k4, [256, 512]);
+    let x = pseudo_normal(3, [256, 256]);
+    let y = pseudo_normal(4, [256, 512]);
     let single = jit(|(p, x, y): (Net, Tensor, Tensor)| net_step(p, x, y));
     let sharded = jit(|(p, x, y): (Net, Tensor, Tensor)| net_step(p, x, y));
     let data = NamedSharding::new(&mesh, P!["dp"]);
     let (xs, ys) = (device_put(x.clone(), &data), device_put(y.clone(), &data));
-    let mut p_single = init.clone();
-    let mut p_sharded = device_put(init, &NamedSharding::new(&mesh, P![]));
+    let p_single = init.clone();
+    let p_sharded = device_put(init, &NamedSharding::new(&mesh, P![]));
     let before = tessera::shared_gemm_count();
-    for step in 0..2 {
-        let (p, l_want) = single.call((p_single, x.clone(), y.clone())).unwrap();
-        p_single = p;
-        let (p, l_got) = sharded.call((p_sharded, xs.clone(), ys.clone())).unwrap();
-        p_sharded = p;
-        let (want, got) = (l_want.item::<f32>(), l_got.item::<f32>());
-        assert!(
-            (want - got).abs() <= 1e-5 * want.abs(),
-            "step {step}: loss {got} vs {want}"
-        );
-        for (a, b) in [(&p_sharded.w1, &p_single.w1), (&p_sharded.w2, &p_single.w2)] {
-            for (u, v) in a.to_vec::<f32>().iter().zip(b.to_vec::<f32>()) {
-                assert!((u - v).abs() <= 1e-5, "step {step}: {u} vs {v}");
-            }
+    let (p_single, l_want) = single.call((p_single, x, y)).unwrap();
+    let (p_sharded, l_got) = sharded.call((p_sharded, xs, ys)).unwrap();
+    let (want, got) = (l_want.item::<f32>(), l_got.item::<f32>());
+    assert!(
+        (want - got).abs() <= 1e-5 * want.abs(),
+        "loss {got} vs {want}"
+    );
+    for (a, b) in [(&p_sharded.w1, &p_single.w1), (&p_sharded.w2, &p_single.w2)] {
+        for (u, v) in a.to_vec::<f32>().iter().zip(b.to_vec::<f32>()) {
+            assert!((u - v).abs() <= 1e-5, "{u} vs {v}");
         }
     }
-    // Two shared products a step at least (h @ w2, and w2's gradient with its all-reduce).
+    // Two shared products at least (h @ w2, and w2's gradient with its all-reduce).
     assert!(
-        tessera::shared_gemm_count() >= before + 4,
+        tessera::shared_gemm_count() >= before + 2,
         "{} shared products",
         tessera::shared_gemm_count() - before
     );
