@@ -24,12 +24,18 @@ pub use shuffle::{choice, permutation, permutation_of, shuffle};
 pub struct Key(pub Tensor);
 
 impl Key {
-    /// `jax.random.PRNGKey(seed)`: the words `[seed >> 32, seed & 0xffffffff]`.
-    pub fn new(seed: u64) -> Key {
-        Key(Tensor::from_vec(
-            vec![(seed >> 32) as u32, seed as u32],
-            [2],
-        ))
+    /// `jax.random.PRNGKey(seed)` in JAX's default mode (`jax_enable_x64` off): JAX makes the
+    /// seed an int32 first, so the words are `[0, seed mod 2^32]` and seeds 2^32 apart give one
+    /// key, as there. `new_x64` is the x64 mode's key. (`tests/prng.rs`, against JAX's words
+    /// for seeds up to `i64::MAX` and down to `i64::MIN`.)
+    pub fn new(seed: i64) -> Key {
+        Key::from_words(0, seed as u32)
+    }
+
+    /// `jax.random.PRNGKey(seed)` with `jax_enable_x64` on: the words `[seed >> 32, seed mod
+    /// 2^32]` (the high word of a negative seed is its sign-extended high half).
+    pub fn new_x64(seed: i64) -> Key {
+        Key::from_words((seed >> 32) as u32, seed as u32)
     }
 
     /// A key from its two words.

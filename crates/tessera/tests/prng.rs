@@ -224,7 +224,7 @@ fn many_keys(all: &Value) -> Vec<Key> {
     for k in all["keys"].as_array().expect("keys") {
         let d = k["derive"].as_array().expect("derive");
         let key = match d[0].as_str().expect("recipe") {
-            "seed" => Key::new(d[1].as_u64().expect("seed")),
+            "seed" => Key::new(d[1].as_i64().expect("seed")),
             "split" => keys[index(&d[1])].split_n(index(&d[2]))[index(&d[3])].clone(),
             "fold_in" => keys[index(&d[1])].fold_in(d[2].as_u64().expect("data") as u32),
             other => panic!("unknown key recipe {other}"),
@@ -456,4 +456,32 @@ fn uniform_picks_the_cheapest_exact_rounding() {
     assert!(general.contains("select"), "{general}");
     let subnormal = ir(0.0, 2e-38);
     assert!(subnormal.contains("select"), "{subnormal}");
+}
+
+/// `fixtures/prng_seeds.json` (made by `fixtures/prng_seeds.py`): JAX's key words for seeds
+/// past 32 bits and negative ones, in JAX's default mode (`Key::new`) and with x64
+/// (`Key::new_x64`).
+#[test]
+fn keys_from_large_and_negative_seeds_are_jaxs() {
+    let all: Value =
+        serde_json::from_str(include_str!("fixtures/prng_seeds.json")).expect("valid JSON");
+    let mut checked = 0;
+    for (mode, make) in [("x32", Key::new as fn(i64) -> Key), ("x64", Key::new_x64)] {
+        for case in all[mode].as_array().expect("cases") {
+            let seed = case[0].as_i64().expect("seed");
+            let want: Vec<u32> = case[1]
+                .as_array()
+                .expect("words")
+                .iter()
+                .map(|w| w.as_u64().expect("word") as u32)
+                .collect();
+            assert_eq!(
+                make(seed).data().to_vec::<u32>(),
+                want,
+                "{mode} seed {seed}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 30);
 }
