@@ -338,7 +338,12 @@ pub fn random_inputs(sample: &Sample, rng: &mut Lcg) -> Vec<Literal> {
             (0.1, 3.0)
         }
         Op::Unary(UnaryOp::Log1p) => (-0.9, 3.0),
-        Op::Unary(UnaryOp::ErfInv) => (-0.99, 0.99),
+        Op::Unary(UnaryOp::ErfInv | UnaryOp::Asin | UnaryOp::Acos | UnaryOp::Atanh) => {
+            (-0.99, 0.99)
+        }
+        Op::Unary(UnaryOp::Acosh) => (1.1, 4.0),
+        // Away from tan's poles at +-pi/2, for finite differences.
+        Op::Unary(UnaryOp::Tan) => (-1.2, 1.2),
         // tidy: allow-wildcard(a default input range for test samples, not per-op policy)
         _ if shift => (0.0, 40.0),
         // tidy: allow-wildcard(a default input range for test samples, not per-op policy)

@@ -25,6 +25,8 @@ pub mod fwd;
 pub mod grad;
 pub mod jit;
 pub mod manip;
+pub mod math;
+pub mod nn;
 pub mod ops;
 pub mod pipeline;
 pub mod pmap;
