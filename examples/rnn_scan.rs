@@ -77,7 +77,7 @@ pub fn loss_unrolled(p: &Rnn, xs: &Tensor, ys: &Tensor) -> Tensor {
         let x = xs.slice(&[k, 0, 0], &[k + 1, B, 1]).reshape([B, 1]);
         let y = ys.slice(&[k, 0, 0], &[k + 1, B, 1]).reshape([B, 1]);
         h = cell(p, &h, &x);
-        total = total + (h.matmul(&p.wo) - &y).square().sum();
+        total += (h.matmul(&p.wo) - &y).square().sum();
     }
     total / (t * B) as f32
 }

@@ -25,6 +25,10 @@ mod mesh_2d;
 #[path = "../examples/rnn_scan.rs"]
 mod rnn_scan;
 
+#[allow(dead_code)]
+#[path = "../examples/attention_digits.rs"]
+mod attention_digits;
+
 use tessera::Backend;
 
 /// The f32 bits of the losses JAX prints at steps 0, 10, 20, 30, 40.
@@ -154,5 +158,29 @@ fn rnn_scan_learns_and_matches_the_unrolled_rnn() {
                 "{backend:?} step {i}: {a} vs {b}"
             );
         }
+    }
+}
+
+/// The attention block learns the digits over 8 devices: the epoch loss falls from ln(10) by
+/// more than half in 4 epochs and the test accuracy is far above chance; a step on the
+/// interpreter gives the compiled step's loss.
+#[test]
+fn attention_digits_learns_on_eight_devices() {
+    eight_devices();
+    let data = attention_digits::digits::load();
+    let (losses, p) = attention_digits::train(&data, 4, Backend::Cranelift).unwrap();
+    assert!((losses[0] - 10f32.ln()).abs() < 0.5, "{losses:?}");
+    assert!(losses[3] < 0.5 * losses[0], "{losses:?}");
+    let (x, y) = data.batch(attention_digits::digits::TRAIN, data.n);
+    let acc = attention_digits::digits::accuracy(&attention_digits::forward(&p, &x), &y);
+    assert!(acc > 0.6, "test accuracy {acc}");
+    let (_, ip) = attention_digits::train(&data, 1, Backend::Interpreter).unwrap();
+    let (_, cp) = attention_digits::train(&data, 1, Backend::Cranelift).unwrap();
+    let (a, b) = (ip.head.to_vec::<f32>(), cp.head.to_vec::<f32>());
+    for (i, (u, v)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            (u - v).abs() <= 1e-3 * (1.0 + v.abs()),
+            "head[{i}]: interpreted {u}, compiled {v}"
+        );
     }
 }

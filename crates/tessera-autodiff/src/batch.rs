@@ -206,6 +206,8 @@ fn run(
     Ok((b, outs))
 }
 
+mod conv;
+
 /// Where per-example dim `d` is in a value whose batch dim is at `bd`.
 fn shift(d: usize, bd: usize) -> usize {
     if d < bd { d } else { d + 1 }
@@ -419,6 +421,61 @@ fn rule(
             .and_then(|r| r.get(*index))
             .copied()
             .ok_or_else(|| b.unsupported(format!("result {index} of a region it did not batch"))),
+        Op::Conv(cd) => conv::conv(b, cd, vals[0], vals[1], ty),
+        Op::ReduceWindow { kind, win } => conv::reduce_window(b, *kind, win, vals[0]),
+        Op::Gather(d) => {
+            let ops: Vec<NodeId> = vals
+                .iter()
+                .map(|&v| b.materialize(v, 0))
+                .collect::<Result<_>>()?;
+            let dd = crate::gather::batch_gather(d);
+            Ok((b.add(Op::Gather(Box::new(dd)), &ops)?, Some(0)))
+        }
+        Op::Scatter(d) => {
+            let ops: Vec<NodeId> = vals
+                .iter()
+                .map(|&v| b.materialize(v, 0))
+                .collect::<Result<_>>()?;
+            let dd = crate::gather::batch_scatter(d);
+            Ok((b.add(Op::Scatter(Box::new(dd)), &ops)?, Some(0)))
+        }
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => {
+            // Every operand batched at 0 (broadcast if unbatched); the sorted dim moves by one.
+            let ops = vals
+                .iter()
+                .map(|&v| b.materialize(v, 0))
+                .collect::<Result<Vec<_>>>()?;
+            let s = Op::Sort {
+                dim: dim + 1,
+                num_keys: *num_keys,
+                output: *output,
+            };
+            Ok((b.add(s, &ops)?, Some(0)))
+        }
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => {
+            let (x, bd) = (vals[0].0, vals[0].1.expect("a batched operand"));
+            let c = Op::Cumulative {
+                kind: *kind,
+                axis: shift(*axis, bd),
+                reverse: *reverse,
+            };
+            Ok((b.add(c, &[x])?, Some(bd)))
+        }
+        Op::Rev { dims } => {
+            let (x, bd) = (vals[0].0, vals[0].1.expect("a batched operand"));
+            let r = Op::Rev {
+                dims: dims.iter().map(|&d| shift(d, bd)).collect(),
+            };
+            Ok((b.add(r, &[x])?, Some(bd)))
+        }
     }
 }
 

@@ -252,6 +252,30 @@ fn jvp_rule(b: &mut Builder, op: &Op, at: &Tan) -> Result<Option<NodeId>> {
             "{} reached the per-op JVP table: region tangents go through region::jvp",
             op.name()
         ))),
+        Op::Conv(cd) => super::conv::conv_jvp(b, cd, at.xs, at.ts),
+        Op::ReduceWindow { kind, win } => {
+            super::conv::reduce_window_jvp(b, *kind, win, at.xs[0], at.y, at.t()?)
+        }
+        Op::Gather(d) => crate::gather::gather_jvp(b, d, at.xs[1], at.ts[0]),
+        Op::Scatter(d) => {
+            crate::gather::scatter_jvp(b, d, (at.xs[0], at.xs[1], at.xs[2]), (at.ts[0], at.ts[2]))
+        }
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => match at.ts[*output] {
+            Some(t) if b.ty(t).dtype.is_float() => Ok(Some(super::sorting::sort_jvp(
+                b, *dim, *num_keys, at.xs, t,
+            )?)),
+            Some(_) | None => Ok(None),
+        },
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => super::sorting::cumulative_jvp(b, *kind, *axis, *reverse, at.xs[0], at.y, at.t()?),
+        Op::Rev { .. } => Ok(Some(b.add(op.clone(), &[at.t()?])?)),
     }
 }
 

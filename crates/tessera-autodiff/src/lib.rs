@@ -19,6 +19,7 @@ use std::collections::{HashMap, HashSet};
 
 mod elem;
 mod jvp;
+mod sorting;
 pub use jvp::jvp;
 
 use tessera_ir::{
@@ -47,6 +48,8 @@ pub enum AutodiffError {
 
 type Result<T> = std::result::Result<T, AutodiffError>;
 
+mod conv;
+mod gather;
 mod region;
 
 /// Appends the backward graph; see the module doc.
@@ -364,6 +367,23 @@ fn vjp_rule(
             "{} reached the per-op table: region cotangents go through region::vjp",
             op.name()
         ))),
+        Op::Conv(cd) => conv::conv_vjp(b, cd, &at),
+        Op::ReduceWindow { kind, win } => conv::reduce_window_vjp(b, *kind, win, &at),
+        Op::Gather(d) => gather::gather_vjp(b, d, &at),
+        Op::Scatter(d) => gather::scatter_vjp(b, d, &at),
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => sorting::sort_vjp(b, *dim, *num_keys, *output, xs, needed, g),
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => Ok(vec![sorting::cumulative_vjp(
+            b, *kind, *axis, *reverse, xs[0], y, g,
+        )?]),
+        Op::Rev { .. } => Ok(vec![Some(b.add(op.clone(), &[g])?)]),
     }
 }
 

@@ -87,7 +87,7 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
 /// # Safety
 /// The views must lie inside live buffers of `dtype` (a float type), `out` not overlapping the
 /// operands.
-unsafe fn gemm_view(
+pub(crate) unsafe fn gemm_view(
     dtype: DType,
     (m, n, k): (usize, usize, usize),
     (l, ls): (*const u8, [isize; 2]),
@@ -335,7 +335,10 @@ impl Executable {
                     && (self.reduced_by[i].is_some()
                         || matches!(self.schedule.bufs[step.inputs[1]].kind, BufKind::Input(_)))
             }
-            StepKind::Kernel(_) => false,
+            StepKind::Kernel(_)
+            | StepKind::Window(_)
+            | StepKind::Indexed(_)
+            | StepKind::Native(_) => false,
             // Conservatively: a body may hold collectives, and every device runs it.
             StepKind::Region(_) => true,
         }
@@ -391,7 +394,10 @@ impl Executable {
                     g.batch.len()
                 ),
                 StepKind::Collective(op) => format!("collective {}", op.name()),
+                StepKind::Native(op) => format!("native {}", op.name()),
                 StepKind::Region(r) => format!("region {} -> {:?}", r.op.name(), r.results),
+                StepKind::Window(w) => w.summary(),
+                StepKind::Indexed(op) => format!("{} {}", op.name(), tessera_ir::attrs_text(op)),
             };
             writeln!(
                 s,
@@ -485,6 +491,16 @@ impl Executable {
                 StepKind::Gemm(g) => fused = self.run_gemm(i, g, ptrs, collectives)?,
                 StepKind::Collective(op) => self.run_collective(step, op, ptrs, collectives)?,
                 StepKind::Region(r) => self.run_region(i, r, ptrs, collectives)?,
+                StepKind::Window(w) => {
+                    let inputs: Vec<*const u8> =
+                        step.inputs.iter().map(|&b| ptrs[b] as *const u8).collect();
+                    // SAFETY: each input buffer holds a value of its operand's type (its step
+                    // ran, or it is an input or constant), and the output is this step's own
+                    // temporary of the result's type, which no input overlaps (plan.rs).
+                    unsafe { crate::window::run(w, &inputs, ptrs[step.output]) }
+                }
+                StepKind::Indexed(op) => crate::indexed::run(step, op, &self.schedule.bufs, ptrs)?,
+                StepKind::Native(op) => self.run_native(step, op, ptrs)?,
             }
         }
         Ok(())
@@ -770,6 +786,32 @@ impl Executable {
         let n = out_ty.byte_size();
         // SAFETY: the result has the output's type (`run` checks), so `n` bytes fit the buffer.
         unsafe { std::ptr::copy_nonoverlapping(data_ptr(&r.data), ptrs[step.output], n) };
+        Ok(())
+    }
+
+    /// Runs a native step (`native.rs`): reads its operand buffers, writes its output.
+    fn run_native(&self, step: &Step, op: &Op, ptrs: &[*mut u8]) -> Result<(), InterpError> {
+        let bufs = &self.schedule.bufs;
+        let out_ty = &bufs[step.output].ty;
+        if out_ty.numel() == 0 {
+            return Ok(());
+        }
+        // SAFETY: every input buffer holds a value of its type (written by an earlier step, or
+        // bound at launch), alive until `run` returns.
+        let args: Vec<Literal> = step
+            .inputs
+            .iter()
+            .map(|&b| unsafe { literal_from_raw(&bufs[b].ty, ptrs[b]) })
+            .collect();
+        let data = crate::native::run(op, &args, out_ty).map_err(|message| InterpError::Op {
+            op: op.name().into(),
+            message,
+        })?;
+        // SAFETY: `run` checked that the result has the output's type, so its bytes fit the
+        // output buffer, which no input overlaps (the plan gives a step's output its own room).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data_ptr(&data), ptrs[step.output], out_ty.byte_size())
+        };
         Ok(())
     }
 

@@ -59,6 +59,12 @@ pub enum StepKind {
     /// place on this step's buffers by the region's control flow (`Executable::run_region`);
     /// it writes one buffer per result.
     Region(Box<RegionStep>),
+    /// A conv or reduce_window, run by its native kernel (`window.rs`).
+    Window(Box<crate::window::WindowStep>),
+    /// A `gather` or `scatter`: data-dependent addressing, run by `indexed.rs`.
+    Indexed(Op),
+    /// A `sort` or cumulative op, run by a Rust kernel over whole buffers (`native.rs`).
+    Native(Op),
 }
 
 /// A region step: the op (its layouts and bodies) and the buffer of each of its results.
@@ -144,7 +150,14 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Pad { .. }
             | Op::Concatenate { .. }
             | Op::Collective(_)
-            | Op::Region(_) => true,
+            | Op::Region(_)
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. } => true,
+            Op::Rev { .. } => false,
             Op::Parameter(_)
             | Op::Constant(_)
             | Op::Iota { .. }
@@ -201,7 +214,14 @@ pub fn fuse(g: &Graph) -> Schedule {
                 continue;
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
-            Op::Reduce { .. } | Op::ArgMax { .. } | Op::Collective(_) | Op::Region(_) => true,
+            Op::Gather(_) | Op::Scatter(_) => true,
+            Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::Collective(_)
+            | Op::Region(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. } => true,
+            Op::Conv(_) | Op::ReduceWindow { .. } => true,
             // Its buffer is one of the results its region's step writes.
             Op::GetResult { .. } => continue,
             // Inlined into its users unless a rule below writes it out.
@@ -221,7 +241,8 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Pad { .. }
             | Op::DotGeneral(_)
             | Op::ShardingConstraint(_)
-            | Op::StopGradient => {
+            | Op::StopGradient
+            | Op::Rev { .. } => {
                 let (mut n, mut heavy, mut d) = (1, is_transcendental(op), 1);
                 for o in g.operands(id) {
                     if f.materialized.contains_key(&o) {
@@ -242,7 +263,8 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::Transpose(_)
                     | Op::Slice { .. }
                     | Op::ShardingConstraint(_)
-                    | Op::StopGradient => {
+                    | Op::StopGradient
+                    | Op::Rev { .. } => {
                         let o = g.operands(id)[0];
                         f.materialized.contains_key(&o) || cheap.get(&o).copied().unwrap_or(false)
                     }
@@ -261,7 +283,13 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::ArgMax { .. }
                     | Op::Collective(_)
                     | Op::Region(_)
-                    | Op::GetResult { .. } => false,
+                    | Op::GetResult { .. }
+                    | Op::Conv(_)
+                    | Op::ReduceWindow { .. }
+                    | Op::Gather(_)
+                    | Op::Scatter(_)
+                    | Op::Sort { .. }
+                    | Op::Cumulative { .. } => false,
                 };
                 cheap.insert(id, is_cheap);
                 forced.contains(&id)
@@ -342,6 +370,34 @@ impl Fuser<'_> {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Collective(op.clone()), inputs)
             }
+            Op::Conv(cd) => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                let step = crate::window::WindowStep::Conv {
+                    dims: (**cd).clone(),
+                    lhs: g.ty(operands[0]).clone(),
+                    rhs: g.ty(operands[1]).clone(),
+                    out: ty.clone(),
+                };
+                (StepKind::Window(Box::new(step)), inputs)
+            }
+            Op::ReduceWindow { kind, win } => {
+                let inputs = vec![self.materialized_buf(operands[0])];
+                let step = crate::window::WindowStep::ReduceWindow {
+                    kind: *kind,
+                    win: (**win).clone(),
+                    operand: g.ty(operands[0]).clone(),
+                    out: ty.clone(),
+                };
+                (StepKind::Window(Box::new(step)), inputs)
+            }
+            Op::Gather(_) | Op::Scatter(_) => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                (StepKind::Indexed(op.clone()), inputs)
+            }
+            Op::Sort { .. } | Op::Cumulative { .. } => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                (StepKind::Native(op.clone()), inputs)
+            }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(operands[0])) => {
                 let (l, r) = (
                     self.materialized_buf(operands[0]),
@@ -393,7 +449,8 @@ impl Fuser<'_> {
             | Op::Pad { .. }
             | Op::DotGeneral(_)
             | Op::ShardingConstraint(_)
-            | Op::StopGradient => {
+            | Op::StopGradient
+            | Op::Rev { .. } => {
                 let n = ty.rank();
                 let map: Vec<Lin> = (0..n).map(|j| Lin::var(n, j)).collect();
                 let mut inputs = Vec::new();
@@ -500,6 +557,10 @@ impl Fuser<'_> {
                 self.expr(ops[0], &slice_map(&start, &stride, map), nvars, inputs)
             }
             Op::ShardingConstraint(_) | Op::StopGradient => self.expr(ops[0], map, nvars, inputs),
+            Op::Rev { dims } => {
+                let from = g.ty(ops[0]).dims().to_vec();
+                self.expr(ops[0], &rev_map(&dims, &from, map), nvars, inputs)
+            }
             // Every contracting dim has size 1: a broadcast product, fused like elementwise ops.
             Op::DotGeneral(dd) if is_outer_product(&dd, g.ty(ops[0])) => {
                 let (lmap, rmap) = outer_product_maps(&dd, g.ty(ops[0]), g.ty(ops[1]), map, nvars);
@@ -518,7 +579,13 @@ impl Fuser<'_> {
             | Op::ArgMax { .. }
             | Op::Collective(_)
             | Op::Region(_)
-            | Op::GetResult { .. } => self.buffer_load(id, map, inputs),
+            | Op::GetResult { .. }
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. } => self.buffer_load(id, map, inputs),
         }
     }
 
@@ -825,6 +892,20 @@ fn transpose_map(perm: &[usize], map: &[Lin], nvars: usize) -> Vec<Lin> {
 }
 
 /// The operand index a `slice` reads: `start + stride * i` in every dim.
+/// The operand index of `rev` at result index `map`: `size - 1 - i` along each reversed dim.
+fn rev_map(dims: &[usize], from: &[usize], map: &[Lin]) -> Vec<Lin> {
+    map.iter()
+        .enumerate()
+        .map(|(d, l)| {
+            if dims.contains(&d) {
+                l.scale(-1).offset(from[d] as i64 - 1)
+            } else {
+                l.clone()
+            }
+        })
+        .collect()
+}
+
 fn slice_map(start: &[usize], stride: &[usize], map: &[Lin]) -> Vec<Lin> {
     map.iter()
         .enumerate()
@@ -865,7 +946,7 @@ fn is_outer_product(dd: &DotDims, lhs: &TensorType) -> bool {
 }
 
 /// Ops whose inline code is long (polynomial approximations or calls): never duplicated.
-fn is_transcendental(op: &Op) -> bool {
+pub(crate) fn is_transcendental(op: &Op) -> bool {
     use tessera_ir::{BinaryOp, UnaryOp};
     match op {
         Op::Unary(u) => match u {
@@ -933,7 +1014,14 @@ fn is_transcendental(op: &Op) -> bool {
         | Op::ShardingConstraint(_)
         | Op::StopGradient
         | Op::Region(_)
-        | Op::GetResult { .. } => false,
+        | Op::GetResult { .. }
+        | Op::Conv(_)
+        | Op::ReduceWindow { .. }
+        | Op::Gather(_)
+        | Op::Scatter(_)
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => false,
     }
 }
 
@@ -1044,7 +1132,12 @@ mod tests {
             .iter()
             .filter_map(|st| match &st.kind {
                 StepKind::Kernel(k) => Some(k),
-                StepKind::Gemm(_) | StepKind::Collective(_) | StepKind::Region(_) => None,
+                StepKind::Gemm(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_)
+                | StepKind::Indexed(_)
+                | StepKind::Native(_) => None,
             })
             .collect()
     }
@@ -1082,6 +1175,24 @@ mod tests {
             .sum();
         assert_eq!(tanhs, len);
         assert_eq!(ks.len(), len.div_ceil(MAX_FUSED_DEPTH - 1));
+    }
+
+    /// A kernel of a few tanh layers keeps the unrolled vector loop; a depth-capped chain of
+    /// 127 tanh (what a 100,000-op chain fuses into) gets one vector copy of its body.
+    #[test]
+    fn long_transcendental_bodies_are_not_unrolled() {
+        let chain = |len: usize| {
+            let ty = TensorType::new(DType::F32, vec![9]);
+            let mut g = Graph::new("chain");
+            let mut y = g.add_param(ty);
+            for _ in 0..len {
+                y = g.add(Op::Unary(UnaryOp::Tanh), &[y]).unwrap();
+            }
+            g.set_outputs(vec![y]);
+            kernels(&fuse(&g))[0].clone()
+        };
+        assert!(crate::lower::unrolls(&chain(3)));
+        assert!(!crate::lower::unrolls(&chain(MAX_FUSED_DEPTH - 1)));
     }
 
     /// A wide tree of single-use adds (shallow, so the depth cap does not apply) is cut at the

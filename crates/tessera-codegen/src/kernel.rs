@@ -9,7 +9,7 @@
 
 use std::fmt::Write;
 
-use tessera_ir::{BinaryOp, CompareOp, DType, UnaryOp};
+use tessera_ir::{BinaryOp, CompareOp, DType, Op, UnaryOp};
 
 /// `sum_j coef[j] * var[j] + c` over the kernel's loop variables.
 #[derive(Clone, Debug, PartialEq)]
@@ -223,6 +223,10 @@ pub struct Kernel {
     pub n_inputs: usize,
 }
 
+/// What an inline polynomial function weighs in `Kernel::code_weight` (tanh is ~100
+/// instructions on f32x4).
+pub const INLINE_FUNCTION_WEIGHT: usize = 16;
+
 impl Kernel {
     pub fn nvars(&self) -> usize {
         self.out_dims.len() + self.reduce.as_ref().map_or(0, |(_, d)| d.len())
@@ -234,9 +238,40 @@ impl Kernel {
         if let Some((c, dims)) = &self.reduce {
             write!(s, " reduce {c:?} over {dims:?}").unwrap();
         }
-        let mut ops = 0;
-        self.body.walk(&mut |_| ops += 1);
+        let ops = self.expr_nodes();
         write!(s, " ({ops} expression nodes, {} inputs)", self.n_inputs).unwrap();
         s
+    }
+
+    /// The nodes of the body.
+    pub fn expr_nodes(&self) -> usize {
+        let mut ops = 0;
+        self.body.walk(&mut |_| ops += 1);
+        ops
+    }
+
+    /// A rough size of one copy of the lowered body: a node is 1, a unary op with long
+    /// inline code (fusion's `is_transcendental`: exp, log, tanh, erf, sin, sqrt, ...) is
+    /// `INLINE_FUNCTION_WEIGHT`, about its instructions relative to an add's.
+    pub fn code_weight(&self) -> usize {
+        let mut w = 0;
+        self.body.walk(&mut |e| {
+            w += match e {
+                Expr::Unary(u, ..) if crate::fusion::is_transcendental(&Op::Unary(*u)) => {
+                    INLINE_FUNCTION_WEIGHT
+                }
+                Expr::Unary(..) => 1,
+                Expr::Load { .. }
+                | Expr::Const(..)
+                | Expr::Index(..)
+                | Expr::Binary(..)
+                | Expr::Compare(..)
+                | Expr::Select(..)
+                | Expr::Convert { .. }
+                | Expr::Bitcast { .. }
+                | Expr::Guard { .. } => 1,
+            }
+        });
+        w
     }
 }

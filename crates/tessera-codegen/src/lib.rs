@@ -14,9 +14,12 @@ pub mod approx;
 pub mod elem;
 pub mod exec;
 pub mod fusion;
+mod indexed;
 pub mod kernel;
 pub mod lower;
+mod native;
 pub mod plan;
+pub mod window;
 
 pub use exec::Executable;
 pub use lower::LowerError;
@@ -39,7 +42,11 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
                 kernel_steps.push(Some(kernels.len()));
                 kernels.push(k.clone());
             }
-            StepKind::Gemm(_) | StepKind::Collective(_) => kernel_steps.push(None),
+            StepKind::Gemm(_)
+            | StepKind::Collective(_)
+            | StepKind::Window(_)
+            | StepKind::Indexed(_)
+            | StepKind::Native(_) => kernel_steps.push(None),
             // Each body is a program of its own, compiled once (never per iteration); the
             // verifier bounds how deeply this recursion goes (`MAX_REGION_DEPTH`).
             StepKind::Region(r) => {

@@ -204,6 +204,24 @@ struct Lower<'a, 'b> {
     range: (Value, Value),
     /// The f32 functions generated code calls, declared on first use.
     calls: Option<approx::Calls>,
+    /// Whether vector loops run two vectors an iteration (a third copy of the body); off for
+    /// bodies over `UNROLL_MAX_WEIGHT`.
+    unroll: bool,
+}
+
+/// The largest kernel body (`Kernel::code_weight`) whose vector loop is unrolled twice.
+/// Compile time is linear in the code emitted, and an unrolled vector loop emits the body four
+/// times (two f32x4 copies, one f32x4 remainder, one scalar remainder): a long fused chain of
+/// transcendental functions (a 100,000-op program cut at the fusion depth cap) spent most of
+/// its compile time in those copies (`tests/deep.rs`, 381 s -> 167 s without them). Such
+/// bodies get one vector copy and the scalar remainder; what that costs their run time is not
+/// measured. A kernel with up to 16 inline functions (a GELU, a softmax, a tanh layer) is
+/// still unrolled.
+const UNROLL_MAX_WEIGHT: usize = 16 * crate::kernel::INLINE_FUNCTION_WEIGHT;
+
+/// Whether `k`'s vector loop runs two f32x4 copies of its body an iteration.
+pub(crate) fn unrolls(k: &Kernel) -> bool {
+    k.code_weight() <= UNROLL_MAX_WEIGHT
 }
 
 fn clif_type(d: DType) -> Type {
@@ -248,6 +266,7 @@ fn build(
         lane_var: None,
         range,
         calls: None,
+        unroll: unrolls(k),
     };
     l.kernel(k);
     l.b.ins().return_(&[]);
@@ -349,7 +368,7 @@ impl Lower<'_, '_> {
     }
 
     /// `for var in start..end` with `body` on f32x4 vectors: two vectors per iteration while
-    /// eight fit, then one while four fit, then scalars.
+    /// eight fit (when `self.unroll`), then one while four fit, then scalars.
     fn vector_loop(
         &mut self,
         var: usize,
@@ -357,6 +376,28 @@ impl Lower<'_, '_> {
         end: Value,
         body: &mut dyn FnMut(&mut Self, Lanes),
     ) {
+        let start = if self.unroll {
+            self.unrolled_vector_loop(var, start, end, body)
+        } else {
+            start
+        };
+        self.for_loop(var, start, end, 4, &mut |s| {
+            s.lane_var = Some(var);
+            body(s, Lanes::Four);
+            s.lane_var = None;
+        });
+        let at = self.b.use_var(self.vars[var]);
+        self.for_loop(var, at, end, 1, &mut |s| body(s, Lanes::One));
+    }
+
+    /// `for var in start..end step 8` with two f32x4 copies of `body`; returns where it stopped.
+    fn unrolled_vector_loop(
+        &mut self,
+        var: usize,
+        start: Value,
+        end: Value,
+        body: &mut dyn FnMut(&mut Self, Lanes),
+    ) -> Value {
         self.for_loop(var, start, end, 8, &mut |s| {
             s.lane_var = Some(var);
             let v = s.b.use_var(s.vars[var]);
@@ -367,14 +408,7 @@ impl Lower<'_, '_> {
             s.b.def_var(s.vars[var], v);
             s.lane_var = None;
         });
-        let at = self.b.use_var(self.vars[var]);
-        self.for_loop(var, at, end, 4, &mut |s| {
-            s.lane_var = Some(var);
-            body(s, Lanes::Four);
-            s.lane_var = None;
-        });
-        let at = self.b.use_var(self.vars[var]);
-        self.for_loop(var, at, end, 1, &mut |s| body(s, Lanes::One));
+        self.b.use_var(self.vars[var])
     }
 
     /// A reduction whose innermost result dimension is contiguous: the result is set to the

@@ -7,7 +7,10 @@
 //! has one member), or the runtime's shared-memory transport for sharded programs.
 
 pub mod elem;
+pub mod conv;
+mod gather;
 pub mod scalar;
+mod sorting;
 
 use std::collections::HashMap;
 
@@ -419,6 +422,21 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                 "region ops have several results: run them with run_region",
             ));
         }
+        Op::Conv(cd) => conv::conv(op, cd, args[0], args[1], ty)?,
+        Op::ReduceWindow { kind, win } => conv::reduce_window(op, *kind, win, args[0], ty)?,
+        Op::Gather(d) => gather::gather(d, args[0], args[1], ty),
+        Op::Scatter(d) => gather::scatter(d, args[0], args[1], args[2]),
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => sorting::sort(args, *dim, *num_keys, *output),
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => sorting::cumulative(*kind, *axis, *reverse, args[0]),
+        Op::Rev { dims } => sorting::rev(dims, args[0], ty),
     };
     if data.len() != ty.numel() || data.dtype() != ty.dtype {
         return Err(op_error(

@@ -6,8 +6,8 @@
 use tessera_interp::run;
 use tessera_ir::corpus::{Lcg, covered_op_names, op_samples, random_inputs};
 use tessera_ir::{
-    ALL_OP_NAMES, BinaryOp, CollectiveOp, CompareOp, DType, Data, Graph, Literal, Op,
-    REGION_OP_NAMES, ReduceKind, TensorType, UnaryOp,
+    ALL_OP_NAMES, BinaryOp, CollectiveOp, CompareOp, CumulativeKind, DType, Data, Graph, Literal,
+    Op, REGION_OP_NAMES, ReduceKind, TensorType, UnaryOp,
 };
 
 /// One element, widened.
@@ -340,6 +340,8 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
         Op::Region(_) | Op::GetResult { .. } => {
             unreachable!("region ops have no corpus sample (tessera-codegen/tests/regions.rs)")
         }
+        Op::Gather(d) => gather_reference(d, &args[0], in_ty(0), &args[1], in_ty(1), &ty),
+        Op::Scatter(d) => scatter_reference(d, &args, in_ty(0), in_ty(1), in_ty(2)),
         Op::Collective(CollectiveOp::AllReduce { .. })
         | Op::Collective(CollectiveOp::AllGather { .. })
         | Op::Collective(CollectiveOp::ReduceScatter { .. })
@@ -490,8 +492,220 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
                 iacc.into_iter().map(V::I).collect()
             }
         }
+        Op::Conv(cd) => conv_reference(cd, in_ty(0), in_ty(1), &args[0], &args[1], &ty),
+        Op::ReduceWindow { kind, win } => {
+            let x = in_ty(0);
+            let int = !x.dtype.is_float();
+            let init = match (kind, int) {
+                (ReduceKind::Sum, _) => 0.0,
+                (ReduceKind::Max, false) => f64::NEG_INFINITY,
+                (ReduceKind::Min, false) => f64::INFINITY,
+                (ReduceKind::Max, true) => -1e300,
+                (ReduceKind::Min, true) => 1e300,
+            };
+            let vals: Vec<f64> = args[0].iter().map(|v| v.f()).collect();
+            let (p, pd) = dilate_pad(&vals, x.dims(), &win.base_dilation, &win.padding, init);
+            indices(ty.dims())
+                .iter()
+                .map(|o| {
+                    let mut acc = init;
+                    for k in indices(&win.window) {
+                        let q: Vec<usize> = (0..o.len())
+                            .map(|d| o[d] * win.strides[d] + k[d] * win.window_dilation[d])
+                            .collect();
+                        let v = p[flat(&q, &pd)];
+                        acc = match kind {
+                            ReduceKind::Sum => acc + v,
+                            ReduceKind::Max => acc.max(v),
+                            ReduceKind::Min => acc.min(v),
+                        };
+                    }
+                    if int { V::I(acc as i64) } else { V::F(acc) }
+                })
+                .collect()
+        }
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => {
+            // The stable rank of each element: the elements of its lane with a smaller key, or
+            // an equal key and a smaller position (no NaN or -0 in the corpus's inputs).
+            let dims = in_ty(0).dims();
+            let key = |ix: &[usize]| -> Vec<f64> {
+                (0..*num_keys)
+                    .map(|k| args[k][flat(ix, dims)].f())
+                    .collect()
+            };
+            let mut out = vec![V::I(0); n];
+            for ix in indices(dims) {
+                let kx = key(&ix);
+                let mut rank = 0;
+                for j in 0..dims[*dim] {
+                    let mut jx = ix.clone();
+                    jx[*dim] = j;
+                    let kj = key(&jx);
+                    let before = kj.partial_cmp(&kx) == Some(std::cmp::Ordering::Less);
+                    if before || (kj == kx && j < ix[*dim]) {
+                        rank += 1;
+                    }
+                }
+                let mut dst = ix.clone();
+                dst[*dim] = rank;
+                out[flat(&dst, dims)] = args[*output][flat(&ix, dims)];
+            }
+            out
+        }
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => indices(ty.dims())
+            .iter()
+            .map(|ix| {
+                // Every element of the lane up to this one (from the end when reversed).
+                let len = ty.dims()[*axis];
+                let range: Vec<usize> = if *reverse {
+                    (ix[*axis]..len).collect()
+                } else {
+                    (0..=ix[*axis]).collect()
+                };
+                let vals: Vec<V> = range
+                    .into_iter()
+                    .map(|k| {
+                        let mut full = ix.clone();
+                        full[*axis] = k;
+                        args[0][flat(&full, ty.dims())]
+                    })
+                    .collect();
+                let float = ty.dtype.is_float();
+                match kind {
+                    CumulativeKind::Sum if float => V::F(vals.iter().map(|v| v.f()).sum()),
+                    CumulativeKind::Sum => {
+                        V::I(vals.iter().fold(0i64, |a, v| a.wrapping_add(v.i())))
+                    }
+                    CumulativeKind::Prod if float => V::F(vals.iter().map(|v| v.f()).product()),
+                    CumulativeKind::Prod => V::I(
+                        vals.iter()
+                            .fold(1i64, |a, v| (a.wrapping_mul(v.i())) & 0xffff_ffff),
+                    ),
+                    CumulativeKind::Max => *vals
+                        .iter()
+                        .max_by(|a, b| a.f().total_cmp(&b.f()))
+                        .expect("a lane holds this element"),
+                    CumulativeKind::Min => *vals
+                        .iter()
+                        .min_by(|a, b| a.f().total_cmp(&b.f()))
+                        .expect("a lane holds this element"),
+                }
+            })
+            .collect(),
+        Op::Rev { dims: rdims } => indices(ty.dims())
+            .iter()
+            .map(|ix| {
+                let mut src = ix.clone();
+                for &d in rdims {
+                    src[d] = ty.dims()[d] - 1 - ix[d];
+                }
+                args[0][flat(&src, ty.dims())]
+            })
+            .collect(),
     };
     r.into_iter().map(|v| narrow(ty.dtype, v)).collect()
+}
+
+/// The operand scattered into a dilated, padded copy (negative padding crops): element `i`
+/// lands at `i * dilation + lo`.
+fn dilate_pad(
+    v: &[f64],
+    dims: &[usize],
+    dil: &[usize],
+    pad: &[(i64, i64)],
+    fill: f64,
+) -> (Vec<f64>, Vec<usize>) {
+    let pd: Vec<usize> = (0..dims.len())
+        .map(|d| {
+            let n = if dims[d] == 0 {
+                0
+            } else {
+                (dims[d] - 1) * dil[d] + 1
+            } as i64;
+            (n + pad[d].0 + pad[d].1).max(0) as usize
+        })
+        .collect();
+    let mut out = vec![fill; pd.iter().product()];
+    for ix in indices(dims) {
+        let q: Vec<i64> = (0..dims.len())
+            .map(|d| ix[d] as i64 * dil[d] as i64 + pad[d].0)
+            .collect();
+        if q.iter().zip(&pd).all(|(&a, &n)| a >= 0 && (a as usize) < n) {
+            let q: Vec<usize> = q.iter().map(|&a| a as usize).collect();
+            out[flat(&q, &pd)] = v[flat(&ix, dims)];
+        }
+    }
+    (out, pd)
+}
+
+/// A conv written as XLA documents it: the lhs moved to canonical `[N, C, spatial]` order,
+/// dilated and padded; then every result element `[b, o, p]` sums
+/// `lhs[group batch, group channel, p * stride + k * rhs_dilation] * rhs[o, i, k]`.
+fn conv_reference(
+    cd: &tessera_ir::ConvDims,
+    lt: &TensorType,
+    rt: &TensorType,
+    l: &[V],
+    r: &[V],
+    ty: &TensorType,
+) -> Vec<V> {
+    let s = cd.spatial();
+    let canon = |t: &TensorType, spec: &[usize], v: &[V]| -> (Vec<f64>, Vec<usize>) {
+        let cd: Vec<usize> = spec.iter().map(|&d| t.dims()[d]).collect();
+        let mut out = vec![0.0; v.len()];
+        for ix in indices(t.dims()) {
+            let c: Vec<usize> = spec.iter().map(|&d| ix[d]).collect();
+            out[flat(&c, &cd)] = v[flat(&ix, t.dims())].f();
+        }
+        (out, cd)
+    };
+    let (lc, ldims) = canon(lt, &cd.lhs_spec, l);
+    let (rc, rdims) = canon(rt, &cd.rhs_spec, r);
+    let mut dil = vec![1, 1];
+    dil.extend(&cd.lhs_dilation);
+    let mut pad = vec![(0, 0), (0, 0)];
+    pad.extend(&cd.padding);
+    let (p, pd) = dilate_pad(&lc, &ldims, &dil, &pad, 0.0);
+    let (fg, bg) = (cd.feature_group_count, cd.batch_group_count);
+    let (o_feat, cin) = (rdims[0], rdims[1]);
+    let nb = ldims[0] / bg;
+    let mut odims = vec![ty.dims()[cd.out_spec[0]], ty.dims()[cd.out_spec[1]]];
+    odims.extend((0..s).map(|j| ty.dims()[cd.out_spec[2 + j]]));
+    let mut canon_out = vec![0.0; ty.numel()];
+    for o in indices(&odims) {
+        let (b, f) = (o[0], o[1]);
+        let ch0 = f / (o_feat / fg) * cin;
+        let lb = f / (o_feat / bg) * nb + b;
+        let mut acc = 0.0;
+        for i in 0..cin {
+            for k in indices(&rdims[2..]) {
+                let mut q = vec![lb, ch0 + i];
+                q.extend((0..s).map(|j| o[2 + j] * cd.strides[j] + k[j] * cd.rhs_dilation[j]));
+                let mut ri = vec![f, i];
+                if cd.window_reversal {
+                    ri.extend(k.iter().zip(&rdims[2..]).map(|(&a, &n)| n - 1 - a));
+                } else {
+                    ri.extend(&k);
+                }
+                acc += p[flat(&q, &pd)] * rc[flat(&ri, &rdims)];
+            }
+        }
+        canon_out[flat(&o, &odims)] = acc;
+    }
+    let mut out = vec![V::F(0.0); ty.numel()];
+    for ix in indices(ty.dims()) {
+        let c: Vec<usize> = cd.out_spec.iter().map(|&d| ix[d]).collect();
+        out[flat(&ix, ty.dims())] = V::F(canon_out[flat(&c, &odims)]);
+    }
+    out
 }
 
 fn close(d: DType, got: V, want: V) -> bool {
@@ -579,4 +793,191 @@ fn collectives_over_real_groups_need_the_runtime() {
     let g = tessera_ir::parse("mesh @m = <\"x\"=2>\nfunc @f(%0: f32[2]) {\n  %1 = all_reduce %0 sum axes=[\"x\"] : f32[2]\n  return %1\n}\n").unwrap();
     let err = run(&g, &[Literal::zeros(&TensorType::new(DType::F32, vec![2]))]).unwrap_err();
     assert!(err.to_string().contains("sharded runtime"), "{err}");
+}
+
+/// For each batch position of the indices (the indices' dims but `index_vector_dim`, row-major):
+/// its start vector, as the operand index of the window's first element per indexed dim, with
+/// `None` where a `fill`/`drop` window is out of bounds.
+#[allow(clippy::too_many_arguments)] // the scatter reference mirrors XLA's dimension numbers one by one
+fn window_starts(
+    index_vector_dim: usize,
+    to_operand: &[usize],
+    batching: &[(usize, usize)],
+    clip: bool,
+    window: &[usize],
+    operand_dims: &[usize],
+    idx: &[V],
+    idx_dims: &[usize],
+) -> Vec<(Vec<usize>, Option<Vec<usize>>)> {
+    let batch_dims: Vec<usize> = (0..idx_dims.len())
+        .filter(|&d| d != index_vector_dim)
+        .collect();
+    let extents: Vec<usize> = batch_dims.iter().map(|&d| idx_dims[d]).collect();
+    indices(&extents)
+        .into_iter()
+        .map(|pos| {
+            let mut start = vec![0usize; operand_dims.len()];
+            let mut ok = true;
+            for (k, &od) in to_operand.iter().enumerate() {
+                let mut full = vec![0usize; idx_dims.len()];
+                for (j, &d) in batch_dims.iter().enumerate() {
+                    full[d] = pos[j];
+                }
+                if index_vector_dim < idx_dims.len() {
+                    full[index_vector_dim] = k;
+                }
+                let v = idx[flat(&full, idx_dims)].i();
+                let hi = operand_dims[od] as i64 - window[od] as i64;
+                if hi < 0 {
+                    ok = false;
+                } else if clip {
+                    start[od] = v.max(0).min(hi) as usize;
+                } else if v < 0 || v > hi {
+                    ok = false;
+                } else {
+                    start[od] = v as usize;
+                }
+            }
+            for &(od, id) in batching {
+                let j = batch_dims.iter().position(|&d| d == id).unwrap();
+                start[od] = pos[j];
+            }
+            (pos, ok.then_some(start))
+        })
+        .collect()
+}
+
+fn gather_reference(
+    d: &tessera_ir::GatherDims,
+    x: &[V],
+    xt: &TensorType,
+    idx: &[V],
+    it: &TensorType,
+    ty: &TensorType,
+) -> Vec<V> {
+    let fill = narrow(ty.dtype, V::F(d.fill));
+    let mut out = vec![fill; ty.numel()];
+    let batching: Vec<(usize, usize)> = d
+        .operand_batching_dims
+        .iter()
+        .copied()
+        .zip(d.start_indices_batching_dims.iter().copied())
+        .collect();
+    let clip = d.mode == tessera_ir::IndexMode::Clip;
+    let kept: Vec<usize> = (0..xt.rank())
+        .filter(|o| !d.collapsed_slice_dims.contains(o) && !d.operand_batching_dims.contains(o))
+        .collect();
+    let batch_out: Vec<usize> = (0..ty.rank())
+        .filter(|o| !d.offset_dims.contains(o))
+        .collect();
+    let starts = window_starts(
+        d.index_vector_dim,
+        &d.start_index_map,
+        &batching,
+        clip,
+        &d.slice_sizes,
+        xt.dims(),
+        idx,
+        it.dims(),
+    );
+    for (pos, start) in starts {
+        let Some(start) = start else { continue };
+        // Copy the window element by element into its place in the result.
+        for w in indices(&d.slice_sizes) {
+            let src: Vec<usize> = start.iter().zip(&w).map(|(s, o)| s + o).collect();
+            let mut dst = vec![0usize; ty.rank()];
+            for (j, &o) in batch_out.iter().enumerate() {
+                dst[o] = pos[j];
+            }
+            for (j, &o) in d.offset_dims.iter().enumerate() {
+                dst[o] = w[kept[j]];
+            }
+            out[flat(&dst, ty.dims())] = x[flat(&src, xt.dims())];
+        }
+    }
+    out
+}
+
+fn scatter_reference(
+    d: &tessera_ir::ScatterDims,
+    args: &[Vec<V>],
+    xt: &TensorType,
+    it: &TensorType,
+    ut: &TensorType,
+) -> Vec<V> {
+    use tessera_ir::ScatterKind;
+    let mut out = args[0].clone();
+    let kept: Vec<usize> = (0..xt.rank())
+        .filter(|o| !d.inserted_window_dims.contains(o) && !d.input_batching_dims.contains(o))
+        .collect();
+    let mut window = vec![1usize; xt.rank()];
+    for (j, &o) in kept.iter().enumerate() {
+        window[o] = ut.dims()[d.update_window_dims[j]];
+    }
+    let batching: Vec<(usize, usize)> = d
+        .input_batching_dims
+        .iter()
+        .copied()
+        .zip(d.scatter_indices_batching_dims.iter().copied())
+        .collect();
+    let scatter_upd: Vec<usize> = (0..ut.rank())
+        .filter(|o| !d.update_window_dims.contains(o))
+        .collect();
+    let starts = window_starts(
+        d.index_vector_dim,
+        &d.scatter_dims_to_operand_dims,
+        &batching,
+        d.mode == tessera_ir::IndexMode::Clip,
+        &window,
+        xt.dims(),
+        &args[1],
+        it.dims(),
+    );
+    // Every (update index, operand index) pair, applied in row-major order of the updates.
+    let mut writes: Vec<(usize, usize)> = Vec::new();
+    for (pos, start) in starts {
+        let Some(start) = start else { continue };
+        for w in indices(&window) {
+            let dst: Vec<usize> = start.iter().zip(&w).map(|(s, o)| s + o).collect();
+            let mut u = vec![0usize; ut.rank()];
+            for (j, &o) in scatter_upd.iter().enumerate() {
+                u[o] = pos[j];
+            }
+            for (j, &o) in d.update_window_dims.iter().enumerate() {
+                u[o] = w[kept[j]];
+            }
+            writes.push((flat(&u, ut.dims()), flat(&dst, xt.dims())));
+        }
+    }
+    writes.sort();
+    for (u, t) in writes {
+        let (a, b) = (out[t], args[2][u]);
+        out[t] = match (d.kind, a, b) {
+            (ScatterKind::Set, _, b) => b,
+            (ScatterKind::Add, V::I(a), V::I(b)) => V::I(a.wrapping_add(b)),
+            (ScatterKind::Mul, V::I(a), V::I(b)) => V::I(a.wrapping_mul(b)),
+            (ScatterKind::Add, a, b) => V::F(a.f() + b.f()),
+            (ScatterKind::Mul, a, b) => V::F(a.f() * b.f()),
+            (ScatterKind::Min, V::F(a), V::F(b)) if a.is_nan() || b.is_nan() => V::F(f64::NAN),
+            (ScatterKind::Max, V::F(a), V::F(b)) if a.is_nan() || b.is_nan() => V::F(f64::NAN),
+            (ScatterKind::Min, V::B(a), V::B(b)) => V::B(a && b),
+            (ScatterKind::Max, V::B(a), V::B(b)) => V::B(a || b),
+            (ScatterKind::Min, a, b) => {
+                if b.f() < a.f() {
+                    b
+                } else {
+                    a
+                }
+            }
+            (ScatterKind::Max, a, b) => {
+                if b.f() > a.f() {
+                    b
+                } else {
+                    a
+                }
+            }
+        };
+        out[t] = narrow(xt.dtype, out[t]);
+    }
+    out
 }

@@ -262,6 +262,7 @@ pub fn op_samples() -> Vec<Sample> {
             &[t(d, &[3, 6, 2])],
             None,
         ));
+        out.extend(crate::sorting::corpus::samples(d));
         out.push(one(
             format!("dot_general.{d}"),
             Op::DotGeneral(DotDims {
@@ -280,6 +281,64 @@ pub fn op_samples() -> Vec<Sample> {
             None,
         ));
     }
+    // The windowed ops (`conv.rs`): a grouped, strided, dilated, padded NCHW conv, an NHWC/HWIO
+    // one, one with a batch group, one with a zero-size batch; reduce_window of every kind.
+    for d in [F32, F64] {
+        let mut cd = crate::conv::ConvDims::nchw(2);
+        cd.strides = vec![2, 1];
+        cd.padding = vec![(1, 1), (0, 2)];
+        cd.lhs_dilation = vec![1, 2];
+        cd.rhs_dilation = vec![2, 1];
+        cd.feature_group_count = 2;
+        out.push(one(
+            format!("conv_general_dilated.{d}"),
+            Op::Conv(Box::new(cd)),
+            &[t(d, &[2, 4, 5, 4]), t(d, &[6, 2, 2, 3])],
+            None,
+        ));
+        let mut nhwc = crate::conv::ConvDims::nchw(2);
+        nhwc.lhs_spec = vec![0, 3, 1, 2];
+        nhwc.rhs_spec = vec![3, 2, 0, 1];
+        nhwc.out_spec = vec![0, 3, 1, 2];
+        nhwc.padding = vec![(1, 1), (1, 1)];
+        nhwc.window_reversal = true;
+        out.push(one(
+            format!("conv_nhwc.{d}"),
+            Op::Conv(Box::new(nhwc.clone())),
+            &[t(d, &[2, 4, 3, 3]), t(d, &[3, 3, 3, 4])],
+            None,
+        ));
+        let mut bg = crate::conv::ConvDims::nchw(1);
+        bg.batch_group_count = 2;
+        out.push(one(
+            format!("conv_batch_group.{d}"),
+            Op::Conv(Box::new(bg)),
+            &[t(d, &[4, 3, 5]), t(d, &[4, 3, 2])],
+            None,
+        ));
+        out.push(one(
+            format!("conv_empty_batch.{d}"),
+            Op::Conv(Box::new(nhwc)),
+            &[t(d, &[0, 4, 3, 3]), t(d, &[3, 3, 3, 4])],
+            None,
+        ));
+    }
+    for kind in ReduceKind::ALL {
+        for d in numeric {
+            let mut win = crate::conv::WindowDims::new(vec![1, 3, 2], vec![1, 2, 1]);
+            win.padding = vec![(0, 0), (1, 1), (0, 1)];
+            win.window_dilation = vec![1, 1, 2];
+            out.push(one(
+                format!("{}.{d}", crate::conv::reduce_window_name(kind)),
+                Op::ReduceWindow {
+                    kind,
+                    win: Box::new(win),
+                },
+                &[t(d, &[2, 5, 6])],
+                None,
+            ));
+        }
+    }
     out.push(one(
         "constant.bool".into(),
         Op::Constant(Literal::new([3], Data::Bool(vec![true, false, true])).expect("three")),
@@ -294,6 +353,9 @@ pub fn op_samples() -> Vec<Sample> {
         &[],
         Some(Mesh::new("mesh", vec![("x".into(), 1), ("y".into(), 1)])),
     ));
+    for (name, op, params) in crate::gather::corpus_samples() {
+        out.push(one(name, op, &params, None));
+    }
     out
 }
 
@@ -344,6 +406,8 @@ pub fn random_inputs(sample: &Sample, rng: &mut Lcg) -> Vec<Literal> {
         Op::Unary(UnaryOp::Acosh) => (1.1, 4.0),
         // Away from tan's poles at +-pi/2, for finite differences.
         Op::Unary(UnaryOp::Tan) => (-1.2, 1.2),
+        // Integer indices from -2 to 7: in and out of bounds of the samples' dims.
+        Op::Gather(_) | Op::Scatter(_) => (-0.2, 0.7),
         // tidy: allow-wildcard(a default input range for test samples, not per-op policy)
         _ if shift => (0.0, 40.0),
         // tidy: allow-wildcard(a default input range for test samples, not per-op policy)

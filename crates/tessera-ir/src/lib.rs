@@ -5,8 +5,10 @@
 //! Architecture invariant: this crate depends on no other Tessera crate, and on no egg, no
 //! Cranelift and no threads. Meshes and shardings appear here as plain data only.
 
+pub mod conv;
 pub mod corpus;
 pub mod dot;
+pub mod gather;
 pub mod graph;
 pub mod literal;
 pub mod op;
@@ -14,9 +16,12 @@ pub mod parse;
 pub mod print;
 pub mod region;
 pub mod sharding;
+pub mod sorting;
 pub mod types;
 pub mod verify;
 
+pub use conv::{ConvDims, WindowDims};
+pub use gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 pub use graph::{Graph, Node, NodeId};
 pub use literal::{Data, DataElement, DataError, Literal};
 pub use op::{
@@ -27,5 +32,6 @@ pub use parse::{ParseError, parse};
 pub use print::{attrs_text, print};
 pub use region::{MAX_REGION_DEPTH, REGION_OP_NAMES, RegionOp};
 pub use sharding::{DimSharding, Mesh, Sharding};
+pub use sorting::CumulativeKind;
 pub use types::{DType, MAX_TENSOR_BYTES, Shape, TensorType};
 pub use verify::{VerifyError, verify};

@@ -7,9 +7,12 @@
 
 use std::fmt;
 
+use crate::conv::{ConvDims, WindowDims};
+pub use crate::gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 use crate::literal::Literal;
 use crate::region::RegionOp;
 use crate::sharding::{Mesh, Sharding};
+use crate::sorting::CumulativeKind;
 use crate::types::{DType, Shape, TensorType};
 
 /// Elementwise ops of one operand.
@@ -401,9 +404,9 @@ pub enum OpClass {
     /// Moves or copies elements without arithmetic: broadcast, reshape, transpose, slice,
     /// concatenate, pad.
     Movement,
-    /// Combines elements along axes: `reduce_*`, `argmax`.
+    /// Combines elements along axes: `reduce_*`, `argmax`, `reduce_window_*`.
     Reduction,
-    /// `dot_general`.
+    /// `dot_general`, `conv_general_dilated`.
     Dot,
     /// Runs over a group of devices ([`CollectiveOp`]).
     Collective,
@@ -483,6 +486,37 @@ pub enum Op {
     GetResult {
         index: usize,
         ty: TensorType,
+    },
+    /// `conv_general_dilated lhs, rhs` (`lax.conv_general_dilated`; see `conv.rs`).
+    Conv(Box<ConvDims>),
+    /// A sum, max or min over a sliding window (`lax.reduce_window`; see `conv.rs`); the
+    /// padding holds the reduction's identity (0, -inf / the lowest int, +inf / the highest).
+    ReduceWindow {
+        kind: ReduceKind,
+        win: Box<WindowDims>,
+    },
+    /// `gather operand, indices`: slices of the operand at start indices read from `indices`
+    /// (XLA's gather; dimension numbers and out-of-bounds modes in `gather.rs`).
+    Gather(Box<GatherDims>),
+    /// `scatter operand, indices, updates`: the operand with update windows combined in at
+    /// start indices read from `indices` (XLA's scatter; `gather.rs`).
+    Scatter(Box<ScatterDims>),
+    /// `lax.sort` of same-shaped operands along `dim`, stable, lexicographic over the first
+    /// `num_keys`; the value is operand `output` permuted (see `sorting.rs`).
+    Sort {
+        dim: usize,
+        num_keys: usize,
+        output: usize,
+    },
+    /// `lax.cumsum`/`cumprod`/`cummax`/`cummin` along `axis` (from the end when `reverse`).
+    Cumulative {
+        kind: CumulativeKind,
+        axis: usize,
+        reverse: bool,
+    },
+    /// `lax.rev`: reverses the order of elements along each of `dims`.
+    Rev {
+        dims: Vec<usize>,
     },
 }
 
@@ -569,6 +603,18 @@ pub const ALL_OP_NAMES: &[&str] = &[
     "atanh",
     "exp2",
     "atan2",
+    "conv_general_dilated",
+    "reduce_window_sum",
+    "reduce_window_max",
+    "reduce_window_min",
+    "gather",
+    "scatter",
+    "sort",
+    "cumsum",
+    "cumprod",
+    "cummax",
+    "cummin",
+    "rev",
 ];
 
 /// A type rule rejected an op's operands or attributes.
@@ -622,6 +668,13 @@ impl Op {
             Op::StopGradient => "stop_gradient",
             Op::Region(r) => r.name(),
             Op::GetResult { .. } => "get_result",
+            Op::Conv(_) => "conv_general_dilated",
+            Op::ReduceWindow { kind, .. } => crate::conv::reduce_window_name(*kind),
+            Op::Gather(_) => "gather",
+            Op::Scatter(_) => "scatter",
+            Op::Sort { .. } => "sort",
+            Op::Cumulative { kind, .. } => kind.name(),
+            Op::Rev { .. } => "rev",
         }
     }
 
@@ -663,7 +716,14 @@ impl Op {
             | Op::ShardingConstraint(_)
             | Op::StopGradient
             | Op::Region(_)
-            | Op::GetResult { .. } => &[],
+            | Op::GetResult { .. }
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => &[],
         }
     }
 
@@ -687,6 +747,12 @@ impl Op {
             Op::Collective(_) => OpClass::Collective,
             Op::ShardingConstraint(_) | Op::StopGradient => OpClass::Annotation,
             Op::Region(_) | Op::GetResult { .. } => OpClass::Region,
+            Op::Conv(_) => OpClass::Dot,
+            Op::ReduceWindow { .. } => OpClass::Reduction,
+            Op::Gather(_) => OpClass::Movement,
+            Op::Scatter(_) => OpClass::Reduction,
+            Op::Sort { .. } | Op::Cumulative { .. } => OpClass::Reduction,
+            Op::Rev { .. } => OpClass::Movement,
         }
     }
 
@@ -708,8 +774,14 @@ impl Op {
             | Op::StopGradient
             | Op::GetResult { .. } => 1,
             Op::Binary(_) | Op::Compare(_) | Op::DotGeneral(_) | Op::Pad { .. } => 2,
+            Op::ReduceWindow { .. } => 1,
+            Op::Conv(_) => 2,
             Op::Select => 3,
+            Op::Gather(_) => 2,
+            Op::Scatter(_) => 3,
             Op::Concatenate { .. } | Op::Region(_) => return None,
+            Op::Sort { .. } => return None,
+            Op::Cumulative { .. } | Op::Rev { .. } => 1,
         })
     }
 
@@ -778,6 +850,26 @@ impl Op {
             Op::StopGradient => Ok(cx.operands[0].clone()),
             Op::Region(r) => rules::region::region(&cx, r),
             Op::GetResult { ty, .. } => rules::region::get_result(&cx, ty),
+            Op::Conv(cd) => {
+                crate::conv::conv_type(cd, operands[0], operands[1]).map_err(|e| cx.fail(e))
+            }
+            Op::ReduceWindow { win, .. } => {
+                crate::conv::reduce_window_type(win, operands[0]).map_err(|e| cx.fail(e))
+            }
+            Op::Gather(d) => d.infer(operands[0], operands[1]).map_err(|e| cx.fail(e)),
+            Op::Scatter(d) => d
+                .infer(operands[0], operands[1], operands[2])
+                .map_err(|e| cx.fail(e)),
+            Op::Sort {
+                dim,
+                num_keys,
+                output,
+            } => crate::sorting::sort_type(operands, *dim, *num_keys, *output)
+                .map_err(|e| cx.fail(e)),
+            Op::Cumulative { kind, axis, .. } => {
+                crate::sorting::cumulative_type(operands[0], *kind, *axis).map_err(|e| cx.fail(e))
+            }
+            Op::Rev { dims } => crate::sorting::rev_type(operands[0], dims).map_err(|e| cx.fail(e)),
         }?;
         ty.check_size().map_err(|e| cx.fail(e))?;
         Ok(ty)

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 
+use crate::gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 use crate::graph::{Graph, NodeId};
 use crate::literal::{Data, Literal};
 use crate::op::{BinaryOp, CollectiveOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
@@ -996,12 +997,36 @@ fn build_op(
         "collective_permute" => &["axes", "pairs"],
         "sharding_constraint" => &["sharding"],
         "get_result" => &["index"],
+        "conv_general_dilated" => &[
+            "lhs_spec",
+            "rhs_spec",
+            "out_spec",
+            "strides",
+            "padding",
+            "lhs_dilation",
+            "rhs_dilation",
+            "feature_group_count",
+            "batch_group_count",
+            "window_reversal",
+        ],
+        "reduce_window_sum" | "reduce_window_max" | "reduce_window_min" => &[
+            "window",
+            "strides",
+            "padding",
+            "base_dilation",
+            "window_dilation",
+        ],
+        "gather" => crate::gather::GATHER_ATTRS,
+        "scatter" => crate::gather::SCATTER_ATTRS,
+        "sort" => &["dim", "keys", "output"],
+        "cumsum" | "cumprod" | "cummax" | "cummin" => &["axis", "reverse"],
+        "rev" => &["dims"],
         _ => &[],
     };
     if let Some((k, _)) = attrs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
         return Err(format!("unknown attribute '{k}'"));
     }
-    if kind.is_some() && !matches!(mnemonic, "all_reduce" | "reduce_scatter") {
+    if kind.is_some() && !matches!(mnemonic, "all_reduce" | "reduce_scatter" | "scatter") {
         return Err(format!("unexpected word '{}'", kind.unwrap_or_default()));
     }
     if let Some(u) = UnaryOp::ALL.into_iter().find(|u| u.name() == mnemonic) {
@@ -1123,7 +1148,170 @@ fn build_op(
             index: uint_attr(attrs, "index")?,
             ty: ty.clone(),
         },
+        "conv_general_dilated" => {
+            let lhs_spec = uint_list_attr(attrs, "lhs_spec")?;
+            let s = lhs_spec.len().saturating_sub(2);
+            let opt_list = |key: &str| -> Result<Vec<usize>, String> {
+                match get(attrs, key) {
+                    Some(a) => uints(as_list(a, key)?, key),
+                    None => Ok(vec![1; s]),
+                }
+            };
+            let opt_uint = |key: &str| -> Result<usize, String> {
+                match get(attrs, key) {
+                    Some(a) => as_uint(a, key),
+                    None => Ok(1),
+                }
+            };
+            Op::Conv(Box::new(crate::conv::ConvDims {
+                rhs_spec: uint_list_attr(attrs, "rhs_spec")?,
+                out_spec: uint_list_attr(attrs, "out_spec")?,
+                strides: uint_list_attr(attrs, "strides")?,
+                padding: pad_pairs(need(attrs, "padding")?)?,
+                lhs_dilation: opt_list("lhs_dilation")?,
+                rhs_dilation: opt_list("rhs_dilation")?,
+                feature_group_count: opt_uint("feature_group_count")?,
+                batch_group_count: opt_uint("batch_group_count")?,
+                window_reversal: match get(attrs, "window_reversal") {
+                    None => false,
+                    Some(a) => match as_uint(a, "window_reversal")? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err("attribute 'window_reversal' is 0 or 1".into()),
+                    },
+                },
+                lhs_spec,
+            }))
+        }
+        "reduce_window_sum" | "reduce_window_max" | "reduce_window_min" => {
+            let window = uint_list_attr(attrs, "window")?;
+            let n = window.len();
+            let opt_list = |key: &str| -> Result<Vec<usize>, String> {
+                match get(attrs, key) {
+                    Some(a) => uints(as_list(a, key)?, key),
+                    None => Ok(vec![1; n]),
+                }
+            };
+            Op::ReduceWindow {
+                kind: reduce_kind(mnemonic.strip_prefix("reduce_window_"))?,
+                win: Box::new(crate::conv::WindowDims {
+                    strides: uint_list_attr(attrs, "strides")?,
+                    padding: match get(attrs, "padding") {
+                        Some(a) => pad_pairs(a)?,
+                        None => vec![(0, 0); n],
+                    },
+                    base_dilation: opt_list("base_dilation")?,
+                    window_dilation: opt_list("window_dilation")?,
+                    window,
+                }),
+            }
+        }
+        "gather" => Op::Gather(Box::new(gather_attrs(attrs)?)),
+        "scatter" => Op::Scatter(Box::new(scatter_attrs(kind, attrs)?)),
+        "sort" => Op::Sort {
+            dim: uint_attr(attrs, "dim")?,
+            num_keys: uint_attr(attrs, "keys")?,
+            output: uint_attr(attrs, "output")?,
+        },
+        "cumsum" | "cumprod" | "cummax" | "cummin" => Op::Cumulative {
+            kind: tessera_cumulative_kind(mnemonic)?,
+            axis: uint_attr(attrs, "axis")?,
+            reverse: match get(attrs, "reverse") {
+                None => false,
+                Some(_) => match uint_attr(attrs, "reverse")? {
+                    0 => false,
+                    1 => true,
+                    r => return Err(format!("attribute 'reverse' must be 0 or 1, got {r}")),
+                },
+            },
+        },
+        "rev" => Op::Rev {
+            dims: uint_list_attr(attrs, "dims")?,
+        },
         "parameter" => return Err("parameters are declared in the function signature".into()),
         _ => return Err("unknown op".into()),
     })
+}
+
+/// A `padding=[[lo,hi],...]` attribute.
+fn pad_pairs(a: &Attr) -> Result<Vec<(i64, i64)>, String> {
+    as_list(a, "padding")?
+        .iter()
+        .map(
+            |p| match ints(as_list(p, "padding")?, "padding")?.as_slice() {
+                [lo, hi] => Ok((*lo, *hi)),
+                _ => Err("each entry of 'padding' is [lo,hi]".to_string()),
+            },
+        )
+        .collect()
+}
+
+fn cross_attr(attrs: &[(String, Attr)], key: &str) -> Result<(Vec<usize>, Vec<usize>), String> {
+    match get(attrs, key) {
+        None => Ok((vec![], vec![])),
+        Some(Attr::Cross(l, r)) => Ok((uints(l, key)?, uints(r, key)?)),
+        Some(_) => Err(format!("attribute '{key}' must read [..]x[..]")),
+    }
+}
+
+fn mode_attr(attrs: &[(String, Attr)], scatter: bool) -> Result<IndexMode, String> {
+    let word = match need(attrs, "mode")? {
+        Attr::Word(w) => w.as_str(),
+        _ => return Err("attribute 'mode' must be a word".into()),
+    };
+    [IndexMode::Clip, IndexMode::Fill]
+        .into_iter()
+        .find(|m| m.name(scatter) == word)
+        .ok_or_else(|| {
+            format!(
+                "unknown mode '{word}' (clip or {})",
+                IndexMode::Fill.name(scatter)
+            )
+        })
+}
+
+fn gather_attrs(attrs: &[(String, Attr)]) -> Result<GatherDims, String> {
+    let (operand_batching_dims, start_indices_batching_dims) = cross_attr(attrs, "batching")?;
+    let mode = mode_attr(attrs, false)?;
+    let fill = match (mode, get(attrs, "fill")) {
+        (IndexMode::Fill, Some(Attr::Int(n))) => *n as f64,
+        (IndexMode::Fill, Some(Attr::Word(w))) => w
+            .parse::<f64>()
+            .map_err(|_| format!("fill '{w}' is not a number"))?,
+        (IndexMode::Fill, _) => return Err("a gather of mode fill needs 'fill=<value>'".into()),
+        (IndexMode::Clip, None) => 0.0,
+        (IndexMode::Clip, Some(_)) => return Err("only a gather of mode fill has a 'fill'".into()),
+    };
+    Ok(GatherDims {
+        offset_dims: uint_list_attr(attrs, "offset_dims")?,
+        collapsed_slice_dims: uint_list_attr(attrs, "collapsed")?,
+        start_index_map: uint_list_attr(attrs, "start_index_map")?,
+        operand_batching_dims,
+        start_indices_batching_dims,
+        index_vector_dim: uint_attr(attrs, "index_vector_dim")?,
+        slice_sizes: uint_list_attr(attrs, "slice_sizes")?,
+        mode,
+        fill,
+    })
+}
+
+fn scatter_attrs(kind: Option<&str>, attrs: &[(String, Attr)]) -> Result<ScatterDims, String> {
+    let k = kind.ok_or("missing the combiner (set, add, mul, min or max)")?;
+    let kind = ScatterKind::from_name(k).ok_or_else(|| format!("unknown combiner '{k}'"))?;
+    let (input_batching_dims, scatter_indices_batching_dims) = cross_attr(attrs, "batching")?;
+    Ok(ScatterDims {
+        kind,
+        update_window_dims: uint_list_attr(attrs, "window_dims")?,
+        inserted_window_dims: uint_list_attr(attrs, "inserted")?,
+        scatter_dims_to_operand_dims: uint_list_attr(attrs, "to_operand")?,
+        input_batching_dims,
+        scatter_indices_batching_dims,
+        index_vector_dim: uint_attr(attrs, "index_vector_dim")?,
+        mode: mode_attr(attrs, true)?,
+    })
+}
+
+fn tessera_cumulative_kind(mnemonic: &str) -> Result<crate::sorting::CumulativeKind, String> {
+    crate::sorting::CumulativeKind::from_name(mnemonic)
+        .ok_or_else(|| format!("unknown cumulative op '{mnemonic}'"))
 }

@@ -216,5 +216,22 @@ pub fn attrs_text(op: &Op) -> String {
         Op::StopGradient => String::new(),
         Op::Region(r) => r.attrs_text(),
         Op::GetResult { index, .. } => format!("index={index}"),
+        Op::Conv(cd) => crate::conv::conv_attrs(cd),
+        Op::ReduceWindow { win, .. } => crate::conv::window_attrs(win),
+        Op::Gather(d) => crate::gather::gather_attrs_text(d),
+        Op::Scatter(d) => crate::gather::scatter_attrs_text(d),
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => format!("dim={dim} keys={num_keys} output={output}"),
+        Op::Cumulative { axis, reverse, .. } => {
+            if *reverse {
+                format!("axis={axis} reverse=1")
+            } else {
+                format!("axis={axis}")
+            }
+        }
+        Op::Rev { dims } => format!("dims={}", ints(dims)),
     }
 }

@@ -62,7 +62,14 @@ impl Node {
             | Op::ShardingConstraint(_)
             | Op::StopGradient
             | Op::Region(_)
-            | Op::GetResult { .. } => format!("{op:?}"),
+            | Op::GetResult { .. }
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => format!("{op:?}"),
         };
         if let Some(t) = &param_ty {
             key.push_str(&format!(" : {t}"));
@@ -224,7 +231,14 @@ impl egg::Analysis<Node> for TensorAnalysis {
             | Op::ShardingConstraint(_)
             | Op::StopGradient
             | Op::Region(_)
-            | Op::GetResult { .. } => constant
+            | Op::GetResult { .. }
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => constant
                 .as_ref()
                 .filter(|l| l.data.len() == 1)
                 .map(|l| l.data.get_f64(0)),

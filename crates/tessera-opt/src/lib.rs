@@ -119,7 +119,22 @@ impl CostFunction<Node> for Cost<'_> {
             | Op::StopGradient
             // A region's cost is its bodies'; it has no alternative to be weighed against.
             | Op::Region(_)
-            | Op::GetResult { .. } => bytes + numel,
+            | Op::GetResult { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_) => bytes + numel,
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => bytes + numel,
+            // A comparison sort: n log n comparisons per lane, over every element.
+            Op::Sort { .. } => bytes + numel * (numel.max(2.0)).log2(),
+            // A multiply-add per result element and kernel element it reads (as dot's).
+            Op::Conv(_) | Op::ReduceWindow { .. } => {
+                let k: f64 = enode
+                    .children()
+                    .get(1)
+                    .and_then(|&c| self.egraph[c].data.ty.clone())
+                    .map_or(1.0, |t| t.numel() as f64 / t.dims().first().map_or(1, |&d| d.max(1)) as f64);
+                bytes + 2.0 * numel * k
+            }
         };
         own + children
     }

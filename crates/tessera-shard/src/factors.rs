@@ -38,7 +38,7 @@ pub struct FactorRule {
 }
 
 impl FactorRule {
-    fn new(n_operands: usize) -> FactorRule {
+    pub(crate) fn new(n_operands: usize) -> FactorRule {
         FactorRule {
             sizes: Vec::new(),
             kinds: Vec::new(),
@@ -47,7 +47,7 @@ impl FactorRule {
         }
     }
 
-    fn factor(&mut self, size: usize, kind: FactorKind) -> usize {
+    pub(crate) fn factor(&mut self, size: usize, kind: FactorKind) -> usize {
         self.sizes.push(size);
         self.kinds.push(kind);
         self.sizes.len() - 1
@@ -158,7 +158,96 @@ pub fn rule(op: &Op, operands: &[&TensorType], result: &TensorType) -> FactorRul
         Op::ArgMax { axis } => argmax_rule(from(), *axis),
         Op::DotGeneral(dd) => dot_rule(dd, from(), operands[1].dims()),
         Op::Collective(_) => collective_rule(operands, rdims),
+        Op::Conv(cd) => conv_rule(cd, from(), operands[1].dims(), rdims),
+        Op::ReduceWindow { win, .. } => window_rule(win, from(), rdims),
+        Op::Gather(d) => crate::gather::gather_rule(d, from(), operands[1].dims(), rdims),
+        Op::Scatter(d) => crate::gather::scatter_rule(d, operands),
+        // The sorted, scanned or reversed dims need replication (a device's chunk of a lane
+        // does not sort, scan or mirror locally); every other dim passes through.
+        Op::Sort { dim, .. } => FactorRule::same_shape(rdims, operands.len(), &[*dim]),
+        Op::Cumulative { axis, .. } => FactorRule::same_shape(rdims, 1, &[*axis]),
+        Op::Rev { dims } => FactorRule::same_shape(rdims, 1, dims),
     }
+}
+
+/// `conv_general_dilated`: the batch dim passes through (unless batch-grouped), the kernel's
+/// output features pass through, the input features are contracted (a split gives partial
+/// sums, as a dot's contracting dim); with groups, the feature dims are whole. Spatial dims
+/// are whole (a split would need halos).
+fn conv_rule(cd: &tessera_ir::ConvDims, lt: &[usize], rt: &[usize], rdims: &[usize]) -> FactorRule {
+    use FactorKind::*;
+    let mut r = FactorRule::new(2);
+    r.operands[0] = vec![Vec::new(); lt.len()];
+    r.operands[1] = vec![Vec::new(); rt.len()];
+    r.result = vec![Vec::new(); rdims.len()];
+    let grouped = cd.feature_group_count > 1 || cd.batch_group_count > 1;
+    let (lb, lf, rof, rif, ob, of) = (
+        cd.lhs_spec[0],
+        cd.lhs_spec[1],
+        cd.rhs_spec[0],
+        cd.rhs_spec[1],
+        cd.out_spec[0],
+        cd.out_spec[1],
+    );
+    if cd.batch_group_count == 1 {
+        let f = r.factor(lt[lb], PassThrough);
+        r.operands[0][lb] = vec![f];
+        r.result[ob] = vec![f];
+    } else {
+        let f = r.factor(lt[lb], NeedReplication);
+        r.operands[0][lb] = vec![f];
+        let f = r.factor(rdims[ob], NeedReplication);
+        r.result[ob] = vec![f];
+    }
+    if grouped {
+        for (k, d, size) in [(0, lf, lt[lf]), (1, rif, rt[rif]), (1, rof, rt[rof])] {
+            let f = r.factor(size, NeedReplication);
+            r.operands[k][d] = vec![f];
+        }
+        let f = r.factor(rdims[of], NeedReplication);
+        r.result[of] = vec![f];
+    } else {
+        let f = r.factor(lt[lf], Reduction(ReduceKind::Sum));
+        r.operands[0][lf] = vec![f];
+        r.operands[1][rif] = vec![f];
+        let f = r.factor(rt[rof], PassThrough);
+        r.operands[1][rof] = vec![f];
+        r.result[of] = vec![f];
+    }
+    for j in 0..cd.spatial() {
+        let (a, b, c) = (cd.lhs_spec[2 + j], cd.rhs_spec[2 + j], cd.out_spec[2 + j]);
+        let f = r.factor(lt[a], NeedReplication);
+        r.operands[0][a] = vec![f];
+        let f = r.factor(rt[b], NeedReplication);
+        r.operands[1][b] = vec![f];
+        let f = r.factor(rdims[c], NeedReplication);
+        r.result[c] = vec![f];
+    }
+    r
+}
+
+/// `reduce_window`: a dim whose window is 1 with unit stride and no padding or dilation passes
+/// through; any other is whole.
+fn window_rule(win: &tessera_ir::WindowDims, from: &[usize], rdims: &[usize]) -> FactorRule {
+    let mut r = FactorRule::new(1);
+    for d in 0..from.len() {
+        let trivial = win.window[d] == 1
+            && win.strides[d] == 1
+            && win.padding[d] == (0, 0)
+            && win.base_dilation[d] == 1
+            && win.window_dilation[d] == 1;
+        if trivial {
+            let f = r.factor(from[d], FactorKind::PassThrough);
+            r.operands[0].push(vec![f]);
+            r.result.push(vec![f]);
+        } else {
+            let f = r.factor(from[d], FactorKind::NeedReplication);
+            r.operands[0].push(vec![f]);
+            let f = r.factor(rdims[d], FactorKind::NeedReplication);
+            r.result.push(vec![f]);
+        }
+    }
+    r
 }
 
 /// Elementwise ops (and `sharding_constraint`): one pass-through factor per dim, shared by every

@@ -164,7 +164,14 @@ fn insert_graph(
             | Op::DotGeneral(_)
             | Op::Collective(_)
             | Op::ShardingConstraint(_)
-            | Op::StopGradient => p.op(id, op, &wanted, &mut annotated)?,
+            | Op::StopGradient
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => p.op(id, op, &wanted, &mut annotated)?,
         };
         // The dump says where communication was inserted and why.
         if !why.is_empty() {

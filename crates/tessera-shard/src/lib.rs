@@ -14,6 +14,7 @@
 
 pub mod combine;
 pub mod factors;
+mod gather;
 pub mod insert_collectives;
 pub mod partition;
 pub mod propagate;

@@ -127,7 +127,14 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
             | Op::Reduce { .. }
             | Op::ArgMax { .. }
             | Op::DotGeneral(_)
-            | Op::StopGradient => {
+            | Op::StopGradient
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => {
                 if let Some(&o) = operands.iter().find(|o| partial.contains_key(o)) {
                     return Err(incomplete(g, o, &partial));
                 }
@@ -374,7 +381,29 @@ fn localize(op: &Op, mesh: &Mesh, ty: &TensorType, out: &Spec) -> Op {
         | Op::StopGradient
         // `per_device` makes its bodies local (`region`); `length` stays global, as a scan's
         // leading dim is whole.
-        | Op::Region(_) => op.clone(),
+        | Op::Region(_)
+        // Only whole spatial dims and pass-through windows split (`factors.rs`): the
+        // attributes hold no sizes.
+        | Op::Conv(_)
+        | Op::ReduceWindow { .. } => op.clone(),
+        | Op::Scatter(_) => op.clone(),
+        // A split offset dim is a window the slice takes whole: its local size.
+        Op::Gather(d) => {
+            let window = (0..d.slice_sizes.len()).filter(|o| {
+                !d.collapsed_slice_dims.contains(o) && !d.operand_batching_dims.contains(o)
+            });
+            let mut local = d.clone();
+            for (&i, o) in d.offset_dims.iter().zip(window) {
+                if !out[i].is_empty() {
+                    local.slice_sizes[o] = lty.dims()[i];
+                }
+            }
+            Op::Gather(local)
+        }
+        // The sorted, scanned and reversed dims are whole (`factors.rs`); dims are named.
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => op.clone(),
     }
 }
 

@@ -137,6 +137,15 @@ fn bound(op: &Op) -> Bound {
         // whole-program check, and, in `check_program`, the program compiled whole against
         // the composition in which the region is compiled alone.
         Op::Region(_) | Op::GetResult { .. } => Bound::Unchecked,
+        Op::Conv(_) => Bound::Accumulated,
+        // The native kernel combines each window in the interpreter's order (window.rs).
+        Op::ReduceWindow { .. } => Bound::Exact,
+        // The compiled step runs the interpreter's kernel (`tessera-codegen/src/indexed.rs`):
+        // the same updates in the same order, so even a scatter's sums agree bit for bit.
+        Op::Gather(_) | Op::Scatter(_) => Bound::Exact,
+        // A permutation, a mirror, and a scan in the interpreter's order (the native kernel
+        // combines each lane's elements one after another, as the interpreter does).
+        Op::Sort { .. } | Op::Rev { .. } | Op::Cumulative { .. } => Bound::Exact,
     }
 }
 
@@ -421,7 +430,21 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
         | Op::ShardingConstraint(_)
         | Op::StopGradient
         | Op::Region(_)
-        | Op::GetResult { .. } => 1usize,
+        | Op::GetResult { .. }
+        | Op::ReduceWindow { .. }
+        | Op::Gather(_)
+        | Op::Scatter(_)
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => 1usize,
+        // Input features of a group times the kernel's window.
+        Op::Conv(cd) => {
+            let r = args[1].ty.dims();
+            std::iter::once(cd.rhs_spec[1])
+                .chain(cd.rhs_spec[2..].iter().copied())
+                .map(|d| r[d])
+                .product()
+        }
     };
     let describe = |k: usize, extra: String| {
         Some(format!(

@@ -48,14 +48,13 @@ fn parse_term(spec: &str, rank: usize, ellipsis: &[char], whole: &str) -> Vec<ch
     let letters = |s: &str| -> Vec<char> {
         s.chars()
             .filter(|c| !c.is_whitespace())
-            .map(|c| {
+            .inspect(|c| {
                 if !c.is_ascii_alphabetic() {
                     fail(
                         "einsum",
                         format!("{whole:?}: index {c:?} is not a letter (a-z, A-Z, or `...`)"),
                     )
                 }
-                c
             })
             .collect()
     };

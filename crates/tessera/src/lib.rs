@@ -19,10 +19,12 @@ pub mod axis;
 mod cache;
 pub mod check;
 pub mod control;
+pub mod conv;
 pub mod einsum;
 pub mod error;
 pub mod fwd;
 pub mod grad;
+pub mod indexing;
 pub mod jit;
 pub mod manip;
 pub mod math;
@@ -33,6 +35,7 @@ pub mod pmap;
 pub mod promote;
 pub mod random;
 pub mod sharding;
+pub mod sorting;
 mod spmd;
 pub mod tensor;
 mod trace;
@@ -65,6 +68,7 @@ pub use vmap::{Axes, Vmapped, vmap};
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
     pub use crate::axis::{Axis, AxisList, keepdims};
+    pub use crate::conv::{ConvOptions, Padding};
     pub use crate::einsum::einsum;
     pub use crate::fwd::{Linearized, hessian, jacfwd, jacrev, jvp, linearize};
     pub use crate::pmap::{

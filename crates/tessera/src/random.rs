@@ -11,6 +11,14 @@ use tessera_ir::{DType, Shape};
 use crate::tensor::Tensor;
 use crate::tree::{Tree, TreeDef};
 
+mod dists;
+mod shuffle;
+pub use dists::{
+    bernoulli, categorical, dropout, exponential, gumbel, laplace, logistic, randint,
+    truncated_normal, xla_log, xla_log1p,
+};
+pub use shuffle::{choice, permutation, permutation_of, shuffle};
+
 /// A PRNG key: a `u32[2]` tensor, like `jax.random.PRNGKey`.
 #[derive(Clone, Debug)]
 pub struct Key(pub Tensor);

@@ -124,7 +124,7 @@ fn jit_inside_jit_is_inlined() {
 
 #[test]
 fn make_ir_prints_the_program() {
-    let ir = make_ir(|(x, y): (Tensor, Tensor)| x.matmul(&y).tanh().sum_axes(&[1]))(&(
+    let ir = make_ir(|(x, y): (Tensor, Tensor)| x.matmul(&y).tanh().sum_axes([1]))(&(
         Tensor::zeros([4, 3]),
         Tensor::zeros([3, 2]),
     ))
@@ -185,7 +185,10 @@ fn a_shape_error_in_a_trace_is_an_err_naming_op_types_and_line() {
         .call((Tensor::zeros([2, 3]), Tensor::zeros([4, 5])))
         .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("dot_general"), "{msg}");
+    assert!(
+        msg.contains("matmul: contracting dims differ: 3 and 4"),
+        "{msg}"
+    );
     assert!(
         msg.contains("f32[2,3]") && msg.contains("f32[4,5]"),
         "{msg}"
@@ -227,7 +230,7 @@ fn eager_errors_panic_with_the_same_message() {
         .cloned()
         .unwrap_or_default();
     assert!(
-        msg.contains("dot_general") && msg.contains("f32[2,3]") && msg.contains(file!()),
+        msg.contains("matmul") && msg.contains("f32[2,3]") && msg.contains(file!()),
         "{msg}"
     );
 }
@@ -291,8 +294,8 @@ fn composites_match_their_definitions() {
     let lse = x.logsumexp(1).to_vec::<f32>();
     assert!((lse[0] - z.ln()).abs() < 1e-6);
     assert_eq!(x.relu().to_vec::<f32>(), vec![1.0, 2.0, 3.0, 0.0, 0.0, 4.0]);
-    assert_eq!(x.max_axes(&[1]).to_vec::<f32>(), vec![3.0, 4.0]);
-    assert_eq!(x.mean_axes(&[0]).to_vec::<f32>(), vec![0.0, 1.0, 3.5]);
+    assert_eq!(x.max_axes([1]).to_vec::<f32>(), vec![3.0, 4.0]);
+    assert_eq!(x.mean_axes([0]).to_vec::<f32>(), vec![0.0, 1.0, 3.5]);
     assert!((x.sigmoid().to_vec::<f32>()[0] - 1.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-7);
     assert_eq!(x.argmax(1).to_vec::<i32>(), vec![2, 2]);
     assert_eq!((2.0f32 - &x).to_vec::<f32>()[0], 1.0);

@@ -66,7 +66,7 @@ fn running_sum(x: &Tensor, steps: usize) -> Tensor {
     let mut acc = x.zeros_like();
     for _ in 0..steps {
         y = y.tanh() + 1.0;
-        acc = acc + &y;
+        acc += &y;
     }
     acc.sum()
 }

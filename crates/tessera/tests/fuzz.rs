@@ -691,6 +691,8 @@ fn exact_between_backends(g: &Graph) -> bool {
                 ReduceKind::Max | ReduceKind::Min => true,
             },
             Op::DotGeneral(_) => !float,
+            Op::Conv(_) => !float,
+            Op::ReduceWindow { .. } => true,
             Op::Region(r) => r.regions().iter().all(|(_, b)| exact_between_backends(b)),
             Op::Parameter(_)
             | Op::Constant(_)
@@ -710,7 +712,12 @@ fn exact_between_backends(g: &Graph) -> bool {
             | Op::Collective(_)
             | Op::ShardingConstraint(_)
             | Op::StopGradient
-            | Op::GetResult { .. } => true,
+            | Op::GetResult { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => true,
         }
     })
 }

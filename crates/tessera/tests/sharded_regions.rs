@@ -97,7 +97,7 @@ fn rnn_last(p: &Rnn, xs: &Tensor) -> Tensor {
         false,
     );
     // The stacked outputs are used too, so the ys slot is checked end to end.
-    h + ys.sum_axes(&[0]) * 0.0
+    h + ys.sum_axes([0]) * 0.0
 }
 
 fn rnn_loss(p: &Rnn, xs: &Tensor, y: &Tensor) -> Tensor {

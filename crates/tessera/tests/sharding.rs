@@ -231,14 +231,14 @@ fn pmap_collectives_and_their_gradients() {
     // every device's loss, which one device computes from the whole arrays.
     let grads = pmap("i", |(x, w): (Tensor, Tensor)| {
         let g1 = grad(|x: &Tensor| (psum(&x.tanh(), "i") * &w).sum())(&x);
-        let g2 = grad(|x: &Tensor| (all_gather(x, "i").square().sum_axes(&[0]) * &w).sum())(&x);
+        let g2 = grad(|x: &Tensor| (all_gather(x, "i").square().sum_axes([0]) * &w).sum())(&x);
         (g1, g2)
     });
     let (g1, g2) = grads.call((x.clone(), w.clone())).unwrap();
     // The reference is compiled too, so both sides use the same tanh.
     let total1 = jit(|(x, w): (Tensor, Tensor)| {
         grad(|x: &Tensor| {
-            let s = x.tanh().sum_axes(&[0]);
+            let s = x.tanh().sum_axes([0]);
             (&w * s.broadcast_to(&[n, 3])).sum()
         })(&x)
     })
@@ -246,7 +246,7 @@ fn pmap_collectives_and_their_gradients() {
     .unwrap();
     close(&g1, &total1, "grad through psum");
     let total2 = grad(|x: &Tensor| {
-        let s = x.square().sum_axes(&[0]);
+        let s = x.square().sum_axes([0]);
         (&w * s.broadcast_to(&[n, 3])).sum()
     })(&x);
     close(&g2, &total2, "grad through all_gather");
@@ -470,8 +470,7 @@ fn constraints_propagate_backward_and_reductions_scatter() {
         }
         // A column sum over rows split on dp, wanted split over dp: each device only needs its
         // chunk of the sum, so the partial sums meet in a reduce_scatter.
-        let g =
-            jit(|x: Tensor| with_sharding_constraint(&x.sum_axes(&[0]), &rows)).backend(backend);
+        let g = jit(|x: Tensor| with_sharding_constraint(&x.sum_axes([0]), &rows)).backend(backend);
         let local = g.lower(&split).unwrap().per_device_ir();
         assert!(
             local.contains("reduce_scatter") && !local.contains("all_reduce"),

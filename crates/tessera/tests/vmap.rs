@@ -202,7 +202,7 @@ fn grad_of_vmap_equals_the_grad_of_the_unrolled_mean() {
     let unrolled = |p: &Mlp| {
         let mut s = loss(p, &row(&x, 0, 0), &row(&y, 0, 0));
         for i in 1..6 {
-            s = s + loss(p, &row(&x, 0, i), &row(&y, 0, i));
+            s += loss(p, &row(&x, 0, i), &row(&y, 0, i));
         }
         s / 6.0
     };
@@ -249,8 +249,8 @@ fn axis_name_collectives_run_over_the_batch() {
     let x = det(&[4, 3], 9.0) + 2.0;
     let v = vmap(named).axis_name("b");
     let got = v.call(&x);
-    let by_hand = &x / x.sum_axes(&[0]).broadcast_in_dim([4, 3], &[1])
-        + x.max_axes(&[0]).broadcast_in_dim([4, 3], &[1])
+    let by_hand = &x / x.sum_axes([0]).broadcast_in_dim([4, 3], &[1])
+        + x.max_axes([0]).broadcast_in_dim([4, 3], &[1])
         + Tensor::iota(DType::F32, [4, 3], 0) * 0.5;
     close(&got, &by_hand, 1, "by hand");
     let pm = pmap("b", |x: Tensor| named(&x)).call(x.clone()).unwrap();
@@ -308,7 +308,7 @@ fn out_axes_place_the_batch_dim() {
 fn families(x: &Tensor) -> (Tensor, Tensor, Tensor) {
     // x: [5, 4]
     let a = x.exp() - x.square();
-    let r = a.sum_axes(&[1]).max();
+    let r = a.sum_axes([1]).max();
     let t = x.t().reshape([2, 10]);
     let s = t.slice_strided(&[0, 1], &[2, 9], &[1, 3]);
     let c = Tensor::concatenate(&[&s, &s.neg()], 1);
@@ -319,7 +319,7 @@ fn families(x: &Tensor) -> (Tensor, Tensor, Tensor) {
     (
         sel,
         d + am.broadcast_in_dim([5, 5], &[0]),
-        x.sum_axes(&[0]).softmax(0),
+        x.sum_axes([0]).softmax(0),
     )
 }
 
@@ -514,7 +514,7 @@ fn pmap_in_axes_and_out_axes() {
     same(&a, &stack(&cols, 1), "mapped output along dim 1");
     close(
         &s,
-        &(&x * &w.broadcast_in_dim([3, 4], &[0])).sum_axes(&[1]),
+        &(&x * &w.broadcast_in_dim([3, 4], &[0])).sum_axes([1]),
         1,
         "unmapped psum",
     );
@@ -631,8 +631,8 @@ fn nested_axis_names() {
             .call(r)
     };
     let got = vmap(inner).axis_name("i").call(&x);
-    let want = &x / x.sum_axes(&[0]).broadcast_in_dim([3, 4], &[1])
-        + x.sum_axes(&[1]).broadcast_in_dim([3, 4], &[0])
+    let want = &x / x.sum_axes([0]).broadcast_in_dim([3, 4], &[1])
+        + x.sum_axes([1]).broadcast_in_dim([3, 4], &[0])
         + 4.0;
     close(&got, &want, 1, "nested names");
     let j = jit(|x: Tensor| vmap(inner).axis_name("i").call(&x));

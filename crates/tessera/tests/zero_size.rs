@@ -313,7 +313,7 @@ fn dot_over_an_empty_contracting_dim_is_zeros() {
 #[test]
 fn reduction_over_an_empty_dim_is_the_identity() {
     both_backends(|b| {
-        let f = jit(|x: Tensor| (x.sum_axes(&[1]), x.max_axes(&[1]), x.min_axes(&[1]))).backend(b);
+        let f = jit(|x: Tensor| (x.sum_axes([1]), x.max_axes([1]), x.min_axes([1]))).backend(b);
         let (s, mx, mn) = f.call(Tensor::zeros([3, 0])).unwrap();
         assert_eq!(s.to_vec::<f32>(), vec![0.0; 3], "{b:?}");
         assert!(s.to_vec::<f32>().iter().all(|v| v.to_bits() == 0));
@@ -344,7 +344,7 @@ fn broadcast_to_zero_and_slice_to_empty() {
                 .slice_strided(&[0], &[3], &[2])
                 .reshape([1, 2])
                 .broadcast_to(&[0, 2]);
-            (y.exp() + 1.0, s * 2.0, z.sum_axes(&[0]))
+            (y.exp() + 1.0, s * 2.0, z.sum_axes([0]))
         })
         .backend(b);
         let (y, s, z) = f
@@ -375,7 +375,7 @@ fn zero_size_values_eagerly_and_printed() {
     let x = Tensor::zeros([2, 0]);
     let c = Tensor::concatenate(&[&x, &Tensor::ones([2, 1])], 1);
     assert_eq!(c.to_vec::<f32>(), vec![1.0, 1.0]);
-    assert_eq!(x.sum_axes(&[1]).to_vec::<f32>(), vec![0.0, 0.0]);
+    assert_eq!(x.sum_axes([1]).to_vec::<f32>(), vec![0.0, 0.0]);
     assert_eq!(format!("{x}"), "f32[2,0] [[], []]");
     let lit = Literal::new([0, 3], Data::Bool(vec![])).unwrap();
     assert_eq!(Tensor::from_literal(lit).numel(), 0);

@@ -1,0 +1,347 @@
+//! Native kernels of the windowed ops, run as schedule steps of their own
+//! (`StepKind::Window`): `conv_general_dilated` as im2col + GEMM (the `gemm` crate, as
+//! `dot_general`), and `reduce_window` as a direct loop.
+//!
+//! Both see the window through per-dim tables: for result position `p` and window position
+//! `k` along a dim, the operand index read, or none in the padding (a dilation hole, or beyond
+//! an edge: `tessera_interp::conv::source_index`). Every index comes from these tables, so
+//! every read is inside the operand whatever the shapes: zero-size dims give empty loops,
+//! padding larger than the operand gives windows of padding only.
+//!
+//! `reduce_window` combines each window in row-major window order, skipping padding, in the
+//! operand's type: the interpreter's order, so the results agree bit for bit. A conv's sums
+//! run in the GEMM's order (an accumulated bound, as `dot_general`).
+
+use tessera_interp::conv::source_index;
+use tessera_interp::scalar::{fmax, fmin};
+use tessera_interp::unravel;
+use tessera_ir::{ConvDims, DType, ReduceKind, TensorType, WindowDims};
+
+use crate::exec::gemm_view;
+
+/// A windowed op with its operand types and result type.
+#[derive(Clone, Debug)]
+pub enum WindowStep {
+    Conv {
+        dims: ConvDims,
+        lhs: TensorType,
+        rhs: TensorType,
+        out: TensorType,
+    },
+    ReduceWindow {
+        kind: ReduceKind,
+        win: WindowDims,
+        operand: TensorType,
+        out: TensorType,
+    },
+}
+
+impl WindowStep {
+    pub fn summary(&self) -> String {
+        match self {
+            WindowStep::Conv { lhs, rhs, out, .. } => format!("conv {lhs} x {rhs} -> {out}"),
+            WindowStep::ReduceWindow {
+                kind, operand, out, ..
+            } => format!("reduce_window {} {operand} -> {out}", kind.name()),
+        }
+    }
+}
+
+/// For one dim: `table[p * nk + k]` is the operand index result position `p`, window
+/// position `k` reads, or `None`.
+#[allow(clippy::too_many_arguments)]
+fn dim_table(
+    n_out: usize,
+    nk: usize,
+    stride: usize,
+    lo: i64,
+    window_dilation: usize,
+    base_dilation: usize,
+    n: usize,
+) -> Vec<Option<usize>> {
+    let mut t = Vec::with_capacity(n_out * nk);
+    for p in 0..n_out {
+        for k in 0..nk {
+            t.push(source_index(
+                p,
+                k,
+                stride,
+                lo,
+                window_dilation,
+                base_dilation,
+                n,
+            ));
+        }
+    }
+    t
+}
+
+/// Element access over the buffers' element types.
+trait Elem: Copy + Default + Send + Sync + 'static {
+    const DTYPE: DType;
+}
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Elem for f64 {
+    const DTYPE: DType = DType::F64;
+}
+
+/// Runs `step` on its operand buffers `inputs` (as many elements as their types hold) into
+/// `out`.
+///
+/// # Safety
+/// `inputs[i]` points to a readable value of the step's operand `i` type, `out` to writable
+/// room for a value of its result type that overlaps no input.
+pub unsafe fn run(step: &WindowStep, inputs: &[*const u8], out: *mut u8) {
+    match step {
+        WindowStep::Conv {
+            dims,
+            lhs,
+            rhs,
+            out: ot,
+        } => {
+            // SAFETY: the caller's contract: each buffer holds a value of its type.
+            unsafe {
+                match lhs.dtype {
+                    DType::F32 => conv::<f32>(dims, lhs, rhs, ot, inputs, out),
+                    DType::F64 => conv::<f64>(dims, lhs, rhs, ot, inputs, out),
+                    // The type rule admits f32 and f64 convs only.
+                    DType::I32 | DType::U32 | DType::Bool => {}
+                }
+            }
+        }
+        WindowStep::ReduceWindow {
+            kind,
+            win,
+            operand,
+            out: ot,
+        } => {
+            let n_in = operand.numel();
+            let n_out = ot.numel();
+            // SAFETY: the caller's contract: the input holds `n_in` elements of its dtype, the
+            // output has room for `n_out`, and they do not overlap.
+            unsafe {
+                macro_rules! go {
+                    ($t:ty, $init:expr, $f:expr) => {{
+                        let x = std::slice::from_raw_parts(inputs[0] as *const $t, n_in);
+                        let o = std::slice::from_raw_parts_mut(out as *mut $t, n_out);
+                        reduce_window(win, operand.dims(), ot.dims(), x, o, $init, $f)
+                    }};
+                }
+                match (operand.dtype, kind) {
+                    (DType::F32, ReduceKind::Sum) => go!(f32, 0.0, |a, b| a + b),
+                    (DType::F32, ReduceKind::Max) => go!(f32, f32::NEG_INFINITY, fmax),
+                    (DType::F32, ReduceKind::Min) => go!(f32, f32::INFINITY, fmin),
+                    (DType::F64, ReduceKind::Sum) => go!(f64, 0.0, |a, b| a + b),
+                    (DType::F64, ReduceKind::Max) => go!(f64, f64::NEG_INFINITY, fmax),
+                    (DType::F64, ReduceKind::Min) => go!(f64, f64::INFINITY, fmin),
+                    (DType::I32, ReduceKind::Sum) => go!(i32, 0, |a: i32, b| a.wrapping_add(b)),
+                    (DType::I32, ReduceKind::Max) => go!(i32, i32::MIN, |a: i32, b| a.max(b)),
+                    (DType::I32, ReduceKind::Min) => go!(i32, i32::MAX, |a: i32, b| a.min(b)),
+                    (DType::U32, ReduceKind::Sum) => go!(u32, 0, |a: u32, b| a.wrapping_add(b)),
+                    (DType::U32, ReduceKind::Max) => go!(u32, u32::MIN, |a: u32, b| a.max(b)),
+                    (DType::U32, ReduceKind::Min) => go!(u32, u32::MAX, |a: u32, b| a.min(b)),
+                    // The type rule rejects bool.
+                    (DType::Bool, _) => {}
+                }
+            }
+        }
+    }
+}
+
+fn reduce_window<T: Copy>(
+    win: &WindowDims,
+    in_dims: &[usize],
+    out_dims: &[usize],
+    x: &[T],
+    o: &mut [T],
+    init: T,
+    f: impl Fn(T, T) -> T,
+) {
+    let r = in_dims.len();
+    let nk: usize = win.window.iter().product();
+    if o.is_empty() {
+        return;
+    }
+    let tables: Vec<Vec<Option<usize>>> = (0..r)
+        .map(|d| {
+            dim_table(
+                out_dims[d],
+                win.window[d],
+                win.strides[d],
+                win.padding[d].0,
+                win.window_dilation[d],
+                win.base_dilation[d],
+                in_dims[d],
+            )
+        })
+        .collect();
+    let strides = tessera_ir::Shape::new(in_dims.to_vec()).strides();
+    let ks: Vec<Vec<usize>> = (0..nk).map(|kf| unravel(kf, &win.window)).collect();
+    for (fo, slot) in o.iter_mut().enumerate() {
+        let p = unravel(fo, out_dims);
+        let mut acc = init;
+        'k: for k in &ks {
+            let mut off = 0;
+            for d in 0..r {
+                match tables[d][p[d] * win.window[d] + k[d]] {
+                    Some(i) => off += i * strides[d],
+                    None => continue 'k,
+                }
+            }
+            acc = f(acc, x[off]);
+        }
+        *slot = acc;
+    }
+}
+
+/// im2col + GEMM per (result batch, group): the patch matrix `[positions, cin * K]` times the
+/// group's kernel matrix `[cin * K, O / G]`, scattered into the result's layout.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn conv<T: Elem>(
+    cd: &ConvDims,
+    lt: &TensorType,
+    rt: &TensorType,
+    ot: &TensorType,
+    inputs: &[*const u8],
+    out: *mut u8,
+) {
+    let n_out = ot.numel();
+    // SAFETY: the caller's contract: each buffer holds a value of its type, the output does not
+    // overlap the inputs.
+    let (l, r, o) = unsafe {
+        (
+            std::slice::from_raw_parts(inputs[0] as *const T, lt.numel()),
+            std::slice::from_raw_parts(inputs[1] as *const T, rt.numel()),
+            std::slice::from_raw_parts_mut(out as *mut T, n_out),
+        )
+    };
+    if o.is_empty() {
+        return;
+    }
+    let s = cd.spatial();
+    let (ld, rd, od) = (lt.dims(), rt.dims(), ot.dims());
+    let (ls, rs, os) = (lt.shape.strides(), rt.shape.strides(), ot.shape.strides());
+    let (fg, bg) = (cd.feature_group_count, cd.batch_group_count);
+    let groups = fg * bg;
+    let cin = ld[cd.lhs_spec[1]] / fg;
+    let o_feat = rd[cd.rhs_spec[0]];
+    let og = o_feat / groups;
+    let nb = od[cd.out_spec[0]];
+    let kdims: Vec<usize> = (0..s).map(|j| rd[cd.rhs_spec[2 + j]]).collect();
+    let pdims: Vec<usize> = (0..s).map(|j| od[cd.out_spec[2 + j]]).collect();
+    let nk: usize = kdims.iter().product();
+    let np: usize = pdims.iter().product();
+    let kk = cin * nk;
+    let tables: Vec<Vec<Option<usize>>> = (0..s)
+        .map(|j| {
+            dim_table(
+                pdims[j],
+                kdims[j],
+                cd.strides[j],
+                cd.padding[j].0,
+                cd.rhs_dilation[j],
+                cd.lhs_dilation[j],
+                ld[cd.lhs_spec[2 + j]],
+            )
+        })
+        .collect();
+    let ks: Vec<Vec<usize>> = (0..nk).map(|kf| unravel(kf, &kdims)).collect();
+    let ps: Vec<Vec<usize>> = (0..np).map(|pf| unravel(pf, &pdims)).collect();
+    // For every (position, window position): the lhs offset of its spatial part, or none.
+    let mut sp_off: Vec<Option<usize>> = Vec::with_capacity(np * nk);
+    for p in &ps {
+        'k: for k in &ks {
+            let mut off = 0;
+            for j in 0..s {
+                match tables[j][p[j] * kdims[j] + k[j]] {
+                    Some(i) => off += i * ls[cd.lhs_spec[2 + j]],
+                    None => {
+                        sp_off.push(None);
+                        continue 'k;
+                    }
+                }
+            }
+            sp_off.push(Some(off));
+        }
+    }
+    // The kernel's spatial offset of each window position (reversed with window_reversal).
+    let k_off: Vec<usize> = ks
+        .iter()
+        .map(|k| {
+            (0..s)
+                .map(|j| {
+                    let kj = if cd.window_reversal {
+                        kdims[j] - 1 - k[j]
+                    } else {
+                        k[j]
+                    };
+                    kj * rs[cd.rhs_spec[2 + j]]
+                })
+                .sum()
+        })
+        .collect();
+    let p_out: Vec<usize> = ps
+        .iter()
+        .map(|p| (0..s).map(|j| p[j] * os[cd.out_spec[2 + j]]).sum())
+        .collect();
+    let mut patches = vec![T::default(); np * kk];
+    let mut wmat = vec![T::default(); kk * og];
+    let mut res = vec![T::default(); np * og];
+    for gi in 0..groups {
+        // The group's kernel matrix: row (i, k), column o'.
+        for i in 0..cin {
+            for (kf, &ko) in k_off.iter().enumerate() {
+                for oo in 0..og {
+                    let of = gi * og + oo;
+                    wmat[(i * nk + kf) * og + oo] =
+                        r[of * rs[cd.rhs_spec[0]] + i * rs[cd.rhs_spec[1]] + ko];
+                }
+            }
+        }
+        let ch0 = if fg > 1 { gi * cin } else { 0 };
+        for b in 0..nb {
+            let lb = if bg > 1 { gi * nb + b } else { b };
+            let base = lb * ls[cd.lhs_spec[0]];
+            for pf in 0..np {
+                let row = &mut patches[pf * kk..(pf + 1) * kk];
+                for i in 0..cin {
+                    let cb = base + (ch0 + i) * ls[cd.lhs_spec[1]];
+                    for kf in 0..nk {
+                        row[i * nk + kf] = match sp_off[pf * nk + kf] {
+                            Some(off) => l[cb + off],
+                            None => T::default(),
+                        };
+                    }
+                }
+            }
+            let par = if np * og * kk >= 1 << 18 {
+                gemm::Parallelism::Rayon(0)
+            } else {
+                gemm::Parallelism::None
+            };
+            // SAFETY: the three views are the whole of `patches` (np x kk, row-major), `wmat`
+            // (kk x og) and `res` (np x og), distinct live vectors of T = the dtype's type.
+            unsafe {
+                gemm_view(
+                    T::DTYPE,
+                    (np, og, kk),
+                    (patches.as_ptr() as *const u8, [kk as isize, 1]),
+                    (wmat.as_ptr() as *const u8, [og as isize, 1]),
+                    (res.as_mut_ptr() as *mut u8, [og as isize, 1]),
+                    par,
+                );
+            }
+            let ob = b * os[cd.out_spec[0]];
+            for pf in 0..np {
+                for oo in 0..og {
+                    let of = gi * og + oo;
+                    o[ob + of * os[cd.out_spec[1]] + p_out[pf]] = res[pf * og + oo];
+                }
+            }
+        }
+    }
+}

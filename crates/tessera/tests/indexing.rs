@@ -1,0 +1,136 @@
+//! The indexing front ends (`indexing.rs`, over gather and scatter) against jax 0.10.2
+//! (`fixtures/gather/gather.json`, made by `fixtures/gather/make.py`): values on both
+//! backends (the interpreter and compiled code) and gradients, with repeated, negative and
+//! out-of-range indices.
+
+use serde_json::Value;
+use tessera::{Backend, DType, Tensor, grad, jit};
+
+fn fx() -> Value {
+    serde_json::from_str(&include_str!("fixtures/gather/gather.json").replace("NaN", "null"))
+        .unwrap()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap_or(f64::NAN) as f32)
+        .collect()
+}
+
+fn ints(v: &Value) -> Vec<i32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap() as i32)
+        .collect()
+}
+
+fn close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0) || (g.is_nan() && w.is_nan()),
+            "{what}: element {k}: got {g}, jax {w}"
+        );
+    }
+}
+
+#[test]
+fn values_match_jax_on_both_backends() {
+    let f = fx();
+    let x = Tensor::from_vec(floats(&f["x"]), vec![5, 4]);
+    let v = Tensor::from_vec(floats(&f["v"]), vec![6, 4]);
+    let idx = Tensor::from_vec(ints(&f["idx"]), vec![6]);
+    let c = &f["cases"];
+    let idx2 = Tensor::from_vec(vec![0i32, 3, -1, 9], vec![2, 2]);
+    let starts: Vec<(i32, i32)> = f["starts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_i64().unwrap() as i32, p[1].as_i64().unwrap() as i32))
+        .collect();
+    type Case = (String, Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Tensor>);
+    let mut cases: Vec<Case> = vec![
+        ("take_axis0".into(), Box::new(|x, i, _| x.take(i, 0))),
+        ("get".into(), Box::new(|x, i, _| x.at(i).get())),
+        ("at_set".into(), Box::new(|x, i, v| x.at(i).set(v))),
+        ("at_add".into(), Box::new(|x, i, v| x.at(i).add(v))),
+        ("at_min".into(), Box::new(|x, i, v| x.at(i).min(v))),
+        ("at_max".into(), Box::new(|x, i, v| x.at(i).max(v))),
+        ("at_mul".into(), Box::new(|x, i, v| x.at(i).mul(v))),
+    ];
+    let i2 = idx2.clone();
+    cases.push((
+        "take_axis1".into(),
+        Box::new(move |x, _, _| x.take(&i2, -1)),
+    ));
+    for (k, &(a, b)) in starts.iter().enumerate() {
+        let s = [Tensor::scalar(a), Tensor::scalar(b)];
+        let s2 = s.clone();
+        cases.push((
+            format!("dynamic_slice_{k}"),
+            Box::new(move |x, _, _| x.dynamic_slice(&s, &[2, 3])),
+        ));
+        cases.push((
+            format!("dynamic_update_slice_{k}"),
+            Box::new(move |x, _, _| x.dynamic_update_slice(&Tensor::full(vec![2, 3], 9.0), &s2)),
+        ));
+    }
+    for (name, f) in &cases {
+        let want = floats(&c[name.as_str()]["value"]);
+        for backend in [Backend::Interpreter, Backend::Cranelift] {
+            let j = jit(|(x, i, v): (Tensor, Tensor, Tensor)| f(&x, &i, &v)).backend(backend);
+            let got = j.call((x.clone(), idx.clone(), v.clone())).unwrap();
+            close(
+                &got.to_vec::<f32>(),
+                &want,
+                &format!("{name} ({backend:?})"),
+            );
+        }
+        // Eagerly, too.
+        close(&f(&x, &idx, &v).to_vec::<f32>(), &want, name);
+    }
+    let labels = Tensor::from_vec(ints(&f["labels"]), vec![5]);
+    close(
+        &labels.one_hot(4).to_vec::<f32>(),
+        &floats(&c["one_hot"]["value"]),
+        "one_hot",
+    );
+    assert_eq!(labels.one_hot(4).dtype(), DType::F32);
+}
+
+#[test]
+fn gradients_match_jax() {
+    let f = fx();
+    let x = Tensor::from_vec(floats(&f["x"]), vec![5, 4]);
+    let v = Tensor::from_vec(floats(&f["v"]), vec![6, 4]);
+    let w = Tensor::from_vec(floats(&f["w"]), vec![6, 4]);
+    let wx = Tensor::from_vec(floats(&f["wx"]), vec![5, 4]);
+    let idx = Tensor::from_vec(ints(&f["idx"]), vec![6]);
+    let c = &f["cases"];
+    let g = grad(|x: &Tensor| x.take(&idx, 0).mul(&w).sum())(&x);
+    close(
+        &g.to_vec::<f32>(),
+        &floats(&c["grad_take_axis0"]["grads"][0]),
+        "grad take",
+    );
+    for (name, set) in [("grad_at_add", false), ("grad_at_set", true)] {
+        let g = grad(|p: &(Tensor, Tensor)| {
+            let at = p.0.at(&idx);
+            let y = if set { at.set(&p.1) } else { at.add(&p.1) };
+            y.mul(&wx).sum()
+        })(&(x.clone(), v.clone()));
+        close(&g.0.to_vec::<f32>(), &floats(&c[name]["grads"][0]), name);
+        close(&g.1.to_vec::<f32>(), &floats(&c[name]["grads"][1]), name);
+    }
+    let wd = Tensor::from_vec((0..6).map(|k| k as f32).collect(), vec![2, 3]);
+    let s = [Tensor::scalar(4i32), Tensor::scalar(3i32)];
+    let g = grad(|x: &Tensor| x.dynamic_slice(&s, &[2, 3]).mul(&wd).sum())(&x);
+    close(
+        &g.to_vec::<f32>(),
+        &floats(&c["grad_dynamic_slice"]["grads"][0]),
+        "grad dynamic_slice",
+    );
+}
