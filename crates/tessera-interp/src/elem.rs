@@ -49,6 +49,9 @@ impl Libm {
             Libm::Sinh => libm::sinh(x),
             Libm::Cosh => libm::cosh(x),
             Libm::Asinh => libm::asinh(x),
+            // The `libm` crate's `acosh` returns a number for x <= -1 (it computes
+            // `log(2|x|)`-like branches on the magnitude); below 1 it is NaN (C99 F.10.2.1).
+            Libm::Acosh if !(x >= 1.0) => f64::NAN,
             Libm::Acosh => libm::acosh(x),
             Libm::Atanh => libm::atanh(x),
             Libm::Exp2 => libm::exp2(x),
@@ -84,6 +87,9 @@ mod tests {
         assert_eq!(Libm::Acos.f64(1.0), 0.0);
         assert_eq!(Libm::Acosh.f64(1.0), 0.0);
         assert!(Libm::Acosh.f64(0.5).is_nan());
+        for x in [-0.5, -1.0, -2.0, -1e300, f64::NEG_INFINITY] {
+            assert!(Libm::Acosh.f64(x).is_nan(), "acosh({x})");
+        }
         assert_eq!(Libm::Atanh.f64(1.0), f64::INFINITY);
         assert_eq!(Libm::Atanh.f64(-1.0), f64::NEG_INFINITY);
         assert_eq!(Libm::Sinh.f32(100.0), f32::INFINITY);
