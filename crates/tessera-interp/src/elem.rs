@@ -51,7 +51,7 @@ impl Libm {
             Libm::Asinh => libm::asinh(x),
             // The `libm` crate's `acosh` returns a number for x <= -1 (it computes
             // `log(2|x|)`-like branches on the magnitude); below 1 it is NaN (C99 F.10.2.1).
-            Libm::Acosh if !(x >= 1.0) => f64::NAN,
+            Libm::Acosh if x < 1.0 => f64::NAN,
             Libm::Acosh => libm::acosh(x),
             Libm::Atanh => libm::atanh(x),
             Libm::Exp2 => libm::exp2(x),
