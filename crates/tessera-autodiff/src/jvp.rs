@@ -19,7 +19,7 @@ use tessera_ir::{
     BinaryOp, CollectiveOp, CompareOp, DotDims, Graph, NodeId, Op, ReduceKind, UnaryOp,
 };
 
-use super::{AutodiffError, Builder, Result};
+use super::{AutodiffError, Builder, Result, elem};
 
 /// Appends the tangent graph; see the module doc.
 pub fn jvp(
@@ -342,6 +342,16 @@ fn unary(b: &mut Builder, u: UnaryOp, at: &Tan) -> Result<Option<NodeId>> {
             let e = b.un(UnaryOp::Exp, y2)?;
             b.mul(c, e)?
         }
+        UnaryOp::Tan => elem::tan(b, y)?,
+        UnaryOp::Asin => elem::asin(b, x, false)?,
+        UnaryOp::Acos => elem::asin(b, x, true)?,
+        UnaryOp::Atan => elem::atan(b, x)?,
+        UnaryOp::Sinh => elem::sinh_cosh(b, x, false)?,
+        UnaryOp::Cosh => elem::sinh_cosh(b, x, true)?,
+        UnaryOp::Asinh => elem::asinh_acosh(b, x, false)?,
+        UnaryOp::Acosh => elem::asinh_acosh(b, x, true)?,
+        UnaryOp::Atanh => elem::atanh(b, x)?,
+        UnaryOp::Exp2 => elem::exp2(b, y)?,
     };
     Ok(Some(b.mul(t, derivative)?))
 }
@@ -434,6 +444,17 @@ fn binary(b: &mut Builder, op: BinaryOp, at: &Tan) -> Result<Option<NodeId>> {
         | BinaryOp::Xor
         | BinaryOp::ShiftLeft
         | BinaryOp::ShiftRightLogical => Ok(None),
+        BinaryOp::Atan2 => {
+            let sx = map_opt(b, tx, |b, t| {
+                let d = elem::atan2(b, x, z, true)?;
+                b.mul(t, d)
+            })?;
+            let sz = map_opt(b, tz, |b, t| {
+                let d = elem::atan2(b, x, z, false)?;
+                b.mul(t, d)
+            })?;
+            add_opt(b, sx, sz)
+        }
     }
 }
 

@@ -17,6 +17,7 @@ pub use batch::{BatchError, batch};
 
 use std::collections::{HashMap, HashSet};
 
+mod elem;
 mod jvp;
 mod sorting;
 pub use jvp::jvp;
@@ -388,7 +389,7 @@ fn vjp_rule(
 
 /// VJPs of the elementwise ops.
 mod elementwise {
-    use super::{At, Builder, Result};
+    use super::{At, Builder, Result, elem};
     use tessera_ir::{BinaryOp, CompareOp, DType, NodeId, Op, UnaryOp};
 
     pub(super) fn unary(b: &mut Builder, u: UnaryOp, at: &At) -> Result<Vec<Option<NodeId>>> {
@@ -463,6 +464,46 @@ mod elementwise {
                 Some(b.mul(g, d)?)
             }
             UnaryOp::Not => None,
+            UnaryOp::Tan => {
+                let d = elem::tan(b, y)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Asin => {
+                let d = elem::asin(b, x, false)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Acos => {
+                let d = elem::asin(b, x, true)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Atan => {
+                let d = elem::atan(b, x)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Sinh => {
+                let d = elem::sinh_cosh(b, x, false)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Cosh => {
+                let d = elem::sinh_cosh(b, x, true)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Asinh => {
+                let d = elem::asinh_acosh(b, x, false)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Acosh => {
+                let d = elem::asinh_acosh(b, x, true)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Atanh => {
+                let d = elem::atanh(b, x)?;
+                Some(b.mul(g, d)?)
+            }
+            UnaryOp::Exp2 => {
+                let d = elem::exp2(b, y)?;
+                Some(b.mul(g, d)?)
+            }
         };
         Ok(vec![ct])
     }
@@ -542,6 +583,17 @@ mod elementwise {
             | BinaryOp::Xor
             | BinaryOp::ShiftLeft
             | BinaryOp::ShiftRightLogical => vec![],
+            BinaryOp::Atan2 => {
+                let cx = at.want(b, 0, |b| {
+                    let d = elem::atan2(b, x, z, true)?;
+                    b.mul(g, d)
+                })?;
+                let cz = at.want(b, 1, |b| {
+                    let d = elem::atan2(b, x, z, false)?;
+                    b.mul(g, d)
+                })?;
+                vec![cx, cz]
+            }
         })
     }
 

@@ -43,6 +43,7 @@ use cranelift_codegen::ir::{
     BlockArg, Endianness, FuncRef, InstBuilder, MemFlagsData, Type, Value,
 };
 use cranelift_frontend::FunctionBuilder;
+use tessera_interp::elem::Libm;
 use tessera_ir::{BinaryOp, UnaryOp};
 
 /// The float type being computed in (`f32`, `f32x4`, or `f64` for the exact functions), and
@@ -957,6 +958,16 @@ pub fn unary_f32(b: &mut FunctionBuilder, f: Fx, u: UnaryOp, x: Value, calls: Ca
         UnaryOp::ErfInv => erf_inv(b, f, x),
         // The type rule admits `not` for integers and bool only.
         UnaryOp::Not => x,
+        UnaryOp::Tan => per_lane(b, f, calls.libm(Libm::Tan), &[x]),
+        UnaryOp::Asin => per_lane(b, f, calls.libm(Libm::Asin), &[x]),
+        UnaryOp::Acos => per_lane(b, f, calls.libm(Libm::Acos), &[x]),
+        UnaryOp::Atan => per_lane(b, f, calls.libm(Libm::Atan), &[x]),
+        UnaryOp::Sinh => per_lane(b, f, calls.libm(Libm::Sinh), &[x]),
+        UnaryOp::Cosh => per_lane(b, f, calls.libm(Libm::Cosh), &[x]),
+        UnaryOp::Asinh => per_lane(b, f, calls.libm(Libm::Asinh), &[x]),
+        UnaryOp::Acosh => per_lane(b, f, calls.libm(Libm::Acosh), &[x]),
+        UnaryOp::Atanh => per_lane(b, f, calls.libm(Libm::Atanh), &[x]),
+        UnaryOp::Exp2 => per_lane(b, f, calls.libm(Libm::Exp2), &[x]),
     }
 }
 
@@ -966,6 +977,15 @@ pub struct Calls {
     pub sin: FuncRef,
     pub cos: FuncRef,
     pub pow: FuncRef,
+    /// The libm-computed functions (`elem.rs`), indexed by `Libm as usize`.
+    pub libm: [FuncRef; Libm::ALL.len()],
+    pub atan2: FuncRef,
+}
+
+impl Calls {
+    fn libm(&self, l: Libm) -> FuncRef {
+        self.libm[l as usize]
+    }
 }
 
 /// `x ** y` for f32: `tessera_pow_f32` per element (f64 `pow` rounded once: every C99 Annex F
@@ -991,6 +1011,7 @@ pub fn binary_f32(
         BinaryOp::Max => b.ins().fmax(x, y),
         BinaryOp::Min => b.ins().fmin(x, y),
         BinaryOp::Pow => pow(b, f, x, y, calls.pow),
+        BinaryOp::Atan2 => per_lane(b, f, calls.atan2, &[x, y]),
         // Not reachable for floats (the type rule), and `rem` is lowered before this.
         BinaryOp::Rem
         | BinaryOp::And

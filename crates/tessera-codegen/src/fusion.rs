@@ -968,10 +968,20 @@ pub(crate) fn is_transcendental(op: &Op) -> bool {
             | UnaryOp::Sqrt
             | UnaryOp::Rsqrt
             | UnaryOp::Erf
-            | UnaryOp::ErfInv => true,
+            | UnaryOp::ErfInv
+            | UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh
+            | UnaryOp::Exp2 => true,
         },
         Op::Binary(b) => match b {
-            BinaryOp::Pow | BinaryOp::Rem => true,
+            BinaryOp::Pow | BinaryOp::Rem | BinaryOp::Atan2 => true,
             BinaryOp::Add
             | BinaryOp::Sub
             | BinaryOp::Mul

@@ -27,7 +27,9 @@ use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
 use tessera_ir::{BinaryOp, CompareOp, DType, UnaryOp};
 
 use crate::approx::{self, Fx};
+use crate::elem;
 use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar};
+use tessera_interp::elem::Libm;
 
 /// A compiled kernel: takes the pointer array of its buffers, and the range `lo..hi` of its
 /// outermost result index to compute (elementwise kernels; reductions always compute all).
@@ -144,6 +146,9 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
     builder.symbol("tessera_sin_f32", approx::tessera_sin_f32 as *const u8);
     builder.symbol("tessera_cos_f32", approx::tessera_cos_f32 as *const u8);
     builder.symbol("tessera_pow_f32", approx::tessera_pow_f32 as *const u8);
+    for (name, f) in elem::SYMBOLS {
+        builder.symbol(*name, *f);
+    }
     let mut module = JITModule::new(builder);
     let ptr = module.target_config().pointer_type();
     let mut ids = Vec::new();
@@ -979,6 +984,8 @@ impl Lower<'_, '_> {
             sin: self.import("tessera_sin_f32", F32, 1),
             cos: self.import("tessera_cos_f32", F32, 1),
             pow: self.import("tessera_pow_f32", F32, 2),
+            libm: Libm::ALL.map(|l| self.import(elem::symbols(l).0, F32, 1)),
+            atan2: self.import("tessera_atan2_f32", F32, 2),
         };
         self.calls = Some(c);
         c
@@ -1028,6 +1035,16 @@ impl Lower<'_, '_> {
                     UnaryOp::Erf => "tessera_erf_f64",
                     UnaryOp::ErfInv => "tessera_erf_inv_f64",
                     UnaryOp::Not => return x,
+                    UnaryOp::Tan => elem::symbols(Libm::Tan).1,
+                    UnaryOp::Asin => elem::symbols(Libm::Asin).1,
+                    UnaryOp::Acos => elem::symbols(Libm::Acos).1,
+                    UnaryOp::Atan => elem::symbols(Libm::Atan).1,
+                    UnaryOp::Sinh => elem::symbols(Libm::Sinh).1,
+                    UnaryOp::Cosh => elem::symbols(Libm::Cosh).1,
+                    UnaryOp::Asinh => elem::symbols(Libm::Asinh).1,
+                    UnaryOp::Acosh => elem::symbols(Libm::Acosh).1,
+                    UnaryOp::Atanh => elem::symbols(Libm::Atanh).1,
+                    UnaryOp::Exp2 => elem::symbols(Libm::Exp2).1,
                 };
                 self.call_libcall(f, F64, &[x])
             }
@@ -1064,7 +1081,17 @@ impl Lower<'_, '_> {
                 | UnaryOp::Ceil
                 | UnaryOp::Round
                 | UnaryOp::Erf
-                | UnaryOp::ErfInv => {
+                | UnaryOp::ErfInv
+                | UnaryOp::Tan
+                | UnaryOp::Asin
+                | UnaryOp::Acos
+                | UnaryOp::Atan
+                | UnaryOp::Sinh
+                | UnaryOp::Cosh
+                | UnaryOp::Asinh
+                | UnaryOp::Acosh
+                | UnaryOp::Atanh
+                | UnaryOp::Exp2 => {
                     unreachable!(
                         "the verifier's type rule (UnaryOp::accepts) admits {u:?} on floats only"
                     )
@@ -1102,6 +1129,7 @@ impl Lower<'_, '_> {
                 BinaryOp::Min => self.b.ins().fmin(x, y),
                 BinaryOp::Pow => self.call_libcall("tessera_pow_f64", F64, &[x, y]),
                 BinaryOp::Rem => self.call_libcall("tessera_fmod_f64", F64, &[x, y]),
+                BinaryOp::Atan2 => self.call_libcall("tessera_atan2_f64", F64, &[x, y]),
                 BinaryOp::And
                 | BinaryOp::Or
                 | BinaryOp::Xor
@@ -1126,7 +1154,8 @@ impl Lower<'_, '_> {
                 | BinaryOp::Min
                 | BinaryOp::Pow
                 | BinaryOp::ShiftLeft
-                | BinaryOp::ShiftRightLogical => {
+                | BinaryOp::ShiftRightLogical
+                | BinaryOp::Atan2 => {
                     unreachable!(
                         "the verifier's type rule (BinaryOp::accepts) admits only and/or/xor on bool, not {op:?}"
                     )
@@ -1207,7 +1236,7 @@ impl Lower<'_, '_> {
                 let zero = i.ins().iconst(I32, 0);
                 i.ins().select(big, zero, s)
             }
-            BinaryOp::Pow => x,
+            BinaryOp::Pow | BinaryOp::Atan2 => x,
         }
     }
 

@@ -91,6 +91,17 @@ fn approximate(op: Op, dtype: DType) -> Option<f64> {
             | UnaryOp::Ceil
             | UnaryOp::Round
             | UnaryOp::Not => None,
+            // libm's f64 function rounded once on both backends (`tessera-interp/src/elem.rs`).
+            UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh
+            | UnaryOp::Exp2 => None,
         },
         // tidy: allow-wildcard(a test table: only unary float functions have an ulp bound here)
         _ => None,
@@ -180,6 +191,7 @@ fn float_binary_ops() -> Vec<BinaryOp> {
                     | BinaryOp::Max
                     | BinaryOp::Min
                     | BinaryOp::Pow
+                    | BinaryOp::Atan2
             )
         })
         .collect()
@@ -351,4 +363,104 @@ fn reductions_of_empty_and_signed_zeros() {
             vec![b(-0.0)]
         );
     }
+}
+
+/// The domain edges of the libm-computed functions, compiled (f32 and f64, scalar and vector
+/// code), against the values C99 Annex F fixes: `asin(+-1) = +-pi/2`, `acos(1) = +0`,
+/// `acos(-1) = pi`, `acosh(1) = +0`, `atanh(+-1) = +-inf`, NaN just outside the domains,
+/// `sinh`/`cosh`/`exp2` overflowing to inf and `exp2` reaching the smallest subnormal, `tan`
+/// of a huge argument finite, `atan(+-inf) = +-pi/2`, `atan2`'s quadrants and signed zeros.
+#[test]
+fn libm_functions_at_their_domain_edges() {
+    use std::f64::consts::{FRAC_PI_2, FRAC_PI_4, PI};
+    let nan = f64::NAN;
+    let inf = f64::INFINITY;
+    let unary: &[(UnaryOp, f64, f64)] = &[
+        (UnaryOp::Asin, 1.0, FRAC_PI_2),
+        (UnaryOp::Asin, -1.0, -FRAC_PI_2),
+        (UnaryOp::Asin, 1.5, nan),
+        (UnaryOp::Asin, -0.0, -0.0),
+        (UnaryOp::Acos, 1.0, 0.0),
+        (UnaryOp::Acos, -1.0, PI),
+        (UnaryOp::Acos, -1.5, nan),
+        (UnaryOp::Acosh, 1.0, 0.0),
+        (UnaryOp::Acosh, 0.5, nan),
+        (UnaryOp::Acosh, inf, inf),
+        (UnaryOp::Atanh, 1.0, inf),
+        (UnaryOp::Atanh, -1.0, -inf),
+        (UnaryOp::Atanh, 2.0, nan),
+        (UnaryOp::Atanh, -0.0, -0.0),
+        (UnaryOp::Atan, inf, FRAC_PI_2),
+        (UnaryOp::Atan, -inf, -FRAC_PI_2),
+        (UnaryOp::Atan, 1.0, FRAC_PI_4),
+        (UnaryOp::Sinh, 1000.0, inf),
+        (UnaryOp::Sinh, -1000.0, -inf),
+        (UnaryOp::Sinh, -0.0, -0.0),
+        (UnaryOp::Cosh, -1000.0, inf),
+        (UnaryOp::Cosh, 0.0, 1.0),
+        (UnaryOp::Asinh, -inf, -inf),
+        (UnaryOp::Asinh, -0.0, -0.0),
+        (UnaryOp::Exp2, 2000.0, inf),
+        (UnaryOp::Exp2, -inf, 0.0),
+        (UnaryOp::Exp2, 10.0, 1024.0),
+        (UnaryOp::Tan, -0.0, -0.0),
+        (UnaryOp::Tan, inf, nan),
+    ];
+    let mut bad = Vec::new();
+    for dtype in [DType::F32, DType::F64] {
+        let round = |v: f64| {
+            if dtype == DType::F32 {
+                v as f32 as f64
+            } else {
+                v
+            }
+        };
+        for &(u, x, want) in unary {
+            for n in [1, 37] {
+                let g = graph(Op::Unary(u), dtype, n, 1);
+                let exe = tessera_codegen::compile(&g).unwrap();
+                let (_, got) = both(&g, &exe, &[lit(dtype, &[n], &vec![x; n])]);
+                let want = round(want);
+                if got.iter().any(|&v| !agrees(want, v, None)) {
+                    bad.push(format!(
+                        "{u:?} {dtype:?} n={n} ({x:e}): {:e}, want {want:e}",
+                        got[0]
+                    ));
+                }
+            }
+        }
+        // tan of a huge argument: finite, and the correctly reduced value (libm's reduction).
+        let g = graph(Op::Unary(UnaryOp::Tan), dtype, 1, 1);
+        let exe = tessera_codegen::compile(&g).unwrap();
+        let (_, got) = both(&g, &exe, &[lit(dtype, &[1], &[1e30])]);
+        if !got[0].is_finite() {
+            bad.push(format!("tan {dtype:?} (1e30): {:e}", got[0]));
+        }
+        let atan2: &[(f64, f64, f64)] = &[
+            (0.0, -1.0, PI),
+            (-0.0, -1.0, -PI),
+            (0.0, 1.0, 0.0),
+            (-0.0, 1.0, -0.0),
+            (1.0, 0.0, FRAC_PI_2),
+            (-1.0, -0.0, -FRAC_PI_2),
+            (inf, inf, FRAC_PI_4),
+            (-1.0, -1.0, -3.0 * FRAC_PI_4),
+            (nan, 1.0, nan),
+        ];
+        for n in [1, 37] {
+            let g = graph(Op::Binary(BinaryOp::Atan2), dtype, n, 2);
+            let exe = tessera_codegen::compile(&g).unwrap();
+            for &(x, y, want) in atan2 {
+                let lits = [lit(dtype, &[n], &vec![x; n]), lit(dtype, &[n], &vec![y; n])];
+                let (_, got) = both(&g, &exe, &lits);
+                if got.iter().any(|&v| !agrees(round(want), v, None)) {
+                    bad.push(format!(
+                        "atan2 {dtype:?} n={n} ({x:e}, {y:e}): {:e}",
+                        got[0]
+                    ));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -237,7 +237,7 @@ pub fn erf_inv_f64(y: f64) -> f64 {
 }
 
 macro_rules! impl_float {
-    ($t:ty, $erf:path, $erf_inv:path, $pow:path) => {
+    ($t:ty, $erf:path, $erf_inv:path, $pow:path, $libm:path, $atan2:path) => {
         impl Float for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -266,6 +266,16 @@ macro_rules! impl_float {
                     UnaryOp::ErfInv => $erf_inv(x),
                     // The type rule admits `not` for integers and bool only.
                     UnaryOp::Not => <$t>::NAN,
+                    UnaryOp::Tan => $libm(crate::elem::Libm::Tan, x),
+                    UnaryOp::Asin => $libm(crate::elem::Libm::Asin, x),
+                    UnaryOp::Acos => $libm(crate::elem::Libm::Acos, x),
+                    UnaryOp::Atan => $libm(crate::elem::Libm::Atan, x),
+                    UnaryOp::Sinh => $libm(crate::elem::Libm::Sinh, x),
+                    UnaryOp::Cosh => $libm(crate::elem::Libm::Cosh, x),
+                    UnaryOp::Asinh => $libm(crate::elem::Libm::Asinh, x),
+                    UnaryOp::Acosh => $libm(crate::elem::Libm::Acosh, x),
+                    UnaryOp::Atanh => $libm(crate::elem::Libm::Atanh, x),
+                    UnaryOp::Exp2 => $libm(crate::elem::Libm::Exp2, x),
                 }
             }
             fn binary(op: BinaryOp, x: Self, y: Self) -> Self {
@@ -284,6 +294,7 @@ macro_rules! impl_float {
                     | BinaryOp::Xor
                     | BinaryOp::ShiftLeft
                     | BinaryOp::ShiftRightLogical => <$t>::NAN,
+                    BinaryOp::Atan2 => $atan2(x, y),
                 }
             }
             fn is_nan(self) -> bool {
@@ -293,8 +304,22 @@ macro_rules! impl_float {
     };
 }
 
-impl_float!(f32, libm::erff, erf_inv_f32, pow_f32);
-impl_float!(f64, libm::erf, erf_inv_f64, f64::powf);
+impl_float!(
+    f32,
+    libm::erff,
+    erf_inv_f32,
+    pow_f32,
+    crate::elem::Libm::f32,
+    crate::elem::atan2_f32
+);
+impl_float!(
+    f64,
+    libm::erf,
+    erf_inv_f64,
+    f64::powf,
+    crate::elem::Libm::f64,
+    crate::elem::atan2_f64
+);
 
 /// Integer semantics, for i32 and u32 (shift amounts are read as unsigned).
 pub trait Int: Copy + Ord {
@@ -324,7 +349,17 @@ impl Int for i32 {
             | UnaryOp::Ceil
             | UnaryOp::Round
             | UnaryOp::Erf
-            | UnaryOp::ErfInv => 0,
+            | UnaryOp::ErfInv
+            | UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh
+            | UnaryOp::Exp2 => 0,
         }
     }
     fn binary(op: BinaryOp, x: i32, y: i32) -> i32 {
@@ -353,7 +388,7 @@ impl Int for i32 {
             BinaryOp::Xor => x ^ y,
             BinaryOp::ShiftLeft => (x as u32).checked_shl(y as u32).unwrap_or(0) as i32,
             BinaryOp::ShiftRightLogical => (x as u32).checked_shr(y as u32).unwrap_or(0) as i32,
-            BinaryOp::Pow => 0,
+            BinaryOp::Pow | BinaryOp::Atan2 => 0,
         }
     }
 }
@@ -380,7 +415,17 @@ impl Int for u32 {
             | UnaryOp::Ceil
             | UnaryOp::Round
             | UnaryOp::Erf
-            | UnaryOp::ErfInv => 0,
+            | UnaryOp::ErfInv
+            | UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh
+            | UnaryOp::Exp2 => 0,
         }
     }
     fn binary(op: BinaryOp, x: u32, y: u32) -> u32 {
@@ -397,7 +442,7 @@ impl Int for u32 {
             BinaryOp::Xor => x ^ y,
             BinaryOp::ShiftLeft => x.checked_shl(y).unwrap_or(0),
             BinaryOp::ShiftRightLogical => x.checked_shr(y).unwrap_or(0),
-            BinaryOp::Pow => 0,
+            BinaryOp::Pow | BinaryOp::Atan2 => 0,
         }
     }
 }
@@ -423,7 +468,17 @@ pub fn bool_unary(op: UnaryOp, x: bool) -> bool {
         | UnaryOp::Ceil
         | UnaryOp::Round
         | UnaryOp::Erf
-        | UnaryOp::ErfInv => x,
+        | UnaryOp::ErfInv
+        | UnaryOp::Tan
+        | UnaryOp::Asin
+        | UnaryOp::Acos
+        | UnaryOp::Atan
+        | UnaryOp::Sinh
+        | UnaryOp::Cosh
+        | UnaryOp::Asinh
+        | UnaryOp::Acosh
+        | UnaryOp::Atanh
+        | UnaryOp::Exp2 => x,
     }
 }
 
@@ -442,7 +497,8 @@ pub fn bool_binary(op: BinaryOp, x: bool, y: bool) -> bool {
         | BinaryOp::Min
         | BinaryOp::Pow
         | BinaryOp::ShiftLeft
-        | BinaryOp::ShiftRightLogical => false,
+        | BinaryOp::ShiftRightLogical
+        | BinaryOp::Atan2 => false,
     }
 }
 

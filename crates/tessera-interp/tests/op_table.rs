@@ -119,6 +119,16 @@ fn unary(u: UnaryOp, d: DType, x: V) -> V {
             UnaryOp::Erf => libm::erf(x),
             UnaryOp::ErfInv => erf_inv_bisect(x),
             UnaryOp::Not => unreachable!("not on floats"),
+            UnaryOp::Tan => x.sin() / x.cos(),
+            UnaryOp::Asin => (x / (1.0 - x * x).sqrt()).atan(),
+            UnaryOp::Acos => std::f64::consts::FRAC_PI_2 - (x / (1.0 - x * x).sqrt()).atan(),
+            UnaryOp::Atan => (x / (1.0 + x * x).sqrt()).asin(),
+            UnaryOp::Sinh => (x.exp() - (-x).exp()) / 2.0,
+            UnaryOp::Cosh => (x.exp() + (-x).exp()) / 2.0,
+            UnaryOp::Asinh => x.signum() * (x.abs() + (x * x + 1.0).sqrt()).ln(),
+            UnaryOp::Acosh => (x + (x * x - 1.0).sqrt()).ln(),
+            UnaryOp::Atanh => 0.5 * ((1.0 + x) / (1.0 - x)).ln(),
+            UnaryOp::Exp2 => (x * std::f64::consts::LN_2).exp(),
         });
     }
     if d == DType::Bool {
@@ -166,6 +176,15 @@ fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
                 }
             }
             BinaryOp::Pow => x.powf(y),
+            // The angle of (y, x): atan(x / y), shifted by pi in the left half-plane.
+            BinaryOp::Atan2 => {
+                let a = (x / y).atan();
+                if y < 0.0 {
+                    a + std::f64::consts::PI.copysign(x)
+                } else {
+                    a
+                }
+            }
             // tidy: allow-wildcard(the naive reference: the type rule admits no other op for this dtype)
             _ => unreachable!(),
         });
@@ -221,7 +240,7 @@ fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
                 (bits(x) >> bits(y)) as i64
             }
         }
-        BinaryOp::Pow => unreachable!(),
+        BinaryOp::Pow | BinaryOp::Atan2 => unreachable!(),
     })
 }
 

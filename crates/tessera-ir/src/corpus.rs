@@ -400,7 +400,12 @@ pub fn random_inputs(sample: &Sample, rng: &mut Lcg) -> Vec<Literal> {
             (0.1, 3.0)
         }
         Op::Unary(UnaryOp::Log1p) => (-0.9, 3.0),
-        Op::Unary(UnaryOp::ErfInv) => (-0.99, 0.99),
+        Op::Unary(UnaryOp::ErfInv | UnaryOp::Asin | UnaryOp::Acos | UnaryOp::Atanh) => {
+            (-0.99, 0.99)
+        }
+        Op::Unary(UnaryOp::Acosh) => (1.1, 4.0),
+        // Away from tan's poles at +-pi/2, for finite differences.
+        Op::Unary(UnaryOp::Tan) => (-1.2, 1.2),
         // Integer indices from -2 to 7: in and out of bounds of the samples' dims.
         Op::Gather(_) | Op::Scatter(_) => (-0.2, 0.7),
         // tidy: allow-wildcard(a default input range for test samples, not per-op policy)

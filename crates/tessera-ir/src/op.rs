@@ -39,10 +39,20 @@ pub enum UnaryOp {
     ErfInv,
     /// Bitwise not on integers, logical not on bool.
     Not,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
+    Exp2,
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 19] = [
+    pub const ALL: [UnaryOp; 29] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Sign,
@@ -62,6 +72,16 @@ impl UnaryOp {
         UnaryOp::Erf,
         UnaryOp::ErfInv,
         UnaryOp::Not,
+        UnaryOp::Tan,
+        UnaryOp::Asin,
+        UnaryOp::Acos,
+        UnaryOp::Atan,
+        UnaryOp::Sinh,
+        UnaryOp::Cosh,
+        UnaryOp::Asinh,
+        UnaryOp::Acosh,
+        UnaryOp::Atanh,
+        UnaryOp::Exp2,
     ];
 
     pub fn name(self) -> &'static str {
@@ -85,6 +105,16 @@ impl UnaryOp {
             UnaryOp::Erf => "erf",
             UnaryOp::ErfInv => "erf_inv",
             UnaryOp::Not => "not",
+            UnaryOp::Tan => "tan",
+            UnaryOp::Asin => "asin",
+            UnaryOp::Acos => "acos",
+            UnaryOp::Atan => "atan",
+            UnaryOp::Sinh => "sinh",
+            UnaryOp::Cosh => "cosh",
+            UnaryOp::Asinh => "asinh",
+            UnaryOp::Acosh => "acosh",
+            UnaryOp::Atanh => "atanh",
+            UnaryOp::Exp2 => "exp2",
         }
     }
 
@@ -107,7 +137,17 @@ impl UnaryOp {
             | UnaryOp::Ceil
             | UnaryOp::Round
             | UnaryOp::Erf
-            | UnaryOp::ErfInv => dtype.is_float(),
+            | UnaryOp::ErfInv
+            | UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh
+            | UnaryOp::Exp2 => dtype.is_float(),
         }
     }
 }
@@ -129,10 +169,12 @@ pub enum BinaryOp {
     Xor,
     ShiftLeft,
     ShiftRightLogical,
+    /// `atan2(x, y)`: the angle of the point `(y, x)`, in `[-pi, pi]` (`lax.atan2`).
+    Atan2,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 13] = [
+    pub const ALL: [BinaryOp; 14] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -146,6 +188,7 @@ impl BinaryOp {
         BinaryOp::Xor,
         BinaryOp::ShiftLeft,
         BinaryOp::ShiftRightLogical,
+        BinaryOp::Atan2,
     ];
 
     pub fn name(self) -> &'static str {
@@ -163,6 +206,7 @@ impl BinaryOp {
             BinaryOp::Xor => "xor",
             BinaryOp::ShiftLeft => "shift_left",
             BinaryOp::ShiftRightLogical => "shift_right_logical",
+            BinaryOp::Atan2 => "atan2",
         }
     }
 
@@ -175,7 +219,7 @@ impl BinaryOp {
             | BinaryOp::Rem
             | BinaryOp::Max
             | BinaryOp::Min => dtype.is_numeric(),
-            BinaryOp::Pow => dtype.is_float(),
+            BinaryOp::Pow | BinaryOp::Atan2 => dtype.is_float(),
             BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => dtype.is_int() || dtype == DType::Bool,
             BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical => dtype.is_int(),
         }
@@ -548,6 +592,17 @@ pub const ALL_OP_NAMES: &[&str] = &[
     "checkpoint",
     "custom_vjp",
     "get_result",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "exp2",
+    "atan2",
     "conv_general_dilated",
     "reduce_window_sum",
     "reduce_window_max",

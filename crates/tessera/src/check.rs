@@ -72,6 +72,18 @@ fn unary_bound(u: UnaryOp) -> Bound {
         UnaryOp::Logistic => Bound::Ulps(6),
         // compiled 1.5, interpreter 1.
         UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Erf => Bound::Ulps(3),
+        // libm's f64 function rounded once, the same call on both backends
+        // (`tessera-interp/src/elem.rs`).
+        UnaryOp::Tan
+        | UnaryOp::Asin
+        | UnaryOp::Acos
+        | UnaryOp::Atan
+        | UnaryOp::Sinh
+        | UnaryOp::Cosh
+        | UnaryOp::Asinh
+        | UnaryOp::Acosh
+        | UnaryOp::Atanh
+        | UnaryOp::Exp2 => Bound::Exact,
     }
 }
 
@@ -91,6 +103,8 @@ fn binary_bound(b: BinaryOp) -> Bound {
         | BinaryOp::ShiftRightLogical => Bound::Exact,
         // f64 `pow` rounded once, the same call on both backends.
         BinaryOp::Pow => Bound::Exact,
+        // f64 libm `atan2` rounded once, the same call on both backends.
+        BinaryOp::Atan2 => Bound::Exact,
     }
 }
 

@@ -27,6 +27,8 @@ pub mod grad;
 pub mod indexing;
 pub mod jit;
 pub mod manip;
+pub mod math;
+pub mod nn;
 pub mod ops;
 pub mod pipeline;
 pub mod pmap;

@@ -674,6 +674,17 @@ fn exact_between_backends(g: &Graph) -> bool {
                 | UnaryOp::Ceil
                 | UnaryOp::Round
                 | UnaryOp::Not => true,
+                // The same libm call on both backends (tessera-interp/src/elem.rs).
+                UnaryOp::Tan
+                | UnaryOp::Asin
+                | UnaryOp::Acos
+                | UnaryOp::Atan
+                | UnaryOp::Sinh
+                | UnaryOp::Cosh
+                | UnaryOp::Asinh
+                | UnaryOp::Acosh
+                | UnaryOp::Atanh
+                | UnaryOp::Exp2 => true,
             },
             Op::Reduce { kind, .. } => match kind {
                 ReduceKind::Sum => !float,
