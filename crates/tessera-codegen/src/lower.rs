@@ -328,17 +328,24 @@ fn define_outlined(
         ty: if lanes == Lanes::Four { F32X4 } else { F32 },
         fma: host_has_fma(),
     };
-    let calls = approx::Calls {
-        sin: import(module, b.func, "tessera_sin_f32", F32, 1),
-        cos: import(module, b.func, "tessera_cos_f32", F32, 1),
-        pow: import(module, b.func, "tessera_pow_f32", F32, 2),
-    };
+    let calls = declare_calls(module, b.func);
     let y = approx::unary_f32(&mut b, fx, u, x, calls);
     b.ins().return_(&[y]);
     b.finalize(module.target_config());
     module.define_function(id, ctx).map_err(cl)?;
     module.clear_context(ctx);
     Ok(())
+}
+
+/// The f32 slow paths and calls (`approx::Calls`), declared in `func`.
+fn declare_calls(module: &mut JITModule, func: &mut Function) -> approx::Calls {
+    approx::Calls {
+        sin: import(module, func, "tessera_sin_f32", F32, 1),
+        cos: import(module, func, "tessera_cos_f32", F32, 1),
+        pow: import(module, func, "tessera_pow_f32", F32, 2),
+        libm: Libm::ALL.map(|l| import(module, func, elem::symbols(l).0, F32, 1)),
+        atan2: import(module, func, "tessera_atan2_f32", F32, 2),
+    }
 }
 
 /// Declares the Rust function `name` (`arity` arguments of `ty`, one result) in `func`.
@@ -980,13 +987,7 @@ impl Lower<'_, '_> {
         if let Some(c) = self.calls {
             return c;
         }
-        let c = approx::Calls {
-            sin: self.import("tessera_sin_f32", F32, 1),
-            cos: self.import("tessera_cos_f32", F32, 1),
-            pow: self.import("tessera_pow_f32", F32, 2),
-            libm: Libm::ALL.map(|l| self.import(elem::symbols(l).0, F32, 1)),
-            atan2: self.import("tessera_atan2_f32", F32, 2),
-        };
+        let c = declare_calls(self.module, self.b.func);
         self.calls = Some(c);
         c
     }

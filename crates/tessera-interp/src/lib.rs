@@ -6,8 +6,8 @@
 //! are delegated to a transport (`tessera_transport::Collectives`): `SingleDevice` (every group
 //! has one member), or the runtime's shared-memory transport for sharded programs.
 
-pub mod elem;
 pub mod conv;
+pub mod elem;
 mod gather;
 pub mod scalar;
 mod sorting;

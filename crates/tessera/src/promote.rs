@@ -192,6 +192,7 @@ pub(crate) fn bool_op(op: BinaryOp, dtype: DType) -> BinaryOp {
         | BinaryOp::Div
         | BinaryOp::Rem
         | BinaryOp::Pow
+        | BinaryOp::Atan2
         | BinaryOp::And
         | BinaryOp::Or
         | BinaryOp::Xor
