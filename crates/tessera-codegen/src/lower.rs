@@ -1339,6 +1339,24 @@ mod tests {
     use crate::fusion::{StepKind, fuse, is_transcendental};
     use tessera_ir::{Graph, Op, TensorType};
 
+    /// The kernels `g` fuses into.
+    fn kernels_of(g: &Graph) -> Vec<Kernel> {
+        let schedule = fuse(g);
+        let mut ks = Vec::new();
+        for st in schedule.steps {
+            match st.kind {
+                StepKind::Kernel(k) => ks.push(k),
+                StepKind::Gemm(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_)
+                | StepKind::Indexed(_)
+                | StepKind::Native(_) => {}
+            }
+        }
+        ks
+    }
+
     /// `u` over `xs` by `k` (a one-op kernel: one input, one output, `xs.len()` long).
     fn run(code: &Compiled, xs: &[f32]) -> Vec<u32> {
         let mut input = xs.to_vec();
@@ -1393,20 +1411,7 @@ mod tests {
             let x = g.add_param(TensorType::new(DType::F32, vec![xs.len()]));
             let y = g.add(Op::Unary(u), &[x]).unwrap();
             g.set_outputs(vec![y]);
-            let schedule = fuse(&g);
-            let ks: Vec<Kernel> = schedule
-                .steps
-                .iter()
-                .filter_map(|st| match &st.kind {
-                    StepKind::Kernel(k) => Some(k.clone()),
-                    StepKind::Gemm(_)
-                    | StepKind::Collective(_)
-                    | StepKind::Region(_)
-                    | StepKind::Window(_)
-                    | StepKind::Indexed(_)
-                    | StepKind::Native(_) => None,
-                })
-                .collect();
+            let ks = kernels_of(&g);
             assert_eq!(ks.len(), 1, "{u:?}");
             let inline = compile_with(&ks, false).unwrap();
             let outlined = compile_with(&ks, true).unwrap();
@@ -1442,19 +1447,7 @@ mod tests {
             outs.push(g.add(Op::Binary(BinaryOp::Add), &[x, c]).unwrap());
         }
         g.set_outputs(outs);
-        let ks: Vec<Kernel> = fuse(&g)
-            .steps
-            .iter()
-            .filter_map(|st| match &st.kind {
-                StepKind::Kernel(k) => Some(k.clone()),
-                StepKind::Gemm(_)
-                | StepKind::Collective(_)
-                | StepKind::Region(_)
-                | StepKind::Window(_)
-                | StepKind::Indexed(_)
-                | StepKind::Native(_) => None,
-            })
-            .collect();
+        let ks = kernels_of(&g);
         assert_eq!(ks.len(), 3);
         let code = compile(&ks).unwrap();
         let at = |i: usize| code.functions[i] as *const ();
