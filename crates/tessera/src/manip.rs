@@ -250,7 +250,7 @@ impl Tensor {
     /// `jnp.eye(n, m, k)`: ones on the `k`-th diagonal (`k > 0` above the main one).
     #[track_caller]
     pub fn eye(n: usize, m: usize, k: i64, dtype: DType) -> Tensor {
-        let mask = diagonal_mask(n, m, k, |i, j| i.eq(j));
+        let mask = diagonal_mask("eye", n, m, k, |i, j| i.eq(j));
         Tensor::select(
             &mask,
             &Tensor::full_dtype([n, m], 1.0, dtype),
@@ -277,7 +277,7 @@ impl Tensor {
         }
         let r = self.rank();
         let (n, m) = (self.shape()[r - 2], self.shape()[r - 1]);
-        let mask = diagonal_mask(n, m, k, keep);
+        let mask = diagonal_mask(op, n, m, k, keep);
         let mask = mask.broadcast_to(self.shape());
         let x = &join(&[self, &mask])[0];
         Tensor::select(&mask, x, &x.zeros_like())
@@ -285,13 +285,20 @@ impl Tensor {
 }
 
 /// `[n, m]` bool: `rel(i + k, j)` for row `i`, column `j` (rows shifted by the diagonal
-/// offset `k`), computed in i64-free i32 when it fits, else an error.
+/// offset `k`), computed in i64-free i32 when it fits, else an error naming `op`.
 #[track_caller]
-fn diagonal_mask(n: usize, m: usize, k: i64, rel: impl Fn(&Tensor, &Tensor) -> Tensor) -> Tensor {
-    let fits = |v: i64| i32::try_from(v).is_ok();
-    if !fits(n as i64 + k.abs()) || !fits(m as i64) {
+fn diagonal_mask(
+    op: &str,
+    n: usize,
+    m: usize,
+    k: i64,
+    rel: impl Fn(&Tensor, &Tensor) -> Tensor,
+) -> Tensor {
+    let fits = |v: Option<i64>| v.is_some_and(|v| i32::try_from(v).is_ok());
+    let reach = k.checked_abs().and_then(|a| a.checked_add(n as i64));
+    if !fits(reach) || !fits(Some(m as i64)) {
         fail(
-            "eye",
+            op,
             format!("dims {n}x{m} with diagonal offset {k} exceed i32 index arithmetic"),
         );
     }

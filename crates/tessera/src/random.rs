@@ -237,36 +237,7 @@ fn fused_scale(f: &Tensor, d: f32, c: f32) -> Tensor {
 /// XLA's denormals-are-zero would.
 #[track_caller]
 fn fma_f32(a: &Tensor, b: f32, c: f32) -> Tensor {
-    let f64s = |x: f64| Tensor::scalar(x);
-    let c64 = f64s(c as f64);
-    let p = a.astype(DType::F64) * &f64s(b as f64);
-    let s = &p + &c64;
-    let bb = &s - &p;
-    let e = (&p - (&s - &bb)) + (&c64 - &bb);
-    let r = s.astype(DType::F32);
-    let max = f32::MAX as f64;
-    let rd = r
-        .astype(DType::F64)
-        .maximum(&f64s(-max))
-        .minimum(&f64s(max));
-    let h = &s - &rd;
-    let n = &s + &h;
-    let n_is_f32 = n
-        .astype(DType::F32)
-        .astype(DType::F64)
-        .eq(&n)
-        .bitor(&n.abs().eq(&f64s(2f64.powi(128))));
-    let zero = f64s(0.0);
-    let midpoint = h
-        .ne(&zero)
-        .bitand(&n_is_f32)
-        .bitand(&s.abs().lt(&f64s(f64::INFINITY)))
-        .bitand(&e.ne(&zero));
-    let toward_e = Tensor::select(&e.gt(&zero), &rd.maximum(&n), &rd.minimum(&n));
-    let r = Tensor::select(&midpoint, &toward_e.astype(DType::F32), &r);
-    // XLA:CPU runs with flush-to-zero: a subnormal result comes out as a zero of its sign.
-    let tiny = r.abs().lt(&Tensor::scalar(f32::MIN_POSITIVE));
-    Tensor::select(&tiny, &(&r * 0.0), &r)
+    dists::fma(a, &Tensor::scalar(b), &Tensor::scalar(c))
 }
 
 /// `jax.random.normal(key, shape)`: f32 standard normal, `sqrt(2) * erf_inv(u)` with `u`

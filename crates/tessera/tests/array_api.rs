@@ -9,21 +9,9 @@
 use serde_json::Value;
 use tessera::prelude::*;
 
-fn tensor(v: &Value) -> Tensor {
-    let shape: Vec<usize> = v["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    let data: Vec<f32> = v["values"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
-    Tensor::from_vec(data, shape)
-}
+#[path = "support/fixture.rs"]
+mod fixture;
+use fixture::tensor;
 
 /// Within float32 rounding of a sum of a few dozen terms, relative to the output's scale
 /// (JAX's CPU kernels add in another order).
@@ -219,6 +207,20 @@ fn bad_axes_and_specs_name_the_op_the_shapes_and_the_line() {
         e.contains("names 3 indices for an operand of rank 2"),
         "{e}"
     );
+    // The diagonal offset's error names the op, even at offsets whose magnitude overflows.
+    for (k, op) in [(1i64 << 40, "tril"), (i64::MIN, "tril"), (i64::MAX, "eye")] {
+        let e = if op == "eye" {
+            err_of(move || Tensor::eye(2, 3, k, DType::F32))
+        } else {
+            err_of(move || Tensor::zeros([2, 3]).tril(k))
+        };
+        assert!(
+            e.contains(op) && e.contains(&format!("offset {k} exceed")),
+            "{e}"
+        );
+    }
+    let e = err_of(|| Tensor::zeros([2, 3]).triu(-(1i64 << 40)));
+    assert!(e.contains("triu") && !e.contains("eye"), "{e}");
     let e = err_of(|| Tensor::zeros([2, 3]).squeeze(0));
     assert!(
         e.contains("squeeze") && e.contains("dim 0 has size 2"),

@@ -3,16 +3,16 @@
 //! backends, with gradients; plus zero-size shapes, vmap, jvp and the errors of bad input.
 
 use serde_json::Value;
+
+// Only `fixture::shape` here: this file's arrays carry exact bits, not `values`.
+#[allow(dead_code)]
+#[path = "support/fixture.rs"]
+mod fixture;
 use tessera::ir::{CumulativeKind, Data, Literal, TensorType};
 use tessera::{Backend, DType, Tensor, grad, jit, jvp, vmap};
 
 fn decode(v: &Value) -> Tensor {
-    let shape: Vec<usize> = v["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
+    let shape = fixture::shape(v);
     let ints = |k: &str| -> Vec<i64> {
         v[k].as_array()
             .unwrap()

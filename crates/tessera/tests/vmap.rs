@@ -7,6 +7,9 @@
 use serde_json::Value;
 use tessera::prelude::*;
 
+#[path = "support/fixture.rs"]
+mod fixture;
+
 fn eight_devices() {
     // SAFETY: every test calls this first, before the device pool starts and before any other
     // thread reads the environment; the value is always the same.
@@ -348,22 +351,6 @@ fn op_families_equal_the_loop_on_both_backends() {
     }
 }
 
-fn values(v: &Value) -> Tensor {
-    let shape: Vec<usize> = v["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    let data: Vec<f32> = v["values"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
-    Tensor::from_vec(data, shape)
-}
-
 /// JAX's values for the same programs (its CPU kernels sum in another order: within 8 ulp).
 #[test]
 fn jax_fixtures() {
@@ -371,53 +358,58 @@ fn jax_fixtures() {
     let fx: Value = serde_json::from_str(include_str!("fixtures/vmap/vmap.json")).unwrap();
     let inp = &fx["mlp"]["inputs"];
     let p = Mlp {
-        w1: values(&inp["w1"]),
-        b1: values(&inp["b1"]),
-        w2: values(&inp["w2"]),
-        b2: values(&inp["b2"]),
+        w1: fixture::tensor(&inp["w1"]),
+        b1: fixture::tensor(&inp["b1"]),
+        w2: fixture::tensor(&inp["w2"]),
+        b2: fixture::tensor(&inp["b2"]),
     };
     same(&p.w1, &mlp().w1, "make.py's det is this file's det");
-    let (x, y) = (values(&inp["x"]), values(&inp["y"]));
+    let (x, y) = (fixture::tensor(&inp["x"]), fixture::tensor(&inp["y"]));
     let g = per_example_grads(&(p, x, y));
     let gw = &fx["mlp"]["grads"];
-    close(&g.w1, &values(&gw["w1"]), 8, "jax grad w1");
-    close(&g.b1, &values(&gw["b1"]), 8, "jax grad b1");
-    close(&g.w2, &values(&gw["w2"]), 8, "jax grad w2");
-    close(&g.b2, &values(&gw["b2"]), 8, "jax grad b2");
+    close(&g.w1, &fixture::tensor(&gw["w1"]), 8, "jax grad w1");
+    close(&g.b1, &fixture::tensor(&gw["b1"]), 8, "jax grad b1");
+    close(&g.w2, &fixture::tensor(&gw["w2"]), 8, "jax grad w2");
+    close(&g.b2, &fixture::tensor(&gw["b2"]), 8, "jax grad b2");
 
     let nx = &fx["nested"];
-    let (a, b) = (values(&nx["a"]), values(&nx["b"]));
+    let (a, b) = (fixture::tensor(&nx["a"]), fixture::tensor(&nx["b"]));
     let nest = vmap(|a: &Tensor| vmap(|b: &Tensor| pair(a, b)).call(&b)).call(&a);
-    close(&nest, &values(&nx["out"]), 8, "jax nested");
+    close(&nest, &fixture::tensor(&nx["out"]), 8, "jax nested");
 
     let nm = &fx["named"];
     close(
-        &vmap(named).axis_name("b").call(&values(&nm["x"])),
-        &values(&nm["out"]),
+        &vmap(named).axis_name("b").call(&fixture::tensor(&nm["x"])),
+        &fixture::tensor(&nm["out"]),
         8,
         "jax axis_name",
     );
 
     let o1 = &fx["out_axes_1"];
-    let m = values(&o1["m"]);
+    let m = fixture::tensor(&o1["m"]);
     let got = vmap(|v: &Tensor| v.tanh().matmul(&m))
         .out_axes(1)
-        .call(&values(&o1["x"]));
-    close(&got, &values(&o1["out"]), 8, "jax out_axes=1");
+        .call(&fixture::tensor(&o1["x"]));
+    close(&got, &fixture::tensor(&o1["out"]), 8, "jax out_axes=1");
 
     // Control flow under vmap: scan (and its gradient), while_loop, cond.
     let c = &fx["control"];
     let (w, h0, xs, x) = (
-        values(&c["w"]),
-        values(&c["h0"]),
-        values(&c["xs"]),
-        values(&c["x"]),
+        fixture::tensor(&c["w"]),
+        fixture::tensor(&c["h0"]),
+        fixture::tensor(&c["xs"]),
+        fixture::tensor(&c["x"]),
     );
     same(&xs, &det(&[4, 5, 3], 19.0), "make.py's det");
     let s = vmap(|s: &Tensor| rnn(&w, &h0, s)).call(&xs);
-    close(&s, &values(&c["scan"]), 8, "jax vmap of scan");
+    close(&s, &fixture::tensor(&c["scan"]), 8, "jax vmap of scan");
     let gs = vmap(|s: &Tensor| grad(|w: &Tensor| rnn(w, &h0, s))(&w)).call(&xs);
-    close(&gs, &values(&c["grad_scan"]), 8, "jax vmap of grad of scan");
+    close(
+        &gs,
+        &fixture::tensor(&c["grad_scan"]),
+        8,
+        "jax vmap of grad of scan",
+    );
     let trips = vmap(|v: &Tensor| {
         while_loop(
             |c: &(Tensor, Tensor)| c.0.sum().lt(&c.0.scalar_like(8.0)),
@@ -427,7 +419,11 @@ fn jax_fixtures() {
         .1
     })
     .call(&x);
-    same(&trips, &values(&c["while_loop"]), "jax vmap of while_loop");
+    same(
+        &trips,
+        &fixture::tensor(&c["while_loop"]),
+        "jax vmap of while_loop",
+    );
     let br = vmap(|v: &Tensor| {
         cond(
             &v.sum().gt(&v.scalar_like(0.0)),
@@ -437,7 +433,7 @@ fn jax_fixtures() {
         )
     })
     .call(&x);
-    close(&br, &values(&c["cond"]), 8, "jax vmap of cond");
+    close(&br, &fixture::tensor(&c["cond"]), 8, "jax vmap of cond");
 }
 
 /// The message of the error a jitted vmap returns.

@@ -200,10 +200,10 @@ pub fn truncated_normal(key: &Key, lower: f32, upper: f32, shape: impl Into<Shap
 
 /// `a * b + c` on f32 tensors rounded once (a fused multiply-add), from f64 ops: `a * b` is
 /// exact in f64, and the f64 sum's rounding to f32 is corrected where it lands exactly on an
-/// f32 midpoint (the argument of `super::fma_f32`, with tensor `b` and `c`). A subnormal
-/// result is flushed to a zero of its sign, as XLA:CPU does.
+/// f32 midpoint (the argument at `super::fma_f32`). A subnormal result is flushed to a zero
+/// of its sign, as XLA:CPU does.
 #[track_caller]
-fn fma(a: &Tensor, b: &Tensor, c: &Tensor) -> Tensor {
+pub(super) fn fma(a: &Tensor, b: &Tensor, c: &Tensor) -> Tensor {
     let f64s = |x: f64| Tensor::scalar(x);
     let c64 = c.astype(DType::F64);
     let p = a.astype(DType::F64) * &b.astype(DType::F64);
