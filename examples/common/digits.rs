@@ -65,14 +65,15 @@ pub fn adam_update<P: Tree>(p: &P, g: &P, (m, v, t): &Adam<P>, lr: f32) -> (P, A
     (tree::unflatten(&def, new).expect("same tree"), (m, v, t))
 }
 
-/// Softmax cross-entropy of `logits [b, 10]` against integer `labels [b]`.
+/// Softmax cross-entropy of `logits [b, 10]` against integer `labels [b]`: each row's
+/// log-probability of its label, by `take_along_axis` (`optax.softmax_cross_entropy_with_
+/// integer_labels`).
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Tensor {
     let b = logits.shape()[0];
-    let classes = logits.shape()[1];
-    let onehot = Tensor::iota(DType::I32, [b, classes], 1)
-        .eq(&labels.broadcast_in_dim([b, classes], &[0]))
-        .astype(DType::F32);
-    -(logits.log_softmax(-1) * onehot).sum() / b as f32
+    let picked = logits
+        .log_softmax(-1)
+        .take_along_axis(&labels.reshape([b, 1]), 1);
+    -picked.sum() / b as f32
 }
 
 /// The fraction of `logits`' argmaxes equal to `labels`.

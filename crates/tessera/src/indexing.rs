@@ -1,6 +1,6 @@
 //! Indexing front ends over the `gather` and `scatter` primitives (as `jax.numpy`'s indexing
 //! over `lax.gather`/`lax.scatter`), so gradients, batching and sharding come from the
-//! primitives' rules: `take`, `at(idx).get/set/add/mul/min/max`, `dynamic_slice`,
+//! primitives' rules: `take`, `take_along_axis`, `at(idx).get/set/add/mul/min/max`, `dynamic_slice`,
 //! `dynamic_update_slice` and `one_hot`.
 //!
 //! Out-of-bounds behavior is JAX's defaults (checked against jax 0.10.2 by
@@ -93,6 +93,79 @@ impl Tensor {
             fill: tessera_ir::gather::default_fill(self.dtype()),
         };
         let j = join(&[self, idx]);
+        apply(Op::Gather(Box::new(d)), &[&j[0], &j[1]])
+    }
+
+    /// `jnp.take_along_axis(self, idx, axis)`: for every position of `idx` (of `self`'s rank),
+    /// the element of `self` at that index along `axis` and at the same position along the
+    /// other dims, which broadcast between the two (NumPy's rules, as JAX). The result has
+    /// `idx`'s extent along `axis`. Negative indices count from the end; one still out of
+    /// range gives JAX's fill (NaN for floats). A gather with every other dim a batching dim.
+    #[track_caller]
+    pub fn take_along_axis(&self, idx: &Tensor, axis: impl Into<Axis>) -> Tensor {
+        let op = "take_along_axis";
+        let r = self.rank();
+        if idx.rank() != r {
+            fail(
+                op,
+                format!(
+                    "indices {} must have the rank of the operand {}",
+                    idx.ty(),
+                    self.ty()
+                ),
+            );
+        }
+        let axis = self.resolve_axis(op, axis);
+        let mut common = Vec::with_capacity(r);
+        for d in 0..r {
+            let (a, b) = (self.shape()[d], idx.shape()[d]);
+            common.push(match (a, b) {
+                _ if d == axis || a == b => a,
+                (1, b) => b,
+                (a, 1) => a,
+                _ => fail(
+                    op,
+                    format!(
+                        "dim {d} of the operand {} and of the indices {} cannot broadcast",
+                        self.ty(),
+                        idx.ty()
+                    ),
+                ),
+            });
+        }
+        let x = self.broadcast_to(&common);
+        common[axis] = idx.shape()[axis];
+        let i = idx.broadcast_to(&common);
+        let n = x.shape()[axis];
+        if n == 0 && i.ty().numel() > 0 {
+            fail(
+                op,
+                format!(
+                    "cannot take {} indices from the empty axis {axis} of {}",
+                    i.ty().numel(),
+                    self.ty()
+                ),
+            );
+        }
+        if i.ty().numel() == 0 {
+            // No element to take (the gather's type rule would refuse a batching dim of size
+            // 0): the empty result, as JAX gives.
+            return Tensor::full_dtype(i.shape().to_vec(), 0.0, self.dtype());
+        }
+        let i = normalized(op, &i, n);
+        let batch: Vec<usize> = (0..r).filter(|&d| d != axis).collect();
+        let d = GatherDims {
+            offset_dims: vec![],
+            collapsed_slice_dims: vec![axis],
+            start_index_map: vec![axis],
+            operand_batching_dims: batch.clone(),
+            start_indices_batching_dims: batch,
+            index_vector_dim: r,
+            slice_sizes: vec![1; r],
+            mode: IndexMode::Fill,
+            fill: tessera_ir::gather::default_fill(self.dtype()),
+        };
+        let j = join(&[&x, &i]);
         apply(Op::Gather(Box::new(d)), &[&j[0], &j[1]])
     }
 

@@ -61,6 +61,23 @@ fn values_match_jax_on_both_backends() {
         ("at_max".into(), Box::new(|x, i, v| x.at(i).max(v))),
         ("at_mul".into(), Box::new(|x, i, v| x.at(i).mul(v))),
     ];
+    let tal: Vec<i32> = f["tal"].as_array().unwrap().iter().flat_map(ints).collect();
+    let tal = Tensor::from_vec(tal, vec![5, 3]);
+    cases.push((
+        "tal_axis1".into(),
+        Box::new(move |x, _, _| x.take_along_axis(&tal, 1)),
+    ));
+    cases.push((
+        "tal_axis0_bcast".into(),
+        Box::new(|x, _, _| x.take_along_axis(&Tensor::from_vec(vec![4i32, -1], vec![2, 1]), 0)),
+    ));
+    cases.push((
+        "tal_operand_bcast".into(),
+        Box::new(|x, _, _| {
+            let i = Tensor::from_vec(vec![3i32, 0, 1, -1, 2, 2], vec![3, 2]);
+            x.slice(&[0, 0], &[1, 4]).take_along_axis(&i, -1)
+        }),
+    ));
     let i2 = idx2.clone();
     cases.push((
         "take_axis1".into(),
@@ -125,6 +142,18 @@ fn gradients_match_jax() {
         close(&g.0.to_vec::<f32>(), &floats(&c[name]["grads"][0]), name);
         close(&g.1.to_vec::<f32>(), &floats(&c[name]["grads"][1]), name);
     }
+    let tal: Vec<i32> = f["tal"].as_array().unwrap().iter().flat_map(ints).collect();
+    let tal = Tensor::from_vec(tal, vec![5, 3]);
+    let w3 = Tensor::from_vec(
+        (0..15).map(|k| -2.0 + 3.0 * k as f32 / 14.0).collect(),
+        vec![5, 3],
+    );
+    let g = grad(|x: &Tensor| x.take_along_axis(&tal, 1).mul(&w3).sum())(&x);
+    close(
+        &g.to_vec::<f32>(),
+        &floats(&c["grad_tal_axis1"]["grads"][0]),
+        "grad take_along_axis",
+    );
     let wd = Tensor::from_vec((0..6).map(|k| k as f32).collect(), vec![2, 3]);
     let s = [Tensor::scalar(4i32), Tensor::scalar(3i32)];
     let g = grad(|x: &Tensor| x.dynamic_slice(&s, &[2, 3]).mul(&wd).sum())(&x);
@@ -133,4 +162,44 @@ fn gradients_match_jax() {
         &floats(&c["grad_dynamic_slice"]["grads"][0]),
         "grad dynamic_slice",
     );
+}
+
+fn err_of(f: impl FnOnce() -> Tensor + std::panic::UnwindSafe) -> String {
+    let e = std::panic::catch_unwind(f).expect_err("an error");
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// `take_along_axis`'s bad input names the op, both types and the caller's line; a zero-size
+/// result of an empty axis is no error.
+#[test]
+fn take_along_axis_errors_and_empty_shapes() {
+    let x = Tensor::zeros([2, 3]);
+    let e = err_of(|| {
+        Tensor::zeros([2, 3]).take_along_axis(&Tensor::full_dtype([2], 0.0, DType::I32), 1)
+    });
+    assert!(
+        e.contains("take_along_axis") && e.contains("i32[2]") && e.contains("f32[2,3]"),
+        "{e}"
+    );
+    assert!(e.contains("indexing.rs:"), "{e}");
+    let e = err_of(|| {
+        Tensor::zeros([2, 3]).take_along_axis(&Tensor::full_dtype([4, 1], 0.0, DType::I32), 1)
+    });
+    assert!(e.contains("dim 0") && e.contains("cannot broadcast"), "{e}");
+    let e = err_of(|| {
+        Tensor::zeros([2, 3]).take_along_axis(&Tensor::full_dtype([2, 1], 0.0, DType::F32), 1)
+    });
+    assert!(e.contains("indices must be i32 or u32"), "{e}");
+    let e = err_of(|| {
+        Tensor::zeros([2, 0]).take_along_axis(&Tensor::full_dtype([2, 1], 0.0, DType::I32), 1)
+    });
+    assert!(e.contains("empty axis 1"), "{e}");
+    let empty = x.take_along_axis(&Tensor::full_dtype([2, 0], 0.0, DType::I32), 1);
+    assert_eq!(empty.shape(), &[2, 0]);
+    let empty =
+        Tensor::zeros([0, 3]).take_along_axis(&Tensor::full_dtype([0, 2], 0.0, DType::I32), 1);
+    assert_eq!(empty.shape(), &[0, 2]);
 }
