@@ -10,7 +10,9 @@
 //!
 //! `reduce_window` combines each window in row-major window order, skipping padding, in the
 //! operand's type: the interpreter's order, so the results agree bit for bit. A conv's sums
-//! run in the GEMM's order (an accumulated bound, as `dot_general`).
+//! run in the GEMM's order (an accumulated bound, as `dot_general`); a kernel holding an inf
+//! or NaN takes direct loops that skip the padding, as XLA does (im2col's zeros would make
+//! `0 * inf` NaNs there).
 
 use tessera_interp::conv::source_index;
 use tessera_interp::scalar::{fmax, fmin};
@@ -77,14 +79,23 @@ fn dim_table(
 }
 
 /// Element access over the buffers' element types.
-trait Elem: Copy + Default + Send + Sync + 'static {
+trait Elem:
+    Copy + Default + Send + Sync + 'static + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self>
+{
     const DTYPE: DType;
+    fn is_finite(self) -> bool;
 }
 impl Elem for f32 {
     const DTYPE: DType = DType::F32;
+    fn is_finite(self) -> bool {
+        f32::is_finite(self)
+    }
 }
 impl Elem for f64 {
     const DTYPE: DType = DType::F64;
+    fn is_finite(self) -> bool {
+        f64::is_finite(self)
+    }
 }
 
 /// Runs `step` on its operand buffers `inputs` (as many elements as their types hold) into
@@ -288,6 +299,36 @@ unsafe fn conv<T: Elem>(
         .iter()
         .map(|p| (0..s).map(|j| p[j] * os[cd.out_spec[2 + j]]).sum())
         .collect();
+    if !r.iter().all(|w| w.is_finite()) {
+        // im2col writes the padding as zeros, and a zero times an inf or NaN weight is NaN
+        // where XLA (and the interpreter) skip the padding: such kernels take direct loops,
+        // in the interpreter's order (input features, then the window row-major).
+        for gi in 0..groups {
+            let ch0 = if fg > 1 { gi * cin } else { 0 };
+            for b in 0..nb {
+                let lb = if bg > 1 { gi * nb + b } else { b };
+                let base = lb * ls[cd.lhs_spec[0]];
+                let ob = b * os[cd.out_spec[0]];
+                for pf in 0..np {
+                    for oo in 0..og {
+                        let of = gi * og + oo;
+                        let mut acc = T::default();
+                        for i in 0..cin {
+                            let cb = base + (ch0 + i) * ls[cd.lhs_spec[1]];
+                            let wb = of * rs[cd.rhs_spec[0]] + i * rs[cd.rhs_spec[1]];
+                            for kf in 0..nk {
+                                if let Some(off) = sp_off[pf * nk + kf] {
+                                    acc = acc + l[cb + off] * r[wb + k_off[kf]];
+                                }
+                            }
+                        }
+                        o[ob + of * os[cd.out_spec[1]] + p_out[pf]] = acc;
+                    }
+                }
+            }
+        }
+        return;
+    }
     let mut patches = vec![T::default(); np * kk];
     let mut wmat = vec![T::default(); kk * og];
     let mut res = vec![T::default(); np * og];

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use tessera::check::check_program;
 use tessera::ir::corpus::Lcg;
 use tessera::ir::{
-    BinaryOp, CompareOp, DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, RegionOp,
-    Shape, TensorType, UnaryOp, print,
+    BinaryOp, CompareOp, ConvDims, CumulativeKind, DType, Data, DotDims, GatherDims, Graph,
+    IndexMode, Literal, NodeId, Op, ReduceKind, RegionOp, ScatterDims, ScatterKind, Shape,
+    TensorType, UnaryOp, WindowDims, print,
 };
 
 /// Dims the shapes are drawn from: empty, one, small primes, a size past the 8-lane loops.
@@ -393,7 +394,7 @@ impl Gen {
         let xt = g.ty(x).clone();
         let rank = xt.rank();
         let dims = xt.dims().to_vec();
-        let (op, args): (Op, Vec<NodeId>) = match self.below(17) {
+        let (op, args): (Op, Vec<NodeId>) = match self.below(22) {
             0..=2 => (Op::Unary(self.pick(&UnaryOp::ALL)), vec![x]),
             3..=5 => {
                 let y = self.operand_like(g, nodes, &xt);
@@ -521,6 +522,139 @@ impl Gen {
                         vec![x],
                     )
                 }
+            }
+            17 => {
+                if rank == 0 {
+                    return None;
+                }
+                let axis = self.below(rank);
+                match self.below(3) {
+                    0 => (
+                        Op::Cumulative {
+                            kind: self.pick(&CumulativeKind::ALL),
+                            axis,
+                            reverse: self.chance(0.5),
+                        },
+                        vec![x],
+                    ),
+                    1 => (
+                        Op::Rev {
+                            dims: (0..rank).filter(|_| self.chance(0.5)).collect(),
+                        },
+                        vec![x],
+                    ),
+                    _ => {
+                        // One key, or two (the second a tie-breaker) carrying either operand.
+                        let two = self.chance(0.5);
+                        let mut args = vec![x];
+                        if two {
+                            args.push(self.operand_like(g, nodes, &xt));
+                        }
+                        let output = self.below(args.len());
+                        let num_keys = 1 + self.below(args.len());
+                        (
+                            Op::Sort {
+                                dim: axis,
+                                num_keys,
+                                output,
+                            },
+                            args,
+                        )
+                    }
+                }
+            }
+            18 => {
+                // A window of up to 3 per dim, strides up to 2, padding and dilations up to 1.
+                let mut w = WindowDims::new(
+                    dims.iter()
+                        .map(|&d| 1 + self.below(d.clamp(1, 3)))
+                        .collect(),
+                    (0..rank).map(|_| 1 + self.below(2)).collect(),
+                );
+                w.padding = (0..rank)
+                    .map(|_| (self.below(2) as i64, self.below(2) as i64))
+                    .collect();
+                w.base_dilation = (0..rank).map(|_| 1 + self.below(2)).collect();
+                w.window_dilation = (0..rank).map(|_| 1 + self.below(2)).collect();
+                (
+                    Op::ReduceWindow {
+                        kind: self.pick(&ReduceKind::ALL),
+                        win: Box::new(w),
+                    },
+                    vec![x],
+                )
+            }
+            19 => {
+                // `take` along a dim: random i32 or u32 indices (in and out of range), either
+                // out-of-bounds mode.
+                if rank == 0 {
+                    return None;
+                }
+                let axis = self.below(rank);
+                let k = self.below(3);
+                let ishape: Vec<usize> = (0..k).map(|_| self.pick(&DIMS)).collect();
+                let ity = TensorType::new(self.pick(&[DType::I32, DType::U32]), ishape);
+                let idx = self.operand_like(g, nodes, &ity);
+                let mut slice_sizes = dims.clone();
+                slice_sizes[axis] = 1;
+                let d = GatherDims {
+                    offset_dims: (0..axis).chain(axis + k..rank - 1 + k).collect(),
+                    collapsed_slice_dims: vec![axis],
+                    start_index_map: vec![axis],
+                    operand_batching_dims: vec![],
+                    start_indices_batching_dims: vec![],
+                    index_vector_dim: k,
+                    slice_sizes,
+                    mode: self.pick(&[IndexMode::Clip, IndexMode::Fill]),
+                    fill: 0.0,
+                };
+                (Op::Gather(Box::new(d)), vec![x, idx])
+            }
+            20 => {
+                // `x.at[idx]` updates of rows: scatter of a random kind along dim 0.
+                if rank == 0 {
+                    return None;
+                }
+                let n = self.pick(&DIMS);
+                let ity = TensorType::new(self.pick(&[DType::I32, DType::U32]), vec![n]);
+                let idx = self.operand_like(g, nodes, &ity);
+                let mut ushape = dims.clone();
+                ushape[0] = n;
+                let upd = self.operand_like(g, nodes, &TensorType::new(xt.dtype, ushape));
+                let d = ScatterDims {
+                    kind: self.pick(&ScatterKind::ALL),
+                    update_window_dims: (1..rank).collect(),
+                    inserted_window_dims: vec![0],
+                    scatter_dims_to_operand_dims: vec![0],
+                    input_batching_dims: vec![],
+                    scatter_indices_batching_dims: vec![],
+                    index_vector_dim: 1,
+                    mode: self.pick(&[IndexMode::Clip, IndexMode::Fill]),
+                };
+                (Op::Scatter(Box::new(d)), vec![x, idx, upd])
+            }
+            21 => {
+                // x [n, c, spatial..] convolved with a new kernel [o, c / groups, k..].
+                if rank < 3 {
+                    return None;
+                }
+                let mut cd = ConvDims::nchw(rank - 2);
+                let c = dims[1];
+                let groups = if c > 1 && c % 2 == 0 && self.chance(0.3) {
+                    2
+                } else {
+                    1
+                };
+                cd.feature_group_count = groups;
+                let mut kshape = vec![groups * (1 + self.below(3)), c / groups.max(1)];
+                kshape.extend(dims[2..].iter().map(|&d| 1 + self.below(d.clamp(1, 3))));
+                cd.strides = (2..rank).map(|_| 1 + self.below(2)).collect();
+                cd.padding = (2..rank)
+                    .map(|_| (self.below(2) as i64, self.below(2) as i64))
+                    .collect();
+                cd.rhs_dilation = (2..rank).map(|_| 1 + self.below(2)).collect();
+                let k = self.operand_like(g, nodes, &TensorType::new(xt.dtype, kshape));
+                (Op::Conv(Box::new(cd)), vec![x, k])
             }
             _ => {
                 // x [.., k] times a new [k, n] (or [k]).

@@ -1,0 +1,133 @@
+//! Convolution and pooling against JAX 0.10.2 (`fixtures/conv/conv.json`, made by
+//! `fixtures/conv/make.py`): strides, explicit and negative padding, lhs and rhs dilation,
+//! feature and batch groups, another layout, a window larger than its input, and max/sum/min
+//! `reduce_window` with ties and padding. Each case checks the value eagerly, under `jit` on
+//! the interpreter and on Cranelift, and the gradient of `sum(out * w)` for every input.
+
+use serde_json::Value;
+use tessera::Backend;
+use tessera::ir::ReduceKind;
+use tessera::prelude::*;
+
+#[path = "support/fixture.rs"]
+mod fixture;
+use fixture::tensor;
+
+fn usizes(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
+fn pads(v: &Value) -> Vec<(i64, i64)> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_i64().unwrap(), p[1].as_i64().unwrap()))
+        .collect()
+}
+
+/// Within f32 rounding of sums of a few dozen terms, relative to the output's scale (JAX's
+/// CPU kernels sum in another order).
+fn close(got: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let (g, w) = (got.to_vec::<f32>(), want.to_vec::<f32>());
+    let scale = w.iter().fold(1f32, |m, v| m.max(v.abs()));
+    for (k, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!(
+            (a - b).abs() <= 2e-6 * scale * 16.0,
+            "{what}: element {k}: got {a}, jax {b}"
+        );
+    }
+}
+
+type CaseOp = Box<dyn Fn(&[Tensor]) -> Tensor>;
+
+/// The case's op as a function of its inputs.
+fn op_of(c: &Value) -> CaseOp {
+    let p = c["params"].clone();
+    if p.get("kind").is_some() {
+        let kind = match p["kind"].as_str().unwrap() {
+            "max" => ReduceKind::Max,
+            "sum" => ReduceKind::Sum,
+            _ => ReduceKind::Min,
+        };
+        return Box::new(move |x: &[Tensor]| {
+            x[0].reduce_window(
+                kind,
+                &usizes(&p["window"]),
+                &usizes(&p["strides"]),
+                Padding::Explicit(pads(&p["padding"])),
+            )
+        });
+    }
+    Box::new(move |x: &[Tensor]| {
+        let l = |i: usize| p["layout"][i].as_str().unwrap().to_string();
+        let opts = ConvOptions::new()
+            .strides(usizes(&p["strides"]))
+            .padding(pads(&p["padding"]))
+            .lhs_dilation(usizes(&p["lhs_dilation"]))
+            .rhs_dilation(usizes(&p["rhs_dilation"]))
+            .layout(&l(0), &l(1), &l(2))
+            .feature_groups(p["feature_groups"].as_u64().unwrap() as usize)
+            .batch_groups(p["batch_groups"].as_u64().unwrap() as usize);
+        x[0].conv_general_dilated(&x[1], opts)
+    })
+}
+
+#[test]
+fn convolutions_and_pools_match_jax() {
+    let all: Value =
+        serde_json::from_str(include_str!("fixtures/conv/conv.json")).expect("valid JSON");
+    let cases = all["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 13);
+    for c in cases {
+        let name = c["name"].as_str().unwrap();
+        let inputs: Vec<Tensor> = c["inputs"].as_array().unwrap().iter().map(tensor).collect();
+        let want = tensor(&c["out"]);
+        let f = op_of(c);
+        close(&f(&inputs), &want, &format!("{name} eager"));
+        for backend in [Backend::Interpreter, Backend::Cranelift] {
+            let j = jit(|x: Vec<Tensor>| f(&x)).backend(backend);
+            let got = j.call(inputs.clone()).unwrap();
+            close(&got, &want, &format!("{name} {backend:?}"));
+        }
+        let w = {
+            let n = want.ty().numel();
+            let v: Vec<f32> = (0..n)
+                .map(|i| -1.0 + 2.0 * i as f32 / (n.max(2) - 1) as f32)
+                .collect();
+            Tensor::from_vec(v, want.shape().to_vec())
+        };
+        let g = grad(|x: &Vec<Tensor>| f(x).mul(&w).sum())(&inputs);
+        for (i, gw) in c["grads"].as_array().unwrap().iter().enumerate() {
+            close(&g[i], &tensor(gw), &format!("{name} grad {i}"));
+        }
+    }
+}
+
+/// A kernel holding inf and NaN next to the padding: the padded taps add nothing (no
+/// `0 * inf`), on every backend, bit for bit. (XLA:CPU itself depends on the shape here: with
+/// one output feature it gives these values; with two it gives NaN at padded positions.)
+#[test]
+fn a_nonfinite_kernel_next_to_padding_skips_the_padding() {
+    let x = Tensor::from_vec(vec![1f32, 2.0, 3.0], vec![1, 1, 3]);
+    let k = Tensor::from_vec(vec![f32::INFINITY, 1.0, f32::NAN, -1.0], vec![2, 1, 2]);
+    let f = |x: &Tensor, k: &Tensor| x.conv(k, &[1], vec![(1, 1)]);
+    let bits = |t: &Tensor| -> Vec<u32> { t.to_vec::<f32>().iter().map(|v| v.to_bits()).collect() };
+    let eager = f(&x, &k);
+    let inf = f32::INFINITY;
+    // Feature 0: [pad, 1] . [inf, 1] = 1, then inf * 1 + 2, inf * 2 + 3, inf * 3 + pad * 1.
+    let want0 = [1.0, inf, inf, inf];
+    assert_eq!(&eager.to_vec::<f32>()[..4], &want0);
+    // Feature 1: -1 at the first position (the NaN tap is padding), NaN after.
+    assert_eq!(eager.to_vec::<f32>()[4], -1.0);
+    assert!(eager.to_vec::<f32>()[5..].iter().all(|v| v.is_nan()));
+    for backend in [Backend::Interpreter, Backend::Cranelift] {
+        let j = jit(|(x, k): (Tensor, Tensor)| f(&x, &k)).backend(backend);
+        let got = j.call((x.clone(), k.clone())).unwrap();
+        assert_eq!(bits(&got), bits(&eager), "{backend:?}");
+    }
+}
