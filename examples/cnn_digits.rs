@@ -9,7 +9,6 @@
 
 use std::time::Instant;
 
-use tessera::conv::ConvOptions;
 use tessera::prelude::*;
 
 #[path = "common/digits.rs"]
