@@ -1,9 +1,9 @@
 //! A small CNN trained on real data: the UCI handwritten digits (8x8, from the `smartcore`
-//! crate; see `common/digits.rs`), NHWC images, conv 3x3 (1 -> 16, SAME) + relu + 2x2 max-pool
-//! + conv 3x3 (16 -> 32, SAME) + relu + 2x2 max-pool + dense -> 10, softmax cross-entropy on
-//! integer labels, Adam. Data-parallel: the batch split over a mesh axis `dp` of every device,
-//! the parameters replicated. Prints the loss, the test accuracy, and the compiled against the
-//! interpreted step time.
+//! crate; see `common/digits.rs`) as NHWC images: a 3x3 conv (1 -> 16, SAME) with relu and a
+//! 2x2 max-pool, a 3x3 conv (16 -> 32, SAME) with relu and a 2x2 max-pool, then a dense layer
+//! to 10 logits; softmax cross-entropy on integer labels, Adam. Data-parallel: the batch split
+//! over a mesh axis `dp` of every device, the parameters replicated. Prints the loss, the test
+//! accuracy, and the compiled against the interpreted step time.
 //!
 //! Run: `TESSERA_DEVICES=8 cargo run --release --example cnn_digits`
 

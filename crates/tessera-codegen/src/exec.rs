@@ -497,7 +497,7 @@ impl Executable {
                     // SAFETY: each input buffer holds a value of its operand's type (its step
                     // ran, or it is an input or constant), and the output is this step's own
                     // temporary of the result's type, which no input overlaps (plan.rs).
-                    unsafe { crate::window::run(w, &inputs, ptrs[step.output]) }
+                    unsafe { crate::window::run(w, &inputs, ptrs[step.output]) }?
                 }
                 StepKind::Indexed(op) => crate::indexed::run(step, op, &self.schedule.bufs, ptrs)?,
                 StepKind::Native(op) => self.run_native(step, op, ptrs)?,

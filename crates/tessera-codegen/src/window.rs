@@ -19,7 +19,32 @@ use tessera_interp::scalar::{fmax, fmin};
 use tessera_interp::unravel;
 use tessera_ir::{ConvDims, DType, ReduceKind, TensorType, WindowDims};
 
+use tessera_interp::InterpError;
+
 use crate::exec::gemm_view;
+
+/// A work table of `n` elements, each `v` (`n` elements reserved, none set when `v` is
+/// `None`), or an error naming `op` when it cannot be allocated: a huge window or padding
+/// (a window of 2^36 positions, a padding of 2^17 around a kernel of 2^17) asks for more
+/// memory than there is, which is an error, not an abort.
+fn table<T: Clone>(op: &str, n: Option<usize>, v: Option<T>) -> Result<Vec<T>, InterpError> {
+    let fail = |n: Option<usize>| InterpError::Op {
+        op: op.into(),
+        message: format!(
+            "cannot allocate a work table of {} elements of {} bytes (the window and padding \
+             are too large)",
+            n.map_or("more than usize::MAX".into(), |n| n.to_string()),
+            std::mem::size_of::<T>()
+        ),
+    };
+    let n = n.ok_or_else(|| fail(None))?;
+    let mut t = Vec::new();
+    t.try_reserve_exact(n).map_err(|_| fail(Some(n)))?;
+    if let Some(v) = v {
+        t.resize(n, v);
+    }
+    Ok(t)
+}
 
 /// A windowed op with its operand types and result type.
 #[derive(Clone, Debug)]
@@ -53,6 +78,7 @@ impl WindowStep {
 /// position `k` reads, or `None`.
 #[allow(clippy::too_many_arguments)]
 fn dim_table(
+    op: &str,
     n_out: usize,
     nk: usize,
     stride: usize,
@@ -60,8 +86,8 @@ fn dim_table(
     window_dilation: usize,
     base_dilation: usize,
     n: usize,
-) -> Vec<Option<usize>> {
-    let mut t = Vec::with_capacity(n_out * nk);
+) -> Result<Vec<Option<usize>>, InterpError> {
+    let mut t = table(op, n_out.checked_mul(nk), None)?;
     for p in 0..n_out {
         for k in 0..nk {
             t.push(source_index(
@@ -75,7 +101,7 @@ fn dim_table(
             ));
         }
     }
-    t
+    Ok(t)
 }
 
 /// Element access over the buffers' element types.
@@ -101,10 +127,16 @@ impl Elem for f64 {
 /// Runs `step` on its operand buffers `inputs` (as many elements as their types hold) into
 /// `out`.
 ///
+/// An error when a work table cannot be allocated (nothing is written then).
+///
 /// # Safety
 /// `inputs[i]` points to a readable value of the step's operand `i` type, `out` to writable
 /// room for a value of its result type that overlaps no input.
-pub unsafe fn run(step: &WindowStep, inputs: &[*const u8], out: *mut u8) {
+pub unsafe fn run(
+    step: &WindowStep,
+    inputs: &[*const u8],
+    out: *mut u8,
+) -> Result<(), InterpError> {
     match step {
         WindowStep::Conv {
             dims,
@@ -118,7 +150,7 @@ pub unsafe fn run(step: &WindowStep, inputs: &[*const u8], out: *mut u8) {
                     DType::F32 => conv::<f32>(dims, lhs, rhs, ot, inputs, out),
                     DType::F64 => conv::<f64>(dims, lhs, rhs, ot, inputs, out),
                     // The type rule admits f32 and f64 convs only.
-                    DType::I32 | DType::U32 | DType::Bool => {}
+                    DType::I32 | DType::U32 | DType::Bool => Ok(()),
                 }
             }
         }
@@ -154,7 +186,7 @@ pub unsafe fn run(step: &WindowStep, inputs: &[*const u8], out: *mut u8) {
                     (DType::U32, ReduceKind::Max) => go!(u32, u32::MIN, |a: u32, b| a.max(b)),
                     (DType::U32, ReduceKind::Min) => go!(u32, u32::MAX, |a: u32, b| a.min(b)),
                     // The type rule rejects bool.
-                    (DType::Bool, _) => {}
+                    (DType::Bool, _) => Ok(()),
                 }
             }
         }
@@ -169,15 +201,17 @@ fn reduce_window<T: Copy>(
     o: &mut [T],
     init: T,
     f: impl Fn(T, T) -> T,
-) {
+) -> Result<(), InterpError> {
+    let op = "reduce_window";
     let r = in_dims.len();
-    let nk: usize = win.window.iter().product();
     if o.is_empty() {
-        return;
+        return Ok(());
     }
+    let nk = win.window.iter().try_fold(1usize, |a, &w| a.checked_mul(w));
     let tables: Vec<Vec<Option<usize>>> = (0..r)
         .map(|d| {
             dim_table(
+                op,
                 out_dims[d],
                 win.window[d],
                 win.strides[d],
@@ -187,9 +221,11 @@ fn reduce_window<T: Copy>(
                 in_dims[d],
             )
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     let strides = tessera_ir::Shape::new(in_dims.to_vec()).strides();
-    let ks: Vec<Vec<usize>> = (0..nk).map(|kf| unravel(kf, &win.window)).collect();
+    let mut ks: Vec<Vec<usize>> = table(op, nk, None)?;
+    // `table` has refused an `nk` past usize::MAX.
+    ks.extend((0..nk.unwrap_or(0)).map(|kf| unravel(kf, &win.window)));
     for (fo, slot) in o.iter_mut().enumerate() {
         let p = unravel(fo, out_dims);
         let mut acc = init;
@@ -205,6 +241,7 @@ fn reduce_window<T: Copy>(
         }
         *slot = acc;
     }
+    Ok(())
 }
 
 /// im2col + GEMM per (result batch, group): the patch matrix `[positions, cin * K]` times the
@@ -219,7 +256,8 @@ unsafe fn conv<T: Elem>(
     ot: &TensorType,
     inputs: &[*const u8],
     out: *mut u8,
-) {
+) -> Result<(), InterpError> {
+    let op = "conv_general_dilated";
     let n_out = ot.numel();
     // SAFETY: the caller's contract: each buffer holds a value of its type, the output does not
     // overlap the inputs.
@@ -231,7 +269,7 @@ unsafe fn conv<T: Elem>(
         )
     };
     if o.is_empty() {
-        return;
+        return Ok(());
     }
     let s = cd.spatial();
     let (ld, rd, od) = (lt.dims(), rt.dims(), ot.dims());
@@ -250,6 +288,7 @@ unsafe fn conv<T: Elem>(
     let tables: Vec<Vec<Option<usize>>> = (0..s)
         .map(|j| {
             dim_table(
+                op,
                 pdims[j],
                 kdims[j],
                 cd.strides[j],
@@ -259,11 +298,13 @@ unsafe fn conv<T: Elem>(
                 ld[cd.lhs_spec[2 + j]],
             )
         })
-        .collect();
-    let ks: Vec<Vec<usize>> = (0..nk).map(|kf| unravel(kf, &kdims)).collect();
-    let ps: Vec<Vec<usize>> = (0..np).map(|pf| unravel(pf, &pdims)).collect();
+        .collect::<Result<_, _>>()?;
+    let mut ks: Vec<Vec<usize>> = table(op, Some(nk), None)?;
+    ks.extend((0..nk).map(|kf| unravel(kf, &kdims)));
+    let mut ps: Vec<Vec<usize>> = table(op, Some(np), None)?;
+    ps.extend((0..np).map(|pf| unravel(pf, &pdims)));
     // For every (position, window position): the lhs offset of its spatial part, or none.
-    let mut sp_off: Vec<Option<usize>> = Vec::with_capacity(np * nk);
+    let mut sp_off: Vec<Option<usize>> = table(op, np.checked_mul(nk), None)?;
     for p in &ps {
         'k: for k in &ks {
             let mut off = 0;
@@ -327,11 +368,11 @@ unsafe fn conv<T: Elem>(
                 }
             }
         }
-        return;
+        return Ok(());
     }
-    let mut patches = vec![T::default(); np * kk];
-    let mut wmat = vec![T::default(); kk * og];
-    let mut res = vec![T::default(); np * og];
+    let mut patches = table(op, np.checked_mul(kk), Some(T::default()))?;
+    let mut wmat = table(op, kk.checked_mul(og), Some(T::default()))?;
+    let mut res = table(op, np.checked_mul(og), Some(T::default()))?;
     for gi in 0..groups {
         // The group's kernel matrix: row (i, k), column o'.
         for i in 0..cin {
@@ -385,4 +426,5 @@ unsafe fn conv<T: Elem>(
             }
         }
     }
+    Ok(())
 }

@@ -1155,6 +1155,19 @@ mod rules {
                     Some(n) => dims.push(usize::try_from(n).map_err(|_| overflow())?),
                     None => return Err(overflow()),
                 }
+                // Past 2^62 no padding makes a dim that fits in memory, and the kernels'
+                // index arithmetic (`q = out - low`, `interior + 1`) stays inside i64. (A dim
+                // of size 1 gets no interior padding, so its interior can be huge above.)
+                const MAX_PAD: u64 = 1 << 62;
+                if low[i].unsigned_abs() > MAX_PAD
+                    || high[i].unsigned_abs() > MAX_PAD
+                    || interior[i] as u64 > MAX_PAD
+                {
+                    return Err(cx.fail(format!(
+                        "the padding of dim {i} (low {}, high {}, interior {}) is past 2^62",
+                        low[i], high[i], interior[i]
+                    )));
+                }
             }
             Ok(TensorType::new(t.dtype, dims))
         }

@@ -640,7 +640,7 @@ impl Gen {
                 }
                 let mut cd = ConvDims::nchw(rank - 2);
                 let c = dims[1];
-                let groups = if c > 1 && c % 2 == 0 && self.chance(0.3) {
+                let groups = if c > 1 && c.is_multiple_of(2) && self.chance(0.3) {
                     2
                 } else {
                     1

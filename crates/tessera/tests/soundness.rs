@@ -445,3 +445,67 @@ fn pmean_of_integers_is_f32() {
     assert_eq!(m.dtype(), DType::F32);
     assert_eq!(m.to_vec::<f32>(), vec![1.5, 1.5]);
 }
+
+/// What a jit call gives back as text: its error, or the panic of a trace-time error.
+fn jit_error<T>(f: impl FnOnce() -> tessera::Result<T>) -> String {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    match r {
+        Ok(Ok(_)) => panic!("expected an error"),
+        Ok(Err(e)) => e.to_string(),
+        Err(p) => p.downcast_ref::<String>().cloned().unwrap_or_else(|| {
+            p.downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        }),
+    }
+}
+
+/// Hostile windows and paddings (found by an adversarial probe) are errors that name the op:
+/// before, an interior padding of `usize::MAX` killed the process with SIGILL on Cranelift
+/// and divided by zero in the interpreter, a pool's gradient with a stride past 2^62 was
+/// silently wrong on Cranelift, and a huge window or conv padding aborted on a failed
+/// allocation of its work tables.
+#[test]
+fn hostile_windows_and_paddings_are_errors() {
+    let one = || Tensor::from_vec(vec![1f32], vec![1]);
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        let e = jit_error(|| {
+            jit(|x: Tensor| x.pad(&Tensor::scalar(0f32), &[0], &[0], &[usize::MAX]))
+                .backend(backend)
+                .call(one())
+        });
+        assert!(
+            e.contains("pad") && e.contains("past 2^62"),
+            "{backend:?}: {e}"
+        );
+        let e = jit_error(|| {
+            jit(|x: Tensor| grad(|x: &Tensor| x.max_pool(&[2], &[usize::MAX], "SAME").sum())(&x))
+                .backend(backend)
+                .call(Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], vec![1, 4, 1]))
+        });
+        assert!(e.contains("past 2^62"), "{backend:?}: {e}");
+    }
+    let w = 1usize << 36;
+    let e = jit_error(|| {
+        jit(move |x: Tensor| x.reduce_window(tessera::ir::ReduceKind::Max, &[w], &[1], "SAME"))
+            .backend(Backend::Cranelift)
+            .call(one())
+    });
+    assert!(
+        e.contains("reduce_window") && e.contains("cannot allocate"),
+        "{e}"
+    );
+    let (k, p) = (1usize << 17, 1i64 << 17);
+    let e = jit_error(|| {
+        jit(move |(x, w): (Tensor, Tensor)| x.conv(&w, &[1], vec![(p, p)]))
+            .backend(Backend::Cranelift)
+            .call((
+                Tensor::from_vec(vec![1f32], vec![1, 1, 1]),
+                Tensor::zeros([1, 1, k]),
+            ))
+    });
+    assert!(
+        e.contains("conv_general_dilated") && e.contains("cannot allocate"),
+        "{e}"
+    );
+}
