@@ -1257,7 +1257,9 @@ mod tests {
     /// operand list, and computes what the interpreter does.
     #[test]
     fn a_concatenate_of_many_operands_is_a_shallow_tree() {
-        let n = 5000;
+        // Many enough for a deep tree; compiling the one kernel is most of the test's time
+        // (Cranelift's register allocator on 2000 loads: about 5 s in the test profile).
+        let n = 2000;
         let mut g = Graph::new("concat");
         let parts: Vec<NodeId> = (0..n)
             .map(|k| g.add_param(TensorType::new(DType::F32, vec![2, 1 + k % 3])))
@@ -1267,8 +1269,8 @@ mod tests {
         let s = fuse(&g);
         let ks = kernels(&s);
         assert_eq!(ks.len(), 1);
-        // 5000 leaves: 13 levels of guards and the load.
-        assert_eq!(ks[0].body.depth(), 14);
+        // 2000 leaves: 11 levels of guards and the load.
+        assert_eq!(ks[0].body.depth(), 12);
         let inputs: Vec<Literal> = (0..n)
             .map(|k| {
                 let len = 2 * (1 + k % 3);

@@ -235,7 +235,8 @@ impl Tensor {
                 if k == 0 {
                     0
                 } else {
-                    (k - 1).saturating_mul(cd.rhs_dilation[j]) + 1
+                    // Saturated: the type rule then reports the window as larger than any input.
+                    (k - 1).saturating_mul(cd.rhs_dilation[j]).saturating_add(1)
                 }
             })
             .collect();

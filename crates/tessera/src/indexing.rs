@@ -78,6 +78,15 @@ impl Tensor {
             );
         }
         let (r, k) = (self.rank(), idx.rank());
+        if n == 0 {
+            // No index to take from an empty axis (refused above unless there is none): the
+            // empty result, as JAX gives (the gather's type rule refuses a slice of an empty
+            // dim).
+            let mut shape = self.shape()[..axis].to_vec();
+            shape.extend_from_slice(idx.shape());
+            shape.extend_from_slice(&self.shape()[axis + 1..]);
+            return Tensor::full_dtype(shape, 0.0, self.dtype());
+        }
         let mut slice_sizes = self.shape().to_vec();
         slice_sizes[axis] = 1;
         let offset_dims: Vec<usize> = (0..axis).chain(axis + k..r - 1 + k).collect();

@@ -131,3 +131,16 @@ fn a_nonfinite_kernel_next_to_padding_skips_the_padding() {
         assert_eq!(bits(&got), bits(&eager), "{backend:?}");
     }
 }
+
+/// A dilation so large the dilated window overflows usize gives the empty result of a window
+/// larger than its input, as a large finite one does (before, an arithmetic overflow panicked
+/// inside the front end).
+#[test]
+fn an_overflowing_dilated_window_gives_an_empty_result() {
+    let x = Tensor::zeros([1, 1, 4]);
+    let w = Tensor::zeros([1, 1, 2]);
+    for d in [usize::MAX, 1 << 63, 4] {
+        let y = x.conv_general_dilated(&w, ConvOptions::new().rhs_dilation(vec![d]));
+        assert_eq!(y.shape(), &[1, 1, 0], "rhs_dilation {d}");
+    }
+}

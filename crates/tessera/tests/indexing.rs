@@ -197,6 +197,13 @@ fn take_along_axis_errors_and_empty_shapes() {
         Tensor::zeros([2, 0]).take_along_axis(&Tensor::full_dtype([2, 1], 0.0, DType::I32), 1)
     });
     assert!(e.contains("empty axis 1"), "{e}");
+    // No index from an empty axis: the empty result (before, the gather's type rule refused
+    // the slice of an empty dim with an internal message).
+    let none = Tensor::full_dtype([0], 0.0, DType::I32);
+    assert_eq!(Tensor::zeros([0, 3]).take(&none, 0).shape(), &[0, 3]);
+    assert_eq!(Tensor::zeros([0, 3]).at(&none).get().shape(), &[0, 3]);
+    let none2 = Tensor::full_dtype([3, 0], 0.0, DType::I32);
+    assert_eq!(Tensor::zeros([2, 0]).take(&none2, 1).shape(), &[2, 3, 0]);
     let empty = x.take_along_axis(&Tensor::full_dtype([2, 0], 0.0, DType::I32), 1);
     assert_eq!(empty.shape(), &[2, 0]);
     let empty =
