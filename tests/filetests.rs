@@ -87,6 +87,15 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
             Ok(g) => gradient_ir(g),
             Err(e) => format!("error: {e}"),
         }),
+        // f16/bf16 arithmetic rewritten to f32 between converts (codegen's first pass).
+        "narrow" => Ok(match parse(input) {
+            Ok(g) => match tessera_codegen::narrow::widen(&g) {
+                Ok(Some(w)) => print(&w),
+                Ok(None) => "// no f16 or bf16 value: unchanged".into(),
+                Err(e) => format!("error: {e}"),
+            },
+            Err(e) => format!("error: {e}"),
+        }),
         // Code generation: the native schedule (`TESSERA_DUMP`'s `schedule.txt`).
         "schedule" => Ok(match parse(input) {
             Ok(g) => match tessera_codegen::compile(&g) {

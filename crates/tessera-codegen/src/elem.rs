@@ -51,3 +51,26 @@ extern "C" fn tessera_atan2_f32(x: f32, y: f32) -> f32 {
 extern "C" fn tessera_atan2_f64(x: f64, y: f64) -> f64 {
     atan2_f64(x, y)
 }
+
+/// The f16 and bf16 conversions a kernel calls per element (half's, as the interpreter's
+/// `convert` uses, so both round to nearest even the same way and keep the same NaNs). A
+/// narrow value travels as its 16 bits in the low half of a u32.
+macro_rules! narrow_calls {
+    ($($name:ident($x:ident: $from:ty) -> $to:ty $body:block)*) => {
+        $(
+            extern "C" fn $name($x: $from) -> $to $body
+        )*
+        /// The conversion calls, for the JIT's symbol table.
+        pub const NARROW_SYMBOLS: &[(&str, *const u8)] =
+            &[$((stringify!($name), $name as *const u8),)*];
+    };
+}
+
+narrow_calls! {
+    tessera_f16_to_f32(bits: u32) -> f32 { half::f16::from_bits(bits as u16).to_f32() }
+    tessera_bf16_to_f32(bits: u32) -> f32 { half::bf16::from_bits(bits as u16).to_f32() }
+    tessera_f32_to_f16(x: f32) -> u32 { half::f16::from_f32(x).to_bits() as u32 }
+    tessera_f32_to_bf16(x: f32) -> u32 { half::bf16::from_f32(x).to_bits() as u32 }
+    tessera_f64_to_f16(x: f64) -> u32 { half::f16::from_f64(x).to_bits() as u32 }
+    tessera_f64_to_bf16(x: f64) -> u32 { half::bf16::from_f64(x).to_bits() as u32 }
+}

@@ -162,86 +162,22 @@ impl SendArgs {
 unsafe impl Send for SendArgs {}
 unsafe impl Sync for SendArgs {}
 
-/// A result vector, allocated for the run and written by the step that computes it.
-enum OutVec {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    I32(Vec<i32>),
-    U32(Vec<u32>),
-    Bool(Vec<bool>),
-}
-
-/// `n` elements of room, or an error naming the size when the allocator has none.
-fn try_vec<T>(n: usize, ty: &TensorType) -> Result<Vec<T>, InterpError> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| InterpError::Op {
+/// Room for a result of type `ty`, or an error naming the size when the allocator has none.
+fn out_data(ty: &TensorType) -> Result<Data, InterpError> {
+    Data::try_with_capacity(ty.dtype, ty.numel()).map_err(|_| InterpError::Op {
         op: "allocate".into(),
         message: format!(
             "cannot allocate {} bytes for a result of type {ty}",
-            n.saturating_mul(std::mem::size_of::<T>())
+            ty.numel().saturating_mul(ty.dtype.byte_width())
         ),
-    })?;
-    Ok(v)
-}
-
-impl OutVec {
-    fn with_capacity(ty: &TensorType) -> Result<OutVec, InterpError> {
-        let n = ty.numel();
-        Ok(match ty.dtype {
-            DType::F32 => OutVec::F32(try_vec(n, ty)?),
-            DType::F64 => OutVec::F64(try_vec(n, ty)?),
-            DType::I32 => OutVec::I32(try_vec(n, ty)?),
-            DType::U32 => OutVec::U32(try_vec(n, ty)?),
-            DType::Bool => OutVec::Bool(try_vec(n, ty)?),
-        })
-    }
-
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        match self {
-            OutVec::F32(v) => v.as_mut_ptr() as *mut u8,
-            OutVec::F64(v) => v.as_mut_ptr() as *mut u8,
-            OutVec::I32(v) => v.as_mut_ptr() as *mut u8,
-            OutVec::U32(v) => v.as_mut_ptr() as *mut u8,
-            OutVec::Bool(v) => v.as_mut_ptr() as *mut u8,
-        }
-    }
-
-    /// # Safety
-    /// The first `n` elements must have been written (bools as bytes 0 or 1).
-    unsafe fn into_data(self, n: usize) -> Data {
-        // SAFETY: the capacity is `n` and the caller guarantees the elements are initialized.
-        unsafe {
-            match self {
-                OutVec::F32(mut v) => {
-                    v.set_len(n);
-                    Data::F32(v)
-                }
-                OutVec::F64(mut v) => {
-                    v.set_len(n);
-                    Data::F64(v)
-                }
-                OutVec::I32(mut v) => {
-                    v.set_len(n);
-                    Data::I32(v)
-                }
-                OutVec::U32(mut v) => {
-                    v.set_len(n);
-                    Data::U32(v)
-                }
-                OutVec::Bool(mut v) => {
-                    v.set_len(n);
-                    Data::Bool(v)
-                }
-            }
-        }
-    }
+    })
 }
 
 /// The buffers of one run (`Executable::bind`): every buffer's address, and the program
 /// outputs the run allocates (buffer, vector).
 struct Bound {
     ptrs: Vec<*mut u8>,
-    outs: Vec<(usize, OutVec)>,
+    outs: Vec<(usize, Data)>,
 }
 
 impl Executable {
@@ -583,7 +519,7 @@ impl Executable {
         }
         let base = arena.as_mut_ptr() as *mut u8;
         let bufs = &self.schedule.bufs;
-        let mut outs: Vec<(usize, OutVec)> = Vec::new();
+        let mut outs: Vec<(usize, Data)> = Vec::new();
         let mut ptrs: Vec<*mut u8> = Vec::with_capacity(bufs.len());
         for (i, b) in bufs.iter().enumerate() {
             let p = match &b.kind {
@@ -606,7 +542,7 @@ impl Executable {
                 // Never written, never read: no step that touches it runs.
                 BufKind::Temp if self.dropped[i] => std::ptr::null_mut(),
                 BufKind::Temp if self.schedule.outputs.contains(&i) => {
-                    let mut v = OutVec::with_capacity(&b.ty)?;
+                    let mut v = out_data(&b.ty)?;
                     let p = v.as_mut_ptr();
                     outs.push((i, v));
                     p
@@ -969,8 +905,12 @@ impl Executable {
         let bufs = &self.schedule.bufs;
         let mut owned: Vec<(usize, Option<Data>)> = outs
             .into_iter()
-            // SAFETY: the step that writes each output buffer ran and wrote every element.
-            .map(|(b, v)| (b, Some(unsafe { v.into_data(bufs[b].ty.numel()) })))
+            .map(|(b, mut v)| {
+                // SAFETY: `v` has room for `numel` elements (`out_data`), and the step that
+                // writes the output buffer ran and wrote every one (bools as 0 or 1).
+                unsafe { v.set_len(bufs[b].ty.numel()) };
+                (b, Some(v))
+            })
             .collect();
         self.schedule
             .outputs

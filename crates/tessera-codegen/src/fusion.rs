@@ -1033,12 +1033,14 @@ fn combine(k: ReduceKind) -> Combine {
     }
 }
 
-/// Element 0 of `d` as a kernel constant; exact, since every element type fits in an f64.
+/// Element 0 of `d` as a kernel constant, exact (every type but i64 fits in an f64).
 fn scalar_of(d: &Data) -> Scalar {
     let x = d.get_f64(0);
     match d.dtype() {
-        DType::F32 | DType::F64 => Scalar::F(x),
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => Scalar::F(x),
         DType::I32 | DType::U32 => Scalar::I(x as i64),
+        // Not through f64: an i64 past 2^53 is not exact there.
+        DType::I64 => Scalar::I(d.as_i64().map_or(0, |v| v[0])),
         DType::Bool => Scalar::B(x != 0.0),
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! Consumes a verified graph; produces an `Executable`: a schedule of steps over one arena of
 //! buffers. The passes, in order:
+//! 0. `narrow`: f16 and bf16 arithmetic rewritten to f32 between converts;
 //! 1. `fusion`: group nodes into loop-nest kernels, GEMM calls and collective calls;
 //! 2. `plan`: liveness and arena offsets for the temporaries;
 //! 3. `lower`: each kernel to a Cranelift function (f32x4 where it pays, inline approximations
@@ -17,6 +18,7 @@ pub mod fusion;
 mod indexed;
 pub mod kernel;
 pub mod lower;
+pub mod narrow;
 mod native;
 pub mod plan;
 pub mod window;
@@ -31,6 +33,8 @@ use crate::fusion::StepKind;
 /// Compiles a graph to native code.
 pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
     tessera_ir::verify(g)?;
+    let widened = narrow::widen(g).map_err(|e| LowerError::Narrow(e.to_string()))?;
+    let g = widened.as_ref().unwrap_or(g);
     let schedule = fusion::fuse(g);
     let mut kernels = Vec::new();
     let mut kernel_steps = Vec::new();

@@ -16,7 +16,7 @@
 
 use cranelift_codegen::Context;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::types::{F32, F32X4, F64, I8, I32, I32X4, I64};
+use cranelift_codegen::ir::types::{self, F32, F32X4, F64, I8, I16, I32, I32X4, I64};
 use cranelift_codegen::ir::{
     AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName, Value,
 };
@@ -42,6 +42,9 @@ pub enum LowerError {
     /// The graph breaks an IR invariant: compiling it could index out of bounds.
     #[error("the graph to compile is malformed: {0}")]
     Malformed(#[from] tessera_ir::VerifyError),
+    /// Rewriting f16/bf16 arithmetic to f32 built an ill-typed op (a bug of `narrow.rs`).
+    #[error("computing f16/bf16 in f32: {0}")]
+    Narrow(String),
 }
 
 fn cl<E: std::fmt::Display>(e: E) -> LowerError {
@@ -146,7 +149,7 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
     builder.symbol("tessera_sin_f32", approx::tessera_sin_f32 as *const u8);
     builder.symbol("tessera_cos_f32", approx::tessera_cos_f32 as *const u8);
     builder.symbol("tessera_pow_f32", approx::tessera_pow_f32 as *const u8);
-    for (name, f) in elem::SYMBOLS {
+    for (name, f) in elem::SYMBOLS.iter().chain(elem::NARROW_SYMBOLS) {
         builder.symbol(*name, *f);
     }
     let mut module = JITModule::new(builder);
@@ -289,7 +292,21 @@ fn clif_type(d: DType) -> Type {
         DType::F32 => F32,
         DType::F64 => F64,
         DType::I32 | DType::U32 => I32,
+        DType::I64 => I64,
+        // The 16 bits; `narrow.rs` leaves them only loads, stores and conversions.
+        DType::F16 | DType::BF16 => I16,
         DType::Bool => I8,
+    }
+}
+
+/// The lowest and highest value of integer type `d` (max's and min's identities).
+fn int_range(d: DType) -> (i64, i64) {
+    match d {
+        DType::U32 => (0, u32::MAX as i64),
+        DType::I64 => (i64::MIN, i64::MAX),
+        DType::I32 | DType::F32 | DType::F64 | DType::Bool | DType::F16 | DType::BF16 => {
+            (i32::MIN as i64, i32::MAX as i64)
+        }
     }
 }
 
@@ -361,6 +378,23 @@ fn import(
         sig.params.push(AbiParam::new(ty));
     }
     sig.returns.push(AbiParam::new(ty));
+    let id: FuncId = module
+        .declare_function(name, Linkage::Import, &sig)
+        .expect("libcall signatures are consistent");
+    module.declare_func_in_func(id, func)
+}
+
+/// A call of the imported `name` with the given parameter and result types.
+fn import_sig(
+    module: &mut JITModule,
+    func: &mut Function,
+    name: &str,
+    params: &[Type],
+    ret: Type,
+) -> FuncRef {
+    let mut sig = module.make_signature();
+    sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
+    sig.returns.push(AbiParam::new(ret));
     let id: FuncId = module
         .declare_function(name, Linkage::Import, &sig)
         .expect("libcall signatures are consistent");
@@ -634,20 +668,12 @@ impl Lower<'_, '_> {
                     Combine::Max | Combine::ArgMax => self.const_of(
                         body_ty,
                         Scalar::F(f64::NEG_INFINITY),
-                        Scalar::I(if body_ty == DType::U32 {
-                            0
-                        } else {
-                            i32::MIN as i64
-                        }),
+                        Scalar::I(int_range(body_ty).0),
                     ),
                     Combine::Min => self.const_of(
                         body_ty,
                         Scalar::F(f64::INFINITY),
-                        Scalar::I(if body_ty == DType::U32 {
-                            u32::MAX as i64
-                        } else {
-                            i32::MAX as i64
-                        }),
+                        Scalar::I(int_range(body_ty).1),
                     ),
                 };
                 self.b.def_var(acc, init);
@@ -737,6 +763,15 @@ impl Lower<'_, '_> {
             (DType::F32, Scalar::F(x), _) => self.b.ins().f32const(x as f32),
             (DType::F64, Scalar::F(x), _) => self.b.ins().f64const(x),
             (DType::I32 | DType::U32, _, Scalar::I(x)) => self.b.ins().iconst(I32, x as i32 as i64),
+            (DType::I64, _, Scalar::I(x)) => self.b.ins().iconst(I64, x),
+            (DType::F16, Scalar::F(x), _) => {
+                let bits = half::f16::from_f64(x).to_bits();
+                self.b.ins().iconst(I16, bits as i64)
+            }
+            (DType::BF16, Scalar::F(x), _) => {
+                let bits = half::bf16::from_f64(x).to_bits();
+                self.b.ins().iconst(I16, bits as i64)
+            }
             _ => self.b.ins().iconst(I8, 0),
         }
     }
@@ -840,6 +875,16 @@ impl Lower<'_, '_> {
                         self.b.ins().iconst(I32, *x as i32 as i64)
                     }
                     (DType::Bool, Scalar::B(x)) => self.b.ins().iconst(I8, *x as i64),
+                    (DType::I64, Scalar::I(x)) => self.b.ins().iconst(I64, *x),
+                    // A narrow constant's value is exact in its type (it came from its data).
+                    (DType::F16, Scalar::F(x)) => {
+                        let bits = half::f16::from_f64(*x).to_bits();
+                        self.b.ins().iconst(I16, bits as i64)
+                    }
+                    (DType::BF16, Scalar::F(x)) => {
+                        let bits = half::bf16::from_f64(*x).to_bits();
+                        self.b.ins().iconst(I16, bits as i64)
+                    }
                     (_, _) => self.b.ins().iconst(I8, 0),
                 };
                 if lanes == Lanes::Four {
@@ -861,7 +906,13 @@ impl Lower<'_, '_> {
                 match d {
                     DType::F32 => self.b.ins().fcvt_from_sint(F32, v),
                     DType::F64 => self.b.ins().fcvt_from_sint(F64, v),
-                    _ => self.b.ins().ireduce(I32, v),
+                    DType::I64 => v,
+                    DType::I32 | DType::U32 => self.b.ins().ireduce(I32, v),
+                    DType::Bool | DType::F16 | DType::BF16 => {
+                        unreachable!(
+                            "iota of {d}: the type rule refuses bool, narrow.rs widens f16"
+                        )
+                    }
                 }
             }
             Expr::Unary(u, d, x) => {
@@ -1049,18 +1100,22 @@ impl Lower<'_, '_> {
                 };
                 self.call_libcall(f, F64, &[x])
             }
-            DType::I32 | DType::U32 => match u {
+            DType::F16 | DType::BF16 => {
+                unreachable!("{u:?} on {d}: narrow.rs computes it in f32")
+            }
+            DType::I32 | DType::U32 | DType::I64 => match u {
                 UnaryOp::Neg => self.b.ins().ineg(x),
-                UnaryOp::Abs if d == DType::I32 => {
+                UnaryOp::Abs if d != DType::U32 => {
                     let n = self.b.ins().ineg(x);
                     self.b.ins().smax(x, n)
                 }
                 UnaryOp::Abs => x,
-                UnaryOp::Sign if d == DType::I32 => {
+                UnaryOp::Sign if d != DType::U32 => {
+                    let t = clif_type(d);
                     let pos = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, x, 0);
                     let neg = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, 0);
-                    let p = self.b.ins().uextend(I32, pos);
-                    let n = self.b.ins().uextend(I32, neg);
+                    let p = self.b.ins().uextend(t, pos);
+                    let n = self.b.ins().uextend(t, neg);
                     self.b.ins().isub(p, n)
                 }
                 UnaryOp::Sign => {
@@ -1141,7 +1196,10 @@ impl Lower<'_, '_> {
                     )
                 }
             },
-            DType::I32 | DType::U32 => self.int_binary(op, d == DType::I32, x, y),
+            DType::I32 | DType::U32 | DType::I64 => self.int_binary(op, d != DType::U32, x, y),
+            DType::F16 | DType::BF16 => {
+                unreachable!("{op:?} on {d}: narrow.rs computes it in f32")
+            }
             DType::Bool => match op {
                 BinaryOp::And => self.b.ins().band(x, y),
                 BinaryOp::Or => self.b.ins().bor(x, y),
@@ -1168,6 +1226,7 @@ impl Lower<'_, '_> {
     /// Integer arithmetic with XLA's total semantics: no op traps.
     fn int_binary(&mut self, op: BinaryOp, signed: bool, x: Value, y: Value) -> Value {
         let i = &mut self.b;
+        let t = i.func.dfg.value_type(x);
         match op {
             BinaryOp::Add => i.ins().iadd(x, y),
             BinaryOp::Sub => i.ins().isub(x, y),
@@ -1182,7 +1241,7 @@ impl Lower<'_, '_> {
                 } else {
                     zero
                 };
-                let one = i.ins().iconst(I32, 1);
+                let one = i.ins().iconst(t, 1);
                 let safe_y = i.ins().select(unsafe_div, one, y);
                 let q = if signed {
                     i.ins().sdiv(x, safe_y)
@@ -1190,7 +1249,7 @@ impl Lower<'_, '_> {
                     i.ins().udiv(x, safe_y)
                 };
                 if op == BinaryOp::Div {
-                    let all_ones = i.ins().iconst(I32, -1);
+                    let all_ones = i.ins().iconst(t, -1);
                     let neg_x = i.ins().ineg(x);
                     let r = if signed {
                         i.ins().select(minus1, neg_x, q)
@@ -1201,7 +1260,7 @@ impl Lower<'_, '_> {
                 } else {
                     let prod = i.ins().imul(q, safe_y);
                     let r = i.ins().isub(x, prod);
-                    let zero_v = i.ins().iconst(I32, 0);
+                    let zero_v = i.ins().iconst(t, 0);
                     let r = if signed {
                         i.ins().select(minus1, zero_v, r)
                     } else {
@@ -1228,13 +1287,16 @@ impl Lower<'_, '_> {
             BinaryOp::Or => i.ins().bor(x, y),
             BinaryOp::Xor => i.ins().bxor(x, y),
             BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical => {
-                let big = i.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, y, 32);
+                let width = i64::from(t.bits());
+                let big = i
+                    .ins()
+                    .icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, y, width);
                 let s = if op == BinaryOp::ShiftLeft {
                     i.ins().ishl(x, y)
                 } else {
                     i.ins().ushr(x, y)
                 };
-                let zero = i.ins().iconst(I32, 0);
+                let zero = i.ins().iconst(t, 0);
                 i.ins().select(big, zero, s)
             }
             BinaryOp::Pow | BinaryOp::Atan2 => x,
@@ -1242,6 +1304,10 @@ impl Lower<'_, '_> {
     }
 
     fn compare(&mut self, c: CompareOp, d: DType, x: Value, y: Value) -> Value {
+        assert!(
+            !d.is_narrow_float(),
+            "compare on {d}: narrow.rs computes it in f32"
+        );
         if d.is_float() {
             let cc = match c {
                 CompareOp::Eq => FloatCC::Equal,
@@ -1253,7 +1319,7 @@ impl Lower<'_, '_> {
             };
             return self.b.ins().fcmp(cc, x, y);
         }
-        let signed = d == DType::I32;
+        let signed = matches!(d, DType::I32 | DType::I64);
         let cc = match (c, signed) {
             (CompareOp::Eq, _) => IntCC::Equal,
             (CompareOp::Ne, _) => IntCC::NotEqual,
@@ -1270,34 +1336,81 @@ impl Lower<'_, '_> {
     }
 
     fn convert(&mut self, from: DType, to: DType, x: Value) -> Value {
+        use DType::{BF16, Bool, F16, F32, F64, I32, I64, U32};
+        // f16 and bf16 go through f32 except from f32 and f64, which round directly (the
+        // interpreter's `convert`); the conversions themselves are half's, called.
+        let narrow_call = |s: &mut Self, name: &str, x: Value, ret: Type| {
+            let arg = s.b.func.dfg.value_type(x);
+            let fref = import_sig(s.module, s.b.func, name, &[arg], ret);
+            let call = s.b.ins().call(fref, &[x]);
+            s.b.inst_results(call)[0]
+        };
+        match (from, to) {
+            (a, b) if a == b => return x,
+            (F16 | BF16, _) => {
+                let bits = self.b.ins().uextend(types::I32, x);
+                let name = if from == F16 {
+                    "tessera_f16_to_f32"
+                } else {
+                    "tessera_bf16_to_f32"
+                };
+                let w = narrow_call(self, name, bits, types::F32);
+                return self.convert(F32, to, w);
+            }
+            (F32 | F64, F16 | BF16) => {
+                let name = match (from, to) {
+                    (F32, F16) => "tessera_f32_to_f16",
+                    (F32, _) => "tessera_f32_to_bf16",
+                    (_, F16) => "tessera_f64_to_f16",
+                    (_, _) => "tessera_f64_to_bf16",
+                };
+                let bits = narrow_call(self, name, x, types::I32);
+                return self.b.ins().ireduce(types::I16, bits);
+            }
+            (I32 | U32 | I64 | Bool, F16 | BF16) => {
+                let w = self.convert(from, F32, x);
+                return self.convert(F32, to, w);
+            }
+            _ => {}
+        }
         let i = &mut self.b;
         match (from, to) {
-            (a, b) if a == b => x,
-            (DType::F32, DType::F64) => i.ins().fpromote(F64, x),
-            (DType::F64, DType::F32) => i.ins().fdemote(F32, x),
-            (DType::F32 | DType::F64, DType::I32) => i.ins().fcvt_to_sint_sat(I32, x),
-            (DType::F32 | DType::F64, DType::U32) => i.ins().fcvt_to_uint_sat(I32, x),
-            (DType::I32, DType::F32 | DType::F64) => i.ins().fcvt_from_sint(clif_type(to), x),
-            (DType::U32, DType::F32 | DType::F64) => {
-                let w = i.ins().uextend(I64, x);
+            (F32, F64) => i.ins().fpromote(types::F64, x),
+            (F64, F32) => i.ins().fdemote(types::F32, x),
+            (F32 | F64, I32) => i.ins().fcvt_to_sint_sat(types::I32, x),
+            (F32 | F64, U32) => i.ins().fcvt_to_uint_sat(types::I32, x),
+            (F32 | F64, I64) => i.ins().fcvt_to_sint_sat(types::I64, x),
+            (I32 | I64, F32 | F64) => i.ins().fcvt_from_sint(clif_type(to), x),
+            (U32, F32 | F64) => {
+                let w = i.ins().uextend(types::I64, x);
                 i.ins().fcvt_from_sint(clif_type(to), w)
             }
-            (DType::I32, DType::U32) | (DType::U32, DType::I32) => x,
-            (DType::F32, DType::Bool) => {
+            (I32, U32) | (U32, I32) => x,
+            (I32, I64) => i.ins().sextend(types::I64, x),
+            (U32, I64) => i.ins().uextend(types::I64, x),
+            (I64, I32 | U32) => i.ins().ireduce(types::I32, x),
+            (F32, Bool) => {
                 let z = i.ins().f32const(0.0);
                 i.ins().fcmp(FloatCC::NotEqual, x, z)
             }
-            (DType::F64, DType::Bool) => {
+            (F64, Bool) => {
                 let z = i.ins().f64const(0.0);
                 i.ins().fcmp(FloatCC::NotEqual, x, z)
             }
-            (DType::I32 | DType::U32, DType::Bool) => i.ins().icmp_imm_s(IntCC::NotEqual, x, 0),
-            (DType::Bool, DType::I32 | DType::U32) => i.ins().uextend(I32, x),
-            (DType::Bool, DType::F32 | DType::F64) => {
-                let w = i.ins().uextend(I32, x);
+            (I32 | U32 | I64, Bool) => i.ins().icmp_imm_s(IntCC::NotEqual, x, 0),
+            (Bool, I32 | U32 | I64) => i.ins().uextend(clif_type(to), x),
+            (Bool, F32 | F64) => {
+                let w = i.ins().uextend(types::I32, x);
                 i.ins().fcvt_from_sint(clif_type(to), w)
             }
-            _ => x,
+            (F32, F32)
+            | (F64, F64)
+            | (I32, I32)
+            | (U32, U32)
+            | (I64, I64)
+            | (Bool, Bool)
+            | (F16 | BF16, _)
+            | (_, F16 | BF16) => unreachable!("handled above"),
         }
     }
 }

@@ -36,6 +36,9 @@ fn key_cmp(d: &Data, i: usize, j: usize) -> Ordering {
         Data::I32(v) => v[i].cmp(&v[j]),
         Data::U32(v) => v[i].cmp(&v[j]),
         Data::Bool(v) => v[i].cmp(&v[j]),
+        Data::I64(v) => v[i].cmp(&v[j]),
+        Data::F16(v) => float_sort_cmp(v[i].to_f64(), v[j].to_f64()),
+        Data::BF16(v) => float_sort_cmp(v[i].to_f64(), v[j].to_f64()),
     }
 }
 
@@ -160,8 +163,14 @@ fn cumulative(kind: CumulativeKind, axis: usize, reverse: bool, x: &Literal) -> 
             Max => a.max(b),
             Min => a.min(b),
         }),
-        // The type rule rejects bool.
-        Data::Bool(_) => {}
+        Data::I64(v) => scan_lanes(v, dims, axis, reverse, |a: i64, b| match kind {
+            Sum => a.wrapping_add(b),
+            Prod => a.wrapping_mul(b),
+            Max => a.max(b),
+            Min => a.min(b),
+        }),
+        // The type rule rejects bool; narrow.rs computes f16 and bf16 in f32.
+        Data::Bool(_) | Data::F16(_) | Data::BF16(_) => {}
     }
     data
 }

@@ -149,8 +149,14 @@ pub unsafe fn run(
                 match lhs.dtype {
                     DType::F32 => conv::<f32>(dims, lhs, rhs, ot, inputs, out),
                     DType::F64 => conv::<f64>(dims, lhs, rhs, ot, inputs, out),
-                    // The type rule admits f32 and f64 convs only.
-                    DType::I32 | DType::U32 | DType::Bool => Ok(()),
+                    // The type rule admits float convs only, and narrow.rs computes f16 and
+                    // bf16 in f32.
+                    DType::I32
+                    | DType::U32
+                    | DType::Bool
+                    | DType::I64
+                    | DType::F16
+                    | DType::BF16 => Ok(()),
                 }
             }
         }
@@ -185,8 +191,11 @@ pub unsafe fn run(
                     (DType::U32, ReduceKind::Sum) => go!(u32, 0, |a: u32, b| a.wrapping_add(b)),
                     (DType::U32, ReduceKind::Max) => go!(u32, u32::MIN, |a: u32, b| a.max(b)),
                     (DType::U32, ReduceKind::Min) => go!(u32, u32::MAX, |a: u32, b| a.min(b)),
-                    // The type rule rejects bool.
-                    (DType::Bool, _) => Ok(()),
+                    (DType::I64, ReduceKind::Sum) => go!(i64, 0, |a: i64, b| a.wrapping_add(b)),
+                    (DType::I64, ReduceKind::Max) => go!(i64, i64::MIN, |a: i64, b| a.max(b)),
+                    (DType::I64, ReduceKind::Min) => go!(i64, i64::MAX, |a: i64, b| a.min(b)),
+                    // The type rule rejects bool; narrow.rs computes f16 and bf16 in f32.
+                    (DType::Bool | DType::F16 | DType::BF16, _) => Ok(()),
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! Compiled against interpreted: every corpus sample (every op and dtype), on random inputs.
 //! f32 agrees to 1e-5 relative (plus the absolute bound of the approximations in `approx.rs`),
-//! f64 to 1e-12, integers and bools exactly.
+//! f64 to 1e-12, integers, bools, f16 and bf16 exactly.
 
 use tessera_interp::{SingleDevice, run};
 use tessera_ir::corpus::{Lcg, covered_op_names, op_samples, random_inputs};
@@ -18,7 +18,22 @@ pub fn agree(got: &Literal, want: &Literal) -> Result<(), String> {
         let ok = match &got.data {
             Data::F32(_) => close(a, b, 1e-5, 1e-6),
             Data::F64(_) => close(a, b, 1e-12, 1e-300),
-            _ => a == b,
+            // f16 and bf16 run the f32 kernels of both backends, rounded by the same calls:
+            // equal bit for bit, NaNs included.
+            Data::F16(g) => {
+                want.data
+                    .as_slice::<tessera_ir::f16>()
+                    .map(|w| w[i].to_bits())
+                    == Some(g[i].to_bits())
+            }
+            Data::BF16(g) => {
+                want.data
+                    .as_slice::<tessera_ir::bf16>()
+                    .map(|w| w[i].to_bits())
+                    == Some(g[i].to_bits())
+            }
+            Data::I32(_) | Data::U32(_) | Data::Bool(_) => a == b,
+            Data::I64(g) => want.data.as_i64().map(|w| w[i]) == Some(g[i]),
         };
         if !ok {
             return Err(format!("element {i}: compiled {a}, interpreted {b}"));

@@ -26,6 +26,17 @@ fn inputs_for(g: &Graph, seed: u64) -> Vec<Literal> {
                 DType::I32 => Data::I32((0..n).map(|_| rng.range(-10.0, 10.0) as i32).collect()),
                 DType::U32 => Data::U32((0..n).map(|_| rng.range(0.0, 20.0) as u32).collect()),
                 DType::Bool => Data::Bool((0..n).map(|_| rng.next_f64() < 0.5).collect()),
+                DType::I64 => Data::I64((0..n).map(|_| rng.range(-10.0, 10.0) as i64).collect()),
+                DType::F16 => Data::F16(
+                    (0..n)
+                        .map(|_| tessera_ir::f16::from_f64(rng.range(-2.0, 2.0)))
+                        .collect(),
+                ),
+                DType::BF16 => Data::BF16(
+                    (0..n)
+                        .map(|_| tessera_ir::bf16::from_f64(rng.range(-2.0, 2.0)))
+                        .collect(),
+                ),
             };
             Literal::new(ty.shape.clone(), data).expect("sized")
         })

@@ -193,6 +193,10 @@ pub(crate) fn reduce_window(
         Data::F64(v) => Data::F64(float!(v, f64)),
         Data::I32(v) => Data::I32(int!(v, i32)),
         Data::U32(v) => Data::U32(int!(v, u32)),
+        Data::I64(v) => Data::I64(int!(v, i64)),
         Data::Bool(_) => return Err(op_error(op, "reduce_window of bool")),
+        Data::F16(_) | Data::BF16(_) => {
+            return Err(op_error(op, "f16 and bf16 compute in f32 (in_f32)"));
+        }
     })
 }

@@ -6,13 +6,14 @@ use tessera_ir::{Data, GatherDims, Literal, ScatterDims, ScatterKind, TensorType
 use crate::scalar::{fmax, fmin};
 use crate::{ravel, unravel};
 
-/// Reads element `i` of integer indices as an `i64` (every i32 and u32 value is exact).
+/// Reads element `i` of integer indices as an `i64` (every i32, u32 and i64 value is exact).
 fn index_reader(indices: &Literal) -> impl Fn(usize) -> i64 + '_ {
     move |i| match &indices.data {
         Data::I32(v) => i64::from(v[i]),
         Data::U32(v) => i64::from(v[i]),
-        // The type rule admits i32 and u32 indices only.
-        Data::F32(_) | Data::F64(_) | Data::Bool(_) => 0,
+        Data::I64(v) => v[i],
+        // The type rule admits integer indices only.
+        Data::F32(_) | Data::F64(_) | Data::Bool(_) | Data::F16(_) | Data::BF16(_) => 0,
     }
 }
 
@@ -106,8 +107,23 @@ pub(crate) fn scatter(
             |a: bool, b| a & b,
             |a: bool, b| a | b
         ),
-        // The type rule makes the updates' dtype the operand's.
-        _ => {}
+        (Data::I64(v), Data::I64(u)) => num!(
+            v,
+            u,
+            i64::wrapping_add,
+            i64::wrapping_mul,
+            |a: i64, b| a.min(b),
+            |a: i64, b| a.max(b)
+        ),
+        // f16 and bf16 compute in f32 (`in_f32`); the type rule makes the updates' dtype the
+        // operand's, so the other pairs do not occur.
+        (Data::F16(_) | Data::BF16(_), _)
+        | (Data::F32(_), _)
+        | (Data::F64(_), _)
+        | (Data::I32(_), _)
+        | (Data::U32(_), _)
+        | (Data::Bool(_), _)
+        | (Data::I64(_), _) => {}
     }
     out
 }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use tessera_ir::{
     BinaryOp, CompareOp, DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, RegionOp,
-    Shape, TensorType, UnaryOp,
+    Shape, TensorType, UnaryOp, bf16, f16,
 };
 
 use scalar::{Float, Int, bool_binary, bool_unary, compare, fmax, fmin};
@@ -273,6 +273,9 @@ macro_rules! each {
             Data::I32($v) => Data::I32($body),
             Data::U32($v) => Data::U32($body),
             Data::Bool($v) => Data::Bool($body),
+            Data::I64($v) => Data::I64($body),
+            Data::F16($v) => Data::F16($body),
+            Data::BF16($v) => Data::BF16($body),
         }
     };
 }
@@ -299,6 +302,9 @@ fn reserve_probe(op: &Op, ty: &TensorType) -> Result<(), InterpError> {
 /// This is also the eager mode's kernel.
 pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, InterpError> {
     reserve_probe(op, ty)?;
+    if let Some(wide) = computes_in_f32(op, args, ty) {
+        return in_f32(&wide, args, ty);
+    }
     let data = match op {
         Op::Parameter(_) => return Err(op_error(op, "parameters have no kernel")),
         Op::Constant(lit) => lit.data.clone(),
@@ -310,7 +316,10 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
                 DType::F64 => Data::F64(idx.iter().map(|&i| i as f64).collect()),
                 DType::I32 => Data::I32(idx.iter().map(|&i| i as i32).collect()),
                 DType::U32 => Data::U32(idx.iter().map(|&i| i as u32).collect()),
-                DType::Bool => return Err(op_error(op, "iota of bool")),
+                DType::I64 => Data::I64(idx.iter().map(|&i| i as i64).collect()),
+                DType::Bool | DType::F16 | DType::BF16 => {
+                    return Err(op_error(op, format!("iota of {}", ty.dtype)));
+                }
             }
         }
         Op::Unary(u) => unary(*u, &args[0].data),
@@ -454,6 +463,88 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
     })
 }
 
+/// The f32 op that `op` computes in when an operand or the result is f16 or bf16: every op
+/// but `convert` and `bitcast` (which are about the narrow type itself) and the ones with no
+/// kernel here. `None` when `op` runs as it is.
+fn computes_in_f32(op: &Op, args: &[&Literal], ty: &TensorType) -> Option<Op> {
+    let narrow = ty.dtype.is_narrow_float() || args.iter().any(|a| a.ty.dtype.is_narrow_float());
+    if !narrow {
+        return None;
+    }
+    match op {
+        Op::Parameter(_)
+        | Op::Constant(_)
+        | Op::Convert(_)
+        | Op::Bitcast(_)
+        | Op::Region(_)
+        | Op::GetResult { .. }
+        | Op::Collective(_) => None,
+        Op::Iota { dim, ty } => Some(Op::Iota {
+            dim: *dim,
+            ty: ty.with_dtype(ty.dtype.compute_type()),
+        }),
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape(_)
+        | Op::Transpose(_)
+        | Op::Slice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::DotGeneral(_)
+        | Op::ShardingConstraint(_)
+        | Op::StopGradient
+        | Op::Conv(_)
+        | Op::ReduceWindow { .. }
+        | Op::Gather(_)
+        | Op::Scatter(_)
+        | Op::Sort { .. }
+        | Op::Cumulative { .. }
+        | Op::Rev { .. } => Some(op.clone()),
+    }
+}
+
+/// f16 and bf16 semantics (XLA:CPU's): the narrow operands widen to f32 (exactly), the op runs
+/// in f32, and a narrow result rounds to nearest even once. Ops that only move elements get
+/// the same bits back.
+fn in_f32(wide_op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, InterpError> {
+    let wide: Vec<Literal> = args
+        .iter()
+        .map(|a| match a.ty.dtype.is_narrow_float() {
+            true => Literal {
+                ty: a.ty.with_dtype(DType::F32),
+                data: convert(&a.data, DType::F32),
+            },
+            false => (*a).clone(),
+        })
+        .collect();
+    let refs: Vec<&Literal> = wide.iter().collect();
+    let out = eval_op(wide_op, &refs, &ty.with_dtype(ty.dtype.compute_type()))?;
+    let data = match ty.dtype.is_narrow_float() {
+        true => convert(&out.data, ty.dtype),
+        false => out.data,
+    };
+    Ok(Literal {
+        ty: ty.clone(),
+        data,
+    })
+}
+
+/// Element `i` of integer or bool data, exactly (`get_f64` rounds an i64 past 2^53).
+pub(crate) fn int_at(d: &Data, i: usize) -> i64 {
+    match d {
+        Data::I64(v) => v[i],
+        Data::I32(v) => i64::from(v[i]),
+        Data::U32(v) => i64::from(v[i]),
+        Data::Bool(v) => i64::from(v[i]),
+        Data::F32(_) | Data::F64(_) | Data::F16(_) | Data::BF16(_) => d.get_f64(i) as i64,
+    }
+}
+
 /// Row-major multi-index of flat index `f` in `dims`.
 pub fn unravel(mut f: usize, dims: &[usize]) -> Vec<usize> {
     let mut idx = vec![0; dims.len()];
@@ -504,6 +595,9 @@ fn unary(op: UnaryOp, x: &Data) -> Data {
         Data::I32(v) => Data::I32(v.iter().map(|&a| i32::unary(op, a)).collect()),
         Data::U32(v) => Data::U32(v.iter().map(|&a| u32::unary(op, a)).collect()),
         Data::Bool(v) => Data::Bool(v.iter().map(|&a| bool_unary(op, a)).collect()),
+        Data::I64(v) => Data::I64(v.iter().map(|&a| i64::unary(op, a)).collect()),
+        // Computed in f32 (`in_f32`) before this is reached.
+        Data::F16(_) | Data::BF16(_) => x.clone(),
     }
 }
 
@@ -539,6 +633,12 @@ fn binary(o: &Op, op: BinaryOp, x: &Data, y: &Data) -> Result<Data, InterpError>
                 .map(|(&p, &q)| bool_binary(op, p, q))
                 .collect(),
         ),
+        (Data::I64(a), Data::I64(b)) => Data::I64(
+            a.iter()
+                .zip(b)
+                .map(|(&p, &q)| i64::binary(op, p, q))
+                .collect(),
+        ),
         _ => Data::Bool(vec![]),
     })
 }
@@ -556,12 +656,15 @@ fn compare_data(o: &Op, op: CompareOp, x: &Data, y: &Data) -> Result<Vec<bool>, 
         (Data::I32(a), Data::I32(b)) => cmp(op, a, b),
         (Data::U32(a), Data::U32(b)) => cmp(op, a, b),
         (Data::Bool(a), Data::Bool(b)) => cmp(op, a, b),
+        (Data::I64(a), Data::I64(b)) => cmp(op, a, b),
         _ => vec![],
     })
 }
 
 /// Value conversion. Float to integer truncates toward zero and saturates (NaN gives 0); any
-/// value to bool is `x != 0`.
+/// value to bool is `x != 0`; integers wrap to a narrower integer. f16 and bf16 widen to f32
+/// exactly first; f32 and f64 round to them directly (to nearest even), every other type
+/// through f32 (as XLA converts integers to bf16).
 pub fn convert(x: &Data, to: DType) -> Data {
     macro_rules! conv {
         ($v:expr) => {
@@ -570,46 +673,52 @@ pub fn convert(x: &Data, to: DType) -> Data {
                 DType::F64 => Data::F64($v.iter().map(|&a| a as f64).collect()),
                 DType::I32 => Data::I32($v.iter().map(|&a| a as i32).collect()),
                 DType::U32 => Data::U32($v.iter().map(|&a| a as u32).collect()),
+                DType::I64 => Data::I64($v.iter().map(|&a| a as i64).collect()),
                 DType::Bool => Data::Bool($v.iter().map(|&a| a as f64 != 0.0).collect()),
+                DType::F16 => Data::F16($v.iter().map(|&a| f16::from_f32(a as f32)).collect()),
+                DType::BF16 => Data::BF16($v.iter().map(|&a| bf16::from_f32(a as f32)).collect()),
             }
         };
     }
-    match x {
-        Data::F32(v) => conv!(v),
-        Data::F64(v) => conv!(v),
-        Data::I32(v) => conv!(v),
-        Data::U32(v) => conv!(v),
-        Data::Bool(v) => {
+    match (x, to) {
+        (Data::F64(v), DType::F16) => Data::F16(v.iter().map(|&a| f16::from_f64(a)).collect()),
+        (Data::F64(v), DType::BF16) => Data::BF16(v.iter().map(|&a| bf16::from_f64(a)).collect()),
+        (Data::F32(v), _) => conv!(v),
+        (Data::F64(v), _) => conv!(v),
+        (Data::I32(v), _) => conv!(v),
+        (Data::U32(v), _) => conv!(v),
+        (Data::I64(v), _) => conv!(v),
+        (Data::Bool(v), _) => {
             let u: Vec<u8> = v.iter().map(|&b| b as u8).collect();
             conv!(u)
+        }
+        (Data::F16(v), _) => {
+            let w: Vec<f32> = v.iter().map(|a| a.to_f32()).collect();
+            conv!(w)
+        }
+        (Data::BF16(v), _) => {
+            let w: Vec<f32> = v.iter().map(|a| a.to_f32()).collect();
+            conv!(w)
         }
     }
 }
 
 fn bitcast(op: &Op, x: &Data, to: DType) -> Result<Data, InterpError> {
-    let bits: Vec<u32> = match x {
-        Data::F32(v) => v.iter().map(|a| a.to_bits()).collect(),
-        Data::I32(v) => v.iter().map(|&a| a as u32).collect(),
-        Data::U32(v) => v.clone(),
-        Data::F64(v) if to == DType::F64 => return Ok(Data::F64(v.clone())),
-        _ => {
-            return Err(op_error(
-                op,
-                format!("cannot reinterpret {} as {to}", x.dtype()),
-            ));
-        }
-    };
-    Ok(match to {
-        DType::F32 => Data::F32(bits.iter().map(|&b| f32::from_bits(b)).collect()),
-        DType::I32 => Data::I32(bits.iter().map(|&b| b as i32).collect()),
-        DType::U32 => Data::U32(bits),
-        DType::F64 | DType::Bool => {
-            return Err(op_error(
-                op,
-                format!("cannot reinterpret {} as {to}", x.dtype()),
-            ));
-        }
-    })
+    let from = x.dtype();
+    if from.bit_width() != to.bit_width() || (from == DType::Bool) != (to == DType::Bool) {
+        return Err(op_error(op, format!("cannot reinterpret {from} as {to}")));
+    }
+    let n = x.len();
+    let mut out = Data::try_with_capacity(to, n).map_err(|e| op_error(op, e.0))?;
+    // SAFETY: `out` has room for `n` elements of `to`, as wide as `from`'s, so the
+    // `n * width` bytes of `x` fit; the two are distinct allocations. Every bit pattern is a
+    // valid value of each non-bool type (bool only reinterprets as bool, checked above), so
+    // the `n` elements are initialized and valid for `set_len`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(x.as_ptr(), out.as_mut_ptr(), n * from.byte_width());
+        out.set_len(n);
+    }
+    Ok(out)
 }
 
 /// Reduction over `axes`, visiting the input in row-major order. An f32 sum down to one value
@@ -669,7 +778,10 @@ fn reduce(kind: ReduceKind, axes: &[usize], x: &Literal, ty: &TensorType) -> Dat
         Data::F64(v) => Data::F64(float!(v, f64)),
         Data::I32(v) => Data::I32(int!(v, i32)),
         Data::U32(v) => Data::U32(int!(v, u32)),
+        Data::I64(v) => Data::I64(int!(v, i64)),
         Data::Bool(_) => Data::Bool(vec![false; n_out]),
+        // Computed in f32 (`in_f32`) before this is reached.
+        Data::F16(_) | Data::BF16(_) => Data::zeros(x.ty.dtype, 0),
     }
 }
 
@@ -684,10 +796,16 @@ fn argmax(axis: usize, x: &Literal, ty: &TensorType) -> Data {
             let mut idx: Vec<usize> = oidx.clone();
             idx.insert(axis, 0);
             let base = ravel(&idx, &strides);
-            let at = |k: usize| x.data.get_f64(base + k * strides[axis]);
+            let at = |k: usize| base + k * strides[axis];
             let mut best = 0;
             for k in 1..n {
-                let (b, c) = (at(best), at(k));
+                if !x.ty.dtype.is_float() {
+                    if int_at(&x.data, at(k)) > int_at(&x.data, at(best)) {
+                        best = k;
+                    }
+                    continue;
+                }
+                let (b, c) = (x.data.get_f64(at(best)), x.data.get_f64(at(k)));
                 if b.is_nan() {
                     break;
                 }
@@ -784,6 +902,13 @@ fn dot_general(
             0u32,
             |x: u32, y| x.wrapping_mul(y),
             |s: u32, p| s.wrapping_add(p)
+        )),
+        (Data::I64(a), Data::I64(b)) => Data::I64(dot!(
+            a,
+            b,
+            0i64,
+            |x: i64, y| x.wrapping_mul(y),
+            |s: i64, p| s.wrapping_add(p)
         )),
         _ => return Err(op_error(op, "operands differ in type")),
     })

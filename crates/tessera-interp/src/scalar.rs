@@ -321,77 +321,88 @@ impl_float!(
     crate::elem::atan2_f64
 );
 
-/// Integer semantics, for i32 and u32 (shift amounts are read as unsigned).
+/// Integer semantics, for i32, i64 and u32 (shift amounts are read as unsigned).
 pub trait Int: Copy + Ord {
     fn unary(op: UnaryOp, x: Self) -> Self;
     fn binary(op: BinaryOp, x: Self, y: Self) -> Self;
 }
 
-impl Int for i32 {
-    fn unary(op: UnaryOp, x: i32) -> i32 {
-        match op {
-            UnaryOp::Neg => x.wrapping_neg(),
-            UnaryOp::Abs => x.wrapping_abs(),
-            UnaryOp::Sign => x.signum(),
-            UnaryOp::Not => !x,
-            // Float-only ops, rejected by the type rule.
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Log1p
-            | UnaryOp::Expm1
-            | UnaryOp::Tanh
-            | UnaryOp::Logistic
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Sqrt
-            | UnaryOp::Rsqrt
-            | UnaryOp::Floor
-            | UnaryOp::Ceil
-            | UnaryOp::Round
-            | UnaryOp::Erf
-            | UnaryOp::ErfInv
-            | UnaryOp::Tan
-            | UnaryOp::Asin
-            | UnaryOp::Acos
-            | UnaryOp::Atan
-            | UnaryOp::Sinh
-            | UnaryOp::Cosh
-            | UnaryOp::Asinh
-            | UnaryOp::Acosh
-            | UnaryOp::Atanh
-            | UnaryOp::Exp2 => 0,
-        }
-    }
-    fn binary(op: BinaryOp, x: i32, y: i32) -> i32 {
-        match op {
-            BinaryOp::Add => x.wrapping_add(y),
-            BinaryOp::Sub => x.wrapping_sub(y),
-            BinaryOp::Mul => x.wrapping_mul(y),
-            BinaryOp::Div => {
-                if y == 0 {
-                    -1
-                } else {
-                    x.wrapping_div(y)
+macro_rules! signed_int {
+    ($t:ty, $u:ty) => {
+        impl Int for $t {
+            fn unary(op: UnaryOp, x: $t) -> $t {
+                match op {
+                    UnaryOp::Neg => x.wrapping_neg(),
+                    UnaryOp::Abs => x.wrapping_abs(),
+                    UnaryOp::Sign => x.signum(),
+                    UnaryOp::Not => !x,
+                    // Float-only ops, rejected by the type rule.
+                    UnaryOp::Exp
+                    | UnaryOp::Log
+                    | UnaryOp::Log1p
+                    | UnaryOp::Expm1
+                    | UnaryOp::Tanh
+                    | UnaryOp::Logistic
+                    | UnaryOp::Sin
+                    | UnaryOp::Cos
+                    | UnaryOp::Sqrt
+                    | UnaryOp::Rsqrt
+                    | UnaryOp::Floor
+                    | UnaryOp::Ceil
+                    | UnaryOp::Round
+                    | UnaryOp::Erf
+                    | UnaryOp::ErfInv
+                    | UnaryOp::Tan
+                    | UnaryOp::Asin
+                    | UnaryOp::Acos
+                    | UnaryOp::Atan
+                    | UnaryOp::Sinh
+                    | UnaryOp::Cosh
+                    | UnaryOp::Asinh
+                    | UnaryOp::Acosh
+                    | UnaryOp::Atanh
+                    | UnaryOp::Exp2 => 0,
                 }
             }
-            BinaryOp::Rem => {
-                if y == 0 {
-                    x
-                } else {
-                    x.wrapping_rem(y)
+            fn binary(op: BinaryOp, x: $t, y: $t) -> $t {
+                match op {
+                    BinaryOp::Add => x.wrapping_add(y),
+                    BinaryOp::Sub => x.wrapping_sub(y),
+                    BinaryOp::Mul => x.wrapping_mul(y),
+                    BinaryOp::Div => {
+                        if y == 0 {
+                            -1
+                        } else {
+                            x.wrapping_div(y)
+                        }
+                    }
+                    BinaryOp::Rem => {
+                        if y == 0 {
+                            x
+                        } else {
+                            x.wrapping_rem(y)
+                        }
+                    }
+                    BinaryOp::Max => x.max(y),
+                    BinaryOp::Min => x.min(y),
+                    BinaryOp::And => x & y,
+                    BinaryOp::Or => x | y,
+                    BinaryOp::Xor => x ^ y,
+                    // An amount past the width (or negative, read as unsigned) shifts everything out.
+                    BinaryOp::ShiftLeft => (x as $u)
+                        .checked_shl(u32::try_from(y as $u).unwrap_or(u32::MAX))
+                        .unwrap_or(0) as $t,
+                    BinaryOp::ShiftRightLogical => (x as $u)
+                        .checked_shr(u32::try_from(y as $u).unwrap_or(u32::MAX))
+                        .unwrap_or(0) as $t,
+                    BinaryOp::Pow | BinaryOp::Atan2 => 0,
                 }
             }
-            BinaryOp::Max => x.max(y),
-            BinaryOp::Min => x.min(y),
-            BinaryOp::And => x & y,
-            BinaryOp::Or => x | y,
-            BinaryOp::Xor => x ^ y,
-            BinaryOp::ShiftLeft => (x as u32).checked_shl(y as u32).unwrap_or(0) as i32,
-            BinaryOp::ShiftRightLogical => (x as u32).checked_shr(y as u32).unwrap_or(0) as i32,
-            BinaryOp::Pow | BinaryOp::Atan2 => 0,
         }
-    }
+    };
 }
+signed_int!(i32, u32);
+signed_int!(i64, u64);
 
 impl Int for u32 {
     fn unary(op: UnaryOp, x: u32) -> u32 {

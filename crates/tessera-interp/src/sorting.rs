@@ -28,10 +28,7 @@ fn cmp_at(d: &Data, i: usize, j: usize) -> Ordering {
     if d.dtype().is_float() {
         float_sort_cmp(d.get_f64(i), d.get_f64(j))
     } else {
-        // i32, u32 and bool are exact in f64.
-        d.get_f64(i)
-            .partial_cmp(&d.get_f64(j))
-            .unwrap_or(Ordering::Equal)
+        crate::int_at(d, i).cmp(&crate::int_at(d, j))
     }
 }
 
@@ -96,8 +93,10 @@ pub(crate) fn cumulative(kind: CumulativeKind, axis: usize, reverse: bool, x: &L
         Data::F64(v) => Data::F64(scan(v, dims, axis, reverse, |a, b| f64::binary(op, a, b))),
         Data::I32(v) => Data::I32(scan(v, dims, axis, reverse, |a, b| i32::binary(op, a, b))),
         Data::U32(v) => Data::U32(scan(v, dims, axis, reverse, |a, b| u32::binary(op, a, b))),
-        // The type rule rejects bool; the identity keeps this total.
-        Data::Bool(v) => Data::Bool(v.clone()),
+        Data::I64(v) => Data::I64(scan(v, dims, axis, reverse, |a, b| i64::binary(op, a, b))),
+        // The type rule rejects bool, and f16/bf16 compute in f32 (`in_f32`); the identity
+        // keeps this total.
+        Data::Bool(_) | Data::F16(_) | Data::BF16(_) => x.data.clone(),
     }
 }
 

@@ -7,7 +7,7 @@ use tessera_interp::run;
 use tessera_ir::corpus::{Lcg, covered_op_names, op_samples, random_inputs};
 use tessera_ir::{
     ALL_OP_NAMES, BinaryOp, CollectiveOp, CompareOp, CumulativeKind, DType, Data, Graph, Literal,
-    Op, REGION_OP_NAMES, ReduceKind, TensorType, UnaryOp,
+    Op, REGION_OP_NAMES, ReduceKind, TensorType, UnaryOp, bf16, f16,
 };
 
 /// One element, widened.
@@ -42,6 +42,9 @@ fn to_vs(l: &Literal) -> Vec<V> {
         Data::I32(v) => v.iter().map(|&x| V::I(x as i64)).collect(),
         Data::U32(v) => v.iter().map(|&x| V::I(x as i64)).collect(),
         Data::Bool(v) => v.iter().map(|&x| V::B(x)).collect(),
+        Data::I64(v) => v.iter().map(|&x| V::I(x)).collect(),
+        Data::F16(v) => v.iter().map(|&x| V::F(x.to_f64())).collect(),
+        Data::BF16(v) => v.iter().map(|&x| V::F(x.to_f64())).collect(),
     }
 }
 
@@ -54,7 +57,13 @@ fn narrow(d: DType, x: V) -> V {
         (DType::U32, V::I(x)) => V::I(x as u32 as i64),
         (DType::I32, V::F(x)) => V::I(x as i32 as i64),
         (DType::U32, V::F(x)) => V::I(x as u32 as i64),
-        (DType::I32 | DType::U32, V::B(b)) => V::I(b as i64),
+        (DType::I32 | DType::U32 | DType::I64, V::B(b)) => V::I(b as i64),
+        (DType::I64, V::I(x)) => V::I(x),
+        (DType::I64, V::F(x)) => V::I(x as i64),
+        // Rounded once from the f64 value (the interpreter rounds its f32 result: within the
+        // narrow type's tolerance in `close`).
+        (DType::F16, v) => V::F(f16::from_f64(v.f()).to_f64()),
+        (DType::BF16, v) => V::F(bf16::from_f64(v.f()).to_f64()),
         (DType::Bool, v) => V::B(v.f() != 0.0),
     }
 }
@@ -137,12 +146,12 @@ fn unary(u: UnaryOp, d: DType, x: V) -> V {
     }
     let x = x.i();
     V::I(match u {
-        UnaryOp::Neg => -x,
+        UnaryOp::Neg => x.wrapping_neg(),
         UnaryOp::Abs => {
             if d == DType::U32 {
                 x
             } else {
-                x.abs()
+                x.wrapping_abs()
             }
         }
         UnaryOp::Sign => x.signum(),
@@ -202,23 +211,30 @@ fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
         });
     }
     let (x, y) = (x.i(), y.i());
-    let bits = |v: i64| v as u32 as u64;
+    // i32 and u32 values are exact in i64 and wrap when narrowed; i64 wraps here.
+    let width = d.bit_width() as u64;
+    let mask = if width == 64 {
+        u64::MAX
+    } else {
+        (1 << width) - 1
+    };
+    let bits = |v: i64| v as u64 & mask;
     V::I(match b {
-        BinaryOp::Add => x + y,
-        BinaryOp::Sub => x - y,
+        BinaryOp::Add => x.wrapping_add(y),
+        BinaryOp::Sub => x.wrapping_sub(y),
         BinaryOp::Mul => x.wrapping_mul(y),
         BinaryOp::Div => {
             if y == 0 {
                 -1
             } else {
-                x / y
+                x.wrapping_div(y)
             }
         }
         BinaryOp::Rem => {
             if y == 0 {
                 x
             } else {
-                x % y
+                x.wrapping_rem(y)
             }
         }
         BinaryOp::Max => x.max(y),
@@ -227,14 +243,14 @@ fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
         BinaryOp::Or => (bits(x) | bits(y)) as i64,
         BinaryOp::Xor => (bits(x) ^ bits(y)) as i64,
         BinaryOp::ShiftLeft => {
-            if bits(y) >= 32 {
+            if bits(y) >= width {
                 0
             } else {
-                (bits(x) << bits(y)) as i64
+                ((bits(x) << bits(y)) & mask) as i64
             }
         }
         BinaryOp::ShiftRightLogical => {
-            if bits(y) >= 32 {
+            if bits(y) >= width {
                 0
             } else {
                 (bits(x) >> bits(y)) as i64
@@ -245,6 +261,16 @@ fn binary(b: BinaryOp, d: DType, x: V, y: V) -> V {
 }
 
 fn compare(c: CompareOp, x: V, y: V) -> bool {
+    if let (V::I(x), V::I(y)) = (x, y) {
+        return match c {
+            CompareOp::Eq => x == y,
+            CompareOp::Ne => x != y,
+            CompareOp::Lt => x < y,
+            CompareOp::Le => x <= y,
+            CompareOp::Gt => x > y,
+            CompareOp::Ge => x >= y,
+        };
+    }
     let (x, y) = (x.f(), y.f());
     match c {
         CompareOp::Eq => x == y,
@@ -294,7 +320,12 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
         Op::Convert(_) => args[0]
             .iter()
             .map(|&x| match (in_ty(0).dtype, ty.dtype, x) {
-                (_, DType::I32 | DType::U32, V::F(f)) if f.is_nan() => V::I(0),
+                (_, DType::I32 | DType::U32 | DType::I64, V::F(f)) if f.is_nan() => V::I(0),
+                (_, DType::I64, V::F(f)) if f >= 9.223_372_036_854_776e18 => V::I(i64::MAX),
+                (_, DType::I64, V::F(f)) if f < -9.223_372_036_854_776e18 => V::I(i64::MIN),
+                (_, DType::I64, V::F(f)) => V::I(f.trunc() as i64),
+                // Integers reach a narrow float through f32.
+                (_, DType::F16 | DType::BF16, V::I(i)) => V::F(i as f32 as f64),
                 (_, DType::I32, V::F(f)) => {
                     V::I(f.trunc().clamp(i32::MIN as f64, i32::MAX as f64) as i64)
                 }
@@ -310,6 +341,9 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
                 Data::I32(v) => v.iter().map(|&x| x as u32 as u64).collect(),
                 Data::U32(v) => v.iter().map(|&x| x as u64).collect(),
                 Data::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
+                Data::I64(v) => v.iter().map(|&x| x as u64).collect(),
+                Data::F16(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
+                Data::BF16(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
                 Data::Bool(_) => unreachable!(),
             };
             bits.iter()
@@ -318,6 +352,9 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
                     DType::F64 => V::F(f64::from_bits(b)),
                     DType::I32 => V::I(b as u32 as i32 as i64),
                     DType::U32 => V::I(b as i64),
+                    DType::I64 => V::I(b as i64),
+                    DType::F16 => V::F(f16::from_bits(b as u16).to_f64()),
+                    DType::BF16 => V::F(bf16::from_bits(b as u16).to_f64()),
                     DType::Bool => unreachable!(),
                 })
                 .collect()
@@ -423,7 +460,7 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
                         if ty.dtype.is_float() {
                             V::F(a.f() + x.f())
                         } else {
-                            V::I(a.i() + x.i())
+                            V::I(a.i().wrapping_add(x.i()))
                         }
                     }
                     (Some(a), ReduceKind::Max) => {
@@ -495,34 +532,65 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
         Op::Conv(cd) => conv_reference(cd, in_ty(0), in_ty(1), &args[0], &args[1], &ty),
         Op::ReduceWindow { kind, win } => {
             let x = in_ty(0);
-            let int = !x.dtype.is_float();
-            let init = match (kind, int) {
-                (ReduceKind::Sum, _) => 0.0,
-                (ReduceKind::Max, false) => f64::NEG_INFINITY,
-                (ReduceKind::Min, false) => f64::INFINITY,
-                (ReduceKind::Max, true) => -1e300,
-                (ReduceKind::Min, true) => 1e300,
-            };
-            let vals: Vec<f64> = args[0].iter().map(|v| v.f()).collect();
-            let (p, pd) = dilate_pad(&vals, x.dims(), &win.base_dilation, &win.padding, init);
-            indices(ty.dims())
-                .iter()
-                .map(|o| {
-                    let mut acc = init;
-                    for k in indices(&win.window) {
-                        let q: Vec<usize> = (0..o.len())
+            let window = |o: &[usize]| -> Vec<Vec<usize>> {
+                indices(&win.window)
+                    .iter()
+                    .map(|k| {
+                        (0..o.len())
                             .map(|d| o[d] * win.strides[d] + k[d] * win.window_dilation[d])
-                            .collect();
-                        let v = p[flat(&q, &pd)];
-                        acc = match kind {
-                            ReduceKind::Sum => acc + v,
-                            ReduceKind::Max => acc.max(v),
-                            ReduceKind::Min => acc.min(v),
-                        };
-                    }
-                    if int { V::I(acc as i64) } else { V::F(acc) }
-                })
-                .collect()
+                            .collect()
+                    })
+                    .collect()
+            };
+            if x.dtype.is_float() {
+                let init = match kind {
+                    ReduceKind::Sum => 0.0,
+                    ReduceKind::Max => f64::NEG_INFINITY,
+                    ReduceKind::Min => f64::INFINITY,
+                };
+                let vals: Vec<f64> = args[0].iter().map(|v| v.f()).collect();
+                let (p, pd) = dilate_pad(&vals, x.dims(), &win.base_dilation, &win.padding, init);
+                indices(ty.dims())
+                    .iter()
+                    .map(|o| {
+                        V::F(window(o).iter().fold(init, |acc, q| {
+                            let v = p[flat(q, &pd)];
+                            match kind {
+                                ReduceKind::Sum => acc + v,
+                                ReduceKind::Max => acc.max(v),
+                                ReduceKind::Min => acc.min(v),
+                            }
+                        }))
+                    })
+                    .collect()
+            } else {
+                // Integers exactly, from the type's lowest (highest) value for max (min).
+                let (lo, hi) = match x.dtype {
+                    DType::U32 => (0, u32::MAX as i64),
+                    DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+                    _ => (i64::MIN, i64::MAX),
+                };
+                let init = match kind {
+                    ReduceKind::Sum => 0,
+                    ReduceKind::Max => lo,
+                    ReduceKind::Min => hi,
+                };
+                let vals: Vec<i64> = args[0].iter().map(|v| v.i()).collect();
+                let (p, pd) = dilate_pad(&vals, x.dims(), &win.base_dilation, &win.padding, init);
+                indices(ty.dims())
+                    .iter()
+                    .map(|o| {
+                        V::I(window(o).iter().fold(init, |acc, q| {
+                            let v = p[flat(q, &pd)];
+                            match kind {
+                                ReduceKind::Sum => acc.wrapping_add(v),
+                                ReduceKind::Max => acc.max(v),
+                                ReduceKind::Min => acc.min(v),
+                            }
+                        }))
+                    })
+                    .collect()
+            }
         }
         Op::Sort {
             dim,
@@ -532,9 +600,13 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
             // The stable rank of each element: the elements of its lane with a smaller key, or
             // an equal key and a smaller position (no NaN or -0 in the corpus's inputs).
             let dims = in_ty(0).dims();
-            let key = |ix: &[usize]| -> Vec<f64> {
+            // Integers compare exactly (an i64 past 2^53 is not exact as f64).
+            let key = |ix: &[usize]| -> Vec<Result<i64, f64>> {
                 (0..*num_keys)
-                    .map(|k| args[k][flat(ix, dims)].f())
+                    .map(|k| match args[k][flat(ix, dims)] {
+                        V::I(i) => Ok(i),
+                        v => Err(v.f()),
+                    })
                     .collect()
             };
             let mut out = vec![V::I(0); n];
@@ -585,10 +657,9 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
                         V::I(vals.iter().fold(0i64, |a, v| a.wrapping_add(v.i())))
                     }
                     CumulativeKind::Prod if float => V::F(vals.iter().map(|v| v.f()).product()),
-                    CumulativeKind::Prod => V::I(
-                        vals.iter()
-                            .fold(1i64, |a, v| (a.wrapping_mul(v.i())) & 0xffff_ffff),
-                    ),
+                    CumulativeKind::Prod => {
+                        V::I(vals.iter().fold(1i64, |a, v| a.wrapping_mul(v.i())))
+                    }
                     CumulativeKind::Max => *vals
                         .iter()
                         .max_by(|a, b| a.f().total_cmp(&b.f()))
@@ -616,13 +687,13 @@ fn reference(g: &Graph, inputs: &[Literal]) -> Vec<V> {
 
 /// The operand scattered into a dilated, padded copy (negative padding crops): element `i`
 /// lands at `i * dilation + lo`.
-fn dilate_pad(
-    v: &[f64],
+fn dilate_pad<T: Copy>(
+    v: &[T],
     dims: &[usize],
     dil: &[usize],
     pad: &[(i64, i64)],
-    fill: f64,
-) -> (Vec<f64>, Vec<usize>) {
+    fill: T,
+) -> (Vec<T>, Vec<usize>) {
     let pd: Vec<usize> = (0..dims.len())
         .map(|d| {
             let n = if dims[d] == 0 {
@@ -714,7 +785,17 @@ fn close(d: DType, got: V, want: V) -> bool {
             if a.is_nan() || b.is_nan() {
                 return a.is_nan() && b.is_nan();
             }
-            let tol = if d == DType::F32 { 1e-5 } else { 1e-12 };
+            if a == b {
+                return true;
+            }
+            // f16 and bf16: a result may differ by one of their ulps (2^-10, 2^-7) from the
+            // once-rounded reference, as the op computes in f32 and rounds again.
+            let tol = match d {
+                DType::F32 => 1e-5,
+                DType::F16 => 2e-3,
+                DType::BF16 => 1.6e-2,
+                _ => 1e-12,
+            };
             (a - b).abs() <= tol * b.abs().max(1.0)
         }
         (a, b) => a == b,

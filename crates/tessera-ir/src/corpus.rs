@@ -37,7 +37,7 @@ fn t(dtype: DType, dims: &[usize]) -> TensorType {
 pub fn op_samples() -> Vec<Sample> {
     use DType::*;
     let mut out = Vec::new();
-    let numeric = [F32, F64, I32, U32];
+    let numeric = [F32, F64, I32, U32, I64, F16, BF16];
     for u in UnaryOp::ALL {
         for d in DType::ALL.into_iter().filter(|&d| u.accepts(d)) {
             out.push(one(
@@ -217,6 +217,17 @@ pub fn op_samples() -> Vec<Sample> {
             F64 => Data::F64(vec![1.5, -2.0, 0.1, 3e-300, 1e300, -0.0]),
             I32 => Data::I32(vec![1, -2, 0, i32::MAX, i32::MIN, 7]),
             U32 => Data::U32(vec![1, 2, 0, u32::MAX, 5, 7]),
+            I64 => Data::I64(vec![1, -2, 0, i64::MAX, i64::MIN, 1 << 40]),
+            F16 => Data::F16(
+                [1.5, -2.0, 0.1, 6e-8, 65504.0, -0.0]
+                    .map(crate::literal::f16::from_f32)
+                    .to_vec(),
+            ),
+            BF16 => Data::BF16(
+                [1.5, -2.0, 0.1, 1e-40, 3e38, -0.0]
+                    .map(crate::literal::bf16::from_f32)
+                    .to_vec(),
+            ),
             Bool => unreachable!("not numeric"),
         };
         out.push(one(
@@ -439,6 +450,27 @@ pub fn random_inputs(sample: &Sample, rng: &mut Lcg) -> Vec<Literal> {
                         .collect(),
                 ),
                 DType::Bool => Data::Bool((0..n).map(|_| rng.next_f64() < 0.5).collect()),
+                DType::I64 if shift => {
+                    Data::I64((0..n).map(|_| rng.range(lo, hi) as i64).collect())
+                }
+                DType::I64 => Data::I64(
+                    (0..n)
+                        .map(|i| match i % 5 {
+                            4 => i64::MAX - i as i64,
+                            _ => (rng.range(lo, hi) * 1e10).round() as i64,
+                        })
+                        .collect(),
+                ),
+                DType::F16 => Data::F16(
+                    (0..n)
+                        .map(|_| crate::literal::f16::from_f64(rng.range(lo, hi)))
+                        .collect(),
+                ),
+                DType::BF16 => Data::BF16(
+                    (0..n)
+                        .map(|_| crate::literal::bf16::from_f64(rng.range(lo, hi)))
+                        .collect(),
+                ),
             };
             Literal {
                 ty: ty.clone(),

@@ -115,8 +115,9 @@ pub struct ScatterDims {
 /// JAX's default fill of a `fill`-mode gather of `dtype`.
 pub fn default_fill(dtype: DType) -> f64 {
     match dtype {
-        DType::F32 | DType::F64 => f64::NAN,
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::NAN,
         DType::I32 => f64::from(i32::MIN),
+        DType::I64 => i64::MIN as f64,
         DType::U32 => f64::from(u32::MAX),
         DType::Bool => 1.0,
     }
@@ -160,8 +161,11 @@ fn index_side(
     operand_batching: &[usize],
     indices_batching: &[usize],
 ) -> Result<Vec<usize>, String> {
-    if !matches!(indices.dtype, DType::I32 | DType::U32) {
-        return Err(format!("indices must be i32 or u32, got {}", indices.dtype));
+    if !indices.dtype.is_int() {
+        return Err(format!(
+            "indices must be i32, u32 or i64, got {}",
+            indices.dtype
+        ));
     }
     let r = indices.rank();
     if index_vector_dim > r {
@@ -289,7 +293,7 @@ impl GatherDims {
                 }
             })
             .collect();
-        if !self.fill.is_nan() && operand.dtype != DType::F32 && operand.dtype != DType::F64 {
+        if !self.fill.is_nan() && !operand.dtype.is_float() {
             let ok = match operand.dtype {
                 DType::I32 => {
                     self.fill == self.fill.trunc() && i32::try_from(self.fill as i64).is_ok()
@@ -297,8 +301,14 @@ impl GatherDims {
                 DType::U32 => {
                     self.fill == self.fill.trunc() && u32::try_from(self.fill as i64).is_ok()
                 }
+                // Exactly -2^63 ..= 2^63 - 1024: the f64 values an i64 holds.
+                DType::I64 => {
+                    self.fill == self.fill.trunc()
+                        && self.fill >= i64::MIN as f64
+                        && self.fill < -(i64::MIN as f64)
+                }
                 DType::Bool => self.fill == 0.0 || self.fill == 1.0,
-                DType::F32 | DType::F64 => true,
+                DType::F32 | DType::F64 | DType::F16 | DType::BF16 => true,
             };
             if !ok {
                 return Err(format!(
@@ -306,7 +316,7 @@ impl GatherDims {
                     self.fill, operand.dtype
                 ));
             }
-        } else if self.fill.is_nan() && !matches!(operand.dtype, DType::F32 | DType::F64) {
+        } else if self.fill.is_nan() && !operand.dtype.is_float() {
             return Err(format!("fill NaN is not a {} value", operand.dtype));
         }
         Ok(TensorType::new(operand.dtype, dims))

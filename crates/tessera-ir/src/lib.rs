@@ -23,7 +23,7 @@ pub mod verify;
 pub use conv::{ConvDims, WindowDims};
 pub use gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 pub use graph::{Graph, Node, NodeId};
-pub use literal::{Data, DataElement, DataError, Literal};
+pub use literal::{Data, DataElement, DataError, Literal, bf16, f16};
 pub use op::{
     ALL_OP_NAMES, BinaryOp, CollectiveOp, CompareOp, DotDims, Op, OpClass, ReduceKind, TypeError,
     UnaryOp,

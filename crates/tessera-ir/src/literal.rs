@@ -2,6 +2,7 @@
 //! runtime's buffers. Row-major, one `Vec` per element type.
 
 use crate::types::{DType, Shape, TensorType};
+pub use half::{bf16, f16};
 
 /// Elements of a tensor, row-major.
 #[derive(Clone, Debug)]
@@ -11,6 +12,9 @@ pub enum Data {
     I32(Vec<i32>),
     U32(Vec<u32>),
     Bool(Vec<bool>),
+    I64(Vec<i64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
 }
 
 impl Data {
@@ -21,6 +25,9 @@ impl Data {
             Data::I32(_) => DType::I32,
             Data::U32(_) => DType::U32,
             Data::Bool(_) => DType::Bool,
+            Data::I64(_) => DType::I64,
+            Data::F16(_) => DType::F16,
+            Data::BF16(_) => DType::BF16,
         }
     }
 
@@ -31,6 +38,9 @@ impl Data {
             Data::I32(v) => v.len(),
             Data::U32(v) => v.len(),
             Data::Bool(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::F16(v) => v.len(),
+            Data::BF16(v) => v.len(),
         }
     }
 
@@ -46,6 +56,9 @@ impl Data {
             DType::I32 => Data::I32(vec![0; n]),
             DType::U32 => Data::U32(vec![0; n]),
             DType::Bool => Data::Bool(vec![false; n]),
+            DType::I64 => Data::I64(vec![0; n]),
+            DType::F16 => Data::F16(vec![f16::ZERO; n]),
+            DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
         }
     }
 
@@ -76,6 +89,9 @@ impl Data {
             DType::I32 => Data::I32(fill(x as i32, n, w)?),
             DType::U32 => Data::U32(fill(x as u32, n, w)?),
             DType::Bool => Data::Bool(fill(x != 0.0, n, w)?),
+            DType::I64 => Data::I64(fill(x as i64, n, w)?),
+            DType::F16 => Data::F16(fill(f16::from_f64(x), n, w)?),
+            DType::BF16 => Data::BF16(fill(bf16::from_f64(x), n, w)?),
         })
     }
 
@@ -87,6 +103,9 @@ impl Data {
             Data::I32(v) => v[i] as f64,
             Data::U32(v) => v[i] as f64,
             Data::Bool(v) => v[i] as u8 as f64,
+            Data::I64(v) => v[i] as f64,
+            Data::F16(v) => v[i].to_f64(),
+            Data::BF16(v) => v[i].to_f64(),
         }
     }
 
@@ -98,6 +117,9 @@ impl Data {
             DType::I32 => Data::I32(vec![x as i32; n]),
             DType::U32 => Data::U32(vec![x as u32; n]),
             DType::Bool => Data::Bool(vec![x != 0.0; n]),
+            DType::I64 => Data::I64(vec![x as i64; n]),
+            DType::F16 => Data::F16(vec![f16::from_f64(x); n]),
+            DType::BF16 => Data::BF16(vec![bf16::from_f64(x); n]),
         }
     }
 
@@ -113,6 +135,13 @@ impl Data {
             (Data::I32(a), Data::I32(b)) => a == b,
             (Data::U32(a), Data::U32(b)) => a == b,
             (Data::Bool(a), Data::Bool(b)) => a == b,
+            (Data::I64(a), Data::I64(b)) => a == b,
+            (Data::F16(a), Data::F16(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            (Data::BF16(a), Data::BF16(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
             _ => false,
         }
     }
@@ -125,6 +154,9 @@ impl Data {
             Data::I32(v) => v.iter().all(|x| *x == v[0]),
             Data::U32(v) => v.iter().all(|x| *x == v[0]),
             Data::Bool(v) => v.iter().all(|x| *x == v[0]),
+            Data::I64(v) => v.iter().all(|x| *x == v[0]),
+            Data::F16(v) => v.iter().all(|x| x.to_bits() == v[0].to_bits()),
+            Data::BF16(v) => v.iter().all(|x| x.to_bits() == v[0].to_bits()),
         }
     }
 
@@ -146,6 +178,10 @@ impl Data {
             Data::I32(v) => v[i].to_string(),
             Data::U32(v) => v[i].to_string(),
             Data::Bool(v) => v[i].to_string(),
+            Data::I64(v) => v[i].to_string(),
+            // The f32 value's shortest text: exact, so it parses back to the same bits.
+            Data::F16(v) => float(v[i].to_f64(), format!("{:?}", v[i].to_f32())),
+            Data::BF16(v) => float(v[i].to_f64(), format!("{:?}", v[i].to_f32())),
         }
     }
 }
@@ -189,6 +225,9 @@ data_element!(f64, F64);
 data_element!(i32, I32);
 data_element!(u32, U32);
 data_element!(bool, Bool);
+data_element!(i64, I64);
+data_element!(f16, F16);
+data_element!(bf16, BF16);
 
 /// Runs `$body` with `$v` bound to the elements of `$data` (a `&Data`) as a typed slice, and
 /// `$t` to their type.
@@ -213,6 +252,18 @@ macro_rules! with_slice {
             }
             Data::Bool($v) => {
                 type $t = bool;
+                $body
+            }
+            Data::I64($v) => {
+                type $t = i64;
+                $body
+            }
+            Data::F16($v) => {
+                type $t = $crate::literal::f16;
+                $body
+            }
+            Data::BF16($v) => {
+                type $t = $crate::literal::bf16;
                 $body
             }
         }
@@ -253,6 +304,10 @@ impl Data {
     }
 
     pub fn as_bool(&self) -> Option<&[bool]> {
+        self.as_slice()
+    }
+
+    pub fn as_i64(&self) -> Option<&[i64]> {
         self.as_slice()
     }
 
@@ -369,7 +424,8 @@ impl Data {
     /// The elements' bytes in memory (native endianness; a bool is one byte, 0 or 1).
     pub fn as_bytes(&self) -> &[u8] {
         with_slice!(self, v: T => {
-            // SAFETY: `T` is one of f32, f64, i32, u32, bool: each has no padding and every
+            // SAFETY: `T` is one of f32, f64, i32, u32, bool, i64, and half's f16 and bf16
+            // (`repr(transparent)` over u16): each has no padding and every
             // byte of a valid value is initialized, so the `size_of_val(v)` bytes at `v`'s
             // start are initialized `u8`s, borrowed for as long as `self`.
             unsafe {
@@ -404,6 +460,9 @@ impl Data {
             DType::I32 => room::<i32>(n),
             DType::U32 => room::<u32>(n),
             DType::Bool => room::<bool>(n),
+            DType::I64 => room::<i64>(n),
+            DType::F16 => room::<f16>(n),
+            DType::BF16 => room::<bf16>(n),
         }
     }
 
@@ -421,6 +480,9 @@ impl Data {
                 Data::I32(v) => v.set_len(n),
                 Data::U32(v) => v.set_len(n),
                 Data::Bool(v) => v.set_len(n),
+                Data::I64(v) => v.set_len(n),
+                Data::F16(v) => v.set_len(n),
+                Data::BF16(v) => v.set_len(n),
             }
         }
     }
@@ -435,6 +497,9 @@ impl Data {
             Data::I32(v) => v.as_mut_ptr() as *mut u8,
             Data::U32(v) => v.as_mut_ptr() as *mut u8,
             Data::Bool(v) => v.as_mut_ptr() as *mut u8,
+            Data::I64(v) => v.as_mut_ptr() as *mut u8,
+            Data::F16(v) => v.as_mut_ptr() as *mut u8,
+            Data::BF16(v) => v.as_mut_ptr() as *mut u8,
         }
     }
 }
@@ -548,6 +613,9 @@ mod tests {
             Data::I32(vec![-7, 0, 9]),
             Data::U32(vec![7, 0, u32::MAX]),
             Data::Bool(vec![true, false, true]),
+            Data::I64(vec![-(1 << 40), 0, i64::MAX]),
+            Data::F16(vec![f16::from_f32(1.5), f16::NEG_ZERO, f16::INFINITY]),
+            Data::BF16(vec![bf16::from_f32(-2.5), bf16::MIN_POSITIVE, bf16::NAN]),
         ]
     }
 
@@ -695,7 +763,7 @@ mod tests {
 
     #[test]
     fn with_capacity_then_set_len_adopts_written_elements() {
-        for dtype in [DType::F32, DType::F64, DType::I32, DType::U32, DType::Bool] {
+        for dtype in DType::ALL {
             let mut d = Data::try_with_capacity(dtype, 3).unwrap();
             assert_eq!((d.dtype(), d.len()), (dtype, 0));
             let one = Data::splat(dtype, 1.0, 3);

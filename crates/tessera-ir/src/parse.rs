@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use crate::gather::{GatherDims, IndexMode, ScatterDims, ScatterKind};
 use crate::graph::{Graph, NodeId};
-use crate::literal::{Data, Literal};
+use crate::literal::{Data, Literal, bf16, f16};
 use crate::op::{BinaryOp, CollectiveOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
 use crate::region::{MAX_REGION_DEPTH, RegionOp};
 use crate::sharding::{DimSharding, Mesh, Sharding};
@@ -833,8 +833,9 @@ fn reduce_kind(kind: Option<&str>) -> Result<ReduceKind, String> {
 fn parse_element(dtype: DType, w: &str) -> Result<f64, String> {
     let bad = || format!("'{w}' is not a {dtype} value");
     match dtype {
-        DType::F32 | DType::F64 => w.parse::<f64>().map_err(|_| bad()),
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => w.parse::<f64>().map_err(|_| bad()),
         DType::I32 => w.parse::<i32>().map(f64::from).map_err(|_| bad()),
+        DType::I64 => w.parse::<i64>().map(|x| x as f64).map_err(|_| bad()),
         DType::U32 => w.parse::<u32>().map(f64::from).map_err(|_| bad()),
         DType::Bool => match w {
             "true" => Ok(1.0),
@@ -902,6 +903,33 @@ fn literal(value: &Attr, ty: &TensorType) -> Result<Literal, String> {
                 .collect::<Result<_, _>>()?,
         ),
         DType::Bool => Data::Bool((0..n).map(|i| pick(i) == "true").collect()),
+        DType::I64 => Data::I64(
+            (0..n)
+                .map(|i| pick(i).parse::<i64>().map_err(|_| bad(pick(i))))
+                .collect::<Result<_, _>>()?,
+        ),
+        // Through f32 (exact for every f16 and bf16), then rounded once more: the printed
+        // text of a narrow float is its exact value, so it parses back to the same bits.
+        DType::F16 => Data::F16(
+            (0..n)
+                .map(|i| {
+                    pick(i)
+                        .parse::<f32>()
+                        .map(f16::from_f32)
+                        .map_err(|_| bad(pick(i)))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        DType::BF16 => Data::BF16(
+            (0..n)
+                .map(|i| {
+                    pick(i)
+                        .parse::<f32>()
+                        .map(bf16::from_f32)
+                        .map_err(|_| bad(pick(i)))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
     };
     Ok(Literal {
         ty: ty.clone(),

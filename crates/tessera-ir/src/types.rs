@@ -10,10 +10,26 @@ pub enum DType {
     I32,
     U32,
     Bool,
+    /// 64-bit signed integers.
+    I64,
+    /// IEEE binary16. Stored in 16 bits; every op but `convert` computes in f32 and rounds its
+    /// result back (as XLA:CPU does), see `docs/types.md`.
+    F16,
+    /// bfloat16 (f32's exponent, 8 significant bits), stored and computed as f16 is.
+    BF16,
 }
 
 impl DType {
-    pub const ALL: [DType; 5] = [DType::F32, DType::F64, DType::I32, DType::U32, DType::Bool];
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::U32,
+        DType::Bool,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -22,6 +38,9 @@ impl DType {
             DType::I32 => "i32",
             DType::U32 => "u32",
             DType::Bool => "bool",
+            DType::I64 => "i64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
         }
     }
 
@@ -30,15 +49,33 @@ impl DType {
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64)
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+    }
+
+    /// f16 and bf16: stored narrow, computed in f32 ([`DType::compute_type`]).
+    pub fn is_narrow_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
+
+    /// The type an op on this type computes in: f32 for f16 and bf16, the type itself
+    /// otherwise.
+    pub fn compute_type(self) -> DType {
+        if self.is_narrow_float() {
+            DType::F32
+        } else {
+            self
+        }
     }
 
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I32 | DType::U32)
+        matches!(self, DType::I32 | DType::U32 | DType::I64)
     }
 
     pub fn is_signed(self) -> bool {
-        matches!(self, DType::F32 | DType::F64 | DType::I32)
+        matches!(
+            self,
+            DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::F16 | DType::BF16
+        )
     }
 
     /// Numbers that arithmetic applies to: every type but bool.
@@ -50,7 +87,8 @@ impl DType {
     pub fn bit_width(self) -> usize {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 32,
-            DType::F64 => 64,
+            DType::F64 | DType::I64 => 64,
+            DType::F16 | DType::BF16 => 16,
             DType::Bool => 8,
         }
     }

@@ -416,11 +416,14 @@ mod tests {
                 DType::F64 => Data::F64(vs.clone().collect()),
                 DType::I32 => Data::I32(ints().map(|v| v as i32).collect()),
                 DType::U32 => Data::U32(ints().map(|v| v as u32).collect()),
+                DType::I64 => Data::I64(ints().map(|v| v as i64 - (1 << 40)).collect()),
+                DType::F16 => Data::F16(vs.clone().map(tessera_ir::f16::from_f64).collect()),
+                DType::BF16 => Data::BF16(vs.clone().map(tessera_ir::bf16::from_f64).collect()),
                 DType::Bool => unreachable!("not reduced"),
             };
             Literal::new([len], data).unwrap()
         };
-        for dtype in [DType::F32, DType::F64, DType::I32, DType::U32] {
+        for dtype in DType::ALL.into_iter().filter(|&d| d != DType::Bool) {
             for kind in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min] {
                 for aliased in [false, true] {
                     let results = on_four(|c, p| {

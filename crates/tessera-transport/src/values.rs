@@ -20,6 +20,9 @@ macro_rules! each {
             Data::I32($v) => $body,
             Data::U32($v) => $body,
             Data::Bool($v) => $body,
+            Data::I64($v) => $body,
+            Data::F16($v) => $body,
+            Data::BF16($v) => $body,
         }
     };
 }
@@ -147,6 +150,32 @@ macro_rules! int_elem {
 }
 int_elem!(i32);
 int_elem!(u32);
+int_elem!(i64);
+
+/// f16 and bf16 compute in f32 and round each result back, as every op on them does: a fold
+/// is f32's rounded to the narrow type, and an all-reduce accumulates as f32's does (in f64)
+/// and rounds to f32, then to the narrow type (the f32 all-reduce between two converts).
+macro_rules! narrow_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            type Acc = f64;
+            fn widen(self) -> f64 {
+                self.to_f64()
+            }
+            fn narrow(a: f64) -> $t {
+                <$t>::from_f32(a as f32)
+            }
+            fn fold_wide(kind: ReduceKind, a: f64, b: $t) -> f64 {
+                f64::fold(kind, a, b.to_f64())
+            }
+            fn fold(kind: ReduceKind, a: $t, b: $t) -> $t {
+                <$t>::from_f32(f32::fold(kind, a.to_f32(), b.to_f32()))
+            }
+        }
+    };
+}
+narrow_elem!(tessera_ir::f16);
+narrow_elem!(tessera_ir::bf16);
 
 /// Elements reduced at a time: the f64 accumulator stays in L1.
 const BLOCK: usize = 1024;
@@ -207,6 +236,13 @@ pub unsafe fn reduce_raw(
             DType::F64 => reduce_into::<f64>(kind, &cast(srcs), dst as *mut f64, n),
             DType::I32 => reduce_into::<i32>(kind, &cast(srcs), dst as *mut i32, n),
             DType::U32 => reduce_into::<u32>(kind, &cast(srcs), dst as *mut u32, n),
+            DType::I64 => reduce_into::<i64>(kind, &cast(srcs), dst as *mut i64, n),
+            DType::F16 => {
+                reduce_into::<tessera_ir::f16>(kind, &cast(srcs), dst as *mut tessera_ir::f16, n)
+            }
+            DType::BF16 => {
+                reduce_into::<tessera_ir::bf16>(kind, &cast(srcs), dst as *mut tessera_ir::bf16, n)
+            }
             DType::Bool => return false,
         }
     }
@@ -284,11 +320,17 @@ pub fn reduce(kind: ReduceKind, values: &[&Literal]) -> Result<Literal, Transpor
             (Data::F64(a), Data::F64(b)) => fold(kind, a, b),
             (Data::I32(a), Data::I32(b)) => fold(kind, a, b),
             (Data::U32(a), Data::U32(b)) => fold(kind, a, b),
+            (Data::I64(a), Data::I64(b)) => fold(kind, a, b),
+            (Data::F16(a), Data::F16(b)) => fold(kind, a, b),
+            (Data::BF16(a), Data::BF16(b)) => fold(kind, a, b),
             (Data::Bool(_), _)
             | (Data::F32(_), _)
             | (Data::F64(_), _)
             | (Data::I32(_), _)
-            | (Data::U32(_), _) => unreachable!("one numeric type (checked above)"),
+            | (Data::U32(_), _)
+            | (Data::I64(_), _)
+            | (Data::F16(_), _)
+            | (Data::BF16(_), _) => unreachable!("one numeric type (checked above)"),
         }
     }
     Ok(acc)
@@ -415,6 +457,9 @@ typed_impl!(f64, F64);
 typed_impl!(i32, I32);
 typed_impl!(u32, U32);
 typed_impl!(bool, Bool);
+typed_impl!(i64, I64);
+typed_impl!(tessera_ir::f16, F16);
+typed_impl!(tessera_ir::bf16, BF16);
 
 fn typed<T>(d: &Data) -> &[T]
 where
@@ -478,6 +523,13 @@ pub unsafe fn literal_from_raw(ty: &TensorType, p: *const u8) -> Literal {
             DType::I32 => Data::I32(std::slice::from_raw_parts(p as *const i32, n).to_vec()),
             DType::U32 => Data::U32(std::slice::from_raw_parts(p as *const u32, n).to_vec()),
             DType::Bool => Data::Bool(std::slice::from_raw_parts(p as *const bool, n).to_vec()),
+            DType::I64 => Data::I64(std::slice::from_raw_parts(p as *const i64, n).to_vec()),
+            DType::F16 => {
+                Data::F16(std::slice::from_raw_parts(p as *const tessera_ir::f16, n).to_vec())
+            }
+            DType::BF16 => {
+                Data::BF16(std::slice::from_raw_parts(p as *const tessera_ir::bf16, n).to_vec())
+            }
         }
     };
     Literal {
@@ -491,7 +543,7 @@ pub unsafe fn literal_from_raw(ty: &TensorType, p: *const u8) -> Literal {
 /// element by element.
 ///
 /// # Safety
-/// Both views must be valid for `size`-byte elements (4 or 8) and not overlap.
+/// Both views must be valid for `size`-byte elements and not overlap.
 pub unsafe fn copy_view(
     (src, s): (*const u8, [isize; 2]),
     (dst, d): (*mut u8, [isize; 2]),

@@ -1,6 +1,7 @@
 //! The copying collectives' arithmetic (`tessera_transport::values`) against the interpreter,
 //! bit for bit: `reduce` is a chain of the interpreter's `add`/`max`/`min`, `reduce_widened`
-//! its f32 sum in f64 rounded once (`convert`, `add`, `convert`), `chunk` a `slice`,
+//! its f32 sum in f64 rounded once (`convert`, `add`, `convert`; f16 and bf16 then rounded
+//! from that f32), `chunk` a `slice`,
 //! `concat` a `concatenate`, `all_to_all` slices concatenated. Values include NaN, both
 //! zeros, infinities and integer overflow.
 
@@ -36,6 +37,13 @@ fn value(dtype: DType, p: usize) -> Literal {
                 .collect(),
         ),
         DType::Bool => Data::Bool((0..N).map(|i| (i + p).is_multiple_of(3)).collect()),
+        DType::I64 => Data::I64(
+            (0..N)
+                .map(|i| (i as i64 * 1_000_003 + p as i64 * 7).wrapping_mul(i64::MAX / 3))
+                .collect(),
+        ),
+        DType::F16 => Data::F16((0..N).map(|i| tessera_ir::f16::from_f64(f(i))).collect()),
+        DType::BF16 => Data::BF16((0..N).map(|i| tessera_ir::bf16::from_f64(f(i))).collect()),
     };
     Literal::new(DIMS, data).unwrap()
 }
@@ -53,8 +61,16 @@ fn binary(kind: ReduceKind) -> Op {
 }
 
 const KINDS: [ReduceKind; 3] = [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min];
-const NUMERIC: [DType; 4] = [DType::F32, DType::F64, DType::I32, DType::U32];
-const ALL: [DType; 5] = [DType::F32, DType::F64, DType::I32, DType::U32, DType::Bool];
+const NUMERIC: [DType; 7] = [
+    DType::F32,
+    DType::F64,
+    DType::I32,
+    DType::U32,
+    DType::I64,
+    DType::F16,
+    DType::BF16,
+];
+const ALL: [DType; 8] = DType::ALL;
 
 #[test]
 fn reduce_is_a_chain_of_the_interpreters_binary_ops() {
@@ -79,19 +95,24 @@ fn the_widened_all_reduce_is_the_interpreters_f64_sum_rounded_once() {
         let refs: Vec<&Literal> = vs.iter().collect();
         for kind in KINDS {
             let wide = |x: &Literal| match dtype {
-                DType::F32 => {
+                DType::F32 | DType::F16 | DType::BF16 => {
                     eval_op(&Op::Convert(DType::F64), &[x], &x.ty.with_dtype(DType::F64)).unwrap()
                 }
-                DType::F64 | DType::I32 | DType::U32 | DType::Bool => x.clone(),
+                DType::F64 | DType::I32 | DType::U32 | DType::Bool | DType::I64 => x.clone(),
             };
             let mut acc = wide(&vs[0]);
             for v in &vs[1..] {
                 let w = wide(v);
                 acc = eval_op(&binary(kind), &[&acc, &w], &w.ty).unwrap();
             }
+            let to = |t: DType, x: &Literal| {
+                eval_op(&Op::Convert(t), &[x], &x.ty.with_dtype(t)).unwrap()
+            };
+            // f16 and bf16: as f32's all-reduce between two converts (rounded to f32 first).
             let want = match dtype {
-                DType::F32 => eval_op(&Op::Convert(DType::F32), &[&acc], &vs[0].ty).unwrap(),
-                DType::F64 | DType::I32 | DType::U32 | DType::Bool => acc,
+                DType::F32 => to(DType::F32, &acc),
+                DType::F16 | DType::BF16 => to(dtype, &to(DType::F32, &acc)),
+                DType::F64 | DType::I32 | DType::U32 | DType::Bool | DType::I64 => acc,
             };
             for range in [0..N, 5..17, 9..9] {
                 let got = values::reduce_widened(kind, &refs, range.clone()).unwrap();
@@ -167,9 +188,13 @@ fn every_combination_of_special_values_reduces_as_the_interpreter() {
                 let f = |i: usize| specials[(i / specials.len().pow(p as u32)) % specials.len()];
                 let data = match dtype {
                     DType::F32 => Data::F32((0..n).map(|i| f(i) as f32).collect()),
-                    DType::F64 | DType::I32 | DType::U32 | DType::Bool => {
-                        Data::F64((0..n).map(f).collect())
-                    }
+                    DType::F64
+                    | DType::I32
+                    | DType::U32
+                    | DType::Bool
+                    | DType::I64
+                    | DType::F16
+                    | DType::BF16 => Data::F64((0..n).map(f).collect()),
                 };
                 Literal::new([n], data).unwrap()
             })

@@ -22,7 +22,8 @@ use std::rc::Rc;
 
 use hashbrown::HashMap;
 use tessera_ir::{
-    BinaryOp, DType, Data, Graph, Literal, NodeId, Op, ReduceKind, TensorType, UnaryOp, print,
+    BinaryOp, DType, Data, Graph, Literal, NodeId, Op, ReduceKind, TensorType, UnaryOp, bf16, f16,
+    print,
 };
 
 use crate::error::{Error, Result};
@@ -175,6 +176,10 @@ pub fn check_program(graph: &Graph, inputs: &[Literal]) -> Result<()> {
 /// The whole-program tolerance, relative to the largest magnitude of each output.
 const PROGRAM_TOLERANCE_F32: f64 = 1e-4;
 const PROGRAM_TOLERANCE_F64: f64 = 1e-10;
+/// f16 and bf16: a few ulps of the narrow type (2^-10 and 2^-7): each op rounds once more
+/// than its f32 kernel, so a compiled value one f32 ulp off can round to the neighbour.
+const PROGRAM_TOLERANCE_F16: f64 = 4e-3;
+const PROGRAM_TOLERANCE_BF16: f64 = 3e-2;
 
 /// The program a checked `jit` compares against, and the kernels compiled for its ops.
 pub(crate) struct Checker {
@@ -286,7 +291,9 @@ impl Checker {
             let tol = match w.ty.dtype {
                 DType::F32 => PROGRAM_TOLERANCE_F32,
                 DType::F64 => PROGRAM_TOLERANCE_F64,
-                DType::I32 | DType::U32 | DType::Bool => 0.0,
+                DType::F16 => PROGRAM_TOLERANCE_F16,
+                DType::BF16 => PROGRAM_TOLERANCE_BF16,
+                DType::I32 | DType::U32 | DType::Bool | DType::I64 => 0.0,
             };
             let scale = (0..w.data.len())
                 .map(|k| w.data.get_f64(k).abs())
@@ -295,9 +302,13 @@ impl Checker {
                 .max(f64::MIN_POSITIVE);
             for k in 0..w.data.len() {
                 let (a, b) = (g.data.get_f64(k), w.data.get_f64(k));
-                let same = a == b || (a.is_nan() && b.is_nan());
+                let same = match (g.data.as_i64(), w.data.as_i64()) {
+                    // Exactly: f64 rounds an i64 past 2^53.
+                    (Some(x), Some(y)) => x[k] == y[k],
+                    _ => a == b || (a.is_nan() && b.is_nan()),
+                };
                 // A NaN difference (inf - inf) is outside every tolerance.
-                let within = (a - b).abs() <= tol * scale;
+                let within = w.ty.dtype != DType::I64 && (a - b).abs() <= tol * scale;
                 if !same && !within {
                     return fail(format!(
                         "element {k}: compiled {a:e}, interpreter {b:e} (tolerance {:e})",
@@ -391,7 +402,11 @@ fn summary(l: &Literal) -> String {
 
 /// Element pairs as f64 (compiled, interpreter, same bits, ulps apart) with their width's
 /// epsilon, smallest subnormal and largest finite value.
-type FloatPairs = (Vec<(f64, f64, bool, Option<u64>)>, f64, f64, f64);
+type FloatPairs = (Vec<Pair>, f64, f64, f64);
+
+/// One element pair: compiled and interpreter values, whether their bits are equal, and how
+/// many ulps apart they are (`None` when one is not finite).
+type Pair = (f64, f64, bool, Option<u64>);
 
 /// The first element outside the bound, described, or `None` when all are within it.
 fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) -> Option<String> {
@@ -475,6 +490,14 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
             1.401_298_5e-45,
             f32::MAX as f64,
         ))
+    } else if let Some(pairs) = narrow_pairs(got, want) {
+        // f16/bf16: the f32 op rounded once more, so an f32 ulp bound is one narrow ulp; an
+        // accumulated one gains the final rounding (`eps`, the narrow type's).
+        let (eps, tiny, max) = match want.ty.dtype {
+            DType::F16 => (2f64.powi(-10), 2f64.powi(-24), 65504.0),
+            _ => (2f64.powi(-7), 2f64.powi(-133), bf16::MAX.to_f64()),
+        };
+        Some((pairs, eps, tiny, max))
     } else {
         f64s.map(|(g, w)| {
             (
@@ -493,9 +516,16 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
             if same_bits || (x.is_nan() && y.is_nan()) {
                 continue;
             }
+            let narrow = want.ty.dtype.is_narrow_float();
             let ok = match b {
                 Bound::Exact | Bound::Unchecked => false,
+                Bound::Ulps(u) if narrow => ulps.is_some_and(|d| d <= u.min(1)),
                 Bound::Ulps(u) => ulps.is_some_and(|d| d <= u),
+                Bound::Accumulated if narrow => {
+                    let m = magnitude.as_ref().map_or(0.0, |m| m[k]);
+                    let tol = terms as f64 * (f32::EPSILON as f64 * m + 2.0 * tiny) + eps * y.abs();
+                    within_sum_bound(x, y, m, tol, max)
+                }
                 Bound::Accumulated => {
                     let m = magnitude.as_ref().map_or(0.0, |m| m[k]);
                     // Relative error per step, plus, where values are subnormal, an absolute
@@ -519,6 +549,32 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
     (0..w.len())
         .find(|&k| g.element_text(k) != w.element_text(k))
         .and_then(|k| describe(k, String::new()))
+}
+
+/// f16 or bf16 element pairs as f64 (compiled, interpreter, same bits, ulps of the narrow type
+/// apart), or `None` for other types.
+fn narrow_pairs(got: &Literal, want: &Literal) -> Option<Vec<Pair>> {
+    fn pairs<T: Copy>(g: &[T], w: &[T], bits: fn(T) -> u16, value: fn(T) -> f64) -> Vec<Pair> {
+        // Ordered like the integers, as `ulps_f32`'s key.
+        let key = |b: u16| {
+            let b = b as i64;
+            if b < 0x8000 { b } else { 0x8000 - b }
+        };
+        g.iter()
+            .zip(w)
+            .map(|(&x, &y)| {
+                let (xv, yv) = (value(x), value(y));
+                let ulps =
+                    (xv.is_finite() && yv.is_finite()).then(|| key(bits(x)).abs_diff(key(bits(y))));
+                (xv, yv, bits(x) == bits(y), ulps)
+            })
+            .collect()
+    }
+    match (&got.data, &want.data) {
+        (Data::F16(g), Data::F16(w)) => Some(pairs(g, w, f16::to_bits, f16::to_f64)),
+        (Data::BF16(g), Data::BF16(w)) => Some(pairs(g, w, bf16::to_bits, bf16::to_f64)),
+        _ => None,
+    }
 }
 
 /// Whether a sum computed in some order (`got`) is within the rounding error of another

@@ -192,8 +192,8 @@ impl Tensor {
         let axis = self.resolve_axis("argmin", axis);
         match self.dtype() {
             DType::Bool => self.astype(DType::U32).not().argmax(axis),
-            DType::I32 | DType::U32 => self.not().argmax(axis),
-            DType::F32 | DType::F64 => self.neg().argmax(axis),
+            DType::I32 | DType::U32 | DType::I64 => self.not().argmax(axis),
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 => self.neg().argmax(axis),
         }
     }
 

@@ -10,18 +10,19 @@
 //! weak float):
 //!
 //! ```text
-//! bool -> i* -> {u32, i32};  u32 -> i32 (i64 with x64);  i32 -> f*;  f* -> f32 -> f64
+//! bool -> i* -> {u32, i32};  u32 -> i32 (i64 with x64);  i32 -> i64 -> f*;
+//! f* -> {bf16, f16} -> f32 -> f64
 //! ```
 //!
 //! The result of promoting a set of operands is their least upper bound on the lattice. JAX's
-//! x64 flag is decided per op: it is on when an operand is 64-bit (f64), off otherwise, so a
+//! x64 flag is decided per op: it is on when an operand is 64-bit (f64, i64), off otherwise, so a
 //! weak int alone is i32 and a weak float alone f32 (JAX's defaults with x64 disabled), while an
 //! explicit f64 tensor keeps 64 bits (as with x64 enabled). `docs/types.md` has the whole table,
 //! rendered from [`result_type`] by `tests/promotion.rs`.
 
 use std::panic::Location;
 
-use tessera_ir::{BinaryOp, DType, Data, Literal, Shape, TensorType};
+use tessera_ir::{BinaryOp, DType, Data, Literal, Shape, TensorType, bf16, f16};
 
 use crate::error::{Error, loc_text, raise};
 use crate::tensor::Tensor;
@@ -33,17 +34,23 @@ enum Node {
     WeakInt,
     U32,
     I32,
+    I64,
     WeakFloat,
+    BF16,
+    F16,
     F32,
     F64,
 }
 
-const NODES: [Node; 7] = [
+const NODES: [Node; 10] = [
     Node::Bool,
     Node::WeakInt,
     Node::U32,
     Node::I32,
+    Node::I64,
     Node::WeakFloat,
+    Node::BF16,
+    Node::F16,
     Node::F32,
     Node::F64,
 ];
@@ -52,12 +59,15 @@ impl Node {
     fn of(dtype: DType, weak: bool) -> Node {
         match (dtype, weak) {
             (DType::Bool, _) => Node::Bool,
-            (DType::I32 | DType::U32, true) => Node::WeakInt,
-            (DType::F32 | DType::F64, true) => Node::WeakFloat,
+            (DType::I32 | DType::U32 | DType::I64, true) => Node::WeakInt,
+            (DType::F32 | DType::F64 | DType::F16 | DType::BF16, true) => Node::WeakFloat,
             (DType::U32, false) => Node::U32,
             (DType::I32, false) => Node::I32,
+            (DType::I64, false) => Node::I64,
             (DType::F32, false) => Node::F32,
             (DType::F64, false) => Node::F64,
+            (DType::F16, false) => Node::F16,
+            (DType::BF16, false) => Node::BF16,
         }
     }
 
@@ -67,18 +77,18 @@ impl Node {
         match self {
             Node::Bool => &[Node::WeakInt],
             Node::WeakInt => &[Node::U32, Node::I32],
-            // With x64, u32 and i32 meet at i64 (which Tessera lacks; then i32's successor,
-            // the weak float, is the next bound Tessera has -- but see `result_type`: an x64
-            // op always has an f64 operand, which is above both).
+            // With x64, u32 and i32 meet at i64; without, i64 is i32 (JAX's x32 mode).
             Node::U32 => {
                 if x64 {
-                    &[Node::WeakFloat]
+                    &[Node::I64]
                 } else {
                     &[Node::I32]
                 }
             }
-            Node::I32 => &[Node::WeakFloat],
-            Node::WeakFloat => &[Node::F32],
+            Node::I32 => &[Node::I64],
+            Node::I64 => &[Node::WeakFloat],
+            Node::WeakFloat => &[Node::BF16, Node::F16],
+            Node::BF16 | Node::F16 => &[Node::F32],
             Node::F32 => &[Node::F64],
             Node::F64 => &[],
         }
@@ -109,7 +119,10 @@ impl Node {
             Node::Bool => DType::Bool,
             Node::U32 => DType::U32,
             Node::I32 | Node::WeakInt => DType::I32,
+            Node::I64 => DType::I64,
             Node::F32 | Node::WeakFloat => DType::F32,
+            Node::F16 => DType::F16,
+            Node::BF16 => DType::BF16,
             Node::F64 => DType::F64,
         }
     }
@@ -133,18 +146,23 @@ fn least_upper_bound(nodes: &[Node], x64: bool) -> Node {
         .expect("the promotion lattice is a lattice: every set of nodes has a least upper bound")
 }
 
-/// The default dtype of a kind (JAX's `default_types`): i32/f32, or f64 with x64 (i64 once
-/// Tessera has it).
+/// The default dtype of a kind (JAX's `default_types`): i32/f32, or i64/f64 with x64.
 fn default_dtype(dtype: DType, x64: bool) -> DType {
     match dtype {
-        DType::F32 | DType::F64 => {
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => {
             if x64 {
                 DType::F64
             } else {
                 DType::F32
             }
         }
-        DType::I32 => DType::I32,
+        DType::I32 | DType::I64 => {
+            if x64 {
+                DType::I64
+            } else {
+                DType::I32
+            }
+        }
         DType::U32 => DType::U32,
         DType::Bool => DType::Bool,
     }
@@ -238,7 +256,16 @@ impl Number {
             (DType::U32, Number::Int(i)) => Data::U32(vec![u32::try_from(i).map_err(|_| unfit())?]),
             (DType::U32, Number::Bool(b)) => Data::U32(vec![b as u32]),
             (DType::Bool, Number::Bool(b)) => Data::Bool(vec![b]),
-            (DType::I32 | DType::U32 | DType::Bool, Number::Float(_))
+            (DType::I64, Number::Int(i)) => Data::I64(vec![i64::try_from(i).map_err(|_| unfit())?]),
+            (DType::I64, Number::Bool(b)) => Data::I64(vec![b as i64]),
+            // Integers through f32, as `convert` takes them to a narrow float.
+            (DType::F16, Number::Int(i)) => Data::F16(vec![f16::from_f32(i as f32)]),
+            (DType::F16, Number::Float(x)) => Data::F16(vec![f16::from_f64(x)]),
+            (DType::F16, Number::Bool(b)) => Data::F16(vec![f16::from_f32(b as u8 as f32)]),
+            (DType::BF16, Number::Int(i)) => Data::BF16(vec![bf16::from_f32(i as f32)]),
+            (DType::BF16, Number::Float(x)) => Data::BF16(vec![bf16::from_f64(x)]),
+            (DType::BF16, Number::Bool(b)) => Data::BF16(vec![bf16::from_f32(b as u8 as f32)]),
+            (DType::I32 | DType::U32 | DType::I64 | DType::Bool, Number::Float(_))
             | (DType::Bool, Number::Int(_)) => return Err(unfit()),
         })
     }
@@ -273,6 +300,18 @@ scalar_ints!(i8, i16, i32, i64, isize, u8, u16, u32, u64, usize);
 impl Scalar for f32 {
     fn number(self) -> Number {
         Number::Float(self as f64)
+    }
+}
+
+impl Scalar for f16 {
+    fn number(self) -> Number {
+        Number::Float(self.to_f64())
+    }
+}
+
+impl Scalar for bf16 {
+    fn number(self) -> Number {
+        Number::Float(self.to_f64())
     }
 }
 

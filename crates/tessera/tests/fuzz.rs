@@ -15,7 +15,7 @@ use tessera::ir::corpus::Lcg;
 use tessera::ir::{
     BinaryOp, CompareOp, ConvDims, CumulativeKind, DType, Data, DotDims, GatherDims, Graph,
     IndexMode, Literal, NodeId, Op, ReduceKind, RegionOp, ScatterDims, ScatterKind, Shape,
-    TensorType, UnaryOp, WindowDims, print,
+    TensorType, UnaryOp, WindowDims, bf16, f16, print,
 };
 
 /// Dims the shapes are drawn from: empty, one, small primes, a size past the 8-lane loops.
@@ -50,6 +50,9 @@ impl Gen {
             DType::I32,
             DType::U32,
             DType::Bool,
+            DType::I64,
+            DType::F16,
+            DType::BF16,
         ])
     }
 
@@ -130,6 +133,32 @@ impl Gen {
                     .collect(),
             ),
             DType::Bool => Data::Bool((0..n).map(|_| self.chance(0.5)).collect()),
+            DType::I64 => Data::I64(
+                (0..n)
+                    .map(|_| match self.below(3) {
+                        0 => self.pick(&[0, 1, -1, i64::MAX, i64::MIN, 63, 64, 1 << 40]),
+                        _ => self.rng.range(-50.0, 50.0) as i64,
+                    })
+                    .collect(),
+            ),
+            // The f32 edge values round to the narrow types' (overflowing to inf, flushing
+            // to their subnormals or zero), plus their own extremes.
+            DType::F16 => Data::F16(
+                (0..n)
+                    .map(|_| match self.below(5) {
+                        0 => self.pick(&[f16::MAX, f16::MIN_POSITIVE_SUBNORMAL, f16::NEG_ZERO]),
+                        _ => f16::from_f32(self.f32_value()),
+                    })
+                    .collect(),
+            ),
+            DType::BF16 => Data::BF16(
+                (0..n)
+                    .map(|_| match self.below(5) {
+                        0 => self.pick(&[bf16::MAX, bf16::MIN_POSITIVE, bf16::NEG_ZERO]),
+                        _ => bf16::from_f32(self.f32_value()),
+                    })
+                    .collect(),
+            ),
         }
     }
 
@@ -419,10 +448,14 @@ impl Gen {
                     if xt.dtype.is_float() && !matches!(g.op(x), Op::Parameter(_)) {
                         return None;
                     }
-                    (
-                        Op::Bitcast(self.pick(&[DType::F32, DType::I32, DType::U32])),
-                        vec![x],
-                    )
+                    let same_width: Vec<DType> = DType::ALL
+                        .into_iter()
+                        .filter(|d| *d != DType::Bool && d.bit_width() == xt.dtype.bit_width())
+                        .collect();
+                    if same_width.is_empty() {
+                        return None;
+                    }
+                    (Op::Bitcast(self.pick(&same_width)), vec![x])
                 }
             }
             9 => {
