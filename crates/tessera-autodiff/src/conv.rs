@@ -18,7 +18,7 @@ use tessera_ir::{
     BinaryOp, CompareOp, ConvDims, NodeId, Op, ReduceKind, Shape, UnaryOp, WindowDims,
 };
 
-use super::{At, Builder, Result};
+use super::{At, AutodiffError, Builder, Result};
 
 /// `lax._reshape_axis_into`: dim `src` merged into dim `dst` (numbered without `src`) as its
 /// major part.
@@ -52,8 +52,18 @@ fn swap01(spec: &[usize]) -> Vec<usize> {
     s
 }
 
-fn dil(n: usize, d: usize) -> i64 {
-    tessera_ir::conv::dilate(n, d) as i64
+/// A dilated size, exactly (sizes and factors up to `usize::MAX` do not overflow `i128`).
+fn dil(n: usize, d: usize) -> i128 {
+    tessera_ir::conv::dilate(n, d)
+}
+
+/// A padding of a transposed conv or pad, or an error when it does not fit the IR's `i64`
+/// (windows, strides or dilations near 2^63: no gradient program can hold them).
+fn fit(op: &str, x: i128) -> Result<i64> {
+    i64::try_from(x).map_err(|_| AutodiffError::NotDifferentiable {
+        op: op.into(),
+        why: format!(": its gradient needs a padding of {x}, past the IR's 64-bit range"),
+    })
 }
 
 /// The VJP of `y = conv(l, r)`.
@@ -79,10 +89,13 @@ pub(super) fn conv_vjp(b: &mut Builder, cd: &ConvDims, at: &At) -> Result<Vec<Op
                 let ld = dil(lsp[j], cd.lhs_dilation[j]);
                 let rd = dil(rsp[j], cd.rhs_dilation[j]);
                 let od = dil(gsp[j], cd.strides[j]);
-                let before = rd - cd.padding[j].0 - 1;
-                (before, ld + rd - 1 - od - before)
+                let before = rd - cd.padding[j].0 as i128 - 1;
+                Ok((
+                    fit("conv", before)?,
+                    fit("conv", ld + rd - 1 - od - before)?,
+                ))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let t = ConvDims {
             lhs_spec: cd.out_spec.clone(),
             rhs_spec: swap01(&cd.rhs_spec),
@@ -113,9 +126,9 @@ pub(super) fn conv_vjp(b: &mut Builder, cd: &ConvDims, at: &At) -> Result<Vec<Op
                 let rd = dil(rsp[j], cd.rhs_dilation[j]);
                 let od = dil(gsp[j], cd.strides[j]);
                 let lo = cd.padding[j].0;
-                (lo, od - ld + rd - lo - 1)
+                Ok((lo, fit("conv", od - ld + rd - lo as i128 - 1)?))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let t = ConvDims {
             lhs_spec: swap01(&cd.lhs_spec),
             rhs_spec: swap01(&cd.out_spec),
@@ -194,30 +207,54 @@ struct Patch {
 }
 
 /// The dims of `P` (the dilated, padded operand) for an operand of `dims`.
-fn padded_dims(win: &WindowDims, dims: &[usize]) -> Vec<usize> {
+fn padded_dims(win: &WindowDims, dims: &[usize]) -> Result<Vec<usize>> {
     (0..dims.len())
         .map(|d| {
-            (dil(dims[d], win.base_dilation[d]) + win.padding[d].0 + win.padding[d].1).max(0)
-                as usize
+            let n = dil(dims[d], win.base_dilation[d])
+                + win.padding[d].0 as i128
+                + win.padding[d].1 as i128;
+            usize::try_from(n.max(0)).map_err(|_| AutodiffError::NotDifferentiable {
+                op: "reduce_window".into(),
+                why: format!(": its gradient needs a padded operand of {n} elements along a dim"),
+            })
         })
         .collect()
 }
 
-/// Every window position's slice of `P`, in row-major window order.
-fn patches(win: &WindowDims, out: &[usize]) -> Vec<Patch> {
-    let nk: usize = win.window.iter().product();
-    (0..nk)
+/// The most window positions a reduce_window gradient unrolls (a 1024x1024 global pool).
+const MAX_WINDOW_POSITIONS: usize = 1 << 20;
+
+/// Every window position's slice of `P`, in row-major window order; an error past
+/// `MAX_WINDOW_POSITIONS`.
+fn patches(win: &WindowDims, out: &[usize]) -> Result<Vec<Patch>> {
+    let nk = win
+        .window
+        .iter()
+        .try_fold(1usize, |n, &w| n.checked_mul(w))
+        .filter(|&n| n <= MAX_WINDOW_POSITIONS)
+        .ok_or_else(|| AutodiffError::NotDifferentiable {
+            op: "reduce_window".into(),
+            why: format!(
+                ": its gradient takes one slice per window position, and a window of {:?} has \
+                 more than {MAX_WINDOW_POSITIONS}",
+                win.window
+            ),
+        })?;
+    Ok((0..nk)
         .map(|kf| {
             let k = tessera_interp_free_unravel(kf, &win.window);
+            // Saturated past usize::MAX: the slice's type rule then refuses the bounds.
             let start: Vec<usize> = (0..out.len())
-                .map(|d| k[d] * win.window_dilation[d])
+                .map(|d| k[d].saturating_mul(win.window_dilation[d]))
                 .collect();
             let limit: Vec<usize> = (0..out.len())
                 .map(|d| {
                     if out[d] == 0 {
                         start[d]
                     } else {
-                        start[d] + (out[d] - 1) * win.strides[d] + 1
+                        start[d]
+                            .saturating_add((out[d] - 1).saturating_mul(win.strides[d]))
+                            .saturating_add(1)
                     }
                 })
                 .collect();
@@ -227,7 +264,7 @@ fn patches(win: &WindowDims, out: &[usize]) -> Vec<Patch> {
                 stride: win.strides.clone(),
             }
         })
-        .collect()
+        .collect())
 }
 
 fn tessera_interp_free_unravel(mut f: usize, dims: &[usize]) -> Vec<usize> {
@@ -278,13 +315,20 @@ fn unslice(b: &mut Builder, p: &Patch, pdims: &[usize], g: NodeId) -> Result<Nod
     let zero = b.zero_scalar(gt.dtype)?;
     let high = (0..pdims.len())
         .map(|d| {
-            let n = gt.dims()[d] as i64;
-            pdims[d] as i64 - p.start[d] as i64 - (n + (n - 1).max(0) * (p.stride[d] as i64 - 1))
+            let n = gt.dims()[d] as i128;
+            let high = pdims[d] as i128
+                - p.start[d] as i128
+                - (n + (n - 1).max(0) * (p.stride[d] as i128 - 1));
+            fit("reduce_window", high)
         })
-        .collect();
+        .collect::<Result<_>>()?;
     b.add(
         Op::Pad {
-            low: p.start.iter().map(|&s| s as i64).collect(),
+            low: p
+                .start
+                .iter()
+                .map(|&s| fit("reduce_window", s as i128))
+                .collect::<Result<_>>()?,
             high,
             interior: p.stride.iter().map(|s| s - 1).collect(),
         },
@@ -334,7 +378,7 @@ fn first_hits(
     let out = b.ty(y).dims().to_vec();
     let mut seen: Option<NodeId> = None;
     let mut hits = Vec::new();
-    for patch in patches(win, &out) {
+    for patch in patches(win, &out)? {
         let xk = slice(b, &patch, p)?;
         let eq = b.cmp(CompareOp::Eq, xk, y)?;
         let first = match seen {
@@ -365,11 +409,11 @@ pub(super) fn reduce_window_vjp(
     if !xt.dtype.is_float() {
         return Ok(vec![]);
     }
-    let pdims = padded_dims(win, xt.dims());
+    let pdims = padded_dims(win, xt.dims())?;
     let out = b.ty(y).dims().to_vec();
     let mut total: Option<NodeId> = None;
     let parts: Vec<(Patch, NodeId)> = match kind {
-        ReduceKind::Sum => patches(win, &out).into_iter().map(|p| (p, g)).collect(),
+        ReduceKind::Sum => patches(win, &out)?.into_iter().map(|p| (p, g)).collect(),
         ReduceKind::Max | ReduceKind::Min => {
             let zeros = b.full_like(g, 0.0)?;
             first_hits(b, kind, win, x, y)?

@@ -485,6 +485,66 @@ fn hostile_windows_and_paddings_are_errors() {
         });
         assert!(e.contains("past 2^62"), "{backend:?}: {e}");
     }
+    // Gradients whose transposed convs or pads would need paddings past i64 (strides and
+    // paddings near 2^62..2^63): an error naming the op, not an overflow panic.
+    let x4 = || Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], vec![1, 1, 4]);
+    for (stride, pad) in [
+        (1usize << 62, (0i64, 0i64)),
+        (usize::MAX, (0, 0)),
+        (1, (i64::MAX - 8, 0)),
+        (1 << 62, (0, i64::MAX - 8)),
+        (1, (i64::MIN + 8, 0)),
+        (1 << 61, (-(1 << 61), 1 << 61)),
+    ] {
+        for backend in [Backend::Cranelift, Backend::Interpreter] {
+            let r = std::panic::catch_unwind(|| {
+                jit(move |(x, w): (Tensor, Tensor)| {
+                    grad(move |x: &Tensor| x.conv(&w, &[stride], vec![pad]).sum())(&x)
+                })
+                .backend(backend)
+                .call((x4(), Tensor::ones([1, 1, 2])))
+            });
+            match r {
+                Ok(Ok(g)) => assert_eq!(g.shape(), x4().shape(), "{stride} {pad:?}"),
+                Ok(Err(e)) => {
+                    let e = e.to_string();
+                    assert!(e.contains("conv"), "{stride} {pad:?} {backend:?}: {e}");
+                }
+                Err(p) => {
+                    let m = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    // A panic is the eager front end's error report: it names the op.
+                    assert!(
+                        m.contains("conv") && !m.contains("overflow"),
+                        "{stride} {pad:?} {backend:?}: {m}"
+                    );
+                }
+            }
+        }
+    }
+    // A pool gradient unrolls one slice per window position: a window of 2^62 positions is an
+    // error naming the op (it was a capacity-overflow panic).
+    let e = jit_error(|| {
+        jit(|x: Tensor| {
+            grad(|x: &Tensor| {
+                x.reduce_window(
+                    tessera::ir::ReduceKind::Max,
+                    &[1 << 62],
+                    &[1 << 62],
+                    "VALID",
+                )
+                .sum()
+            })(&x)
+        })
+        .call(Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], vec![4]))
+    });
+    assert!(
+        e.contains("reduce_window is not differentiable") && e.contains("window position"),
+        "{e}"
+    );
     let w = 1usize << 36;
     let e = jit_error(|| {
         jit(move |x: Tensor| x.reduce_window(tessera::ir::ReduceKind::Max, &[w], &[1], "SAME"))
