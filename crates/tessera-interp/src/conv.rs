@@ -121,6 +121,10 @@ pub(crate) fn conv(
 }
 
 /// The operand offsets that result element `f` of a `reduce_window` combines, in window order.
+/// Per dim it visits the operand's indices (not the window's positions, which a huge window or
+/// dilation makes too many to visit): index `i` is in the window at position `k` when
+/// `i * base_dilation - lo + ... = p * stride + k * window_dilation`, and the positions grow
+/// with `i`, so the row-major order of the hits is the window's order.
 pub fn window_offsets(
     wd: &WindowDims,
     in_dims: &[usize],
@@ -129,28 +133,25 @@ pub fn window_offsets(
 ) -> Vec<usize> {
     let strides = tessera_ir::Shape::new(in_dims.to_vec()).strides();
     let oi = unravel(f, out_dims);
-    let nk: usize = wd.window.iter().product();
-    let mut v = Vec::new();
-    'k: for kf in 0..nk {
-        let k = unravel(kf, &wd.window);
-        let mut off = 0;
-        for d in 0..in_dims.len() {
-            let Some(x) = source_index(
-                oi[d],
-                k[d],
-                wd.strides[d],
-                wd.padding[d].0,
-                wd.window_dilation[d],
-                wd.base_dilation[d],
-                in_dims[d],
-            ) else {
-                continue 'k;
-            };
-            off += x * strides[d];
-        }
-        v.push(off);
+    let mut offs = vec![0usize];
+    for d in 0..in_dims.len() {
+        let (wdil, win) = (wd.window_dilation[d] as i128, wd.window[d] as i128);
+        let hits: Vec<usize> = (0..in_dims[d])
+            .filter(|&i| {
+                let t = i as i128 * wd.base_dilation[d] as i128 + wd.padding[d].0 as i128
+                    - oi[d] as i128 * wd.strides[d] as i128;
+                t >= 0 && wdil > 0 && t % wdil == 0 && t / wdil < win
+            })
+            .collect();
+        offs = offs
+            .iter()
+            .flat_map(|&o| {
+                let step = strides[d];
+                hits.iter().map(move |&i| o + i * step)
+            })
+            .collect();
     }
-    v
+    offs
 }
 
 /// `reduce_window` (see the module doc).

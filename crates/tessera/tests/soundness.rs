@@ -545,6 +545,19 @@ fn hostile_windows_and_paddings_are_errors() {
         e.contains("reduce_window is not differentiable") && e.contains("window position"),
         "{e}"
     );
+    // The interpreter (and eager mode) visit the operand's elements, not the window's 2^40
+    // positions: a huge SAME window answers at once with the max/sum of what it covers.
+    let x3 = || Tensor::from_vec(vec![1f32, 5.0, 2.0], vec![3]);
+    let huge = 1usize << 40;
+    let eager = x3().reduce_window(tessera::ir::ReduceKind::Max, &[huge], &[1], "SAME");
+    assert_eq!(eager.to_vec::<f32>(), vec![5.0; 3]);
+    let interp = jit(move |x: Tensor| {
+        x.reduce_window(tessera::ir::ReduceKind::Sum, &[huge], &[huge], "SAME")
+    })
+    .backend(Backend::Interpreter)
+    .call(x3())
+    .expect("runs");
+    assert_eq!(interp.to_vec::<f32>(), vec![8.0]);
     let w = 1usize << 36;
     let e = jit_error(|| {
         jit(move |x: Tensor| x.reduce_window(tessera::ir::ReduceKind::Max, &[w], &[1], "SAME"))
