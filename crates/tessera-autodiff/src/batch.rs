@@ -428,6 +428,12 @@ fn rule(
                 .iter()
                 .map(|&v| b.materialize(v, 0))
                 .collect::<Result<_>>()?;
+            if b.size == 0 {
+                // No example: the empty result (a batching dim of size 0 cannot be sliced).
+                let mut dims = vec![0];
+                dims.extend_from_slice(ty.dims());
+                return Ok((b.full(&TensorType::new(ty.dtype, dims), 0.0)?, Some(0)));
+            }
             let dd = crate::gather::batch_gather(d);
             Ok((b.add(Op::Gather(Box::new(dd)), &ops)?, Some(0)))
         }
@@ -436,6 +442,10 @@ fn rule(
                 .iter()
                 .map(|&v| b.materialize(v, 0))
                 .collect::<Result<_>>()?;
+            if b.size == 0 {
+                // No example: the (empty) operand is the result.
+                return Ok((ops[0], Some(0)));
+            }
             let dd = crate::gather::batch_scatter(d);
             Ok((b.add(Op::Scatter(Box::new(dd)), &ops)?, Some(0)))
         }

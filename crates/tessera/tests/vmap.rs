@@ -837,3 +837,31 @@ fn sharding_constraints_leave_the_batch_dim_to_propagation() {
         "the batch dim is open:\n{ir}"
     );
 }
+
+/// vmap over a batch of 0 examples through the indexing ops (gather and scatter, whose batched
+/// form slices the batch dim): empty results of the right shapes, eager and under jit.
+#[test]
+fn vmap_over_no_examples_through_gather_and_scatter() {
+    let x = Tensor::from_vec(Vec::<f32>::new(), vec![0, 5]);
+    let i2 = Tensor::from_vec(Vec::<i32>::new(), vec![0, 2]);
+    let i0 = Tensor::from_vec(Vec::<i32>::new(), vec![0]);
+    let v = Tensor::from_vec(Vec::<f32>::new(), vec![0]);
+    let shape = |t: Tensor| t.shape().to_vec();
+    let take = |(x, i): &(Tensor, Tensor)| x.take(i, 0);
+    let along = |(x, i): &(Tensor, Tensor)| x.take_along_axis(i, 0);
+    let dslice = |(x, i): &(Tensor, Tensor)| x.dynamic_slice(std::slice::from_ref(i), &[2]);
+    let get = |(x, i): &(Tensor, Tensor)| x.at(i).get();
+    assert_eq!(shape(vmap(take).call(&(x.clone(), i2.clone()))), [0, 2]);
+    assert_eq!(shape(vmap(along).call(&(x.clone(), i2.clone()))), [0, 2]);
+    assert_eq!(shape(vmap(dslice).call(&(x.clone(), i0.clone()))), [0, 2]);
+    assert_eq!(shape(vmap(get).call(&(x.clone(), i0.clone()))), [0]);
+    let add = |(x, i, v): &(Tensor, Tensor, Tensor)| x.at(i).add(v);
+    assert_eq!(
+        shape(vmap(add).call(&(x.clone(), i0.clone(), v.clone()))),
+        [0, 5]
+    );
+    let jitted = jit(move |(x, i): (Tensor, Tensor)| vmap(take).call(&(x, i)))
+        .call((x, i2))
+        .expect("runs");
+    assert_eq!(jitted.shape(), [0, 2]);
+}
