@@ -84,6 +84,44 @@ def rnn_loss(p, xs, ys):
     return jnp.sum(errs) / (xs.shape[0] * xs.shape[1])
 
 
+def cnn_init(key):
+    """examples/cnn_digits.rs's CNN: NHWC 8x8x1 -> conv 3x3x16 -> pool -> conv 3x3x32 -> pool
+    -> dense 128 -> 10."""
+    k = jax.random.split(key, 3)
+    return {"k1": jax.random.normal(k[0], (3, 3, 1, 16)) / 3.0, "c1": jnp.zeros((16,)),
+            "k2": jax.random.normal(k[1], (3, 3, 16, 32)) / 12.0, "c2": jnp.zeros((32,)),
+            "w": jax.random.normal(k[2], (128, 10)) / 11.3, "b": jnp.zeros((10,))}
+
+
+def cnn_loss(p, images, labels):
+    n = images.shape[0]
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def conv_relu(x, k, c):
+        return jax.nn.relu(jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=dn) + c)
+
+    def pool(x):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    h = pool(conv_relu(images.reshape(n, 8, 8, 1), p["k1"], p["c1"]))
+    h = pool(conv_relu(h, p["k2"], p["c2"]))
+    logits = h.reshape(n, 128) @ p["w"] + p["b"]
+    picked = jnp.take_along_axis(jax.nn.log_softmax(logits), labels.reshape(n, 1), 1)
+    return -jnp.sum(picked) / n
+
+
+def cnn_step(state, x, y):
+    """One Adam step (examples/common/digits.rs's adam_update, lr 3e-3)."""
+    p, m, v, t = state
+    l, g = jax.value_and_grad(cnn_loss)(p, x, y)
+    t = t + 1.0
+    m = jax.tree_util.tree_map(lambda m, g: m * 0.9 + g * 0.1, m, g)
+    v = jax.tree_util.tree_map(lambda v, g: v * 0.999 + g * g * 0.001, v, g)
+    c1, c2 = 1.0 - 0.9 ** t, 1.0 - 0.999 ** t
+    p = jax.tree_util.tree_map(lambda p, m, v: p - (m / c1) / (jnp.sqrt(v / c2) + 1e-8) * 3e-3, p, m, v)
+    return (p, m, v, t), l
+
+
 def first_call(loss, p, x, y):
     step = jax.jit(make_step(loss))
     t = time.perf_counter()
@@ -110,6 +148,17 @@ def main():
     print(f"rnn scan T=400 first call: {first_call(rnn_loss, rp, xs, ys):.1f} ms")
     rstep = jax.jit(make_step(rnn_loss))
     print(f"rnn scan T=400 step (median, blocked): {per_step(rstep, rp, xs, ys, 200):.3f} ms")
+
+    cp = cnn_init(jax.random.PRNGKey(0))
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, cp)
+    cstate = (cp, zeros, zeros, jnp.float32(0.0))
+    cx = jax.random.uniform(jax.random.PRNGKey(1), (128, 64), maxval=16.0)
+    cy = jax.random.randint(jax.random.PRNGKey(2), (128,), 0, 10)
+    cstep = jax.jit(cnn_step)
+    t = time.perf_counter()
+    jax.block_until_ready(cstep(cstate, cx, cy))
+    print(f"cnn batch 128 first call: {(time.perf_counter() - t) * 1e3:.1f} ms")
+    print(f"cnn batch 128 step (median, blocked): {per_step(cstep, cstate, cx, cy, 200):.3f} ms")
 
 
 if __name__ == "__main__":

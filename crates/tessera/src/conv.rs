@@ -213,7 +213,9 @@ impl Tensor {
             cd.rhs_spec = spec("rhs", r, 'O', 'I', Some(&spatial));
             cd.out_spec = spec("out", o, 'N', 'C', Some(&spatial));
         }
-        let defaulted = |v: &Option<Vec<usize>>, what: &str| -> Vec<usize> {
+        // A function, not a closure: a closure would report its own line, not the caller's.
+        #[track_caller]
+        fn defaulted(op: &str, s: usize, v: &Option<Vec<usize>>, what: &str) -> Vec<usize> {
             match v {
                 Some(v) if v.len() != s => fail(
                     op,
@@ -222,10 +224,10 @@ impl Tensor {
                 Some(v) => v.clone(),
                 None => vec![1; s],
             }
-        };
-        cd.strides = defaulted(&opts.strides, "strides");
-        cd.lhs_dilation = defaulted(&opts.lhs_dilation, "lhs_dilation");
-        cd.rhs_dilation = defaulted(&opts.rhs_dilation, "rhs_dilation");
+        }
+        cd.strides = defaulted(op, s, &opts.strides, "strides");
+        cd.lhs_dilation = defaulted(op, s, &opts.lhs_dilation, "lhs_dilation");
+        cd.rhs_dilation = defaulted(op, s, &opts.rhs_dilation, "rhs_dilation");
         cd.feature_group_count = opts.feature_group_count.max(1);
         cd.batch_group_count = opts.batch_group_count.max(1);
         let in_sp: Vec<usize> = (0..s).map(|j| self.shape()[cd.lhs_spec[2 + j]]).collect();

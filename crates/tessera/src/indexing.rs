@@ -273,14 +273,21 @@ impl Tensor {
     /// index equals the label; a label out of `0..n` gives a zero row.
     #[track_caller]
     pub fn one_hot(&self, n: usize) -> Tensor {
-        if !matches!(self.dtype(), DType::I32 | DType::U32) {
+        if !matches!(self.dtype(), DType::I32 | DType::U32 | DType::I64) {
             fail(
                 "one_hot",
-                format!("labels must be i32 or u32, got {}", self.ty()),
+                format!("labels must be i32, u32 or i64, got {}", self.ty()),
             );
         }
         let mut shape = self.shape().to_vec();
         shape.push(n);
+        // Checked here, so that the error names one_hot rather than the iota it builds.
+        if let Err(e) = tessera_ir::TensorType::new(DType::F32, shape.clone()).check_size() {
+            fail(
+                "one_hot",
+                format!("{n} classes for labels {}: {e}", self.ty()),
+            );
+        }
         let classes = Tensor::iota(self.dtype(), shape.clone(), self.rank());
         let labels = self.expand_dims(-1).broadcast_to(&shape);
         labels.eq(&classes).astype(DType::F32)
@@ -290,27 +297,35 @@ impl Tensor {
 /// The start scalars as one i32 vector (u32 starts above `i32::MAX` clamp the same way).
 #[track_caller]
 fn start_vector(op: &str, starts: &[Tensor], dims: &[usize]) -> Tensor {
-    let parts: Vec<Tensor> = starts
-        .iter()
-        .zip(dims)
-        .map(|(s, &n)| {
-            if s.rank() != 0 || !matches!(s.dtype(), DType::I32 | DType::U32) {
-                fail(
-                    op,
-                    format!("each start must be an i32 or u32 scalar, got {}", s.ty()),
-                );
-            }
-            let s = if s.dtype() == DType::U32 {
-                // Clamp into i32 first: every start above i32::MAX clamps to the last window.
-                s.minimum(&s.scalar_like(f64::from(i32::MAX)))
-                    .astype(DType::I32)
-            } else {
-                // A negative start counts from the end, as in JAX.
-                normalized(op, s, n)
-            };
-            s.reshape(vec![1])
-        })
-        .collect();
+    // A loop, not a closure: errors and ops report the caller's line.
+    let mut parts: Vec<Tensor> = Vec::with_capacity(starts.len());
+    for (s, &n) in starts.iter().zip(dims) {
+        if s.rank() != 0 || !matches!(s.dtype(), DType::I32 | DType::U32 | DType::I64) {
+            fail(
+                op,
+                format!(
+                    "each start must be an i32, u32 or i64 scalar, got {}",
+                    s.ty()
+                ),
+            );
+        }
+        let s = match s.dtype() {
+            // Clamp into i32 first: every start above i32::MAX clamps to the last window.
+            DType::U32 => s
+                .minimum(&s.scalar_like(f64::from(i32::MAX)))
+                .astype(DType::I32),
+            DType::I64 => normalized(
+                op,
+                &s.minimum(&s.scalar_like(f64::from(i32::MAX)))
+                    .maximum(&s.scalar_like(f64::from(i32::MIN)))
+                    .astype(DType::I32),
+                n,
+            ),
+            // A negative start counts from the end, as in JAX.
+            _ => normalized(op, s, n),
+        };
+        parts.push(s.reshape(vec![1]));
+    }
     if parts.is_empty() {
         return Tensor::full_dtype(vec![0], 0.0, DType::I32);
     }

@@ -47,18 +47,17 @@ impl Tensor {
         }
         let joined = join(operands);
         let refs: Vec<&Tensor> = joined.iter().collect();
-        (0..operands.len())
-            .map(|output| {
-                apply(
-                    Op::Sort {
-                        dim,
-                        num_keys,
-                        output,
-                    },
-                    &refs,
-                )
-            })
-            .collect()
+        // A loop, not a closure: each node records the caller's line.
+        let mut out = Vec::with_capacity(operands.len());
+        for output in 0..operands.len() {
+            let op = Op::Sort {
+                dim,
+                num_keys,
+                output,
+            };
+            out.push(apply(op, &refs));
+        }
+        out
     }
 
     /// `jnp.sort(x, axis)` (stable; -0 equals +0, NaNs last).

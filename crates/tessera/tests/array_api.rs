@@ -13,6 +13,10 @@ use tessera::prelude::*;
 mod fixture;
 use fixture::tensor;
 
+#[path = "support/errors.rs"]
+mod errors;
+use errors::err_of;
+
 /// Within float32 rounding of a sum of a few dozen terms, relative to the output's scale
 /// (JAX's CPU kernels add in another order).
 fn close(got: &Tensor, want: &Tensor, what: &str) {
@@ -165,14 +169,6 @@ fn einsum_chain_contracts_the_smallest_intermediate_first() {
         .traced_ir();
     assert!(!ir.contains("f32[30,40]"), "{ir}");
     assert_eq!(ir.matches("dot_general").count(), 3, "{ir}");
-}
-
-fn err_of(f: impl FnOnce() -> Tensor + std::panic::UnwindSafe) -> String {
-    let e = std::panic::catch_unwind(f).expect_err("an error");
-    e.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
 }
 
 #[test]

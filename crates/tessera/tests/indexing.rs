@@ -6,6 +6,10 @@
 use serde_json::Value;
 use tessera::{Backend, DType, Tensor, grad, jit};
 
+#[path = "support/errors.rs"]
+mod errors;
+use errors::err_of;
+
 fn fx() -> Value {
     serde_json::from_str(&include_str!("fixtures/gather/gather.json").replace("NaN", "null"))
         .unwrap()
@@ -164,14 +168,6 @@ fn gradients_match_jax() {
     );
 }
 
-fn err_of(f: impl FnOnce() -> Tensor + std::panic::UnwindSafe) -> String {
-    let e = std::panic::catch_unwind(f).expect_err("an error");
-    e.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
-}
-
 /// `take_along_axis`'s bad input names the op, both types and the caller's line; a zero-size
 /// result of an empty axis is no error.
 #[test]
@@ -209,4 +205,28 @@ fn take_along_axis_errors_and_empty_shapes() {
     let empty =
         Tensor::zeros([0, 3]).take_along_axis(&Tensor::full_dtype([0, 2], 0.0, DType::I32), 1);
     assert_eq!(empty.shape(), &[0, 2]);
+}
+
+/// Errors raised inside the front ends' helpers name the caller's line, not the library's
+/// (they were closures, which report their own); one_hot's size error names one_hot; i64
+/// starts and labels are accepted.
+#[test]
+fn helper_errors_name_the_callers_line() {
+    let here = format!("{}:", file!());
+    let e = err_of(|| Tensor::zeros([4]).dynamic_slice(&[Tensor::scalar(1.5f32)], &[2]));
+    assert!(e.contains("dynamic_slice") && e.contains(&here), "{e}");
+    let e = err_of(|| {
+        let w = Tensor::zeros([1, 1, 2]);
+        Tensor::zeros([1, 1, 4])
+            .conv_general_dilated(&w, tessera::prelude::ConvOptions::new().strides(vec![1, 1]))
+    });
+    assert!(e.contains("strides") && e.contains(&here), "{e}");
+    let e = err_of(|| Tensor::full_dtype([1 << 20], 0.0, DType::I32).one_hot(1 << 50));
+    assert!(e.starts_with("one_hot") || e.contains("one_hot:"), "{e}");
+    assert!(!e.contains("iota") && e.contains(&here), "{e}");
+    let x = Tensor::from_vec(vec![0f32, 1.0, 2.0, 3.0], [4]);
+    let s = x.dynamic_slice(&[Tensor::scalar(-3i64)], &[2]);
+    assert_eq!(s.to_vec::<f32>(), [1.0, 2.0]);
+    let oh = Tensor::from_vec(vec![2i64, 0], [2]).one_hot(3);
+    assert_eq!(oh.to_vec::<f32>(), [0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
 }
