@@ -4,49 +4,13 @@
 //! (parameters, constants, results, region carries, collective operands) and the converts and
 //! bitcasts between them, which the kernels lower to loads, stores and conversion calls.
 //!
-//! This is the interpreter's semantics (`tessera_interp::eval_op` runs the same ops in f32 and
-//! rounds each narrow result once), so compiled equals interpreted bit for bit.
+//! Which ops keep their narrow types is `Op::keeps_narrow`. This is the interpreter's
+//! semantics (`tessera_interp::eval_op` runs the same ops in f32 and rounds each narrow result
+//! once, by the same table), so compiled equals interpreted bit for bit.
 
 use std::collections::HashMap;
 
 use tessera_ir::{DType, Graph, NodeId, Op, TypeError};
-
-/// Whether `op` keeps its narrow operands and result: it is about the narrow type itself, or it
-/// has no arithmetic of its own and is not fused into a kernel.
-fn stays_narrow(op: &Op) -> bool {
-    match op {
-        Op::Parameter(_)
-        | Op::Constant(_)
-        | Op::Convert(_)
-        | Op::Bitcast(_)
-        | Op::Region(_)
-        | Op::GetResult { .. }
-        | Op::Collective(_) => true,
-        Op::Iota { .. }
-        | Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape(_)
-        | Op::Transpose(_)
-        | Op::Slice { .. }
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::Reduce { .. }
-        | Op::ArgMax { .. }
-        | Op::DotGeneral(_)
-        | Op::ShardingConstraint(_)
-        | Op::StopGradient
-        | Op::Conv(_)
-        | Op::ReduceWindow { .. }
-        | Op::Gather(_)
-        | Op::Scatter(_)
-        | Op::Sort { .. }
-        | Op::Cumulative { .. }
-        | Op::Rev { .. } => false,
-    }
-}
 
 /// `g` with its f16 and bf16 arithmetic done in f32, or `None` when `g` has no narrow value.
 /// Region bodies are left to their own compilation (`compile` rewrites each body it compiles).
@@ -78,7 +42,7 @@ pub fn widen(g: &Graph) -> Result<Option<Graph>, TypeError> {
             out.node_mut(n).sharding = node.sharding.clone();
             out.node_mut(n).loc = node.loc.clone();
         };
-        if !narrow || stays_narrow(&node.op) {
+        if !narrow || node.op.keeps_narrow() {
             let args: Vec<NodeId> = operands.iter().map(|o| own[o]).collect();
             let n = out.add(node.op.clone(), &args)?;
             annotate(&mut out, n);
@@ -103,15 +67,7 @@ pub fn widen(g: &Graph) -> Result<Option<Graph>, TypeError> {
             };
             args.push(w);
         }
-        let op = match &node.op {
-            Op::Iota { dim, ty } => Op::Iota {
-                dim: *dim,
-                ty: ty.with_dtype(ty.dtype.compute_type()),
-            },
-            // tidy: allow-wildcard(only iota names its result dtype; `stays_narrow` is the per-op table)
-            other => other.clone(),
-        };
-        let n = out.add(op, &args)?;
+        let n = out.add(node.op.widened(), &args)?;
         annotate(&mut out, n);
         if node.ty.dtype.is_narrow_float() {
             // Users widen the rounded value (not `n`): each op's result is rounded once.

@@ -463,49 +463,11 @@ pub fn eval_op(op: &Op, args: &[&Literal], ty: &TensorType) -> Result<Literal, I
     })
 }
 
-/// The f32 op that `op` computes in when an operand or the result is f16 or bf16: every op
-/// but `convert` and `bitcast` (which are about the narrow type itself) and the ones with no
-/// kernel here. `None` when `op` runs as it is.
+/// The f32 op that `op` computes in when an operand or the result is f16 or bf16
+/// (`Op::keeps_narrow` says which ops do not); `None` when `op` runs as it is.
 fn computes_in_f32(op: &Op, args: &[&Literal], ty: &TensorType) -> Option<Op> {
     let narrow = ty.dtype.is_narrow_float() || args.iter().any(|a| a.ty.dtype.is_narrow_float());
-    if !narrow {
-        return None;
-    }
-    match op {
-        Op::Parameter(_)
-        | Op::Constant(_)
-        | Op::Convert(_)
-        | Op::Bitcast(_)
-        | Op::Region(_)
-        | Op::GetResult { .. }
-        | Op::Collective(_) => None,
-        Op::Iota { dim, ty } => Some(Op::Iota {
-            dim: *dim,
-            ty: ty.with_dtype(ty.dtype.compute_type()),
-        }),
-        Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape(_)
-        | Op::Transpose(_)
-        | Op::Slice { .. }
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::Reduce { .. }
-        | Op::ArgMax { .. }
-        | Op::DotGeneral(_)
-        | Op::ShardingConstraint(_)
-        | Op::StopGradient
-        | Op::Conv(_)
-        | Op::ReduceWindow { .. }
-        | Op::Gather(_)
-        | Op::Scatter(_)
-        | Op::Sort { .. }
-        | Op::Cumulative { .. }
-        | Op::Rev { .. } => Some(op.clone()),
-    }
+    (narrow && !op.keeps_narrow()).then(|| op.widened())
 }
 
 /// f16 and bf16 semantics (XLA:CPU's): the narrow operands widen to f32 (exactly), the op runs

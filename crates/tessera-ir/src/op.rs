@@ -727,6 +727,59 @@ impl Op {
         }
     }
 
+    /// Whether the op keeps f16/bf16 operands and results as they are: it is about the narrow
+    /// type itself (`convert`, `bitcast`), holds or moves whole buffers (parameters, constants,
+    /// regions, `get_result`, collectives, whose transport rounds as f32's op would). Every
+    /// other op computes f16 and bf16 in f32 ([`Op::widened`]) and rounds its result once: the
+    /// interpreter's `eval_op` and the compiler's `narrow` pass both follow this table.
+    pub fn keeps_narrow(&self) -> bool {
+        match self {
+            Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Convert(_)
+            | Op::Bitcast(_)
+            | Op::Region(_)
+            | Op::GetResult { .. }
+            | Op::Collective(_) => true,
+            Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::DotGeneral(_)
+            | Op::ShardingConstraint(_)
+            | Op::StopGradient
+            | Op::Conv(_)
+            | Op::ReduceWindow { .. }
+            | Op::Gather(_)
+            | Op::Scatter(_)
+            | Op::Sort { .. }
+            | Op::Cumulative { .. }
+            | Op::Rev { .. } => false,
+        }
+    }
+
+    /// The op computing in f32 what this one computes in f16 or bf16: the same op, with an
+    /// `iota`'s result type widened (the one attribute that names a narrow type).
+    pub fn widened(&self) -> Op {
+        match self {
+            Op::Iota { dim, ty } => Op::Iota {
+                dim: *dim,
+                ty: ty.with_dtype(ty.dtype.compute_type()),
+            },
+            // tidy: allow-wildcard(only iota names its result dtype; `keeps_narrow` is the per-op table)
+            other => other.clone(),
+        }
+    }
+
     /// The op's class: the one exhaustive table that per-op policy elsewhere may match on
     /// instead of listing ops (see `docs/add-an-op.md`).
     pub fn class(&self) -> OpClass {
