@@ -35,6 +35,7 @@ pub mod pmap;
 pub mod promote;
 pub mod random;
 pub mod sharding;
+pub mod slicing;
 pub mod sorting;
 mod spmd;
 pub mod tensor;
@@ -58,6 +59,7 @@ pub use pmap::{
 };
 pub use promote::{Number, Scalar, result_type};
 pub use sharding::{Mesh, NamedSharding, PartitionSpec, device_put, visualize_array_sharding};
+pub use slicing::{Index, stride};
 pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
@@ -76,10 +78,12 @@ pub mod prelude {
         psum_scatter,
     };
     pub use crate::random::{self, Key};
+    pub use crate::s;
     pub use crate::sharding::{
         Mesh, NamedSharding, PartitionSpec, device_put, sharding_table, visualize_array_sharding,
         with_sharding_constraint,
     };
+    pub use crate::slicing::{Index, stride};
     pub use crate::tree::{self, Tree};
     pub use crate::{
         Backend, DType, DotDims, Error, Jitted, Lowered, Result, Tensor, checkpoint, cond,
