@@ -6,7 +6,8 @@
 //!
 //! Which ops keep their narrow types is `Op::keeps_narrow`. This is the interpreter's
 //! semantics (`tessera_interp::eval_op` runs the same ops in f32 and rounds each narrow result
-//! once, by the same table), so compiled equals interpreted bit for bit.
+//! once, by the same table): compiled equals interpreted bit for bit for the correctly rounded
+//! f32 ops, and within one narrow ulp where the f32 kernel has an ulp bound (`approx.rs`).
 
 use std::collections::HashMap;
 

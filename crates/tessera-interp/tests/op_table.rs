@@ -1062,3 +1062,33 @@ fn scatter_reference(
     }
     out
 }
+
+/// i64 sort keys and argmax compare exactly (through f64, `i64::MAX - 1` and `i64::MAX` are one
+/// value: the interpreter's sort kept their order and argmax took the first).
+#[test]
+fn i64_order_is_exact() {
+    let ty = TensorType::new(DType::I64, vec![3]);
+    let x = Literal::new([3], Data::I64(vec![i64::MAX, i64::MAX - 1, i64::MAX - 2])).unwrap();
+    let sorted = tessera_interp::eval_op(
+        &Op::Sort {
+            dim: 0,
+            num_keys: 1,
+            output: 0,
+        },
+        &[&x],
+        &ty,
+    )
+    .unwrap();
+    assert_eq!(
+        sorted.data.as_i64(),
+        Some(&[i64::MAX - 2, i64::MAX - 1, i64::MAX][..])
+    );
+    let y = Literal::new([3], Data::I64(vec![i64::MAX - 2, i64::MAX, i64::MAX - 1])).unwrap();
+    let am = tessera_interp::eval_op(
+        &Op::ArgMax { axis: 0 },
+        &[&y],
+        &TensorType::new(DType::I32, vec![]),
+    )
+    .unwrap();
+    assert_eq!(am.data.as_i32(), Some(&[1][..]));
+}

@@ -66,34 +66,40 @@ impl IntoIndex for &Tensor {
     }
 }
 
+/// An index bound as i64, saturating: a `usize` past `i64::MAX` is past every dim's end (a
+/// wrapping `as` would make it -1, the last element).
+fn sat<T: TryInto<i64>>(x: T) -> i64 {
+    x.try_into().unwrap_or(i64::MAX)
+}
+
 macro_rules! int_indices {
     ($($t:ty),*) => {$(
         impl IntoIndex for $t {
             fn into_index(self) -> Index {
-                Index::At(self as i64)
+                Index::At(sat(self))
             }
         }
         impl IntoIndex for Range<$t> {
             fn into_index(self) -> Index {
-                Index::Slice { start: Some(self.start as i64), stop: Some(self.end as i64), step: 1 }
+                Index::Slice { start: Some(sat(self.start)), stop: Some(sat(self.end)), step: 1 }
             }
         }
         impl IntoIndex for RangeFrom<$t> {
             fn into_index(self) -> Index {
-                Index::Slice { start: Some(self.start as i64), stop: None, step: 1 }
+                Index::Slice { start: Some(sat(self.start)), stop: None, step: 1 }
             }
         }
         impl IntoIndex for RangeTo<$t> {
             fn into_index(self) -> Index {
-                Index::Slice { start: None, stop: Some(self.end as i64), step: 1 }
+                Index::Slice { start: None, stop: Some(sat(self.end)), step: 1 }
             }
         }
         impl IntoIndex for RangeInclusive<$t> {
             fn into_index(self) -> Index {
                 let (a, b) = self.into_inner();
                 // `..=-1` is to the end, as `a:` in Python.
-                let stop = (b as i64).checked_add(1).filter(|&s| s != 0);
-                Index::Slice { start: Some(a as i64), stop, step: 1 }
+                let stop = sat(b).checked_add(1).filter(|&s| s != 0);
+                Index::Slice { start: Some(sat(a)), stop, step: 1 }
             }
         }
     )*};

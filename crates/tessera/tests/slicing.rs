@@ -96,6 +96,10 @@ fn bad_indices_name_index_the_shape_and_the_line() {
         "{e}"
     );
     assert!(e.contains(&here), "{e}");
+    // A usize past i64::MAX is past the end, not -1 (the last element).
+    let e = err_of(|| x().index(s![usize::MAX]));
+    assert!(e.contains("out of bounds"), "{e}");
+    assert_eq!(x().index(s![1..usize::MAX]).shape(), [2, 4, 5]);
     let e = err_of(|| x().index(s![0, 0, 0, 0]));
     assert!(e.contains("4 entries") && e.contains(&here), "{e}");
     let e = err_of(|| x().index(s![stride(.., 0)]));
