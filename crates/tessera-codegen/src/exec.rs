@@ -271,10 +271,7 @@ impl Executable {
                     && (self.reduced_by[i].is_some()
                         || matches!(self.schedule.bufs[step.inputs[1]].kind, BufKind::Input(_)))
             }
-            StepKind::Kernel(_)
-            | StepKind::Window(_)
-            | StepKind::Indexed(_)
-            | StepKind::Native(_) => false,
+            StepKind::Kernel(_) | StepKind::Window(_) | StepKind::Native(_) => false,
             // Conservatively: a body may hold collectives, and every device runs it.
             StepKind::Region(_) => true,
         }
@@ -333,7 +330,6 @@ impl Executable {
                 StepKind::Native(op) => format!("native {}", op.name()),
                 StepKind::Region(r) => format!("region {} -> {:?}", r.op.name(), r.results),
                 StepKind::Window(w) => w.summary(),
-                StepKind::Indexed(op) => format!("{} {}", op.name(), tessera_ir::attrs_text(op)),
             };
             writeln!(
                 s,
@@ -435,7 +431,6 @@ impl Executable {
                     // temporary of the result's type, which no input overlaps (plan.rs).
                     unsafe { crate::window::run(w, &inputs, ptrs[step.output]) }?
                 }
-                StepKind::Indexed(op) => crate::indexed::run(step, op, &self.schedule.bufs, ptrs)?,
                 StepKind::Native(op) => self.run_native(step, op, ptrs)?,
             }
         }
@@ -566,7 +561,9 @@ impl Executable {
         let f = self.kernels[i].expect("a kernel step has a compiled kernel");
         let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
         let n: usize = k.out_dims.iter().product();
-        if k.reduce.is_none() && n >= self.parallel_kernel_from && outer >= 2 {
+        // A scatter's updates apply in order (repeated indices), so it runs on one thread.
+        if k.reduce.is_none() && k.scatter.is_none() && n >= self.parallel_kernel_from && outer >= 2
+        {
             // A rank-1 split falls on a multiple of 8 so both halves keep whole vector
             // iterations.
             let mid = if k.out_dims.len() == 1 {

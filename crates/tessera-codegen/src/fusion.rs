@@ -14,7 +14,7 @@ use tessera_ir::{
     DType, Data, DotDims, Graph, Literal, NodeId, Op, ReduceKind, RegionOp, TensorType,
 };
 
-use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar};
+use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar, Start};
 
 /// Where a buffer's contents come from.
 #[derive(Clone, Debug)]
@@ -61,8 +61,6 @@ pub enum StepKind {
     Region(Box<RegionStep>),
     /// A conv or reduce_window, run by its native kernel (`window.rs`).
     Window(Box<crate::window::WindowStep>),
-    /// A `gather` or `scatter`: data-dependent addressing, run by `indexed.rs`.
-    Indexed(Op),
     /// A `sort` or cumulative op, run by a Rust kernel over whole buffers (`native.rs`).
     Native(Op),
 }
@@ -153,10 +151,14 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Region(_)
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
-            | Op::Gather(_)
-            | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. } => true,
+            // The operand is read at data-dependent coordinates (a scatter's is copied into
+            // its result first); the indices and updates may be inlined.
+            Op::Gather(_) | Op::Scatter(_) => {
+                forced.insert(g.operands(id)[0]);
+                false
+            }
             Op::Rev { .. } => false,
             Op::Parameter(_)
             | Op::Constant(_)
@@ -214,7 +216,7 @@ pub fn fuse(g: &Graph) -> Schedule {
                 continue;
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(g.operands(id)[0])) => true,
-            Op::Gather(_) | Op::Scatter(_) => true,
+            Op::Scatter(_) => true,
             Op::Reduce { .. }
             | Op::ArgMax { .. }
             | Op::Collective(_)
@@ -242,6 +244,7 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::DotGeneral(_)
             | Op::ShardingConstraint(_)
             | Op::StopGradient
+            | Op::Gather(_)
             | Op::Rev { .. } => {
                 let (mut n, mut heavy, mut d) = (1, is_transcendental(op), 1);
                 for o in g.operands(id) {
@@ -274,9 +277,11 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::Select
                     | Op::Convert(_)
                     | Op::DotGeneral(_) => !heavy && n <= 8,
-                    Op::Bitcast(_) | Op::Reshape(_) | Op::Concatenate { .. } | Op::Pad { .. } => {
-                        false
-                    }
+                    Op::Bitcast(_)
+                    | Op::Reshape(_)
+                    | Op::Concatenate { .. }
+                    | Op::Pad { .. }
+                    | Op::Gather(_) => false,
                     // Written out above, never inlined.
                     Op::Parameter(_)
                     | Op::Reduce { .. }
@@ -286,7 +291,6 @@ pub fn fuse(g: &Graph) -> Schedule {
                     | Op::GetResult { .. }
                     | Op::Conv(_)
                     | Op::ReduceWindow { .. }
-                    | Op::Gather(_)
                     | Op::Scatter(_)
                     | Op::Sort { .. }
                     | Op::Cumulative { .. } => false,
@@ -390,9 +394,10 @@ impl Fuser<'_> {
                 };
                 (StepKind::Window(Box::new(step)), inputs)
             }
-            Op::Gather(_) | Op::Scatter(_) => {
-                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
-                (StepKind::Indexed(op.clone()), inputs)
+            Op::Scatter(sd) => {
+                let mut inputs = Vec::new();
+                let k = self.scatter_kernel(name, sd, &operands, &ty, &mut inputs);
+                (StepKind::Kernel(k), inputs)
             }
             Op::Sort { .. } | Op::Cumulative { .. } => {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
@@ -450,6 +455,7 @@ impl Fuser<'_> {
             | Op::DotGeneral(_)
             | Op::ShardingConstraint(_)
             | Op::StopGradient
+            | Op::Gather(_)
             | Op::Rev { .. } => {
                 let n = ty.rank();
                 let map: Vec<Lin> = (0..n).map(|j| Lin::var(n, j)).collect();
@@ -462,6 +468,7 @@ impl Fuser<'_> {
                     reduce: None,
                     body,
                     n_inputs: inputs.len(),
+                    scatter: None,
                 };
                 (StepKind::Kernel(k), inputs)
             }
@@ -573,6 +580,7 @@ impl Fuser<'_> {
                 self.pad_expr(ops[0], ops[1], &low, &interior, dt, map, nvars, inputs)
             }
             Op::Concatenate { dim } => self.concatenate_expr(ops, dim, dt, map, inputs),
+            Op::Gather(gd) => self.gather_expr(ops[0], ops[1], &gd, dt, map, nvars, inputs),
             Op::Parameter(_)
             | Op::DotGeneral(_)
             | Op::Reduce { .. }
@@ -582,7 +590,6 @@ impl Fuser<'_> {
             | Op::GetResult { .. }
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
-            | Op::Gather(_)
             | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. } => self.buffer_load(id, map, inputs),
@@ -683,6 +690,146 @@ impl Fuser<'_> {
             conds,
             then: Box::new(then),
             otherwise: Box::new(value),
+        }
+    }
+
+    /// `gather operand, indices` at the result index `map`: a load of the operand's buffer
+    /// whose indexed dims start where the indices say (`Expr::Gather`), the indices' own
+    /// producers inlined.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_expr(
+        &mut self,
+        operand: NodeId,
+        indices: NodeId,
+        gd: &tessera_ir::GatherDims,
+        dt: DType,
+        map: &[Lin],
+        nvars: usize,
+        inputs: &mut Vec<usize>,
+    ) -> Expr {
+        let src = self.g.ty(operand).clone();
+        // An empty operand means an empty result (a non-empty slice of every operand dim is
+        // needed for one element): the expression is never evaluated.
+        if src.numel() == 0 {
+            return Expr::Const(dt, scalar_of(&Data::zeros(dt, 1)));
+        }
+        let b = self.materialized_buf(operand);
+        let buf = Self::slot(inputs, b);
+        let (coords, starts) = self.gather_map(src.dims(), indices, gd, map, nvars, inputs);
+        let fill = match gd.mode {
+            tessera_ir::IndexMode::Clip => None,
+            tessera_ir::IndexMode::Fill => Some(Box::new(Expr::Const(
+                dt,
+                scalar_of(&Data::splat(dt, gd.fill, 1)),
+            ))),
+        };
+        Expr::Gather {
+            buf,
+            dtype: src.dtype,
+            strides: row_major(src.dims()),
+            coords,
+            starts,
+            fill,
+        }
+    }
+
+    /// The operand coordinates a gather reads at result index `map` (`GatherDims::source`):
+    /// the affine part of each operand dim, and the starts read from `indices` (inlined). The
+    /// result dims split as the type rule says (`GatherDims::infer`): the offset dims walk the
+    /// operand's window dims in order, the others the indices' dims but `index_vector_dim`; an
+    /// operand batching dim is the coordinate of its indices dim.
+    fn gather_map(
+        &mut self,
+        operand_dims: &[usize],
+        indices: NodeId,
+        gd: &tessera_ir::GatherDims,
+        map: &[Lin],
+        nvars: usize,
+        inputs: &mut Vec<usize>,
+    ) -> (Vec<Coord>, Vec<Start>) {
+        let ity = self.g.ty(indices).clone();
+        let (offset, batch): (Vec<usize>, Vec<usize>) =
+            (0..map.len()).partition(|i| gd.offset_dims.contains(i));
+        // The index into the indices at batch position `map`, index-vector entry left at 0.
+        let mut imap = vec![Lin::zero(nvars); ity.rank()];
+        let mut b = batch.iter();
+        for (d, slot) in imap.iter_mut().enumerate() {
+            if d != gd.index_vector_dim {
+                *slot = map[*b.next().expect("one batch dim per indices dim")].clone();
+            }
+        }
+        let mut coords: Vec<Lin> = vec![Lin::zero(nvars); operand_dims.len()];
+        for (&o, &i) in gd
+            .operand_batching_dims
+            .iter()
+            .zip(&gd.start_indices_batching_dims)
+        {
+            coords[o] = imap[i].clone();
+        }
+        let mut w = offset.iter();
+        for (d, c) in coords.iter_mut().enumerate() {
+            if !gd.collapsed_slice_dims.contains(&d) && !gd.operand_batching_dims.contains(&d) {
+                *c = map[*w.next().expect("one offset dim per window dim")].clone();
+            }
+        }
+        let mut starts = Vec::new();
+        for (j, &d) in gd.start_index_map.iter().enumerate() {
+            let mut at = imap.clone();
+            if gd.index_vector_dim < ity.rank() {
+                at[gd.index_vector_dim] = Lin::zero(nvars).offset(j as i64);
+            }
+            let index = self.expr(indices, &at, nvars, inputs);
+            starts.push(Start {
+                dim: d,
+                index: Box::new(index),
+                hi: operand_dims[d] as i64 - gd.slice_sizes[d] as i64,
+            });
+        }
+        let coords = coords
+            .into_iter()
+            .map(|lin| Coord {
+                lin,
+                div: 1,
+                clamp: None,
+            })
+            .collect();
+        (coords, starts)
+    }
+
+    /// `scatter operand, indices, updates` as a kernel (`ScatterPhase`): a loop over the
+    /// updates, each combined into the element the gather map of the updates names.
+    fn scatter_kernel(
+        &mut self,
+        name: String,
+        sd: &tessera_ir::ScatterDims,
+        ops: &[NodeId],
+        ty: &TensorType,
+        inputs: &mut Vec<usize>,
+    ) -> Kernel {
+        let (operand, indices, updates) = (ops[0], ops[1], ops[2]);
+        let uty = self.g.ty(updates).clone();
+        let nvars = uty.rank();
+        let map: Vec<Lin> = (0..nvars).map(|j| Lin::var(nvars, j)).collect();
+        let ob = self.materialized_buf(operand);
+        let operand_slot = Self::slot(inputs, ob);
+        let gd = sd.as_gather(ty.rank(), uty.dims());
+        let (coords, starts) = self.gather_map(ty.dims(), indices, &gd, &map, nvars, inputs);
+        let body = self.expr(updates, &map, nvars, inputs);
+        Kernel {
+            name,
+            out_dtype: ty.dtype,
+            out_dims: uty.dims().to_vec(),
+            reduce: None,
+            body,
+            n_inputs: inputs.len(),
+            scatter: Some(Box::new(crate::kernel::ScatterPhase {
+                kind: sd.kind,
+                dims: ty.dims().to_vec(),
+                operand: operand_slot,
+                coords,
+                starts,
+                drop: sd.mode == tessera_ir::IndexMode::Fill,
+            })),
         }
     }
 
@@ -811,6 +958,7 @@ impl Fuser<'_> {
             reduce: Some((how, axes.iter().map(|&a| src.dims()[a]).collect())),
             body,
             n_inputs: inputs.len(),
+            scatter: None,
         }
     }
 
@@ -863,6 +1011,7 @@ impl Fuser<'_> {
                 Box::new(y),
             ),
             n_inputs: inputs.len(),
+            scatter: None,
         }
     }
 }
@@ -1138,7 +1287,6 @@ mod tests {
                 | StepKind::Collective(_)
                 | StepKind::Region(_)
                 | StepKind::Window(_)
-                | StepKind::Indexed(_)
                 | StepKind::Native(_) => None,
             })
             .collect()

@@ -4,12 +4,13 @@
 //! A kernel iterates over its loop variables: first the result's dimensions, then (for a
 //! reduction) the reduced ones. Its body is a scalar expression tree over the loop variables.
 //! Every index a body computes is linear in the loop variables, except the division of a padded
-//! coordinate, so loads need no gathers and the innermost loop can be vectorized when every load
-//! is contiguous or constant along it.
+//! coordinate and the starts of a `gather` (`Expr::Gather`: a coordinate read from data, clamped
+//! into range), so the innermost loop can be vectorized when every load is an affine one,
+//! contiguous or constant along it.
 
 use std::fmt::Write;
 
-use tessera_ir::{BinaryOp, CompareOp, DType, Op, UnaryOp};
+use tessera_ir::{BinaryOp, CompareOp, DType, Op, ScatterKind, UnaryOp};
 
 /// `sum_j coef[j] * var[j] + c` over the kernel's loop variables.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,6 +66,15 @@ pub struct Coord {
     pub lin: Lin,
     pub div: i64,
     pub clamp: Option<i64>,
+}
+
+/// A data-dependent coordinate of a `Gather` expression: `index` (an integer expression, i32,
+/// u32 or i64) is a start position along operand dim `dim`, valid in `0..=hi`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Start {
+    pub dim: usize,
+    pub index: Box<Expr>,
+    pub hi: i64,
 }
 
 /// A condition on the loop variables: `lin >= 0 && lin % div == 0 && lin / div < extent`.
@@ -124,6 +134,18 @@ pub enum Expr {
         to: DType,
         x: Box<Expr>,
     },
+    /// Gather's load: element `sum_d strides[d] * (coord_d + start_d)` of buffer `buf`, where
+    /// `start_d` is the value of the `Start` naming dim `d` (0 for dims no start names). Each
+    /// start is clamped into `0..=hi`, so the address stays inside the buffer whatever the index
+    /// holds; with `fill`, an element whose start was out of range is `fill` instead.
+    Gather {
+        buf: usize,
+        dtype: DType,
+        strides: Vec<i64>,
+        coords: Vec<Coord>,
+        starts: Vec<Start>,
+        fill: Option<Box<Expr>>,
+    },
     /// `then` where every condition holds, else `otherwise` (pad and concatenate).
     Guard {
         dtype: DType,
@@ -137,6 +159,7 @@ impl Expr {
     pub fn dtype(&self) -> DType {
         match self {
             Expr::Load { dtype, .. }
+            | Expr::Gather { dtype, .. }
             | Expr::Const(dtype, _)
             | Expr::Index(dtype, _)
             | Expr::Unary(_, dtype, _)
@@ -177,6 +200,14 @@ impl Expr {
                     stack.push(otherwise);
                     stack.push(then);
                 }
+                Expr::Gather { starts, fill, .. } => {
+                    if let Some(f) = fill {
+                        stack.push(f);
+                    }
+                    for s in starts.iter().rev() {
+                        stack.push(&s.index);
+                    }
+                }
             }
         }
     }
@@ -207,6 +238,14 @@ impl Expr {
                     stack.push((then, d + 1));
                     stack.push((otherwise, d + 1));
                 }
+                Expr::Gather { starts, fill, .. } => {
+                    for s in starts {
+                        stack.push((&s.index, d + 1));
+                    }
+                    if let Some(f) = fill {
+                        stack.push((f, d + 1));
+                    }
+                }
             }
         }
         deepest
@@ -223,6 +262,22 @@ pub enum Combine {
     ArgMax,
 }
 
+/// What makes a kernel a `scatter`'s (`Kernel::scatter`): the output is first a copy of input
+/// slot `operand` (of dims `dims`), then the loop nest runs over the updates, in row-major
+/// order (so repeated indices combine in the interpreter's order), and combines each update
+/// (the body) into the output element at `coords + starts`, the gather map of the updates
+/// (`ScatterDims::target`). Each start is clamped into `0..=hi`, so every write is inside the
+/// output; with `drop`, an update whose start is out of range is skipped instead of clamped.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScatterPhase {
+    pub kind: ScatterKind,
+    pub dims: Vec<usize>,
+    pub operand: usize,
+    pub coords: Vec<Coord>,
+    pub starts: Vec<Start>,
+    pub drop: bool,
+}
+
 /// One loop nest writing buffer `n_inputs` (the output) from buffers `0..n_inputs`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Kernel {
@@ -234,6 +289,8 @@ pub struct Kernel {
     pub reduce: Option<(Combine, Vec<usize>)>,
     pub body: Expr,
     pub n_inputs: usize,
+    /// A scatter kernel: `out_dims` are the updates' dims and `body` an update's value.
+    pub scatter: Option<Box<ScatterPhase>>,
 }
 
 /// What an inline polynomial function weighs in `Kernel::code_weight` (tanh is ~100
@@ -251,12 +308,14 @@ impl Kernel {
             reduce,
             body,
             n_inputs,
+            scatter,
         } = self;
         *out_dtype == other.out_dtype
             && *out_dims == other.out_dims
             && *reduce == other.reduce
             && *n_inputs == other.n_inputs
             && *body == other.body
+            && *scatter == other.scatter
     }
 
     /// A hash of what `same_code` compares (kernels that are the same code hash the same).
@@ -274,15 +333,19 @@ impl Kernel {
         // constants print the same).
         write!(
             sink,
-            "{:?}{:?}{:?}{}{:?}",
-            self.out_dtype, self.out_dims, self.reduce, self.n_inputs, self.body
+            "{:?}{:?}{:?}{}{:?}{:?}",
+            self.out_dtype, self.out_dims, self.reduce, self.n_inputs, self.body, self.scatter
         )
         .expect("writing to a hasher cannot fail");
         sink.0.finish()
     }
 
+    /// The loop variables: the result's (a scatter's: the updates'), the reduced ones, and a
+    /// scatter's copy index.
     pub fn nvars(&self) -> usize {
-        self.out_dims.len() + self.reduce.as_ref().map_or(0, |(_, d)| d.len())
+        self.out_dims.len()
+            + self.reduce.as_ref().map_or(0, |(_, d)| d.len())
+            + usize::from(self.scatter.is_some())
     }
 
     /// A one-line summary for dumps: name, loop extents, reduction.
@@ -290,6 +353,10 @@ impl Kernel {
         let mut s = format!("{} {}{:?}", self.name, self.out_dtype, self.out_dims);
         if let Some((c, dims)) = &self.reduce {
             write!(s, " reduce {c:?} over {dims:?}").unwrap();
+        }
+        if let Some(sc) = &self.scatter {
+            let mode = if sc.drop { "drop" } else { "clip" };
+            write!(s, " scatter {} {mode} into {:?}", sc.kind.name(), sc.dims).unwrap();
         }
         let ops = self.expr_nodes();
         write!(s, " ({ops} expression nodes, {} inputs)", self.n_inputs).unwrap();
@@ -315,6 +382,7 @@ impl Kernel {
                 }
                 Expr::Unary(..) => 1,
                 Expr::Load { .. }
+                | Expr::Gather { .. }
                 | Expr::Const(..)
                 | Expr::Index(..)
                 | Expr::Binary(..)

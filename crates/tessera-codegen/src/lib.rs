@@ -15,7 +15,6 @@ pub mod approx;
 pub mod elem;
 pub mod exec;
 pub mod fusion;
-mod indexed;
 pub mod kernel;
 pub mod lower;
 pub mod narrow;
@@ -49,7 +48,6 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
             StepKind::Gemm(_)
             | StepKind::Collective(_)
             | StepKind::Window(_)
-            | StepKind::Indexed(_)
             | StepKind::Native(_) => kernel_steps.push(None),
             // Each body is a program of its own, compiled once (never per iteration); the
             // verifier bounds how deeply this recursion goes (`MAX_REGION_DEPTH`).

@@ -24,11 +24,11 @@ use cranelift_codegen::isa::CallConv;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
-use tessera_ir::{BinaryOp, CompareOp, DType, UnaryOp};
+use tessera_ir::{BinaryOp, CompareOp, DType, ScatterKind, UnaryOp};
 
 use crate::approx::{self, Fx};
 use crate::elem;
-use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar};
+use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar, ScatterPhase, Start};
 use tessera_interp::elem::Libm;
 
 /// A compiled kernel: takes the pointer array of its buffers, and the range `lo..hi` of its
@@ -486,6 +486,10 @@ impl Lower<'_, '_> {
     }
 
     fn kernel(&mut self, k: &Kernel) {
+        if let Some(sc) = &k.scatter {
+            self.scatter(k, sc);
+            return;
+        }
         let nout = k.out_dims.len();
         let out_strides: Vec<i64> = {
             let mut s = vec![1i64; nout];
@@ -508,6 +512,130 @@ impl Lower<'_, '_> {
             }
             Some(_) => self.loops(k, 0, &out_strides, false),
         }
+    }
+
+    /// A scatter kernel (`ScatterPhase`): the operand copied into the output, then each
+    /// update combined into its element, in row-major order of the updates on one thread.
+    /// Bounds: the copy writes `0..numel` of the output; an update's element is `coords +
+    /// starts` with every start clamped into `0..=hi` (`hi` = dim - window) and every window
+    /// coordinate below the window, so it is inside the output (the type rule bounds windows
+    /// by the operand's dims). A start with `hi < 0` (a window wider than an empty dim) lands
+    /// nowhere: then no update runs, as the interpreter drops them all.
+    fn scatter(&mut self, k: &Kernel, sc: &ScatterPhase) {
+        let n: usize = sc.dims.iter().product();
+        let copy = k.nvars() - 1;
+        let (zero, end) = (self.iconst(0), self.iconst(n as i64));
+        let width = k.out_dtype.byte_width() as i64;
+        let t = clif_type(k.out_dtype);
+        self.for_loop(copy, zero, end, 1, &mut |s| {
+            let i = s.b.use_var(s.vars[copy]);
+            let bytes = s.b.ins().imul_imm_s(i, width);
+            let from = s.b.ins().iadd(s.bufs[sc.operand], bytes);
+            let to = s.b.ins().iadd(*s.bufs.last().expect("the output"), bytes);
+            let v = s.b.ins().load(t, mem(), from, 0);
+            s.b.ins().store(mem(), v, to, 0);
+        });
+        if k.out_dims.contains(&0) || sc.starts.iter().any(|st| st.hi < 0) {
+            return;
+        }
+        self.scatter_loops(k, sc, 0);
+    }
+
+    fn scatter_loops(&mut self, k: &Kernel, sc: &ScatterPhase, level: usize) {
+        if level == k.out_dims.len() {
+            self.scatter_element(k, sc);
+            return;
+        }
+        let (start, end) = if level == 0 {
+            self.range
+        } else {
+            (self.iconst(0), self.iconst(k.out_dims[level] as i64))
+        };
+        self.for_loop(level, start, end, 1, &mut |s| {
+            s.scatter_loops(k, sc, level + 1)
+        });
+    }
+
+    fn scatter_element(&mut self, k: &Kernel, sc: &ScatterPhase) {
+        let d = k.out_dtype;
+        let u = self.expr(&k.body, Lanes::One);
+        let strides = row_major_strides(&sc.dims);
+        let mut off = self.iconst(0);
+        for (s, c) in strides.iter().zip(&sc.coords) {
+            let v = self.coord(c);
+            let t = self.b.ins().imul_imm_s(v, *s);
+            off = self.b.ins().iadd(off, t);
+        }
+        let mut ok = self.b.ins().iconst(I8, 1);
+        for st in &sc.starts {
+            let v = self.start_value(st);
+            if sc.drop {
+                let inside = self.start_in_range(v, st.hi);
+                ok = self.b.ins().band(ok, inside);
+            }
+            let c = self.clamp_start(v, st.hi);
+            let t = self.b.ins().imul_imm_s(c, strides[st.dim]);
+            off = self.b.ins().iadd(off, t);
+        }
+        let apply = self.b.create_block();
+        let done = self.b.create_block();
+        self.b.ins().brif(ok, apply, &[], done, &[]);
+        self.b.switch_to_block(apply);
+        self.b.seal_block(apply);
+        let out = self.bufs.len() - 1;
+        let addr = self.address(out, off, d);
+        let op = match (sc.kind, d) {
+            (ScatterKind::Set, _) => None,
+            (ScatterKind::Add, _) => Some(BinaryOp::Add),
+            (ScatterKind::Mul, _) => Some(BinaryOp::Mul),
+            // On bool, min is `and` and max is `or` (as the interpreter combines them).
+            (ScatterKind::Min, DType::Bool) => Some(BinaryOp::And),
+            (ScatterKind::Max, DType::Bool) => Some(BinaryOp::Or),
+            (ScatterKind::Min, _) => Some(BinaryOp::Min),
+            (ScatterKind::Max, _) => Some(BinaryOp::Max),
+        };
+        let v = match op {
+            None => u,
+            Some(op) => {
+                let old = self.b.ins().load(clif_type(d), mem(), addr, 0);
+                self.binary(op, d, old, u)
+            }
+        };
+        self.b.ins().store(mem(), v, addr, 0);
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(done);
+        self.b.seal_block(done);
+    }
+
+    /// A start index of a gather or scatter, as an i64 (u32 indices zero-extended).
+    fn start_value(&mut self, st: &Start) -> Value {
+        let raw = self.expr(&st.index, Lanes::One);
+        match st.index.dtype() {
+            DType::I64 => raw,
+            DType::U32 => self.b.ins().uextend(I64, raw),
+            DType::I32 => self.b.ins().sextend(I64, raw),
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::Bool => {
+                unreachable!("gather and scatter indices are i32, u32 or i64 (the type rule)")
+            }
+        }
+    }
+
+    /// Whether start `v` is in `0..=hi`.
+    fn start_in_range(&mut self, v: Value, hi: i64) -> Value {
+        let lo = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::SignedGreaterThanOrEqual, v, 0);
+        let up = self.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, v, hi);
+        self.b.ins().band(lo, up)
+    }
+
+    /// Start `v` clamped into `0..=hi`.
+    fn clamp_start(&mut self, v: Value, hi: i64) -> Value {
+        let zero = self.iconst(0);
+        let hi = self.iconst(hi);
+        let c = self.b.ins().smax(v, zero);
+        self.b.ins().smin(c, hi)
     }
 
     /// The loops over the result's variables from `level` inward.
@@ -866,6 +994,44 @@ impl Lower<'_, '_> {
                     return self.b.ins().splat(F32X4, s);
                 }
                 self.b.ins().load(clif_type(*dtype), mem(), addr, 0)
+            }
+            Expr::Gather {
+                buf,
+                dtype,
+                strides,
+                coords,
+                starts,
+                fill,
+            } => {
+                // Scalar only (`vectorizable` refuses a gather).
+                let mut off = self.iconst(0);
+                for (s, c) in strides.iter().zip(coords) {
+                    let v = self.coord(c);
+                    let t = self.b.ins().imul_imm_s(v, *s);
+                    off = self.b.ins().iadd(off, t);
+                }
+                let mut ok = self.b.ins().iconst(I8, 1);
+                for st in starts {
+                    let v = self.start_value(st);
+                    if fill.is_some() {
+                        let inside = self.start_in_range(v, st.hi);
+                        ok = self.b.ins().band(ok, inside);
+                    }
+                    // Clamped in either mode: the load stays inside the buffer (`coord + start
+                    // < dim` since every window coordinate is below `dim - hi`).
+                    let c = self.clamp_start(v, st.hi);
+                    let t = self.b.ins().imul_imm_s(c, strides[st.dim]);
+                    off = self.b.ins().iadd(off, t);
+                }
+                let addr = self.address(*buf, off, *dtype);
+                let x = self.b.ins().load(clif_type(*dtype), mem(), addr, 0);
+                match fill {
+                    Some(f) => {
+                        let f = self.expr(f, Lanes::One);
+                        self.b.ins().select(ok, x, f)
+                    }
+                    None => x,
+                }
             }
             Expr::Const(d, s) => {
                 let v = match (d, s) {
@@ -1415,6 +1581,15 @@ impl Lower<'_, '_> {
     }
 }
 
+/// Row-major strides (in elements) of `dims`.
+fn row_major_strides(dims: &[usize]) -> Vec<i64> {
+    let mut s = vec![1i64; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * dims[i + 1] as i64;
+    }
+    s
+}
+
 /// Whether the innermost result loop (variable `lane`) can run on f32x4: an f32 kernel whose
 /// loads are contiguous or constant along it, with no index values, guards or conversions.
 fn vectorizable(body: &Expr, lane: usize) -> bool {
@@ -1439,9 +1614,11 @@ fn vectorizable(body: &Expr, lane: usize) -> bool {
         Expr::Binary(op, d, _, _) => ok &= *d == DType::F32 && *op != BinaryOp::Rem,
         Expr::Compare(_, d, _, _) => ok &= *d == DType::F32,
         Expr::Select(d, ..) => ok &= *d == DType::F32,
-        Expr::Index(..) | Expr::Guard { .. } | Expr::Convert { .. } | Expr::Bitcast { .. } => {
-            ok = false
-        }
+        Expr::Index(..)
+        | Expr::Gather { .. }
+        | Expr::Guard { .. }
+        | Expr::Convert { .. }
+        | Expr::Bitcast { .. } => ok = false,
     });
     ok
 }
@@ -1463,7 +1640,6 @@ mod tests {
                 | StepKind::Collective(_)
                 | StepKind::Region(_)
                 | StepKind::Window(_)
-                | StepKind::Indexed(_)
                 | StepKind::Native(_) => {}
             }
         }

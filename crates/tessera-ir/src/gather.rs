@@ -704,6 +704,15 @@ pub fn corpus_samples() -> Vec<(String, crate::op::Op, Vec<TensorType>)> {
         Op::Gather(Box::new(batched)),
         vec![t(DType::F32, &[2, 5, 3]), t(DType::I32, &[2, 4, 1])],
     ));
+    // i64 indices (the corpus draws some near i64::MAX): the compiled gather clamps or fills
+    // them in 64 bits, as the interpreter does.
+    for (mode, fill) in [(IndexMode::Clip, 0.0), (IndexMode::Fill, f64::NAN)] {
+        out.push((
+            format!("gather_i64_{}.f32", mode.name(false)),
+            Op::Gather(Box::new(rows(mode, fill))),
+            vec![t(DType::F32, &[5, 4]), t(DType::I64, &[3, 1])],
+        ));
+    }
     // Zero-size index sets and operands.
     out.push((
         "gather_no_indices.f32".into(),

@@ -141,8 +141,9 @@ fn bound(op: &Op) -> Bound {
         Op::Conv(_) => Bound::Accumulated,
         // The native kernel combines each window in the interpreter's order (window.rs).
         Op::ReduceWindow { .. } => Bound::Exact,
-        // The compiled step runs the interpreter's kernel (`tessera-codegen/src/indexed.rs`):
-        // the same updates in the same order, so even a scatter's sums agree bit for bit.
+        // A gather copies elements; the compiled scatter applies its updates in the
+        // interpreter's order (row-major over the updates, on one thread: `ScatterPhase`), so
+        // even a scatter's sums with repeated indices agree bit for bit.
         Op::Gather(_) | Op::Scatter(_) => Bound::Exact,
         // A permutation, a mirror, and a scan in the interpreter's order (the native kernel
         // combines each lane's elements one after another, as the interpreter does).
