@@ -561,8 +561,13 @@ impl Executable {
         let f = self.kernels[i].expect("a kernel step has a compiled kernel");
         let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
         let n: usize = k.out_dims.iter().product();
-        // A scatter's updates apply in order (repeated indices), so it runs on one thread.
-        if k.reduce.is_none() && k.scatter.is_none() && n >= self.parallel_kernel_from && outer >= 2
+        // A scatter's updates apply in order (repeated indices), so it runs on one thread, as
+        // does a scan along the outermost dim (the split one).
+        if k.reduce.is_none()
+            && k.scatter.is_none()
+            && k.scan.is_none_or(|s| s.axis != 0)
+            && n >= self.parallel_kernel_from
+            && outer >= 2
         {
             // A rank-1 split falls on a multiple of 8 so both halves keep whole vector
             // iterations.

@@ -61,7 +61,7 @@ pub enum StepKind {
     Region(Box<RegionStep>),
     /// A conv or reduce_window, run by its native kernel (`window.rs`).
     Window(Box<crate::window::WindowStep>),
-    /// A `sort` or cumulative op, run by a Rust kernel over whole buffers (`native.rs`).
+    /// A `sort`, run by a Rust kernel over whole buffers (`native.rs`).
     Native(Op),
 }
 
@@ -151,8 +151,9 @@ pub fn fuse(g: &Graph) -> Schedule {
             | Op::Region(_)
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
-            | Op::Sort { .. }
-            | Op::Cumulative { .. } => true,
+            | Op::Sort { .. } => true,
+            // A scan evaluates its operand's expression once per element, in order.
+            Op::Cumulative { .. } => false,
             // The operand is read at data-dependent coordinates (a scatter's is copied into
             // its result first); the indices and updates may be inlined.
             Op::Gather(_) | Op::Scatter(_) => {
@@ -399,9 +400,40 @@ impl Fuser<'_> {
                 let k = self.scatter_kernel(name, sd, &operands, &ty, &mut inputs);
                 (StepKind::Kernel(k), inputs)
             }
-            Op::Sort { .. } | Op::Cumulative { .. } => {
+            Op::Sort { .. } => {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Native(op.clone()), inputs)
+            }
+            Op::Cumulative {
+                kind,
+                axis,
+                reverse,
+            } => {
+                let n = ty.rank();
+                let map: Vec<Lin> = (0..n).map(|j| Lin::var(n, j)).collect();
+                let mut inputs = Vec::new();
+                let body = self.expr(operands[0], &map, n, &mut inputs);
+                let op = match kind {
+                    tessera_ir::CumulativeKind::Sum => tessera_ir::BinaryOp::Add,
+                    tessera_ir::CumulativeKind::Prod => tessera_ir::BinaryOp::Mul,
+                    tessera_ir::CumulativeKind::Max => tessera_ir::BinaryOp::Max,
+                    tessera_ir::CumulativeKind::Min => tessera_ir::BinaryOp::Min,
+                };
+                let k = Kernel {
+                    name,
+                    out_dtype: ty.dtype,
+                    out_dims: ty.dims().to_vec(),
+                    reduce: None,
+                    body,
+                    n_inputs: inputs.len(),
+                    scatter: None,
+                    scan: Some(crate::kernel::Scan {
+                        op,
+                        axis: *axis,
+                        reverse: *reverse,
+                    }),
+                };
+                (StepKind::Kernel(k), inputs)
             }
             Op::DotGeneral(dd) if !is_outer_product(dd, g.ty(operands[0])) => {
                 let (l, r) = (
@@ -469,6 +501,7 @@ impl Fuser<'_> {
                     body,
                     n_inputs: inputs.len(),
                     scatter: None,
+                    scan: None,
                 };
                 (StepKind::Kernel(k), inputs)
             }
@@ -830,6 +863,7 @@ impl Fuser<'_> {
                 starts,
                 drop: sd.mode == tessera_ir::IndexMode::Fill,
             })),
+            scan: None,
         }
     }
 
@@ -959,6 +993,7 @@ impl Fuser<'_> {
             body,
             n_inputs: inputs.len(),
             scatter: None,
+            scan: None,
         }
     }
 
@@ -1012,6 +1047,7 @@ impl Fuser<'_> {
             ),
             n_inputs: inputs.len(),
             scatter: None,
+            scan: None,
         }
     }
 }

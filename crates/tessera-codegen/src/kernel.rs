@@ -278,6 +278,16 @@ pub struct ScatterPhase {
     pub drop: bool,
 }
 
+/// What makes a kernel a cumulative op's (`Kernel::scan`): the loop over result dim `axis`
+/// runs in order (from the end with `reverse`), and each element is the running `op` of the
+/// body's values along it, combined one after another as the interpreter does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scan {
+    pub op: BinaryOp,
+    pub axis: usize,
+    pub reverse: bool,
+}
+
 /// One loop nest writing buffer `n_inputs` (the output) from buffers `0..n_inputs`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Kernel {
@@ -291,6 +301,7 @@ pub struct Kernel {
     pub n_inputs: usize,
     /// A scatter kernel: `out_dims` are the updates' dims and `body` an update's value.
     pub scatter: Option<Box<ScatterPhase>>,
+    pub scan: Option<Scan>,
 }
 
 /// What an inline polynomial function weighs in `Kernel::code_weight` (tanh is ~100
@@ -309,6 +320,7 @@ impl Kernel {
             body,
             n_inputs,
             scatter,
+            scan,
         } = self;
         *out_dtype == other.out_dtype
             && *out_dims == other.out_dims
@@ -316,6 +328,7 @@ impl Kernel {
             && *n_inputs == other.n_inputs
             && *body == other.body
             && *scatter == other.scatter
+            && *scan == other.scan
     }
 
     /// A hash of what `same_code` compares (kernels that are the same code hash the same).
@@ -333,19 +346,25 @@ impl Kernel {
         // constants print the same).
         write!(
             sink,
-            "{:?}{:?}{:?}{}{:?}{:?}",
-            self.out_dtype, self.out_dims, self.reduce, self.n_inputs, self.body, self.scatter
+            "{:?}{:?}{:?}{}{:?}{:?}{:?}",
+            self.out_dtype,
+            self.out_dims,
+            self.reduce,
+            self.n_inputs,
+            self.body,
+            self.scatter,
+            self.scan
         )
         .expect("writing to a hasher cannot fail");
         sink.0.finish()
     }
 
     /// The loop variables: the result's (a scatter's: the updates'), the reduced ones, and a
-    /// scatter's copy index.
+    /// scatter's copy index or a scan's step counter.
     pub fn nvars(&self) -> usize {
         self.out_dims.len()
             + self.reduce.as_ref().map_or(0, |(_, d)| d.len())
-            + usize::from(self.scatter.is_some())
+            + usize::from(self.scatter.is_some() || self.scan.is_some())
     }
 
     /// A one-line summary for dumps: name, loop extents, reduction.
@@ -357,6 +376,10 @@ impl Kernel {
         if let Some(sc) = &self.scatter {
             let mode = if sc.drop { "drop" } else { "clip" };
             write!(s, " scatter {} {mode} into {:?}", sc.kind.name(), sc.dims).unwrap();
+        }
+        if let Some(sc) = &self.scan {
+            let dir = if sc.reverse { " reverse" } else { "" };
+            write!(s, " scan {:?} along {}{dir}", sc.op, sc.axis).unwrap();
         }
         let ops = self.expr_nodes();
         write!(s, " ({ops} expression nodes, {} inputs)", self.n_inputs).unwrap();

@@ -28,7 +28,7 @@ use tessera_ir::{BinaryOp, CompareOp, DType, ScatterKind, UnaryOp};
 
 use crate::approx::{self, Fx};
 use crate::elem;
-use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar, ScatterPhase, Start};
+use crate::kernel::{Combine, Cond, Coord, Expr, Kernel, Lin, Scalar, Scan, ScatterPhase, Start};
 use tessera_interp::elem::Libm;
 
 /// A compiled kernel: takes the pointer array of its buffers, and the range `lo..hi` of its
@@ -490,6 +490,12 @@ impl Lower<'_, '_> {
             self.scatter(k, sc);
             return;
         }
+        if let Some(scan) = k.scan {
+            if !k.out_dims.contains(&0) {
+                self.scan_loops(k, scan, 0);
+            }
+            return;
+        }
         let nout = k.out_dims.len();
         let out_strides: Vec<i64> = {
             let mut s = vec![1i64; nout];
@@ -605,6 +611,64 @@ impl Lower<'_, '_> {
         self.b.ins().jump(done, &[]);
         self.b.switch_to_block(done);
         self.b.seal_block(done);
+    }
+
+    /// The loops of a scan kernel (`Scan`) over every result dim but the scanned one, from
+    /// `level` inward; then the scan along it.
+    fn scan_loops(&mut self, k: &Kernel, scan: Scan, level: usize) {
+        let nout = k.out_dims.len();
+        if level == nout {
+            self.scan_lane(k, scan);
+            return;
+        }
+        if level == scan.axis {
+            return self.scan_loops(k, scan, level + 1);
+        }
+        let (start, end) = if level == 0 {
+            self.range
+        } else {
+            (self.iconst(0), self.iconst(k.out_dims[level] as i64))
+        };
+        self.for_loop(level, start, end, 1, &mut |s| {
+            s.scan_loops(k, scan, level + 1)
+        });
+    }
+
+    /// One lane of a scan: element `i` (counted from the end with `reverse`) is the running
+    /// combination of the body's values at `0..=i`, stored as it goes. Every index is inside
+    /// the result: the lane variable runs over `0..n` of a non-empty dim.
+    fn scan_lane(&mut self, k: &Kernel, scan: Scan) {
+        let n = k.out_dims[scan.axis] as i64;
+        let counter = k.nvars() - 1;
+        let out_strides = row_major_strides(&k.out_dims);
+        let lane = self.vars[scan.axis];
+        let at = |s: &mut Self, step: Value| {
+            let idx = if scan.reverse {
+                let last = s.iconst(n - 1);
+                s.b.ins().isub(last, step)
+            } else {
+                step
+            };
+            s.b.def_var(lane, idx);
+        };
+        let acc = self.b.declare_var(clif_type(k.out_dtype));
+        let zero = self.iconst(0);
+        at(self, zero);
+        let first = self.expr(&k.body, Lanes::One);
+        self.b.def_var(acc, first);
+        let off = self.out_offset(&out_strides);
+        self.store(k.out_dtype, first, off, Lanes::One);
+        let (one, end) = (self.iconst(1), self.iconst(n));
+        self.for_loop(counter, one, end, 1, &mut |s| {
+            let step = s.b.use_var(s.vars[counter]);
+            at(s, step);
+            let x = s.expr(&k.body, Lanes::One);
+            let a = s.b.use_var(acc);
+            let v = s.binary(scan.op, k.out_dtype, a, x);
+            s.b.def_var(acc, v);
+            let off = s.out_offset(&out_strides);
+            s.store(k.out_dtype, v, off, Lanes::One);
+        });
     }
 
     /// A start index of a gather or scatter, as an i64 (u32 indices zero-extended).

@@ -1,14 +1,14 @@
 //! Native steps: ops the schedule runs as Rust kernels over whole buffers instead of generated
-//! loop nests, as it runs GEMMs through a library: `sort` (a stable bottom-up merge sort of each
-//! lane's permutation, insertion sort for runs of up to 8) and the cumulative ops (one pass per
-//! lane). Each reads its operand buffers at their strides along the lane, so every shape is
-//! handled, zero-size ones included (no lane, nothing written).
+//! loop nests, as it runs GEMMs through a library and as XLA:CPU calls a runtime sort: `sort`
+//! (a stable bottom-up merge sort of each lane's permutation, insertion sort for runs of up to
+//! 8). It reads its operand buffers at their strides along the lane, so every shape is handled,
+//! zero-size ones included (no lane, nothing written). (The cumulative ops are loop nests:
+//! `kernel::Scan`.)
 
 use std::cmp::Ordering;
 
-use tessera_interp::scalar::{fmax, fmin};
 use tessera_ir::sorting::float_sort_cmp;
-use tessera_ir::{CumulativeKind, Data, Literal, Op, TensorType};
+use tessera_ir::{Data, Literal, Op, TensorType};
 
 /// The lanes along `dim` of `dims`: the flat offset of each lane's first element, and the
 /// stride between its elements.
@@ -115,66 +115,6 @@ fn sort(args: &[Literal], dim: usize, num_keys: usize, output: usize) -> Data {
         .expect("a permutation of a lane stays in the buffer")
 }
 
-fn scan_lanes<T: Copy>(
-    v: &mut [T],
-    dims: &[usize],
-    axis: usize,
-    reverse: bool,
-    f: impl Fn(T, T) -> T,
-) {
-    let n = dims[axis];
-    let (bases, stride) = lanes(dims, axis);
-    for base in bases {
-        let at = |k: usize| base + stride * if reverse { n - 1 - k } else { k };
-        let mut acc = v[at(0)];
-        for k in 1..n {
-            acc = f(acc, v[at(k)]);
-            v[at(k)] = acc;
-        }
-    }
-}
-
-fn cumulative(kind: CumulativeKind, axis: usize, reverse: bool, x: &Literal) -> Data {
-    use CumulativeKind::*;
-    let dims = x.ty.dims();
-    let mut data = x.data.clone();
-    match &mut data {
-        Data::F32(v) => scan_lanes(v, dims, axis, reverse, |a, b| match kind {
-            Sum => a + b,
-            Prod => a * b,
-            Max => fmax(a, b),
-            Min => fmin(a, b),
-        }),
-        Data::F64(v) => scan_lanes(v, dims, axis, reverse, |a, b| match kind {
-            Sum => a + b,
-            Prod => a * b,
-            Max => fmax(a, b),
-            Min => fmin(a, b),
-        }),
-        Data::I32(v) => scan_lanes(v, dims, axis, reverse, |a: i32, b| match kind {
-            Sum => a.wrapping_add(b),
-            Prod => a.wrapping_mul(b),
-            Max => a.max(b),
-            Min => a.min(b),
-        }),
-        Data::U32(v) => scan_lanes(v, dims, axis, reverse, |a: u32, b| match kind {
-            Sum => a.wrapping_add(b),
-            Prod => a.wrapping_mul(b),
-            Max => a.max(b),
-            Min => a.min(b),
-        }),
-        Data::I64(v) => scan_lanes(v, dims, axis, reverse, |a: i64, b| match kind {
-            Sum => a.wrapping_add(b),
-            Prod => a.wrapping_mul(b),
-            Max => a.max(b),
-            Min => a.min(b),
-        }),
-        // The type rule rejects bool; narrow.rs computes f16 and bf16 in f32.
-        Data::Bool(_) | Data::F16(_) | Data::BF16(_) => {}
-    }
-    data
-}
-
 /// Runs native op `op` on its operand values; the result has type `out`.
 pub(crate) fn run(op: &Op, args: &[Literal], out: &TensorType) -> Result<Data, String> {
     let data = match op {
@@ -183,12 +123,7 @@ pub(crate) fn run(op: &Op, args: &[Literal], out: &TensorType) -> Result<Data, S
             num_keys,
             output,
         } => sort(args, *dim, *num_keys, *output),
-        Op::Cumulative {
-            kind,
-            axis,
-            reverse,
-        } => cumulative(*kind, *axis, *reverse, &args[0]),
-        // tidy: allow-wildcard(fusion makes native steps of sort and cumulative only; any other op here is a planner bug reported as an error)
+        // tidy: allow-wildcard(fusion makes native steps of sort only; any other op here is a planner bug reported as an error)
         other => return Err(format!("{} is not a native step", other.name())),
     };
     if data.len() != out.numel() || data.dtype() != out.dtype {

@@ -145,7 +145,7 @@ fn bound(op: &Op) -> Bound {
         // interpreter's order (row-major over the updates, on one thread: `ScatterPhase`), so
         // even a scatter's sums with repeated indices agree bit for bit.
         Op::Gather(_) | Op::Scatter(_) => Bound::Exact,
-        // A permutation, a mirror, and a scan in the interpreter's order (the native kernel
+        // A permutation, a mirror, and a scan in the interpreter's order (the scan kernel
         // combines each lane's elements one after another, as the interpreter does).
         Op::Sort { .. } | Op::Rev { .. } | Op::Cumulative { .. } => Bound::Exact,
     }
