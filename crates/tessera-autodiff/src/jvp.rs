@@ -274,7 +274,7 @@ fn jvp_rule(b: &mut Builder, op: &Op, at: &Tan) -> Result<Option<NodeId>> {
             kind,
             axis,
             reverse,
-        } => super::sorting::cumulative_jvp(b, *kind, *axis, *reverse, at.xs[0], at.y, at.t()?),
+        } => super::sorting::cumulative_jvp(b, *kind, *axis, *reverse, at.xs[0], at.t()?),
         Op::Rev { .. } => Ok(Some(b.add(op.clone(), &[at.t()?])?)),
     }
 }

@@ -381,7 +381,7 @@ fn vjp_rule(
             axis,
             reverse,
         } => Ok(vec![sorting::cumulative_vjp(
-            b, *kind, *axis, *reverse, xs[0], y, g,
+            b, *kind, *axis, *reverse, xs[0], g,
         )?]),
         Op::Rev { .. } => Ok(vec![Some(b.add(op.clone(), &[g])?)]),
     }

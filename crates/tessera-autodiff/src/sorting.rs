@@ -14,17 +14,16 @@
 //!   `select(z, rcumsum(g * P * (c == 1)), rcumsum(g * P * (c == 0)) / x')` (`rcumsum` runs the
 //!   other way). The values are JAX's (its derivative of the associative scan is the same
 //!   polynomial) up to rounding.
-//! - `cummax`/`cummin`: output `i` takes its derivative from the elements `k` up to it that
-//!   equal it, shared equally among them (as `reduce_max`'s rule shares among ties): with the
-//!   mask `M[k, i] = (k before-or-at i) & (x_k == y_i)` and `n_i = sum_k M[k, i]`, the tangent is
-//!   `y'_i = sum_k M[k, i] t_k / n_i` and the cotangent `x̄_k = sum_i M[k, i] g_i / n_i`. The
-//!   mask is n x n per lane (memory quadratic in the scanned length). JAX differentiates its
-//!   associative scan, whose binary `max` shares a tie 1/2 : 1/2 at each combine: the values
-//!   agree wherever at most two elements tie for an output, and differ for three-way ties
-//!   (JAX's shares follow its scan tree).
+//! - `cummax`/`cummin`: the derivative of JAX's definition, whose JVP differentiates the
+//!   associative (parallel prefix) scan of binary `max`/`min` over the axis (its
+//!   `_cumulative_jvp_rule`): the rules here build that scan's tree (`scan_tree`: combine
+//!   adjacent pairs, scan the halves recursively, combine the evens, interleave) on the primal
+//!   and differentiate it with the `vjp`/`jvp` passes themselves. Binary `max` shares a tie
+//!   1/2 : 1/2 at each combine, so ties of any multiplicity split as JAX's do (by the tree, not
+//!   equally), and the cost is linear in the scanned length with log depth.
 //! - `rev`: linear and its own transpose.
 
-use tessera_ir::{BinaryOp, CompareOp, CumulativeKind, DType, NodeId, Op, Shape, TensorType};
+use tessera_ir::{BinaryOp, CompareOp, CumulativeKind, DType, NodeId, Op, TensorType};
 
 use super::{Builder, Result};
 
@@ -136,54 +135,101 @@ fn count_is(b: &mut Builder, c: NodeId, v: f64) -> Result<NodeId> {
     b.cmp(CompareOp::Eq, c, k)
 }
 
-/// The n x n mask of `cummax`/`cummin` along `axis` (inserted as dims `axis` = k and
-/// `axis + 1` = i), as the dtype of `x`, and the count per output, shaped like `y`.
-fn extremum_mask(
+/// `x` sliced along `axis` from `start` to `limit` by `stride` (the other dims whole).
+fn slice_axis(
     b: &mut Builder,
+    x: NodeId,
+    axis: usize,
+    (start, limit, stride): (usize, usize, usize),
+) -> Result<NodeId> {
+    let dims = b.ty(x).dims().to_vec();
+    let mut lo = vec![0; dims.len()];
+    let mut step = vec![1; dims.len()];
+    let mut hi = dims;
+    lo[axis] = start;
+    hi[axis] = limit.max(start);
+    step[axis] = stride;
+    b.add(
+        Op::Slice {
+            start: lo,
+            limit: hi,
+            stride: step,
+        },
+        &[x],
+    )
+}
+
+/// JAX's `associative_scan` of the binary `op` along `axis` (forward): pairs `(0,1), (2,3), ..`
+/// combined, that half scanned recursively (the odd outputs), each even output `2j` the odd
+/// output `2j - 1` combined with element `2j`, and the two interleaved. Built so that its
+/// derivative is JAX's derivative of `cummax`/`cummin`; its value equals the cumulative op's.
+fn scan_tree(b: &mut Builder, op: BinaryOp, axis: usize, x: NodeId) -> Result<NodeId> {
+    let n = b.ty(x).dims()[axis];
+    if n < 2 {
+        return Ok(x);
+    }
+    let evens = slice_axis(b, x, axis, (0, n - 1, 2))?;
+    let odds = slice_axis(b, x, axis, (1, n, 2))?;
+    let pairs = b.bin(op, evens, odds)?;
+    let odd = scan_tree(b, op, axis, pairs)?;
+    let m = n / 2;
+    let prev = if n % 2 == 0 {
+        slice_axis(b, odd, axis, (0, m - 1, 1))?
+    } else {
+        odd
+    };
+    let rest = slice_axis(b, x, axis, (2, n, 2))?;
+    let tail = b.bin(op, prev, rest)?;
+    let first = slice_axis(b, x, axis, (0, 1, 1))?;
+    let even = b.add(Op::Concatenate { dim: axis }, &[first, tail])?;
+    // Interleave as JAX's `_interleave`: each padded with zeros between its elements, added.
+    let rank = b.ty(x).rank();
+    let zero = b.zero_scalar(b.ty(x).dtype)?;
+    let pad = |b: &mut Builder, v: NodeId, low: i64, high: i64| {
+        let mut lo = vec![0; rank];
+        let mut hi = vec![0; rank];
+        let mut interior = vec![0; rank];
+        lo[axis] = low;
+        hi[axis] = high;
+        interior[axis] = 1;
+        b.add(
+            Op::Pad {
+                low: lo,
+                high: hi,
+                interior,
+            },
+            &[v, zero],
+        )
+    };
+    let same = n % 2 == 0;
+    let e = pad(b, even, 0, i64::from(same))?;
+    let o = pad(b, odd, 1, i64::from(!same))?;
+    b.bin(BinaryOp::Add, e, o)
+}
+
+/// The binary op a cumulative extremum scans with (sum and prod are never rebuilt: their
+/// rules are closed forms).
+fn extremum_op(kind: CumulativeKind) -> BinaryOp {
+    match kind {
+        CumulativeKind::Max => BinaryOp::Max,
+        CumulativeKind::Min => BinaryOp::Min,
+        CumulativeKind::Sum => BinaryOp::Add,
+        CumulativeKind::Prod => BinaryOp::Mul,
+    }
+}
+
+/// `cummax`/`cummin` of `x` rebuilt as JAX's scan tree (reversed around it for `reverse`).
+fn extremum_scan(
+    b: &mut Builder,
+    op: BinaryOp,
     axis: usize,
     reverse: bool,
     x: NodeId,
-    y: NodeId,
-) -> Result<(NodeId, NodeId)> {
-    let ty = b.ty(x);
-    let r = ty.rank();
-    let mut dims = ty.dims().to_vec();
-    dims.insert(axis + 1, ty.dims()[axis]);
-    let big = Shape::from(dims.clone());
-    // x_k: every dim but the new `axis + 1`; y_i: every dim but `axis`.
-    let xk_dims: Vec<usize> = (0..r).map(|d| if d <= axis { d } else { d + 1 }).collect();
-    let yi_dims: Vec<usize> = (0..r).map(|d| if d < axis { d } else { d + 1 }).collect();
-    let xk = b.broadcast(x, &big, xk_dims)?;
-    let yi = b.broadcast(y, &big, yi_dims)?;
-    let eq = b.cmp(CompareOp::Eq, xk, yi)?;
-    let ity = TensorType::new(DType::I32, big.clone());
-    let k = b.add(
-        Op::Iota {
-            dim: axis,
-            ty: ity.clone(),
-        },
-        &[],
-    )?;
-    let i = b.add(
-        Op::Iota {
-            dim: axis + 1,
-            ty: ity,
-        },
-        &[],
-    )?;
-    let order = b.cmp(
-        if reverse {
-            CompareOp::Ge
-        } else {
-            CompareOp::Le
-        },
-        k,
-        i,
-    )?;
-    let both = b.add(Op::Binary(BinaryOp::And), &[eq, order])?;
-    let m = b.add(Op::Convert(ty.dtype), &[both])?;
-    let n = b.reduce_sum(m, vec![axis])?;
-    Ok((m, n))
+) -> Result<NodeId> {
+    let rev = |b: &mut Builder, v: NodeId| b.add(Op::Rev { dims: vec![axis] }, &[v]);
+    let start = if reverse { rev(b, x)? } else { x };
+    let s = scan_tree(b, op, axis, start)?;
+    if reverse { rev(b, s) } else { Ok(s) }
 }
 
 /// The cotangent of a cumulative op's operand.
@@ -193,7 +239,6 @@ pub(super) fn cumulative_vjp(
     axis: usize,
     reverse: bool,
     x: NodeId,
-    y: NodeId,
     g: NodeId,
 ) -> Result<Option<NodeId>> {
     if !b.ty(x).dtype.is_float() {
@@ -215,14 +260,12 @@ pub(super) fn cumulative_vjp(
             b.select(z, s1, d0)?
         }
         CumulativeKind::Max | CumulativeKind::Min => {
-            let (m, n) = extremum_mask(b, axis, reverse, x, y)?;
-            let share = b.bin(BinaryOp::Div, g, n)?;
-            let big = b.ty(m).shape;
-            let r = b.ty(x).rank();
-            let yi_dims: Vec<usize> = (0..r).map(|d| if d < axis { d } else { d + 1 }).collect();
-            let sb = b.broadcast(share, &big, yi_dims)?;
-            let prod = b.mul(m, sb)?;
-            b.reduce_sum(prod, vec![axis + 1])?
+            let op = extremum_op(kind);
+            let s = extremum_scan(b, op, axis, reverse, x)?;
+            match super::vjp(b.g, &[s], &[g], &[x])?.pop().flatten() {
+                Some(ct) => ct,
+                None => b.full_like(x, 0.0)?,
+            }
         }
     }))
 }
@@ -234,7 +277,6 @@ pub(super) fn cumulative_jvp(
     axis: usize,
     reverse: bool,
     x: NodeId,
-    y: NodeId,
     t: NodeId,
 ) -> Result<Option<NodeId>> {
     if !b.ty(x).dtype.is_float() {
@@ -257,14 +299,12 @@ pub(super) fn cumulative_jvp(
             b.select(c0, v0, inner)?
         }
         CumulativeKind::Max | CumulativeKind::Min => {
-            let (m, n) = extremum_mask(b, axis, reverse, x, y)?;
-            let big = b.ty(m).shape;
-            let r = b.ty(x).rank();
-            let xk_dims: Vec<usize> = (0..r).map(|d| if d <= axis { d } else { d + 1 }).collect();
-            let tb = b.broadcast(t, &big, xk_dims)?;
-            let prod = b.mul(m, tb)?;
-            let s = b.reduce_sum(prod, vec![axis])?;
-            b.bin(BinaryOp::Div, s, n)?
+            let op = extremum_op(kind);
+            let s = extremum_scan(b, op, axis, reverse, x)?;
+            match super::jvp(b.g, &[x], &[t], &[s])?.pop().flatten() {
+                Some(tan) => tan,
+                None => b.full_like(x, 0.0)?,
+            }
         }
     }))
 }

@@ -162,6 +162,43 @@ fn jax_fixtures_on_both_backends() {
     }
 }
 
+/// Forward mode agrees with JAX's reverse mode on every cumulative case (ties of any
+/// multiplicity included): `<w, jvp(e_k)>` is JAX's gradient at `k`.
+#[test]
+fn cumulative_jvp_transposes_to_jaxs_gradient() {
+    let fx: Value = serde_json::from_str(include_str!("fixtures/sort/sort.json")).unwrap();
+    let mut checked = 0;
+    for case in fx["cases"].as_array().unwrap() {
+        let Some(kind) = kind_of(case["op"].as_str().unwrap()) else {
+            continue;
+        };
+        let name = case["name"].as_str().unwrap();
+        let reverse = case["attrs"]["reverse"].as_bool().unwrap();
+        let axis = case["attrs"]["axis"].as_i64().unwrap();
+        let (x, w) = (decode(&case["inputs"][0]), decode(&case["inputs"][1]));
+        let want = decode(&case["outputs"][1]).to_vec::<f32>();
+        let wv = w.to_vec::<f32>();
+        let n = x.numel();
+        let mut got = Vec::with_capacity(n);
+        for k in 0..n {
+            let mut e = vec![0.0f32; n];
+            e[k] = 1.0;
+            let t = Tensor::from_vec(e, x.shape().to_vec());
+            let (_, tan) = jvp(|x: &Tensor| x.cumulative(kind, axis, reverse), &x, &t);
+            let tv = tan.to_vec::<f32>();
+            got.push(tv.iter().zip(&wv).map(|(a, b)| a * b).sum::<f32>());
+        }
+        let shape = x.shape().to_vec();
+        close(
+            &Tensor::from_vec(got, shape.clone()),
+            &Tensor::from_vec(want, shape),
+            &format!("jvp of {name}"),
+        );
+        checked += 1;
+    }
+    assert!(checked >= 24, "{checked} cumulative cases");
+}
+
 #[test]
 fn compiled_equals_interpreted_bit_for_bit() {
     let x = Tensor::from_vec(
