@@ -10,14 +10,25 @@
 //!   an update's is the cotangent at its target if it is the write that won there (the last in
 //!   row-major order of the updates), else 0 (JAX's rule for non-unique indices: it scatters
 //!   update ids and compares).
-//! - scatter mul, min and max have no rule here (`NotDifferentiable`).
+//! - scatter min/max (as JAX's `_scatter_extremal_jvp`): an output element takes its derivative
+//!   from the values equal to it, shared equally: the operand element if it was retained
+//!   (`R = x == y`) and each update that succeeded (`S = u == y` at its target); with
+//!   `k` = the number of successful updates at each position and `n = k + R`, the operand's
+//!   cotangent is `g * R / n` and an update's `S * (g / n)` at its target.
+//! - scatter mul: `y = x * M` with `M` the product of the updates landing on each position
+//!   (`M` = the same scatter into ones), so the operand's cotangent is `g * M`; an update's is
+//!   `g * x` at its target times the product of the *other* updates there, computed without
+//!   dividing by zero (JAX only differentiates unique indices; this is general): with `Z` the
+//!   number of zero updates at each position, `N` the product of the nonzero ones and `r` the
+//!   number landing there, the others' product is 1 when `r = 1`, else `N * (Z == 1)` for a
+//!   zero update and `N * (Z == 0) / u` for a nonzero one.
 
 use tessera_ir::{
-    CompareOp, DType, GatherDims, IndexMode, Literal, NodeId, Op, ScatterDims, ScatterKind,
-    TensorType,
+    BinaryOp, CompareOp, DType, GatherDims, IndexMode, Literal, NodeId, Op, ScatterDims,
+    ScatterKind, TensorType,
 };
 
-use super::{At, AutodiffError, Builder, Result};
+use super::{At, Builder, Result};
 
 fn zeros(b: &mut Builder, ty: &TensorType) -> Result<NodeId> {
     b.add(Op::Constant(Literal::splat(ty, 0.0)), &[])
@@ -45,14 +56,75 @@ pub(super) fn gather_vjp(b: &mut Builder, d: &GatherDims, at: &At) -> Result<Vec
     Ok(vec![op, None])
 }
 
-fn not_differentiable(d: &ScatterDims) -> AutodiffError {
-    AutodiffError::NotDifferentiable {
-        op: "scatter".into(),
-        why: format!(
-            " with combiner {} (only set and add have a derivative here)",
-            d.kind.name()
-        ),
-    }
+fn ones(b: &mut Builder, ty: &TensorType) -> Result<NodeId> {
+    b.add(Op::Constant(Literal::splat(ty, 1.0)), &[])
+}
+
+/// `d` with another combiner.
+fn with_kind(d: &ScatterDims, kind: ScatterKind) -> Op {
+    let mut d = d.clone();
+    d.kind = kind;
+    Op::Scatter(Box::new(d))
+}
+
+/// The shares of a scatter min/max: `(R / n, S, n)` with `R`, `S`, `n` as in the module doc
+/// (`R / n` shaped like the operand, `S` like the updates, as floats; `n` at least 1).
+fn extremal_shares(
+    b: &mut Builder,
+    d: &ScatterDims,
+    (x, idx, u, y): (NodeId, NodeId, NodeId, NodeId),
+) -> Result<(NodeId, NodeId, NodeId)> {
+    let (xty, uty) = (b.ty(x), b.ty(u));
+    let read = Op::Gather(Box::new(d.as_gather(xty.rank(), uty.dims())));
+    let at = b.add(read, &[y, idx])?;
+    let won = b.cmp(CompareOp::Eq, u, at)?;
+    let s = b.add(Op::Convert(uty.dtype), &[won])?;
+    let z = zeros(b, &xty)?;
+    let k = b.add(with_kind(d, ScatterKind::Add), &[z, idx, s])?;
+    let kept = b.cmp(CompareOp::Eq, x, y)?;
+    let r = b.add(Op::Convert(xty.dtype), &[kept])?;
+    let n0 = b.bin(BinaryOp::Add, k, r)?;
+    // Only a NaN result has no equal value; its derivative is 0 / 1.
+    let one = ones(b, &xty)?;
+    let n = b.bin(BinaryOp::Max, n0, one)?;
+    let rn = b.bin(BinaryOp::Div, r, n)?;
+    Ok((rn, s, n))
+}
+
+/// Scatter mul: `(M, P)` with `M` the product landing on each position (shaped like the
+/// operand) and `P` each update's product of the other updates at its target.
+fn mul_parts(
+    b: &mut Builder,
+    d: &ScatterDims,
+    (x, idx, u): (NodeId, NodeId, NodeId),
+) -> Result<(NodeId, NodeId)> {
+    let (xty, uty) = (b.ty(x), b.ty(u));
+    let read = Op::Gather(Box::new(d.as_gather(xty.rank(), uty.dims())));
+    let one_x = ones(b, &xty)?;
+    let zero_x = zeros(b, &xty)?;
+    let one_u = ones(b, &uty)?;
+    let zero_u = zeros(b, &uty)?;
+    let m = b.add(with_kind(d, ScatterKind::Mul), &[one_x, idx, u])?;
+    let is_zero = b.cmp(CompareOp::Eq, u, zero_u)?;
+    let zf = b.add(Op::Convert(uty.dtype), &[is_zero])?;
+    let zc = b.add(with_kind(d, ScatterKind::Add), &[zero_x, idx, zf])?;
+    let refs = b.add(with_kind(d, ScatterKind::Add), &[zero_x, idx, one_u])?;
+    let nonzero = b.select(is_zero, one_u, u)?;
+    let np = b.add(with_kind(d, ScatterKind::Mul), &[one_x, idx, nonzero])?;
+    let (zc_u, refs_u, np_u) = (
+        b.add(read.clone(), &[zc, idx])?,
+        b.add(read.clone(), &[refs, idx])?,
+        b.add(read, &[np, idx])?,
+    );
+    let one_z = b.cmp(CompareOp::Eq, zc_u, one_u)?;
+    let no_z = b.cmp(CompareOp::Eq, zc_u, zero_u)?;
+    let for_zero = b.select(one_z, np_u, zero_u)?;
+    let q = b.bin(BinaryOp::Div, np_u, nonzero)?;
+    let for_nonzero = b.select(no_z, q, zero_u)?;
+    let general = b.select(is_zero, for_zero, for_nonzero)?;
+    let alone = b.cmp(CompareOp::Eq, refs_u, one_u)?;
+    let p = b.select(alone, one_u, general)?;
+    Ok((m, p))
 }
 
 pub(super) fn scatter_vjp(
@@ -83,7 +155,26 @@ pub(super) fn scatter_vjp(
             })?;
             Ok(vec![op, None, upd])
         }
-        ScatterKind::Mul | ScatterKind::Min | ScatterKind::Max => Err(not_differentiable(d)),
+        ScatterKind::Min | ScatterKind::Max => {
+            let (rn, s, n) = extremal_shares(b, d, (x, idx, u, at.y))?;
+            let op = at.want(b, 0, |b| b.mul(g, rn))?;
+            let upd = at.want(b, 2, |b| {
+                let gn = b.bin(BinaryOp::Div, g, n)?;
+                let gathered = b.add(read.clone(), &[gn, idx])?;
+                b.mul(gathered, s)
+            })?;
+            Ok(vec![op, None, upd])
+        }
+        ScatterKind::Mul => {
+            let (m, p) = mul_parts(b, d, (x, idx, u))?;
+            let op = at.want(b, 0, |b| b.mul(g, m))?;
+            let upd = at.want(b, 2, |b| {
+                let gx = b.mul(g, x)?;
+                let gathered = b.add(read.clone(), &[gx, idx])?;
+                b.mul(gathered, p)
+            })?;
+            Ok(vec![op, None, upd])
+        }
     }
 }
 
@@ -126,15 +217,15 @@ pub(super) fn gather_jvp(
 pub(super) fn scatter_jvp(
     b: &mut Builder,
     d: &ScatterDims,
-    (x, idx, u): (NodeId, NodeId, NodeId),
+    (x, idx, u, y): (NodeId, NodeId, NodeId, NodeId),
     (tx, tu): (Option<NodeId>, Option<NodeId>),
 ) -> Result<Option<NodeId>> {
+    if tx.is_none() && tu.is_none() {
+        return Ok(None);
+    }
     match d.kind {
         // Linear in (operand, updates) jointly; set picks the same winner for the tangents.
         ScatterKind::Add | ScatterKind::Set => {
-            if tx.is_none() && tu.is_none() {
-                return Ok(None);
-            }
             let tx = match tx {
                 Some(t) => t,
                 None => {
@@ -153,8 +244,46 @@ pub(super) fn scatter_jvp(
                 b.add(Op::Scatter(Box::new(d.clone())), &[tx, idx, tu])?,
             ))
         }
-        ScatterKind::Mul | ScatterKind::Min | ScatterKind::Max => Err(not_differentiable(d)),
+        // The transposes of the VJPs: (tx * R + scatter_add(tu * S)) / n, and
+        // tx * M + x * scatter_add(tu * P).
+        ScatterKind::Min | ScatterKind::Max => {
+            let (rn, s, n) = extremal_shares(b, d, (x, idx, u, y))?;
+            let from_x = tx.map(|t| b.mul(t, rn)).transpose()?;
+            let from_u = tu
+                .map(|t| {
+                    let ts = b.mul(t, s)?;
+                    let ty = b.ty(x);
+                    let z = zeros(b, &ty)?;
+                    let summed = b.add(with_kind(d, ScatterKind::Add), &[z, idx, ts])?;
+                    b.bin(BinaryOp::Div, summed, n)
+                })
+                .transpose()?;
+            sum_of(b, from_x, from_u)
+        }
+        ScatterKind::Mul => {
+            let (m, p) = mul_parts(b, d, (x, idx, u))?;
+            let from_x = tx.map(|t| b.mul(t, m)).transpose()?;
+            let from_u = tu
+                .map(|t| {
+                    let tp = b.mul(t, p)?;
+                    let ty = b.ty(x);
+                    let z = zeros(b, &ty)?;
+                    let summed = b.add(with_kind(d, ScatterKind::Add), &[z, idx, tp])?;
+                    b.mul(x, summed)
+                })
+                .transpose()?;
+            sum_of(b, from_x, from_u)
+        }
     }
+}
+
+/// `a + b` where either may be a zero never built.
+fn sum_of(b: &mut Builder, x: Option<NodeId>, y: Option<NodeId>) -> Result<Option<NodeId>> {
+    Ok(match (x, y) {
+        (Some(x), Some(y)) => Some(b.bin(BinaryOp::Add, x, y)?),
+        (x, None) => x,
+        (None, y) => y,
+    })
 }
 
 /// `vmap` of a gather (as JAX's `_gather_batching_rule` with batching dims): both operands get

@@ -257,9 +257,12 @@ fn jvp_rule(b: &mut Builder, op: &Op, at: &Tan) -> Result<Option<NodeId>> {
             super::conv::reduce_window_jvp(b, *kind, win, at.xs[0], at.y, at.t()?)
         }
         Op::Gather(d) => crate::gather::gather_jvp(b, d, at.xs[1], at.ts[0]),
-        Op::Scatter(d) => {
-            crate::gather::scatter_jvp(b, d, (at.xs[0], at.xs[1], at.xs[2]), (at.ts[0], at.ts[2]))
-        }
+        Op::Scatter(d) => crate::gather::scatter_jvp(
+            b,
+            d,
+            (at.xs[0], at.xs[1], at.xs[2], at.y),
+            (at.ts[0], at.ts[2]),
+        ),
         Op::Sort {
             dim,
             num_keys,

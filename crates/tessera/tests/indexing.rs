@@ -4,7 +4,7 @@
 //! out-of-range indices.
 
 use serde_json::Value;
-use tessera::{Backend, DType, Tensor, grad, jit};
+use tessera::{Backend, DType, Tensor, grad, jit, jvp};
 
 #[path = "support/errors.rs"]
 mod errors;
@@ -166,6 +166,161 @@ fn gradients_match_jax() {
         &floats(&c["grad_dynamic_slice"]["grads"][0]),
         "grad dynamic_slice",
     );
+}
+
+/// `x.at(idx).min/max/mul(v)`: the combiner named `op`.
+fn combine(op: &str, x: &Tensor, idx: &Tensor, v: &Tensor) -> Tensor {
+    let at = x.at(idx);
+    match op {
+        "min" => at.min(v),
+        "max" => at.max(v),
+        "mul" => at.mul(v),
+        other => panic!("combiner {other}"),
+    }
+}
+
+/// Scatter min/max gradients (ties among repeated updates and with the operand, dropped
+/// updates) and scatter mul's (the operand's with repeated indices, both with unique ones)
+/// against JAX, eagerly and under `jit` on both backends; the JVPs transpose to the same.
+#[test]
+fn scatter_min_max_mul_gradients_match_jax() {
+    let f = fx();
+    let t = |k: &str, shape: Vec<usize>| Tensor::from_vec(floats(&f[k]), shape);
+    let (x, v, vt, vu, wx) = (
+        t("x", vec![5, 4]),
+        t("v", vec![6, 4]),
+        t("vt", vec![6, 4]),
+        t("vu", vec![4, 4]),
+        t("wx", vec![5, 4]),
+    );
+    let idx = Tensor::from_vec(ints(&f["idx"]), vec![6]);
+    let uidx = Tensor::from_vec(ints(&f["uidx"]), vec![4]);
+    let c = &f["cases"];
+    let cases = [
+        ("grad_at_min", "min", &idx, &v),
+        ("grad_at_min_ties", "min", &idx, &vt),
+        ("grad_at_max", "max", &idx, &v),
+        ("grad_at_max_ties", "max", &idx, &vt),
+        ("grad_at_mul_unique", "mul", &uidx, &vu),
+    ];
+    for (name, op, idx, v) in cases {
+        let loss = |p: &(Tensor, Tensor)| combine(op, &p.0, idx, &p.1).mul(&wx).sum();
+        let (gx, gv) = grad(loss)(&(x.clone(), v.clone()));
+        let (wgx, wgv) = (floats(&c[name]["grads"][0]), floats(&c[name]["grads"][1]));
+        close(&gx.to_vec::<f32>(), &wgx, &format!("{name} operand"));
+        close(&gv.to_vec::<f32>(), &wgv, &format!("{name} updates"));
+        for backend in [Backend::Cranelift, Backend::Interpreter] {
+            let (idx, wx) = (idx.clone(), wx.clone());
+            let op = op.to_string();
+            let got = jit(move |p: (Tensor, Tensor)| {
+                let (gx, gv) =
+                    grad(|p: &(Tensor, Tensor)| combine(&op, &p.0, &idx, &p.1).mul(&wx).sum())(&p);
+                vec![gx, gv]
+            })
+            .backend(backend)
+            .call((x.clone(), v.clone()))
+            .unwrap();
+            close(
+                &got[0].to_vec::<f32>(),
+                &wgx,
+                &format!("{name} on {backend:?}"),
+            );
+            close(
+                &got[1].to_vec::<f32>(),
+                &wgv,
+                &format!("{name} on {backend:?}"),
+            );
+        }
+        // Forward mode, one basis tangent at a time: <wx, jvp(e_k)> is the gradient at k.
+        let wv = wx.to_vec::<f32>();
+        let dot =
+            |t: &Tensor| -> f32 { t.to_vec::<f32>().iter().zip(&wv).map(|(a, b)| a * b).sum() };
+        for k in 0..v.numel() {
+            let mut e = vec![0.0f32; v.numel()];
+            e[k] = 1.0;
+            let e = Tensor::from_vec(e, v.shape().to_vec());
+            let (_, tan) = jvp(|u: &Tensor| combine(op, &x, idx, u), v, &e);
+            close(
+                &[dot(&tan)],
+                &wgv[k..=k],
+                &format!("{name} jvp of update {k}"),
+            );
+        }
+        for k in 0..x.numel() {
+            let mut e = vec![0.0f32; x.numel()];
+            e[k] = 1.0;
+            let e = Tensor::from_vec(e, x.shape().to_vec());
+            let (_, tan) = jvp(|x: &Tensor| combine(op, x, idx, v), &x, &e);
+            close(
+                &[dot(&tan)],
+                &wgx[k..=k],
+                &format!("{name} jvp of operand {k}"),
+            );
+        }
+    }
+    let g = grad(|x: &Tensor| x.at(&idx).mul(&v).mul(&wx).sum())(&x);
+    close(
+        &g.to_vec::<f32>(),
+        &floats(&c["grad_at_mul_x"]["grads"][0]),
+        "grad_at_mul_x",
+    );
+}
+
+/// Scatter mul's updates gradient with repeated indices (which JAX does not differentiate),
+/// zeros among the updates (one and two at a target) and dropped updates, against central
+/// differences in f64: the loss is linear in each update, so the difference is exact up to
+/// rounding.
+#[test]
+fn scatter_mul_gradient_with_repeated_indices_against_finite_differences() {
+    let x = Tensor::from_vec(
+        (0..12).map(|k| 0.5 + k as f64 * 0.25).collect::<Vec<f64>>(),
+        [4, 3],
+    );
+    let idx = Tensor::from_vec(vec![1i32, 1, 2, 2, 2, 0, 3, 3, 9, -1], [10]);
+    let mut vals: Vec<f64> = (0..30).map(|k| 0.75 + (k % 7) as f64 * 0.5).collect();
+    // Row 2 gets one zero in column 0 and two zeros in column 1; row 3 a zero in column 2.
+    vals[6] = 0.0;
+    vals[7] = 0.0;
+    vals[10] = 0.0;
+    vals[20] = 0.0;
+    let v = Tensor::from_vec(vals.clone(), [10, 3]);
+    let w = Tensor::from_vec(
+        (0..12)
+            .map(|k| 1.0 - k as f64 * 0.125)
+            .collect::<Vec<f64>>(),
+        [4, 3],
+    );
+    let loss = |v: &Tensor| x.at(&idx).mul(v).mul(&w).sum();
+    let g = grad(loss)(&v).to_vec::<f64>();
+    for k in 0..vals.len() {
+        let at = |d: f64| {
+            let mut p = vals.clone();
+            p[k] += d;
+            loss(&Tensor::from_vec(p, [10, 3])).to_vec::<f64>()[0]
+        };
+        let fd = (at(0.5) - at(-0.5)) / 1.0;
+        assert!(
+            (g[k] - fd).abs() <= 1e-12 * fd.abs().max(1.0),
+            "update {k}: grad {} vs central difference {fd}",
+            g[k]
+        );
+    }
+    // An update alone at its target gets `g * x` exactly, even an infinite one (the others'
+    // product is the empty product, not `inf / inf`).
+    let lone = Tensor::from_vec(vec![f64::INFINITY, 2.0, 3.0], [1, 3]);
+    let one = Tensor::from_vec(vec![2i32], [1]);
+    let gl = grad(|v: &Tensor| x.at(&one).mul(v).mul(&w).sum())(&lone).to_vec::<f64>();
+    let (xv, wv) = (x.to_vec::<f64>(), w.to_vec::<f64>());
+    assert_eq!(gl, (6..9).map(|k| xv[k] * wv[k]).collect::<Vec<f64>>());
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        let (x, idx, w) = (x.clone(), idx.clone(), w.clone());
+        let got = jit(move |v: Tensor| grad(|v: &Tensor| x.at(&idx).mul(v).mul(&w).sum())(&v))
+            .backend(backend)
+            .call(v.clone())
+            .unwrap()
+            .to_vec::<f64>();
+        assert_eq!(got, g, "{backend:?}");
+    }
 }
 
 /// `take_along_axis`'s bad input names the op, both types and the caller's line; a zero-size
