@@ -173,7 +173,7 @@ fn scan_tree(b: &mut Builder, op: BinaryOp, axis: usize, x: NodeId) -> Result<No
     let pairs = b.bin(op, evens, odds)?;
     let odd = scan_tree(b, op, axis, pairs)?;
     let m = n / 2;
-    let prev = if n % 2 == 0 {
+    let prev = if n.is_multiple_of(2) {
         slice_axis(b, odd, axis, (0, m - 1, 1))?
     } else {
         odd
@@ -201,7 +201,7 @@ fn scan_tree(b: &mut Builder, op: BinaryOp, axis: usize, x: NodeId) -> Result<No
             &[v, zero],
         )
     };
-    let same = n % 2 == 0;
+    let same = n.is_multiple_of(2);
     let e = pad(b, even, 0, i64::from(same))?;
     let o = pad(b, odd, 1, i64::from(!same))?;
     b.bin(BinaryOp::Add, e, o)
