@@ -17,6 +17,10 @@ fn x() -> Tensor {
     Tensor::from_vec((0..60).map(|v| v as f32).collect(), [3, 4, 5])
 }
 
+fn ints(v: &[i32], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape.to_vec())
+}
+
 fn case(name: &str, x: &Tensor) -> Tensor {
     let idx = Tensor::from_vec(vec![3i32, 0, -1, 1], [4]);
     match name {
@@ -35,6 +39,19 @@ fn case(name: &str, x: &Tensor) -> Tensor {
         "array_last" => x.index(s![.., .., &idx]),
         "clamped" => x.index(s![.., 2..100, -100..2]),
         "empty" => x.index(s![.., 3..1]),
+        "newaxis" => x.index(s![None, .., None, 1]),
+        "newaxis_last" => x.index(s![..., None]),
+        "ellipsis_mid" => x.index(s![1, ..., 2]),
+        "reverse" => x.index(s![stride(.., -1)]),
+        "reverse_strided" => x.index(s![.., stride(3..0, -2), stride(.., -3)]),
+        "reverse_bounds" => x.index(s![.., stride(-1..-10, -1), stride(4..-100, -2)]),
+        "reverse_empty" => x.index(s![.., stride(0..3, -1)]),
+        "arrays_adjacent" => x.index(s![.., &idx, &ints(&[0, 4, -2, 9], &[4])]),
+        "arrays_broadcast" => x.index(s![&ints(&[0, 2], &[2, 1]), .., &ints(&[1, -1, 3], &[3])]),
+        "arrays_apart_newaxis" => x.index(s![&ints(&[3, 0], &[2]), None, &ints(&[1, 2], &[2])]),
+        "array_int_mixed" => x.index(s![2, &ints(&[1, 0, 3, 7], &[2, 2]), stride(.., -2)]),
+        "array_clamped" => x.index(s![.., &ints(&[-9, 4, 100], &[3])]),
+        "array_with_reverse" => x.index(s![stride(.., -1), &idx, 1..]),
         other => panic!("no case {other}"),
     }
 }
@@ -43,7 +60,7 @@ fn case(name: &str, x: &Tensor) -> Tensor {
 fn index_matches_jax() {
     let fx: Value = serde_json::from_str(include_str!("fixtures/index/index.json")).expect("JSON");
     let cases = fx.as_object().expect("cases");
-    assert_eq!(cases.len(), 15);
+    assert_eq!(cases.len(), 28);
     for (name, want) in cases {
         let shape: Vec<usize> = want["shape"]
             .as_array()
@@ -105,8 +122,46 @@ fn bad_indices_name_index_the_shape_and_the_line() {
     let e = err_of(|| x().index(s![stride(.., 0)]));
     assert!(e.contains("step 0"), "{e}");
     let e = err_of(|| {
-        let i = Tensor::from_vec(vec![0i32], [1]);
-        x().index(s![&i, &i])
+        let (i, j) = (ints(&[0, 1], &[2]), ints(&[0, 1, 2], &[3]));
+        x().index(s![&i, &j])
     });
-    assert!(e.contains("more than one integer-tensor index"), "{e}");
+    assert!(
+        e.contains("cannot broadcast") && e.contains("[[2], [3]]") && e.contains(&here),
+        "{e}"
+    );
+    let e = err_of(|| x().index(s![..., 0, ...]));
+    assert!(e.contains("single ellipsis") && e.contains(&here), "{e}");
+    let e = err_of(|| x().index(s![None, 0, 0, 0, 0]));
+    assert!(e.contains("4 entries"), "{e}");
+    let e = err_of(|| x().index(s![.., &Tensor::from_vec(vec![0.5f32], [1])]));
+    assert!(
+        e.contains("indices must be integers") && e.contains("f32"),
+        "{e}"
+    );
+    // An empty dim indexed by no positions is empty; by some, an error.
+    let empty = || Tensor::zeros([2, 0]);
+    assert_eq!(empty().index(s![.., &ints(&[], &[0])]).shape(), [2, 0]);
+    let e = err_of(|| empty().index(s![.., &ints(&[0], &[1])]));
+    assert!(e.contains("empty dim"), "{e}");
+}
+
+/// The gradient through negative steps, new axes and two integer tensors (clamped indices
+/// read the clamped element): each element's count of reads.
+#[test]
+fn gradient_through_reverse_newaxis_and_several_arrays() {
+    let i = ints(&[0, 2, 2, 9], &[4]);
+    let j = ints(&[1, -1, -1, 0], &[4]);
+    let g = grad(|x: &Tensor| {
+        x.index(s![stride(.., -1), None, &i, &j])
+            .mul(&Tensor::scalar(2.0f32))
+            .sum()
+    })(&x())
+    .to_vec::<f32>();
+    let mut want = vec![0f32; 60];
+    for (a, b) in [(0usize, 1usize), (2, 4), (2, 4), (3, 0)] {
+        for r in 0..3 {
+            want[r * 20 + a * 5 + b] += 2.0;
+        }
+    }
+    assert_eq!(g, want);
 }
