@@ -12,11 +12,13 @@ use crate::tensor::Tensor;
 use crate::tree::{Tree, TreeDef};
 
 mod dists;
+mod dtypes;
 mod shuffle;
 pub use dists::{
     bernoulli, categorical, dropout, exponential, gumbel, laplace, logistic, randint,
     truncated_normal, xla_log, xla_log1p,
 };
+pub use dtypes::{normal_dtype, uniform_dtype};
 pub use shuffle::{choice, permutation, permutation_of, shuffle};
 
 /// A PRNG key: a `u32[2]` tensor, like `jax.random.PRNGKey`.

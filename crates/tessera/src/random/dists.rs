@@ -64,7 +64,8 @@ fn check_broadcastable(op: &str, shape: &Shape, param: &[usize], what: &str) {
     }
 }
 
-/// `jax.random.randint(key, shape, minval, maxval, dtype)` for i32 and u32: JAX's two-draw
+/// `jax.random.randint(key, shape, minval, maxval, dtype)` for i32, u32 and i64 (x64 mode's,
+/// in `dtypes.rs`): JAX's two-draw
 /// `_randint`. `minval`/`maxval` are clipped to the dtype's range (a `maxval` past the top
 /// makes the span one larger, so the dtype's maximum is reachable); `maxval <= minval` gives
 /// `minval`. Two independent words `hi`, `lo` per element (from `split(key)`) are combined as
@@ -82,10 +83,11 @@ pub fn randint(
     let (dmin, dmax) = match dtype {
         DType::I32 => (i32::MIN as i64, i32::MAX as i64),
         DType::U32 => (0, u32::MAX as i64),
+        DType::I64 => return super::dtypes::randint_i64(key, shape, minval, maxval),
         other => fail(
             "randint",
             format!(
-                "dtype must be i32 or u32, got {} (shape {:?})",
+                "dtype must be i32, u32 or i64, got {} (shape {:?})",
                 other.name(),
                 shape.dims()
             ),
