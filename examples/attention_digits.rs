@@ -9,13 +9,11 @@
 //!
 //! Run: `TESSERA_DEVICES=8 cargo run --release --example attention_digits`
 
-use std::time::Instant;
-
 use tessera::prelude::*;
 
 #[path = "common/digits.rs"]
 pub mod digits;
-use digits::{Adam, Digits, TRAIN, accuracy, adam_init, adam_update, cross_entropy};
+use digits::{Digits, State, adam_update, cross_entropy};
 
 pub const T: usize = 8;
 const D: usize = 32;
@@ -109,9 +107,7 @@ pub fn loss(p: &Block, images: &Tensor, labels: &Tensor) -> Tensor {
     cross_entropy(&forward(p, images), labels)
 }
 
-type State = (Block, Adam<Block>);
-
-pub fn step((p, s): State, images: Tensor, labels: Tensor) -> (State, Tensor) {
+pub fn step((p, s): State<Block>, images: Tensor, labels: Tensor) -> (State<Block>, Tensor) {
     let (l, g) = value_and_grad(|p: &Block| loss(p, &images, &labels))(&p);
     let (p, s) = adam_update(&p, &g, &s, 3e-3);
     ((p, s), l)
@@ -120,65 +116,21 @@ pub fn step((p, s): State, images: Tensor, labels: Tensor) -> (State, Tensor) {
 /// Trains `epochs` passes over the training images on `backend`, the batch split over every
 /// device; returns each epoch's mean loss and the final parameters.
 pub fn train(data: &Digits, epochs: usize, backend: Backend) -> Result<(Vec<f32>, Block)> {
-    let mesh = Mesh::new([device_count()], ["dp"]);
-    let repl = NamedSharding::new(&mesh, P![]);
-    let split = NamedSharding::new(&mesh, P!["dp"]);
-    let p = init(Key::new(0));
-    let mut state = device_put((p.clone(), adam_init(&p)), &repl);
-    let f = jit(|(s, x, y): (State, Tensor, Tensor)| step(s, x, y))
-        .named("attention_step")
-        .backend(backend);
-    let mut epoch_losses = Vec::with_capacity(epochs);
-    for _ in 0..epochs {
-        let mut total = 0.0;
-        let batches = TRAIN / BATCH;
-        for i in 0..batches {
-            let (x, y) = data.batch(i * BATCH, (i + 1) * BATCH);
-            let (s, l) = f.call((state, device_put(x, &split), device_put(y, &split)))?;
-            state = s;
-            total += l.item::<f32>();
-        }
-        epoch_losses.push(total / batches as f32);
-    }
-    Ok((epoch_losses, state.0))
+    digits::train(
+        data,
+        (epochs, BATCH),
+        backend,
+        ("attention_step", init(Key::new(0))),
+        step,
+    )
 }
 
 /// Mean time of one training step on `backend`, in ms.
-fn time_per_step(data: &Digits, backend: Backend, steps: usize) -> Result<f64> {
-    let mesh = Mesh::new([device_count()], ["dp"]);
-    let split = NamedSharding::new(&mesh, P!["dp"]);
-    let p = init(Key::new(0));
-    let mut state = device_put((p.clone(), adam_init(&p)), &NamedSharding::new(&mesh, P![]));
-    let (x, y) = data.batch(0, BATCH);
-    let (x, y) = (device_put(x, &split), device_put(y, &split));
-    let f = jit(|(s, x, y): (State, Tensor, Tensor)| step(s, x, y)).backend(backend);
-    state = f.call((state, x.clone(), y.clone()))?.0;
-    let t = Instant::now();
-    for _ in 0..steps {
-        state = f.call((state, x.clone(), y.clone()))?.0;
-    }
-    Ok(t.elapsed().as_secs_f64() * 1e3 / steps as f64)
+pub fn time_per_step(data: &Digits, backend: Backend, steps: usize) -> Result<f64> {
+    digits::time_per_step(data, (BATCH, steps), backend, init(Key::new(0)), step)
 }
 
 fn main() -> Result<()> {
     let data = digits::load();
-    println!(
-        "devices: {}; digits: {} train, {} test",
-        device_count(),
-        TRAIN,
-        data.n - TRAIN
-    );
-    let (losses, p) = train(&data, 30, Backend::Cranelift)?;
-    for (e, l) in losses.iter().enumerate().step_by(5) {
-        println!("Epoch {e}: Loss = {l:.6}");
-    }
-    let (x, y) = data.batch(TRAIN, data.n);
-    println!("test accuracy: {:.3}", accuracy(&forward(&p, &x), &y));
-    let compiled = time_per_step(&data, Backend::Cranelift, 100)?;
-    let interpreted = time_per_step(&data, Backend::Interpreter, 5)?;
-    println!(
-        "Time per step: compiled {compiled:.3} ms, interpreted {interpreted:.3} ms ({:.0}x)",
-        interpreted / compiled
-    );
-    Ok(())
+    digits::report(&data, (30, 5), train, forward, time_per_step, (100, 5))
 }

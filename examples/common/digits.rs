@@ -4,6 +4,8 @@
 //! the first 1,536 images train, the other 261 test.
 #![allow(dead_code)]
 
+use std::time::Instant;
+
 use tessera::prelude::*;
 
 pub const TRAIN: usize = 1536;
@@ -81,4 +83,93 @@ pub fn accuracy(logits: &Tensor, labels: &Tensor) -> f32 {
     let pred = logits.argmax(-1).to_vec::<i32>();
     let want = labels.to_vec::<i32>();
     pred.iter().zip(&want).filter(|(a, b)| a == b).count() as f32 / want.len() as f32
+}
+
+/// A model's training state: its parameters and Adam's.
+pub type State<P> = (P, Adam<P>);
+
+/// Trains `epochs` passes over the training images in batches of `batch` on `backend`, the
+/// batch split over a mesh axis `dp` of every device and the state replicated, starting from
+/// `p` with `step` jitted as `name`; returns each epoch's mean loss and the final parameters.
+pub fn train<P: Tree + Clone>(
+    data: &Digits,
+    (epochs, batch): (usize, usize),
+    backend: Backend,
+    (name, p): (&str, P),
+    step: impl Fn(State<P>, Tensor, Tensor) -> (State<P>, Tensor),
+) -> Result<(Vec<f32>, P)> {
+    let mesh = Mesh::new([device_count()], ["dp"]);
+    let split = NamedSharding::new(&mesh, P!["dp"]);
+    let mut state = device_put((p.clone(), adam_init(&p)), &NamedSharding::new(&mesh, P![]));
+    let f = jit(|(s, x, y): (State<P>, Tensor, Tensor)| step(s, x, y))
+        .named(name)
+        .backend(backend);
+    let mut epoch_losses = Vec::with_capacity(epochs);
+    let batches = TRAIN / batch;
+    for _ in 0..epochs {
+        let mut total = 0.0;
+        for i in 0..batches {
+            let (x, y) = data.batch(i * batch, (i + 1) * batch);
+            let (s, l) = f.call((state, device_put(x, &split), device_put(y, &split)))?;
+            state = s;
+            total += l.item::<f32>();
+        }
+        epoch_losses.push(total / batches as f32);
+    }
+    Ok((epoch_losses, state.0))
+}
+
+/// Mean time of one training step (batch `batch`, split as in `train`) on `backend`, in ms,
+/// over `steps` steps after a first (compiling) call.
+pub fn time_per_step<P: Tree + Clone>(
+    data: &Digits,
+    (batch, steps): (usize, usize),
+    backend: Backend,
+    p: P,
+    step: impl Fn(State<P>, Tensor, Tensor) -> (State<P>, Tensor),
+) -> Result<f64> {
+    let mesh = Mesh::new([device_count()], ["dp"]);
+    let split = NamedSharding::new(&mesh, P!["dp"]);
+    let mut state = device_put((p.clone(), adam_init(&p)), &NamedSharding::new(&mesh, P![]));
+    let (x, y) = data.batch(0, batch);
+    let (x, y) = (device_put(x, &split), device_put(y, &split));
+    let f = jit(|(s, x, y): (State<P>, Tensor, Tensor)| step(s, x, y)).backend(backend);
+    state = f.call((state, x.clone(), y.clone()))?.0;
+    let t = Instant::now();
+    for _ in 0..steps {
+        state = f.call((state, x.clone(), y.clone()))?.0;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e3 / steps as f64)
+}
+
+/// What an example's `main` prints: the devices and split, every `every`-th epoch's loss of
+/// `epochs` (from `train`), the test accuracy of the trained parameters, and the compiled
+/// against the interpreted step time (`timed` steps each, from `time`).
+pub fn report<P>(
+    data: &Digits,
+    (epochs, every): (usize, usize),
+    train: impl Fn(&Digits, usize, Backend) -> Result<(Vec<f32>, P)>,
+    forward: impl Fn(&P, &Tensor) -> Tensor,
+    time: impl Fn(&Digits, Backend, usize) -> Result<f64>,
+    (compiled_steps, interpreted_steps): (usize, usize),
+) -> Result<()> {
+    println!(
+        "devices: {}; digits: {} train, {} test",
+        device_count(),
+        TRAIN,
+        data.n - TRAIN
+    );
+    let (losses, p) = train(data, epochs, Backend::Cranelift)?;
+    for (e, l) in losses.iter().enumerate().step_by(every) {
+        println!("Epoch {e}: Loss = {l:.6}");
+    }
+    let (x, y) = data.batch(TRAIN, data.n);
+    println!("test accuracy: {:.3}", accuracy(&forward(&p, &x), &y));
+    let compiled = time(data, Backend::Cranelift, compiled_steps)?;
+    let interpreted = time(data, Backend::Interpreter, interpreted_steps)?;
+    println!(
+        "Time per step: compiled {compiled:.3} ms, interpreted {interpreted:.3} ms ({:.0}x)",
+        interpreted / compiled
+    );
+    Ok(())
 }
