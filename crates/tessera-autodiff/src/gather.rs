@@ -12,7 +12,7 @@
 //!   update ids and compares).
 //! - scatter min/max (as JAX's `_scatter_extremal_jvp`): an output element takes its derivative
 //!   from the values equal to it, shared equally: the operand element if it was retained
-//!   (`R = x == y`) and each update that succeeded (`S = u == y` at its target); with
+//!   (`R = x == y`, or no update lands there) and each update that succeeded (`S = u == y` at its target); with
 //!   `k` = the number of successful updates at each position and `n = k + R`, the operand's
 //!   cotangent is `g * R / n` and an update's `S * (g / n)` at its target.
 //! - scatter mul: `y = x * M` with `M` the product of the updates landing on each position
@@ -21,7 +21,8 @@
 //!   dividing by zero (JAX only differentiates unique indices; this is general): with `Z` the
 //!   number of zero updates at each position, `N` the product of the nonzero ones and `r` the
 //!   number landing there, the others' product is 1 when `r = 1`, else `N * (Z == 1)` for a
-//!   zero update and `N * (Z == 0) / u` for a nonzero one.
+//!   zero update and `N * (Z == 0) / u` for a nonzero one. (With repeated indices that
+//!   division makes it NaN or infinite where `N` overflows or an update is infinite.)
 
 use tessera_ir::{
     BinaryOp, CompareOp, DType, GatherDims, IndexMode, Literal, NodeId, Op, ScatterDims,
@@ -81,7 +82,15 @@ fn extremal_shares(
     let s = b.add(Op::Convert(uty.dtype), &[won])?;
     let z = zeros(b, &xty)?;
     let k = b.add(with_kind(d, ScatterKind::Add), &[z, idx, s])?;
-    let kept = b.cmp(CompareOp::Eq, x, y)?;
+    // Retained: equal to the result, or untouched by any update (a NaN operand element no
+    // update lands on passes its derivative through, as JAX's tangent does).
+    let equal = b.cmp(CompareOp::Eq, x, y)?;
+    let one_u = ones(b, &uty)?;
+    let z2 = zeros(b, &xty)?;
+    let refs = b.add(with_kind(d, ScatterKind::Add), &[z2, idx, one_u])?;
+    let z3 = zeros(b, &xty)?;
+    let untouched = b.cmp(CompareOp::Eq, refs, z3)?;
+    let kept = b.add(Op::Binary(BinaryOp::Or), &[equal, untouched])?;
     let r = b.add(Op::Convert(xty.dtype), &[kept])?;
     let n0 = b.bin(BinaryOp::Add, k, r)?;
     // Only a NaN result has no equal value; its derivative is 0 / 1.

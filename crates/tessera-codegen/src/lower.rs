@@ -541,7 +541,10 @@ impl Lower<'_, '_> {
             let v = s.b.ins().load(t, mem(), from, 0);
             s.b.ins().store(mem(), v, to, 0);
         });
-        if k.out_dims.contains(&0) || sc.starts.iter().any(|st| st.hi < 0) {
+        // No update lands when there are none, when the operand is empty (an inserted dim of
+        // size 0 that no index names would otherwise address a 0-byte buffer) or when a
+        // window is wider than its dim.
+        if k.out_dims.contains(&0) || sc.dims.contains(&0) || sc.starts.iter().any(|st| st.hi < 0) {
             return;
         }
         self.scatter_loops(k, sc, 0);
@@ -1034,6 +1037,17 @@ impl Lower<'_, '_> {
         self.b.ins().store(mem(), v, addr, 0);
     }
 
+    /// `sum(strides[i] * coords[i])`: the element offset of a load at affine coordinates.
+    fn affine_offset(&mut self, strides: &[i64], coords: &[Coord]) -> Value {
+        let mut off = self.iconst(0);
+        for (s, c) in strides.iter().zip(coords) {
+            let v = self.coord(c);
+            let t = self.b.ins().imul_imm_s(v, *s);
+            off = self.b.ins().iadd(off, t);
+        }
+        off
+    }
+
     fn expr(&mut self, e: &Expr, lanes: Lanes) -> Value {
         match e {
             Expr::Load {
@@ -1042,12 +1056,7 @@ impl Lower<'_, '_> {
                 strides,
                 coords,
             } => {
-                let mut off = self.iconst(0);
-                for (s, c) in strides.iter().zip(coords) {
-                    let v = self.coord(c);
-                    let t = self.b.ins().imul_imm_s(v, *s);
-                    off = self.b.ins().iadd(off, t);
-                }
+                let off = self.affine_offset(strides, coords);
                 let addr = self.address(*buf, off, *dtype);
                 if lanes == Lanes::Four {
                     // Contiguous along the lanes: one vector load; constant: a splat.
@@ -1068,12 +1077,7 @@ impl Lower<'_, '_> {
                 fill,
             } => {
                 // Scalar only (`vectorizable` refuses a gather).
-                let mut off = self.iconst(0);
-                for (s, c) in strides.iter().zip(coords) {
-                    let v = self.coord(c);
-                    let t = self.b.ins().imul_imm_s(v, *s);
-                    off = self.b.ins().iadd(off, t);
-                }
+                let mut off = self.affine_offset(strides, coords);
                 let mut ok = self.b.ins().iconst(I8, 1);
                 for st in starts {
                     let v = self.start_value(st);

@@ -487,6 +487,11 @@ impl ScatterDims {
         index: &dyn Fn(usize) -> i64,
         upd: &[usize],
     ) -> Option<Vec<usize>> {
+        // A window wider than its operand dim (an inserted dim of size 0 no index names) lands
+        // nowhere, as XLA skips an out-of-bounds window.
+        if window.iter().zip(operand_dims).any(|(w, n)| w > n) {
+            return None;
+        }
         // The same map as a gather whose result is the updates.
         let g = GatherDims {
             offset_dims: self.update_window_dims.clone(),
@@ -735,6 +740,26 @@ pub fn corpus_samples() -> Vec<(String, crate::op::Op, Vec<TensorType>)> {
             t(DType::F32, &[5, 4]),
             t(DType::I32, &[0, 1]),
             t(DType::F32, &[0, 4]),
+        ],
+    ));
+    // An inserted dim of size 0 that no index names: every window is out of bounds, so the
+    // result is the (empty) operand; compiled code must not touch the 0-byte buffer.
+    out.push((
+        "scatter_unnamed_empty_dim.f32".into(),
+        Op::Scatter(Box::new(ScatterDims {
+            kind: ScatterKind::Add,
+            update_window_dims: vec![1],
+            inserted_window_dims: vec![0],
+            scatter_dims_to_operand_dims: vec![],
+            input_batching_dims: vec![],
+            scatter_indices_batching_dims: vec![],
+            index_vector_dim: 1,
+            mode: IndexMode::Fill,
+        })),
+        vec![
+            t(DType::F32, &[0, 4]),
+            t(DType::I32, &[3, 0]),
+            t(DType::F32, &[3, 4]),
         ],
     ));
     out.push((

@@ -48,6 +48,17 @@ pub enum Index {
 /// A value usable as one entry of `s![..]`.
 pub trait IntoIndex {
     fn into_index(self) -> Index;
+
+    /// The entry taking every `step`-th element (`stride`); an integer or tensor ignores it.
+    fn with_step(self, step: i64) -> Index
+    where
+        Self: Sized,
+    {
+        match self.into_index() {
+            Index::Slice { start, stop, .. } => Index::Slice { start, stop, step },
+            other => other,
+        }
+    }
 }
 
 impl IntoIndex for Index {
@@ -108,10 +119,18 @@ macro_rules! int_indices {
         }
         impl IntoIndex for RangeInclusive<$t> {
             fn into_index(self) -> Index {
+                self.with_step(1)
+            }
+            fn with_step(self, step: i64) -> Index {
                 let (a, b) = self.into_inner();
-                // `..=-1` is to the end, as `a:` in Python.
-                let stop = sat(b).checked_add(1).filter(|&s| s != 0);
-                Index::Slice { start: Some(sat(a)), stop, step: 1 }
+                // Through `b` in the step's direction: `..=-1` forwards is to the end (`a:`
+                // in Python), `..=0` backwards to the beginning.
+                let stop = if step > 0 {
+                    sat(b).checked_add(1).filter(|&s| s != 0)
+                } else {
+                    sat(b).checked_sub(1).filter(|_| sat(b) != 0)
+                };
+                Index::Slice { start: Some(sat(a)), stop, step }
             }
         }
     )*};
@@ -121,10 +140,7 @@ int_indices!(i32, i64, isize, usize, u32);
 /// Every `step`-th element of `range` (`a:b:step`); a negative `step` walks backwards from
 /// `range`'s start (`stride(.., -1)` reverses). `step` must not be 0.
 pub fn stride(range: impl IntoIndex, step: i64) -> Index {
-    match range.into_index() {
-        Index::Slice { start, stop, .. } => Index::Slice { start, stop, step },
-        other => other,
-    }
+    range.with_step(step)
 }
 
 /// `s![.., 2..5, idx]`: an index expression for [`Tensor::index`]. `None` is a new axis and
@@ -292,8 +308,14 @@ impl Tensor {
             })
             .collect();
         let mut outs = Vec::with_capacity(r + idx.len());
+        // The positions of the advanced entries among the entries as written: an ellipsis
+        // between two separates them even when it stands for no dims (NumPy's rule).
+        let mut advanced_at = Vec::new();
         let mut d = 0;
-        for e in idx {
+        for (pos, e) in idx.into_iter().enumerate() {
+            if matches!(e, Index::Array(_)) || (any_array && matches!(e, Index::At(_))) {
+                advanced_at.push(pos);
+            }
             match e {
                 Index::Slice { start, stop, step } => {
                     basic[d] = resolve_slice(start, stop, step, d, &shape);
@@ -357,14 +379,15 @@ impl Tensor {
                 .collect();
             return if out == sliced { x } else { x.reshape(out) };
         }
-        advanced(&x, outs)
+        let adjacent = advanced_at.windows(2).all(|w| w[1] == w[0] + 1);
+        advanced(&x, outs, adjacent)
     }
 }
 
 /// The advanced-indexing step on the sliced operand `x`: one gather over every advanced dim,
 /// the indices broadcast together; its dims placed by NumPy's rule, new axes by a reshape.
 #[track_caller]
-fn advanced(x: &Tensor, outs: Vec<Out>) -> Tensor {
+fn advanced(x: &Tensor, outs: Vec<Out>, adjacent: bool) -> Tensor {
     let shape = x.shape().to_vec();
     let positions: Vec<usize> = outs
         .iter()
@@ -372,7 +395,6 @@ fn advanced(x: &Tensor, outs: Vec<Out>) -> Tensor {
         .filter(|(_, o)| matches!(o, Out::Adv(..)))
         .map(|(i, _)| i)
         .collect();
-    let adjacent = positions.windows(2).all(|w| w[1] == w[0] + 1);
     let mut dims = Vec::new();
     let mut arrays = Vec::new();
     for o in &outs {

@@ -258,6 +258,24 @@ fn scatter_min_max_mul_gradients_match_jax() {
             );
         }
     }
+    // A NaN operand element that no update lands on passes its gradient through.
+    let xn = Tensor::from_vec(vec![f32::NAN, 1.0, 5.0], [3]);
+    let wn = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3]);
+    let one = Tensor::from_vec(vec![1i32], [1]);
+    let (gx, gv) = grad(|p: &(Tensor, Tensor)| p.0.at(&one).max(&p.1).mul(&wn).sum())(&(
+        xn,
+        Tensor::from_vec(vec![2.0f32], [1]),
+    ));
+    close(
+        &gx.to_vec::<f32>(),
+        &floats(&c["grad_at_max_nan"]["grads"][0]),
+        "max nan x",
+    );
+    close(
+        &gv.to_vec::<f32>(),
+        &floats(&c["grad_at_max_nan"]["grads"][1]),
+        "max nan v",
+    );
     let g = grad(|x: &Tensor| x.at(&idx).mul(&v).mul(&wx).sum())(&x);
     close(
         &g.to_vec::<f32>(),

@@ -52,6 +52,8 @@ fn case(name: &str, x: &Tensor) -> Tensor {
         "array_int_mixed" => x.index(s![2, &ints(&[1, 0, 3, 7], &[2, 2]), stride(.., -2)]),
         "array_clamped" => x.index(s![.., &ints(&[-9, 4, 100], &[3])]),
         "array_with_reverse" => x.index(s![stride(.., -1), &idx, 1..]),
+        "ellipsis_separates" => x.index(s![.., &idx, ..., &ints(&[0, 1, 2, 3], &[4])]),
+        "reverse_inclusive" => x.index(s![.., stride(3..=1, -1), stride(4..=0, -2)]),
         other => panic!("no case {other}"),
     }
 }
@@ -60,7 +62,7 @@ fn case(name: &str, x: &Tensor) -> Tensor {
 fn index_matches_jax() {
     let fx: Value = serde_json::from_str(include_str!("fixtures/index/index.json")).expect("JSON");
     let cases = fx.as_object().expect("cases");
-    assert_eq!(cases.len(), 28);
+    assert_eq!(cases.len(), 30);
     for (name, want) in cases {
         let shape: Vec<usize> = want["shape"]
             .as_array()
