@@ -279,7 +279,16 @@ fn tessera_interp_free_unravel(mut f: usize, dims: &[usize]) -> Vec<usize> {
 }
 
 /// `P`: `x` dilated and padded with `value`.
+/// Whether `padded` and `unpad` are the identity: no padding and no base dilation.
+fn unpadded(win: &WindowDims) -> bool {
+    win.padding.iter().all(|&(lo, hi)| lo == 0 && hi == 0)
+        && win.base_dilation.iter().all(|&d| d == 1)
+}
+
 fn padded(b: &mut Builder, win: &WindowDims, x: NodeId, value: f64) -> Result<NodeId> {
+    if unpadded(win) {
+        return Ok(x);
+    }
     let dtype = b.ty(x).dtype;
     let v = b.add(
         Op::Constant(tessera_ir::Literal::splat(
@@ -338,6 +347,9 @@ fn unslice(b: &mut Builder, p: &Patch, pdims: &[usize], g: NodeId) -> Result<Nod
 
 /// The transpose of `padded`: the operand's elements of a `P`-shaped cotangent.
 fn unpad(b: &mut Builder, win: &WindowDims, x_dims: &[usize], gp: NodeId) -> Result<NodeId> {
+    if unpadded(win) {
+        return Ok(gp);
+    }
     let dtype = b.ty(gp).dtype;
     let zero = b.zero_scalar(dtype)?;
     let r = x_dims.len();
@@ -422,6 +434,13 @@ pub(super) fn reduce_window_vjp(
                 .collect::<Result<_>>()?
         }
     };
+    if tiles(win) && !parts.is_empty() {
+        // Non-overlapping windows: each operand element gets one part's value; assemble the
+        // parts by concatenation instead of summing a padded copy of each.
+        let gks: Vec<NodeId> = parts.into_iter().map(|(_, gk)| gk).collect();
+        let gp = tiled(b, win, &out, &pdims, gks)?;
+        return Ok(vec![Some(unpad(b, win, xt.dims(), gp)?)]);
+    }
     for (p, gk) in parts {
         let s = unslice(b, &p, &pdims, gk)?;
         total = Some(match total {
@@ -443,6 +462,64 @@ pub(super) fn reduce_window_vjp(
         }
     };
     Ok(vec![Some(unpad(b, win, xt.dims(), gp)?)])
+}
+
+/// Whether the windows tile the operand: no padding or dilation, and each stride equal to its
+/// window (so every operand element is in at most one window).
+fn tiles(win: &WindowDims) -> bool {
+    unpadded(win) && win.window_dilation.iter().all(|&d| d == 1) && win.strides == win.window
+}
+
+/// The cotangent of a tiling `reduce_window` from each window position's share `parts` (in
+/// row-major window order, each shaped like the result `out`): every part reshaped to
+/// `[o0, 1, o1, 1, ..]`, the window positions concatenated dim by dim (last first) into
+/// `[o0, w0, o1, w1, ..]`, reshaped to `[o0 * w0, ..]`, and zero-padded at the high end of
+/// each dim the windows do not reach.
+fn tiled(
+    b: &mut Builder,
+    win: &WindowDims,
+    out: &[usize],
+    pdims: &[usize],
+    parts: Vec<NodeId>,
+) -> Result<NodeId> {
+    let r = out.len();
+    let expanded: Vec<usize> = out.iter().flat_map(|&o| [o, 1]).collect();
+    let mut level: Vec<NodeId> = parts
+        .into_iter()
+        .map(|p| b.reshape(p, &Shape::new(expanded.clone())))
+        .collect::<Result<_>>()?;
+    for d in (0..r).rev() {
+        let w = win.window[d];
+        if w == 1 {
+            continue;
+        }
+        level = level
+            .chunks(w)
+            .map(|group| b.add(Op::Concatenate { dim: 2 * d + 1 }, group))
+            .collect::<Result<_>>()?;
+    }
+    let Some(&joined) = level.first() else {
+        return Err(AutodiffError::Malformed(
+            "reduce_window: a tiling gradient with no window positions".into(),
+        ));
+    };
+    let covered: Vec<usize> = (0..r).map(|d| out[d] * win.window[d]).collect();
+    let flat = b.reshape(joined, &Shape::new(covered.clone()))?;
+    if covered == pdims {
+        return Ok(flat);
+    }
+    let zero = b.zero_scalar(b.ty(flat).dtype)?;
+    let high = (0..r)
+        .map(|d| fit("reduce_window", pdims[d] as i128 - covered[d] as i128))
+        .collect::<Result<_>>()?;
+    b.add(
+        Op::Pad {
+            low: vec![0; r],
+            high,
+            interior: vec![0; r],
+        },
+        &[flat, zero],
+    )
 }
 
 /// The JVP of `y = reduce_window(x)` with tangent `t`.

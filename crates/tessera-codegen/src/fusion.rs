@@ -382,6 +382,7 @@ impl Fuser<'_> {
                     lhs: g.ty(operands[0]).clone(),
                     rhs: g.ty(operands[1]).clone(),
                     out: ty.clone(),
+                    plan: Default::default(),
                 };
                 (StepKind::Window(Box::new(step)), inputs)
             }
@@ -392,6 +393,7 @@ impl Fuser<'_> {
                     win: (**win).clone(),
                     operand: g.ty(operands[0]).clone(),
                     out: ty.clone(),
+                    plan: Default::default(),
                 };
                 (StepKind::Window(Box::new(step)), inputs)
             }

@@ -19,6 +19,8 @@ use tessera_interp::scalar::{fmax, fmin};
 use tessera_interp::unravel;
 use tessera_ir::{ConvDims, DType, ReduceKind, TensorType, WindowDims};
 
+use std::sync::{Arc, OnceLock};
+
 use tessera_interp::InterpError;
 
 use crate::exec::gemm_view;
@@ -46,7 +48,8 @@ fn table<T: Clone>(op: &str, n: Option<usize>, v: Option<T>) -> Result<Vec<T>, I
     Ok(t)
 }
 
-/// A windowed op with its operand types and result type.
+/// A windowed op with its operand types and result type, and its index tables (built by the
+/// first run, which depend on the shapes only, then shared by every run and device thread).
 #[derive(Clone, Debug)]
 pub enum WindowStep {
     Conv {
@@ -54,13 +57,28 @@ pub enum WindowStep {
         lhs: TensorType,
         rhs: TensorType,
         out: TensorType,
+        plan: Arc<OnceLock<ConvPlan>>,
     },
     ReduceWindow {
         kind: ReduceKind,
         win: WindowDims,
         operand: TensorType,
         out: TensorType,
+        plan: Arc<OnceLock<PoolPlan>>,
     },
+}
+
+/// `cache`'s value, or `build`'s, stored when it succeeds (an allocation failure is an error
+/// each time, never cached).
+fn cached<T>(
+    cache: &OnceLock<T>,
+    build: impl FnOnce() -> Result<T, InterpError>,
+) -> Result<&T, InterpError> {
+    if let Some(t) = cache.get() {
+        return Ok(t);
+    }
+    let t = build()?;
+    Ok(cache.get_or_init(|| t))
 }
 
 impl WindowStep {
@@ -143,12 +161,17 @@ pub unsafe fn run(
             lhs,
             rhs,
             out: ot,
+            plan,
         } => {
+            if ot.numel() == 0 {
+                return Ok(());
+            }
+            let plan = cached(plan, || ConvPlan::new(dims, lhs, rhs, ot))?;
             // SAFETY: the caller's contract: each buffer holds a value of its type.
             unsafe {
                 match lhs.dtype {
-                    DType::F32 => conv::<f32>(dims, lhs, rhs, ot, inputs, out),
-                    DType::F64 => conv::<f64>(dims, lhs, rhs, ot, inputs, out),
+                    DType::F32 => conv::<f32>(dims, (lhs, rhs, ot), plan, inputs, out),
+                    DType::F64 => conv::<f64>(dims, (lhs, rhs, ot), plan, inputs, out),
                     // The type rule admits float convs only, and narrow.rs computes f16 and
                     // bf16 in f32.
                     DType::I32
@@ -165,9 +188,14 @@ pub unsafe fn run(
             win,
             operand,
             out: ot,
+            plan,
         } => {
             let n_in = operand.numel();
             let n_out = ot.numel();
+            if n_out == 0 {
+                return Ok(());
+            }
+            let plan = cached(plan, || PoolPlan::new(win, operand.dims(), ot.dims()))?;
             // SAFETY: the caller's contract: the input holds `n_in` elements of its dtype, the
             // output has room for `n_out`, and they do not overlap.
             unsafe {
@@ -175,7 +203,8 @@ pub unsafe fn run(
                     ($t:ty, $init:expr, $f:expr) => {{
                         let x = std::slice::from_raw_parts(inputs[0] as *const $t, n_in);
                         let o = std::slice::from_raw_parts_mut(out as *mut $t, n_out);
-                        reduce_window(win, operand.dims(), ot.dims(), x, o, $init, $f)
+                        reduce_window(plan, ot.dims(), x, o, $init, $f);
+                        Ok(())
                     }};
                 }
                 match (operand.dtype, kind) {
@@ -202,67 +231,194 @@ pub unsafe fn run(
     }
 }
 
+/// `reduce_window`'s tables: per dim, the operand offset (index times stride) of result
+/// position `p` and window position `k` at `p * window + k`, or none in the padding; and the
+/// window positions, flat (`r` coordinates each, row-major).
+#[derive(Clone, Debug)]
+pub struct PoolPlan {
+    offs: Vec<Vec<Option<usize>>>,
+    window: Vec<usize>,
+    ks: Vec<usize>,
+}
+
+impl PoolPlan {
+    fn new(win: &WindowDims, in_dims: &[usize], out_dims: &[usize]) -> Result<Self, InterpError> {
+        let op = "reduce_window";
+        let r = in_dims.len();
+        let strides = tessera_ir::Shape::new(in_dims.to_vec()).strides();
+        let offs = (0..r)
+            .map(|d| {
+                let t = dim_table(
+                    op,
+                    out_dims[d],
+                    win.window[d],
+                    win.strides[d],
+                    win.padding[d].0,
+                    win.window_dilation[d],
+                    win.base_dilation[d],
+                    in_dims[d],
+                )?;
+                Ok(t.into_iter().map(|i| i.map(|i| i * strides[d])).collect())
+            })
+            .collect::<Result<_, InterpError>>()?;
+        let nk = win.window.iter().try_fold(1usize, |a, &w| a.checked_mul(w));
+        let mut ks = table(op, nk.and_then(|n| n.checked_mul(r)), None)?;
+        // `table` has refused an `nk` past usize::MAX.
+        for kf in 0..nk.unwrap_or(0) {
+            ks.extend(unravel(kf, &win.window));
+        }
+        Ok(PoolPlan {
+            offs,
+            window: win.window.clone(),
+            ks,
+        })
+    }
+}
+
+/// Each result element: its window combined in row-major window order, padding skipped (the
+/// interpreter's order). The result position runs as an odometer over `out_dims`.
 fn reduce_window<T: Copy>(
-    win: &WindowDims,
-    in_dims: &[usize],
+    plan: &PoolPlan,
     out_dims: &[usize],
     x: &[T],
     o: &mut [T],
     init: T,
     f: impl Fn(T, T) -> T,
-) -> Result<(), InterpError> {
-    let op = "reduce_window";
-    let r = in_dims.len();
-    if o.is_empty() {
-        return Ok(());
+) {
+    let r = out_dims.len();
+    if r == 0 {
+        // A scalar: its one element, combined once.
+        if let (Some(slot), Some(&v)) = (o.first_mut(), x.first()) {
+            *slot = f(init, v);
+        }
+        return;
     }
-    let nk = win.window.iter().try_fold(1usize, |a, &w| a.checked_mul(w));
-    let tables: Vec<Vec<Option<usize>>> = (0..r)
-        .map(|d| {
-            dim_table(
-                op,
-                out_dims[d],
-                win.window[d],
-                win.strides[d],
-                win.padding[d].0,
-                win.window_dilation[d],
-                win.base_dilation[d],
-                in_dims[d],
-            )
-        })
-        .collect::<Result<_, _>>()?;
-    let strides = tessera_ir::Shape::new(in_dims.to_vec()).strides();
-    let mut ks: Vec<Vec<usize>> = table(op, nk, None)?;
-    // `table` has refused an `nk` past usize::MAX.
-    ks.extend((0..nk.unwrap_or(0)).map(|kf| unravel(kf, &win.window)));
-    for (fo, slot) in o.iter_mut().enumerate() {
-        let p = unravel(fo, out_dims);
+    let mut p = vec![0usize; r];
+    for slot in o.iter_mut() {
         let mut acc = init;
-        'k: for k in &ks {
+        'k: for k in plan.ks.chunks_exact(r) {
             let mut off = 0;
             for d in 0..r {
-                match tables[d][p[d] * win.window[d] + k[d]] {
-                    Some(i) => off += i * strides[d],
+                match plan.offs[d][p[d] * plan.window[d] + k[d]] {
+                    Some(i) => off += i,
                     None => continue 'k,
                 }
             }
             acc = f(acc, x[off]);
         }
         *slot = acc;
+        for d in (0..r).rev() {
+            p[d] += 1;
+            if p[d] < out_dims[d] {
+                break;
+            }
+            p[d] = 0;
+        }
     }
-    Ok(())
 }
 
-/// im2col + GEMM per (result batch, group): the patch matrix `[positions, cin * K]` times the
-/// group's kernel matrix `[cin * K, O / G]`, scattered into the result's layout.
+/// A conv's tables: for every (result position, window position) the lhs offset of its
+/// spatial part or none in the padding (`sp_off[pf * nk + kf]`), the kernel's spatial offset
+/// of each window position (reversed with `window_reversal`), and each result position's
+/// spatial offset in the result.
+#[derive(Clone, Debug)]
+pub struct ConvPlan {
+    sp_off: Vec<Option<usize>>,
+    k_off: Vec<usize>,
+    p_out: Vec<usize>,
+}
+
+impl ConvPlan {
+    fn new(
+        cd: &ConvDims,
+        lt: &TensorType,
+        rt: &TensorType,
+        ot: &TensorType,
+    ) -> Result<Self, InterpError> {
+        let op = "conv_general_dilated";
+        let s = cd.spatial();
+        let (ld, rd, od) = (lt.dims(), rt.dims(), ot.dims());
+        let (ls, rs, os) = (lt.shape.strides(), rt.shape.strides(), ot.shape.strides());
+        let kdims: Vec<usize> = (0..s).map(|j| rd[cd.rhs_spec[2 + j]]).collect();
+        let pdims: Vec<usize> = (0..s).map(|j| od[cd.out_spec[2 + j]]).collect();
+        let nk: usize = kdims.iter().product();
+        let np: usize = pdims.iter().product();
+        let tables: Vec<Vec<Option<usize>>> = (0..s)
+            .map(|j| {
+                dim_table(
+                    op,
+                    pdims[j],
+                    kdims[j],
+                    cd.strides[j],
+                    cd.padding[j].0,
+                    cd.rhs_dilation[j],
+                    cd.lhs_dilation[j],
+                    ld[cd.lhs_spec[2 + j]],
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        let mut ks: Vec<Vec<usize>> = table(op, Some(nk), None)?;
+        ks.extend((0..nk).map(|kf| unravel(kf, &kdims)));
+        let mut ps: Vec<Vec<usize>> = table(op, Some(np), None)?;
+        ps.extend((0..np).map(|pf| unravel(pf, &pdims)));
+        let mut sp_off: Vec<Option<usize>> = table(op, np.checked_mul(nk), None)?;
+        for p in &ps {
+            'k: for k in &ks {
+                let mut off = 0;
+                for j in 0..s {
+                    match tables[j][p[j] * kdims[j] + k[j]] {
+                        Some(i) => off += i * ls[cd.lhs_spec[2 + j]],
+                        None => {
+                            sp_off.push(None);
+                            continue 'k;
+                        }
+                    }
+                }
+                sp_off.push(Some(off));
+            }
+        }
+        let k_off = ks
+            .iter()
+            .map(|k| {
+                (0..s)
+                    .map(|j| {
+                        let kj = if cd.window_reversal {
+                            kdims[j] - 1 - k[j]
+                        } else {
+                            k[j]
+                        };
+                        kj * rs[cd.rhs_spec[2 + j]]
+                    })
+                    .sum()
+            })
+            .collect();
+        let p_out = ps
+            .iter()
+            .map(|p| (0..s).map(|j| p[j] * os[cd.out_spec[2 + j]]).sum())
+            .collect();
+        Ok(ConvPlan {
+            sp_off,
+            k_off,
+            p_out,
+        })
+    }
+}
+
+/// The most patch-matrix elements one GEMM of a conv takes (16 MiB of f32): the batch is
+/// folded into the GEMM's rows in chunks of at most this.
+const PATCH_ELEMENTS: usize = 1 << 22;
+
+/// im2col + GEMM per group over chunks of the result batch: the patch matrix
+/// `[batch * positions, K * cin]` (columns: window position, then input feature, so an NHWC
+/// operand's features are copied contiguously) times the group's kernel matrix
+/// `[K * cin, O / G]`, scattered into the result's layout.
 ///
 /// # Safety
 /// As [`run`].
 unsafe fn conv<T: Elem>(
     cd: &ConvDims,
-    lt: &TensorType,
-    rt: &TensorType,
-    ot: &TensorType,
+    (lt, rt, ot): (&TensorType, &TensorType, &TensorType),
+    plan: &ConvPlan,
     inputs: &[*const u8],
     out: *mut u8,
 ) -> Result<(), InterpError> {
@@ -280,7 +436,6 @@ unsafe fn conv<T: Elem>(
     if o.is_empty() {
         return Ok(());
     }
-    let s = cd.spatial();
     let (ld, rd, od) = (lt.dims(), rt.dims(), ot.dims());
     let (ls, rs, os) = (lt.shape.strides(), rt.shape.strides(), ot.shape.strides());
     let (fg, bg) = (cd.feature_group_count, cd.batch_group_count);
@@ -289,66 +444,12 @@ unsafe fn conv<T: Elem>(
     let o_feat = rd[cd.rhs_spec[0]];
     let og = o_feat / groups;
     let nb = od[cd.out_spec[0]];
-    let kdims: Vec<usize> = (0..s).map(|j| rd[cd.rhs_spec[2 + j]]).collect();
-    let pdims: Vec<usize> = (0..s).map(|j| od[cd.out_spec[2 + j]]).collect();
-    let nk: usize = kdims.iter().product();
-    let np: usize = pdims.iter().product();
+    let (sp_off, k_off, p_out) = (&plan.sp_off, &plan.k_off, &plan.p_out);
+    let nk = k_off.len();
+    let np = p_out.len();
     let kk = cin * nk;
-    let tables: Vec<Vec<Option<usize>>> = (0..s)
-        .map(|j| {
-            dim_table(
-                op,
-                pdims[j],
-                kdims[j],
-                cd.strides[j],
-                cd.padding[j].0,
-                cd.rhs_dilation[j],
-                cd.lhs_dilation[j],
-                ld[cd.lhs_spec[2 + j]],
-            )
-        })
-        .collect::<Result<_, _>>()?;
-    let mut ks: Vec<Vec<usize>> = table(op, Some(nk), None)?;
-    ks.extend((0..nk).map(|kf| unravel(kf, &kdims)));
-    let mut ps: Vec<Vec<usize>> = table(op, Some(np), None)?;
-    ps.extend((0..np).map(|pf| unravel(pf, &pdims)));
-    // For every (position, window position): the lhs offset of its spatial part, or none.
-    let mut sp_off: Vec<Option<usize>> = table(op, np.checked_mul(nk), None)?;
-    for p in &ps {
-        'k: for k in &ks {
-            let mut off = 0;
-            for j in 0..s {
-                match tables[j][p[j] * kdims[j] + k[j]] {
-                    Some(i) => off += i * ls[cd.lhs_spec[2 + j]],
-                    None => {
-                        sp_off.push(None);
-                        continue 'k;
-                    }
-                }
-            }
-            sp_off.push(Some(off));
-        }
-    }
-    // The kernel's spatial offset of each window position (reversed with window_reversal).
-    let k_off: Vec<usize> = ks
-        .iter()
-        .map(|k| {
-            (0..s)
-                .map(|j| {
-                    let kj = if cd.window_reversal {
-                        kdims[j] - 1 - k[j]
-                    } else {
-                        k[j]
-                    };
-                    kj * rs[cd.rhs_spec[2 + j]]
-                })
-                .sum()
-        })
-        .collect();
-    let p_out: Vec<usize> = ps
-        .iter()
-        .map(|p| (0..s).map(|j| p[j] * os[cd.out_spec[2 + j]]).sum())
-        .collect();
+    let (lc, lbs) = (ls[cd.lhs_spec[1]], ls[cd.lhs_spec[0]]);
+    let (oc, obs) = (os[cd.out_spec[1]], os[cd.out_spec[0]]);
     if !r.iter().all(|w| w.is_finite()) {
         // im2col writes the padding as zeros, and a zero times an inf or NaN weight is NaN
         // where XLA (and the interpreter) skip the padding: such kernels take direct loops,
@@ -357,14 +458,14 @@ unsafe fn conv<T: Elem>(
             let ch0 = if fg > 1 { gi * cin } else { 0 };
             for b in 0..nb {
                 let lb = if bg > 1 { gi * nb + b } else { b };
-                let base = lb * ls[cd.lhs_spec[0]];
-                let ob = b * os[cd.out_spec[0]];
+                let base = lb * lbs;
+                let ob = b * obs;
                 for pf in 0..np {
                     for oo in 0..og {
                         let of = gi * og + oo;
                         let mut acc = T::default();
                         for i in 0..cin {
-                            let cb = base + (ch0 + i) * ls[cd.lhs_spec[1]];
+                            let cb = base + (ch0 + i) * lc;
                             let wb = of * rs[cd.rhs_spec[0]] + i * rs[cd.rhs_spec[1]];
                             for kf in 0..nk {
                                 if let Some(off) = sp_off[pf * nk + kf] {
@@ -372,65 +473,78 @@ unsafe fn conv<T: Elem>(
                                 }
                             }
                         }
-                        o[ob + of * os[cd.out_spec[1]] + p_out[pf]] = acc;
+                        o[ob + of * oc + p_out[pf]] = acc;
                     }
                 }
             }
         }
         return Ok(());
     }
-    let mut patches = table(op, np.checked_mul(kk), Some(T::default()))?;
+    // Result batch elements per GEMM: as many as keep the patch matrix within PATCH_ELEMENTS.
+    let per_b = np.checked_mul(kk).unwrap_or(usize::MAX).max(1);
+    let chunk = (PATCH_ELEMENTS / per_b).clamp(1, nb);
+    let rows = chunk * np;
+    let mut patches = table(op, rows.checked_mul(kk), Some(T::default()))?;
     let mut wmat = table(op, kk.checked_mul(og), Some(T::default()))?;
-    let mut res = table(op, np.checked_mul(og), Some(T::default()))?;
+    let mut res = table(op, rows.checked_mul(og), Some(T::default()))?;
     for gi in 0..groups {
-        // The group's kernel matrix: row (i, k), column o'.
-        for i in 0..cin {
-            for (kf, &ko) in k_off.iter().enumerate() {
+        // The group's kernel matrix: row (k, i), column o'.
+        for (kf, &ko) in k_off.iter().enumerate() {
+            for i in 0..cin {
                 for oo in 0..og {
                     let of = gi * og + oo;
-                    wmat[(i * nk + kf) * og + oo] =
+                    wmat[(kf * cin + i) * og + oo] =
                         r[of * rs[cd.rhs_spec[0]] + i * rs[cd.rhs_spec[1]] + ko];
                 }
             }
         }
         let ch0 = if fg > 1 { gi * cin } else { 0 };
-        for b in 0..nb {
-            let lb = if bg > 1 { gi * nb + b } else { b };
-            let base = lb * ls[cd.lhs_spec[0]];
-            for pf in 0..np {
-                let row = &mut patches[pf * kk..(pf + 1) * kk];
-                for i in 0..cin {
-                    let cb = base + (ch0 + i) * ls[cd.lhs_spec[1]];
-                    for kf in 0..nk {
-                        row[i * nk + kf] = match sp_off[pf * nk + kf] {
-                            Some(off) => l[cb + off],
-                            None => T::default(),
-                        };
+        for b0 in (0..nb).step_by(chunk) {
+            let n = chunk.min(nb - b0);
+            for bi in 0..n {
+                let b = b0 + bi;
+                let lb = if bg > 1 { gi * nb + b } else { b };
+                let base = lb * lbs + ch0 * lc;
+                for pf in 0..np {
+                    let row = &mut patches[(bi * np + pf) * kk..(bi * np + pf + 1) * kk];
+                    for (kf, cols) in row.chunks_exact_mut(cin.max(1)).enumerate().take(nk) {
+                        match sp_off[pf * nk + kf] {
+                            Some(off) => {
+                                for (i, c) in cols.iter_mut().enumerate() {
+                                    *c = l[base + off + i * lc];
+                                }
+                            }
+                            None => cols.fill(T::default()),
+                        }
                     }
                 }
             }
-            let par = if np * og * kk >= 1 << 18 {
+            let m = n * np;
+            let par = if m * og * kk >= 1 << 18 {
                 gemm::Parallelism::Rayon(0)
             } else {
                 gemm::Parallelism::None
             };
-            // SAFETY: the three views are the whole of `patches` (np x kk, row-major), `wmat`
-            // (kk x og) and `res` (np x og), distinct live vectors of T = the dtype's type.
+            // SAFETY: the three views lie within `patches` (m x kk of its rows x kk,
+            // row-major), `wmat` (kk x og) and `res` (m x og of its rows x og), distinct live
+            // vectors of T = the dtype's type.
             unsafe {
                 gemm_view(
                     T::DTYPE,
-                    (np, og, kk),
+                    (m, og, kk),
                     (patches.as_ptr() as *const u8, [kk as isize, 1]),
                     (wmat.as_ptr() as *const u8, [og as isize, 1]),
                     (res.as_mut_ptr() as *mut u8, [og as isize, 1]),
                     par,
                 );
             }
-            let ob = b * os[cd.out_spec[0]];
-            for pf in 0..np {
-                for oo in 0..og {
-                    let of = gi * og + oo;
-                    o[ob + of * os[cd.out_spec[1]] + p_out[pf]] = res[pf * og + oo];
+            for bi in 0..n {
+                let ob = (b0 + bi) * obs;
+                for pf in 0..np {
+                    let src = &res[(bi * np + pf) * og..(bi * np + pf + 1) * og];
+                    for (oo, &v) in src.iter().enumerate() {
+                        o[ob + (gi * og + oo) * oc + p_out[pf]] = v;
+                    }
                 }
             }
         }
