@@ -2,9 +2,11 @@
 table in docs/PERFORMANCE.md.
 
 Run (needs `pip install jax==0.10.2`; the Rust benches never need Python):
-  python3 benches/jax_compare.py
+  python3 benches/jax_compare.py            # every workload
+  python3 benches/jax_compare.py cnn rnn    # only those (seed, mlp, rnn, cnn)
 """
 import os
+import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
@@ -131,24 +133,44 @@ def first_call(loss, p, x, y):
 
 def main():
     print(f"jax {jax.__version__}, devices {jax.device_count()}")
+    want = set(sys.argv[1:]) or {"seed", "mlp", "rnn", "cnn"}
+    if "seed" in want:
+        seed_part()
+    if "mlp" in want:
+        mlp_part()
+    if "rnn" in want:
+        rnn_part()
+    if "cnn" in want:
+        cnn_part()
+
+
+def seed_part():
     p = seed_init(jax.random.PRNGKey(0))
     x = jax.random.normal(jax.random.PRNGKey(1), (256, 10))
     y = jax.random.normal(jax.random.PRNGKey(2), (256, 1))
     print(f"seed first call: {first_call(seed_loss, p, x, y):.1f} ms")
     step = jax.jit(make_step(seed_loss))
     print(f"seed step (median, blocked): {per_step(step, p, x, y, 2000):.4f} ms")
+
+
+def mlp_part():
     bp = deep_init(jax.random.PRNGKey(0), [784, 1024, 1024, 10])
     bx = jax.random.normal(jax.random.PRNGKey(1), (512, 784))
     by = jax.random.normal(jax.random.PRNGKey(2), (512, 10))
     print(f"big MLP first call: {first_call(deep_loss, bp, bx, by):.1f} ms")
     bstep = jax.jit(make_step(deep_loss))
     print(f"big MLP step (median, blocked): {per_step(bstep, bp, bx, by, 20):.2f} ms")
+
+
+def rnn_part():
     rp = rnn_init(jax.random.PRNGKey(0))
     xs, ys = rnn_data(400)
     print(f"rnn scan T=400 first call: {first_call(rnn_loss, rp, xs, ys):.1f} ms")
     rstep = jax.jit(make_step(rnn_loss))
     print(f"rnn scan T=400 step (median, blocked): {per_step(rstep, rp, xs, ys, 200):.3f} ms")
 
+
+def cnn_part():
     cp = cnn_init(jax.random.PRNGKey(0))
     zeros = jax.tree_util.tree_map(jnp.zeros_like, cp)
     cstate = (cp, zeros, zeros, jnp.float32(0.0))
