@@ -550,6 +550,10 @@ unsafe fn conv<T: Elem>(
                     let row = &mut patches[(bi * np + pf) * kk..(bi * np + pf + 1) * kk];
                     for (kf, cols) in row.chunks_exact_mut(cin.max(1)).enumerate().take(nk) {
                         match sp_off[pf * nk + kf] {
+                            // Features adjacent in memory (NHWC): one copy.
+                            Some(off) if lc == 1 => {
+                                cols.copy_from_slice(&l[base + off..base + off + cols.len()]);
+                            }
                             Some(off) => {
                                 for (i, c) in cols.iter_mut().enumerate() {
                                     *c = l[base + off + i * lc];
