@@ -429,7 +429,9 @@ impl Executable {
                     // SAFETY: each input buffer holds a value of its operand's type (its step
                     // ran, or it is an input or constant), and the output is this step's own
                     // temporary of the result's type, which no input overlaps (plan.rs).
-                    unsafe { crate::window::run(w, &inputs, ptrs[step.output]) }?
+                    unsafe {
+                        crate::window::run(w, &inputs, ptrs[step.output], self.parallel_gemm_from)
+                    }?
                 }
                 StepKind::Native(op) => self.run_native(step, op, ptrs)?,
             }

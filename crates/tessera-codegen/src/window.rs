@@ -143,7 +143,8 @@ impl Elem for f64 {
 }
 
 /// Runs `step` on its operand buffers `inputs` (as many elements as their types hold) into
-/// `out`.
+/// `out`; a conv's GEMMs of at least `parallel_from` multiply-adds use the thread pool (the
+/// executable's policy: never, for a device thread of the sharded runtime).
 ///
 /// An error when a work table cannot be allocated (nothing is written then).
 ///
@@ -154,6 +155,7 @@ pub unsafe fn run(
     step: &WindowStep,
     inputs: &[*const u8],
     out: *mut u8,
+    parallel_from: usize,
 ) -> Result<(), InterpError> {
     match step {
         WindowStep::Conv {
@@ -170,8 +172,12 @@ pub unsafe fn run(
             // SAFETY: the caller's contract: each buffer holds a value of its type.
             unsafe {
                 match lhs.dtype {
-                    DType::F32 => conv::<f32>(dims, (lhs, rhs, ot), plan, inputs, out),
-                    DType::F64 => conv::<f64>(dims, (lhs, rhs, ot), plan, inputs, out),
+                    DType::F32 => {
+                        conv::<f32>(dims, (lhs, rhs, ot), plan, (inputs, out), parallel_from)
+                    }
+                    DType::F64 => {
+                        conv::<f64>(dims, (lhs, rhs, ot), plan, (inputs, out), parallel_from)
+                    }
                     // The type rule admits float convs only, and narrow.rs computes f16 and
                     // bf16 in f32.
                     DType::I32
@@ -362,11 +368,17 @@ fn reduce_window<T: Copy>(
 /// spatial part or none in the padding (`sp_off[pf * nk + kf]`), the kernel's spatial offset
 /// of each window position (reversed with `window_reversal`), and each result position's
 /// spatial offset in the result.
+///
+/// When the lhs features are not adjacent in memory (a kernel gradient reads the batch as
+/// its features), the run first repacks the lhs with the feature dim innermost, so the patch
+/// rows are contiguous copies: `lhs_strides` are the strides of the layout the tables use.
 #[derive(Clone, Debug)]
 pub struct ConvPlan {
     sp_off: Vec<Option<usize>>,
     k_off: Vec<usize>,
     p_out: Vec<usize>,
+    lhs_strides: Vec<usize>,
+    repack: bool,
 }
 
 impl ConvPlan {
@@ -379,7 +391,21 @@ impl ConvPlan {
         let op = "conv_general_dilated";
         let s = cd.spatial();
         let (ld, rd, od) = (lt.dims(), rt.dims(), ot.dims());
-        let (ls, rs, os) = (lt.shape.strides(), rt.shape.strides(), ot.shape.strides());
+        let (rs, os) = (rt.shape.strides(), ot.shape.strides());
+        let feat = cd.lhs_spec[1];
+        let repack = lt.shape.strides()[feat] != 1 && ld[feat] > 1;
+        let ls = if repack {
+            // Row-major over the other dims in order, then the features.
+            let mut ls = vec![0; ld.len()];
+            let mut acc = 1;
+            for d in std::iter::once(feat).chain((0..ld.len()).rev().filter(|&d| d != feat)) {
+                ls[d] = acc;
+                acc *= ld[d];
+            }
+            ls
+        } else {
+            lt.shape.strides()
+        };
         let kdims: Vec<usize> = (0..s).map(|j| rd[cd.rhs_spec[2 + j]]).collect();
         let pdims: Vec<usize> = (0..s).map(|j| od[cd.out_spec[2 + j]]).collect();
         let nk: usize = kdims.iter().product();
@@ -441,8 +467,36 @@ impl ConvPlan {
             sp_off,
             k_off,
             p_out,
+            lhs_strides: ls,
+            repack,
         })
     }
+}
+
+/// `l` (row-major over `dims`) copied into the layout with `strides`, a permutation of it.
+fn repack<T: Copy + Default>(
+    op: &str,
+    l: &[T],
+    dims: &[usize],
+    strides: &[usize],
+) -> Result<Vec<T>, InterpError> {
+    let mut out = table(op, Some(l.len()), Some(T::default()))?;
+    let r = dims.len();
+    let mut idx = vec![0usize; r];
+    let mut off = 0usize;
+    for &v in l {
+        out[off] = v;
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            off += strides[d];
+            if idx[d] < dims[d] {
+                break;
+            }
+            off -= strides[d] * dims[d];
+            idx[d] = 0;
+        }
+    }
+    Ok(out)
 }
 
 /// The most patch-matrix elements one GEMM of a conv takes (16 MiB of f32): the batch is
@@ -460,8 +514,8 @@ unsafe fn conv<T: Elem>(
     cd: &ConvDims,
     (lt, rt, ot): (&TensorType, &TensorType, &TensorType),
     plan: &ConvPlan,
-    inputs: &[*const u8],
-    out: *mut u8,
+    (inputs, out): (&[*const u8], *mut u8),
+    parallel_from: usize,
 ) -> Result<(), InterpError> {
     let op = "conv_general_dilated";
     let n_out = ot.numel();
@@ -478,7 +532,14 @@ unsafe fn conv<T: Elem>(
         return Ok(());
     }
     let (ld, rd, od) = (lt.dims(), rt.dims(), ot.dims());
-    let (ls, rs, os) = (lt.shape.strides(), rt.shape.strides(), ot.shape.strides());
+    let (ls, rs, os) = (&plan.lhs_strides, rt.shape.strides(), ot.shape.strides());
+    let repacked;
+    let l: &[T] = if plan.repack {
+        repacked = repack(op, l, ld, ls)?;
+        &repacked
+    } else {
+        l
+    };
     let (fg, bg) = (cd.feature_group_count, cd.batch_group_count);
     let groups = fg * bg;
     let cin = ld[cd.lhs_spec[1]] / fg;
@@ -565,7 +626,7 @@ unsafe fn conv<T: Elem>(
                 }
             }
             let m = n * np;
-            let par = if m * og * kk >= 1 << 18 {
+            let par = if m.saturating_mul(og).saturating_mul(kk) >= parallel_from {
                 gemm::Parallelism::Rayon(0)
             } else {
                 gemm::Parallelism::None
