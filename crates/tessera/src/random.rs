@@ -18,7 +18,10 @@ pub use dists::{
     bernoulli, categorical, dropout, exponential, gumbel, laplace, logistic, randint,
     truncated_normal, xla_log, xla_log1p,
 };
-pub use dtypes::{normal_dtype, uniform_dtype};
+pub use dtypes::{
+    exponential_dtype, gumbel_dtype, laplace_dtype, logistic_dtype, normal_dtype,
+    truncated_normal_dtype, uniform_dtype,
+};
 pub use shuffle::{choice, permutation, permutation_of, shuffle};
 
 /// A PRNG key: a `u32[2]` tensor, like `jax.random.PRNGKey`.

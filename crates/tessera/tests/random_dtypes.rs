@@ -1,10 +1,13 @@
-//! `uniform_dtype`/`normal_dtype` in f16 and bf16 and `randint` in i64 against JAX 0.10.2
+//! The `*_dtype` distributions in f16 and bf16 and `randint` in i64 against JAX 0.10.2
 //! (`fixtures/random/dtypes.json`, made by `fixtures/random/make_dtypes.py`), bit for bit,
 //! eagerly and under `jit` on both backends. Ranges include spans past 2^32 and 2^63, an empty
 //! one, and a reversed one (JAX returns `minval`).
 
 use serde_json::Value;
-use tessera::random::{Key, normal_dtype, randint, uniform_dtype};
+use tessera::random::{
+    Key, exponential_dtype, gumbel_dtype, laplace_dtype, logistic_dtype, normal_dtype, randint,
+    truncated_normal_dtype, uniform_dtype,
+};
 use tessera::{Backend, DType, Tensor, jit};
 
 fn fixture() -> Value {
@@ -87,6 +90,14 @@ fn draw_fn(name: &str, p: &Value) -> Draw {
             Box::new(move |k| uniform_dtype(k, shape.clone(), dt, lo, hi))
         }
         "normal" => Box::new(move |k| normal_dtype(k, shape.clone(), dt)),
+        "gumbel" => Box::new(move |k| gumbel_dtype(k, shape.clone(), dt)),
+        "exponential" => Box::new(move |k| exponential_dtype(k, shape.clone(), dt)),
+        "laplace" => Box::new(move |k| laplace_dtype(k, shape.clone(), dt)),
+        "logistic" => Box::new(move |k| logistic_dtype(k, shape.clone(), dt)),
+        "truncated_normal" => {
+            let (lo, hi) = (p["lower"].as_f64().unwrap(), p["upper"].as_f64().unwrap());
+            Box::new(move |k| truncated_normal_dtype(k, lo as f32, hi as f32, shape.clone(), dt))
+        }
         "randint" => {
             let (lo, hi) = (p["minval"].as_i64().unwrap(), p["maxval"].as_i64().unwrap());
             Box::new(move |k| randint(k, shape.clone(), lo, hi, dt))
@@ -98,7 +109,7 @@ fn draw_fn(name: &str, p: &Value) -> Draw {
 fn check(how: &str, run: impl Fn(&dyn Fn(&Key) -> Tensor, &Key) -> Tensor) {
     let fx = fixture();
     let draws = fx["draws"].as_array().expect("draws");
-    assert!(draws.len() >= 400, "{} draws", draws.len());
+    assert!(draws.len() >= 700, "{} draws", draws.len());
     let (mut total, mut wrong, mut report) = (0usize, 0usize, Vec::new());
     for d in draws {
         let name = d["name"].as_str().unwrap();

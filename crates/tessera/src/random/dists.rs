@@ -129,7 +129,7 @@ pub fn randint(
 
 /// XLA:CPU's f32 `erf` (Eigen's rational approximation, Horner steps fused, `copysign(1, x)`
 /// past `3.8325`), for the trace-time bounds of `truncated_normal`.
-fn xla_erf(x: f32) -> f32 {
+pub(super) fn xla_erf(x: f32) -> f32 {
     if x.is_nan() {
         return x;
     }
