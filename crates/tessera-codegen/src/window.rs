@@ -583,7 +583,7 @@ unsafe fn conv<T: Elem>(
         return Ok(());
     }
     // Result batch elements per GEMM: as many as keep the patch matrix within PATCH_ELEMENTS.
-    let per_b = np.checked_mul(kk).unwrap_or(usize::MAX).max(1);
+    let per_b = np.saturating_mul(kk).max(1);
     let chunk = (PATCH_ELEMENTS / per_b).clamp(1, nb);
     let rows = chunk * np;
     let mut patches = table(op, rows.checked_mul(kk), Some(T::default()))?;
