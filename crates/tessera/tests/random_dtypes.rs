@@ -4,9 +4,10 @@
 //! one, and a reversed one (JAX returns `minval`).
 
 use serde_json::Value;
+use tessera::ir::Shape;
 use tessera::random::{
-    Key, exponential_dtype, gumbel_dtype, laplace_dtype, logistic_dtype, normal_dtype, randint,
-    truncated_normal_dtype, uniform_dtype,
+    Key, bernoulli, categorical, exponential_dtype, gumbel_dtype, laplace_dtype, logistic_dtype,
+    normal_dtype, randint, truncated_normal_dtype, uniform_dtype,
 };
 use tessera::{Backend, DType, Tensor, jit};
 
@@ -27,6 +28,8 @@ fn dtype(name: &str) -> DType {
         "f16" => DType::F16,
         "bf16" => DType::BF16,
         "i64" => DType::I64,
+        "i32" => DType::I32,
+        "bool" => DType::Bool,
         other => panic!("dtype {other}"),
     }
 }
@@ -53,6 +56,8 @@ fn widen(bits: u16, dt: DType) -> f32 {
 fn got_words(t: &Tensor) -> Vec<i64> {
     match t.dtype() {
         DType::I64 => t.to_vec::<i64>(),
+        DType::I32 => t.to_vec::<i32>().into_iter().map(i64::from).collect(),
+        DType::Bool => t.to_vec::<bool>().into_iter().map(i64::from).collect(),
         _ => t
             .astype(DType::F32)
             .to_vec::<f32>()
@@ -64,7 +69,7 @@ fn got_words(t: &Tensor) -> Vec<i64> {
 
 fn want_words(out: &Value, dt: DType) -> Vec<i64> {
     match dt {
-        DType::I64 => out["values"]
+        DType::I64 | DType::I32 | DType::Bool => out["values"]
             .as_array()
             .expect("values")
             .iter()
@@ -81,9 +86,35 @@ fn want_words(out: &Value, dt: DType) -> Vec<i64> {
 
 type Draw = Box<dyn Fn(&Key) -> Tensor>;
 
+/// The f32 values of a JSON list (nested lists flattened) as a tensor of `dt` and `shape`.
+fn param(v: &Value, shape: Vec<usize>, dt: DType) -> Tensor {
+    let flat: Vec<f32> = v
+        .as_array()
+        .expect("list")
+        .iter()
+        .flat_map(|x| match x.as_array() {
+            Some(row) => row.iter().map(|y| y.as_f64().unwrap() as f32).collect(),
+            None => vec![x.as_f64().unwrap() as f32],
+        })
+        .collect();
+    Tensor::from_vec(flat, shape).astype(dt)
+}
+
 fn draw_fn(name: &str, p: &Value) -> Draw {
-    let shape = dims(&p["shape"]);
     let dt = dtype(p["dtype"].as_str().expect("dtype"));
+    match name {
+        "bernoulli" => {
+            let (shape, prob) = (dims(&p["shape"]), param(&p["p"], vec![3], dt));
+            return Box::new(move |k| bernoulli(k, &prob, shape.clone()));
+        }
+        "categorical" => {
+            let logits = param(&p["logits"], vec![2, 3], dt);
+            let shape = p["shape"].as_array().map(|_| Shape::new(dims(&p["shape"])));
+            return Box::new(move |k| categorical(k, &logits, -1, shape.clone()));
+        }
+        _ => {}
+    }
+    let shape = dims(&p["shape"]);
     match name {
         "uniform" => {
             let (lo, hi) = (p["minval"].as_f64().unwrap(), p["maxval"].as_f64().unwrap());
@@ -109,7 +140,7 @@ fn draw_fn(name: &str, p: &Value) -> Draw {
 fn check(how: &str, run: impl Fn(&dyn Fn(&Key) -> Tensor, &Key) -> Tensor) {
     let fx = fixture();
     let draws = fx["draws"].as_array().expect("draws");
-    assert!(draws.len() >= 700, "{} draws", draws.len());
+    assert!(draws.len() >= 780, "{} draws", draws.len());
     let (mut total, mut wrong, mut report) = (0usize, 0usize, Vec::new());
     for d in draws {
         let name = d["name"].as_str().unwrap();

@@ -36,14 +36,30 @@ fn check_f32(op: &str, what: &str, t: &Tensor) {
     }
 }
 
-/// `jax.random.bernoulli(key, p, shape)` (mode "low", the default): `uniform(key, shape) < p`,
-/// a bool tensor. `p` is an f32 tensor broadcastable to `shape`.
+/// Refuses a `t` that is not f32, f16 or bf16 (the dtypes the uniform draws come in).
+#[track_caller]
+fn check_float(op: &str, what: &str, t: &Tensor) {
+    if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+        fail(
+            op,
+            format!(
+                "{what} must be f32, f16 or bf16, got {}{:?}",
+                t.dtype().name(),
+                t.shape()
+            ),
+        );
+    }
+}
+
+/// `jax.random.bernoulli(key, p, shape)` (mode "low", the default): `uniform(key, shape) < p`
+/// with the uniform in `p`'s dtype, a bool tensor. `p` is an f32, f16 or bf16 tensor
+/// broadcastable to `shape`.
 #[track_caller]
 pub fn bernoulli(key: &Key, p: &Tensor, shape: impl Into<Shape>) -> Tensor {
     let shape = shape.into();
-    check_f32("bernoulli", "p", p);
+    check_float("bernoulli", "p", p);
     check_broadcastable("bernoulli", &shape, p.shape(), "p");
-    uniform(key, shape, 0.0, 1.0).lt(p)
+    super::uniform_dtype(key, shape, p.dtype(), 0.0, 1.0).lt(p)
 }
 
 /// JAX's `_check_shape`: `param` must broadcast to `shape` without enlarging it.
@@ -351,7 +367,8 @@ pub fn logistic(key: &Key, shape: impl Into<Shape>) -> Tensor {
 }
 
 /// `jax.random.categorical(key, logits, axis, shape)` (with replacement, the default): the
-/// index of the largest `gumbel + logits` along `axis`, i32. Without `shape` the result has
+/// index of the largest `gumbel + logits` along `axis` (the gumbel in the logits' dtype: f32,
+/// f16 or bf16), i32. Without `shape` the result has
 /// `logits`' shape without `axis`; a `shape` must end in that batch shape (dims of 1 in it
 /// broadcast), its leading dims are independent draws.
 #[track_caller]
@@ -361,7 +378,7 @@ pub fn categorical(
     axis: impl Into<Axis>,
     shape: Option<Shape>,
 ) -> Tensor {
-    check_f32("categorical", "logits", logits);
+    check_float("categorical", "logits", logits);
     let rank = logits.rank();
     if rank == 0 {
         fail(
@@ -393,7 +410,7 @@ pub fn categorical(
     full.insert(prefix + axis, n);
     let mut expanded = vec![1; prefix];
     expanded.extend_from_slice(logits.shape());
-    let g = gumbel(key, full) + logits.reshape(expanded);
+    let g = super::gumbel_dtype(key, full, logits.dtype()) + logits.reshape(expanded);
     g.argmax(prefix + axis)
 }
 
