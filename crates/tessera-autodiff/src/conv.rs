@@ -278,13 +278,13 @@ fn tessera_interp_free_unravel(mut f: usize, dims: &[usize]) -> Vec<usize> {
     idx
 }
 
-/// `P`: `x` dilated and padded with `value`.
 /// Whether `padded` and `unpad` are the identity: no padding and no base dilation.
 fn unpadded(win: &WindowDims) -> bool {
     win.padding.iter().all(|&(lo, hi)| lo == 0 && hi == 0)
         && win.base_dilation.iter().all(|&d| d == 1)
 }
 
+/// `P`: `x` dilated and padded with `value` (`x` itself when that is the identity).
 fn padded(b: &mut Builder, win: &WindowDims, x: NodeId, value: f64) -> Result<NodeId> {
     if unpadded(win) {
         return Ok(x);

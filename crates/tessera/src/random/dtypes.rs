@@ -227,7 +227,8 @@ fn next_in(v: f32, up: bool, dtype: DType) -> f32 {
 }
 
 /// `jax.random.truncated_normal(key, lower, upper, shape, dtype)` for f32, f16 and bf16: the
-/// bounds rounded to the dtype, `erf(bound * (1 / sqrt2))` in the dtype, `u` uniform between,
+/// bounds rounded to the dtype, `erf(bound / sqrt2)` in the dtype (as XLA computes the
+/// quotient), `u` uniform between,
 /// `sqrt2 * erf_inv(u)` clipped to the open interval, each step rounded to the dtype.
 #[track_caller]
 pub fn truncated_normal_dtype(
@@ -254,8 +255,14 @@ pub fn truncated_normal_dtype(
     let sqrt2 = r(std::f32::consts::SQRT_2);
     let inv = r(1.0 / sqrt2);
     let (lo, hi) = (r(lower), r(upper));
-    let a = r(xla_erf(r(lo * inv)));
-    let b = r(xla_erf(r(hi * inv)));
+    // XLA turns the division by the constant into a multiplication by its reciprocal in f16
+    // and keeps the division in bf16.
+    let scaled = |v: f32| match dtype {
+        DType::F16 => r(v * inv),
+        _ => r(v / sqrt2),
+    };
+    let a = r(xla_erf(scaled(lo)));
+    let b = r(xla_erf(scaled(hi)));
     let u = uniform_dtype(key, shape, dtype, f64::from(a), f64::from(b)).astype(DType::F32);
     let e = round_to(&u.erf_inv(), dtype);
     let out = round_to(&(&e * sqrt2), dtype);
