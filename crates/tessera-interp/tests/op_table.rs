@@ -1018,6 +1018,11 @@ fn scatter_reference(
     let mut writes: Vec<(usize, usize)> = Vec::new();
     for (pos, start) in starts {
         let Some(start) = start else { continue };
+        // A window wider than its operand dim (an inserted dim of size 0 that no index
+        // names) lands nowhere, as XLA skips an out-of-bounds window.
+        if (0..xt.rank()).any(|o| start[o] + window[o] > xt.dims()[o]) {
+            continue;
+        }
         for w in indices(&window) {
             let dst: Vec<usize> = start.iter().zip(&w).map(|(s, o)| s + o).collect();
             let mut u = vec![0usize; ut.rank()];
