@@ -61,6 +61,30 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
             },
             Err(e) => format!("error: {e}"),
         }),
+        // Explicit-mode typing (an Explicit mesh): parameters' annotations are the input types;
+        // prints every value's type, then the program with its collectives (the outputs kept
+        // at their types) and the per-device program.
+        "typed" => Ok(match parse(input) {
+            Ok(g) => match &g.mesh {
+                Some(mesh) => {
+                    match tessera_shard::explicit::type_graph(&g, mesh, &param_specs(&g)) {
+                        Ok(t) => {
+                            let x = tessera_shard::insert_collectives::insert_keeping_outputs(&t)
+                                .and_then(|i| tessera_shard::per_device(&i.explicit));
+                            match x {
+                                Ok(local) => {
+                                    format!("{}// per device:\n{}", print(&t), print(&local))
+                                }
+                                Err(e) => format!("{}error: {e}", print(&t)),
+                            }
+                        }
+                        Err(e) => format!("error: {e}"),
+                    }
+                }
+                None => "error: a typed test needs a mesh".into(),
+            },
+            Err(e) => format!("error: {e}"),
+        }),
         // Collective insertion: an annotated global program (propagate's output) in, the
         // program with its reshards and all-reduces explicit out.
         "insert_collectives" => Ok(match parse(input) {

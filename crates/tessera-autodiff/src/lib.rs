@@ -863,7 +863,7 @@ fn dot_general_vjp(
     let batch: Vec<usize> = (0..nb).collect();
 
     // Cotangent of one operand (`mine`) from the other (`other`); see the doc above.
-    let mut side = |mine_rank: usize,
+    let mut side = |mine: NodeId,
                     my_batch: &[usize],
                     my_free: &[usize],
                     my_contract: &[usize],
@@ -882,7 +882,7 @@ fn dot_general_vjp(
             }),
             &[g, other],
         )?;
-        // The result is [batch, my free dims, the other's contracting dims in its dim order].
+        let mine_rank = b.ty(mine).rank();
         let mut sorted: Vec<usize> = other_contract.to_vec();
         sorted.sort_unstable();
         let mut perm = vec![0; mine_rank];
@@ -899,6 +899,25 @@ fn dot_general_vjp(
                 .unwrap_or(0);
             perm[dim] = nb + my_free.len() + rank;
         }
+        // On an Explicit mesh the product takes the primal operand's sharding, permuted (JAX's
+        // transpose rule passes it as `out_sharding`): where its contraction is split, that
+        // is what completes the partial sums.
+        let d = match b.g.node(mine).sharding.clone() {
+            Some(s) if b.g.mesh.as_ref().is_some_and(|m| m.is_explicit()) => {
+                let mut dims = vec![tessera_ir::DimSharding::default(); mine_rank];
+                for (q, &p) in perm.iter().enumerate() {
+                    dims[p] = tessera_ir::DimSharding::closed(s.dims[q].axes.clone());
+                }
+                let c = tessera_ir::Sharding {
+                    dims,
+                    replicated: Vec::new(),
+                    unreduced: Vec::new(),
+                    ..s
+                };
+                b.add(Op::ShardingConstraint(c), &[d])?
+            }
+            _ => d,
+        };
         // `transpose` reads result dim `dim` from operand dim `perm[dim]`.
         b.transpose(d, perm)
     };
@@ -908,7 +927,7 @@ fn dot_general_vjp(
         None
     } else {
         Some(side(
-            lt.rank(),
+            l,
             &dd.lhs_batch,
             &lfree,
             &dd.lhs_contract,
@@ -923,7 +942,7 @@ fn dot_general_vjp(
         None
     } else {
         Some(side(
-            rt.rank(),
+            r,
             &dd.rhs_batch,
             &rfree,
             &dd.rhs_contract,

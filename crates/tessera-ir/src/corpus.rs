@@ -172,6 +172,7 @@ pub fn op_samples() -> Vec<Sample> {
                     DimSharding::default(),
                 ],
                 replicated: vec!["y".into()],
+                unreduced: Vec::new(),
             }),
             &[t(d, &[2, 3])],
             Some(mesh),

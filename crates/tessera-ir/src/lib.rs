@@ -31,7 +31,7 @@ pub use op::{
 pub use parse::{ParseError, parse};
 pub use print::{attrs_text, print};
 pub use region::{MAX_REGION_DEPTH, REGION_OP_NAMES, RegionOp};
-pub use sharding::{DimSharding, Mesh, Sharding};
+pub use sharding::{AxisType, DimSharding, Mesh, Sharding};
 pub use sorting::CumulativeKind;
 pub use types::{DType, MAX_TENSOR_BYTES, Shape, TensorType};
 pub use verify::{VerifyError, verify};

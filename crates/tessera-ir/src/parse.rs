@@ -18,7 +18,7 @@ use crate::graph::{Graph, NodeId};
 use crate::literal::{Data, Literal, bf16, f16};
 use crate::op::{BinaryOp, CollectiveOp, CompareOp, DotDims, Op, ReduceKind, UnaryOp};
 use crate::region::{MAX_REGION_DEPTH, RegionOp};
-use crate::sharding::{DimSharding, Mesh, Sharding};
+use crate::sharding::{AxisType, DimSharding, Mesh, Sharding};
 use crate::types::{DType, TensorType};
 
 /// The most elements one `constant` may declare (16,777,216: 64 MiB of f32). A larger value
@@ -316,6 +316,7 @@ impl Parser {
         self.expect('=')?;
         self.expect('<')?;
         let mut axes: Vec<(String, usize)> = Vec::new();
+        let mut types = Vec::new();
         if !self.eat('>') {
             loop {
                 let at = {
@@ -334,13 +335,23 @@ impl Parser {
                     return Err(self.error_at(at, format!("mesh axis \"{axis}\" has size 0")));
                 }
                 axes.push((axis, size));
+                self.skip_space();
+                types.push(if self.starts_with("explicit") {
+                    self.keyword("explicit")?;
+                    AxisType::Explicit
+                } else if self.starts_with("manual") {
+                    self.keyword("manual")?;
+                    AxisType::Manual
+                } else {
+                    AxisType::Auto
+                });
                 if self.eat('>') {
                     break;
                 }
                 self.expect(',')?;
             }
         }
-        Ok(Mesh::new(name, axes))
+        Ok(Mesh::new(name, axes).with_types(types))
     }
 
     fn dtype(&mut self) -> PResult<DType> {
@@ -429,21 +440,32 @@ impl Parser {
                 self.expect(',')?;
             }
         }
-        let mut replicated = Vec::new();
-        if self.eat(',') {
-            self.keyword("replicated")?;
+        let (mut replicated, mut unreduced) = (Vec::new(), Vec::new());
+        while self.eat(',') {
+            self.skip_space();
+            let which = if self.starts_with("replicated") {
+                self.keyword("replicated")?;
+                "replicated"
+            } else {
+                self.keyword("unreduced")?;
+                "unreduced"
+            };
             self.expect('=')?;
             let set = self.axis_set()?;
             if set.open {
-                return Err(self.error("the replicated axes cannot be open"));
+                return Err(self.error(format!("the {which} axes cannot be open")));
             }
-            replicated = set.axes;
+            match which {
+                "replicated" => replicated = set.axes,
+                _ => unreduced = set.axes,
+            }
         }
         self.expect('>')?;
         Ok(Sharding {
             mesh,
             dims,
             replicated,
+            unreduced,
         })
     }
 

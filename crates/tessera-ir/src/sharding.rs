@@ -13,19 +13,70 @@
 
 use std::fmt;
 
-/// A logical mesh of devices: named axes with sizes, printed `mesh @mesh = <"dp"=4, "mp"=2>`.
+/// How the compiler treats a mesh axis, as JAX's `jax.sharding.AxisType`:
+/// - `Auto`: shardings over it are hints; propagation decides where each value is split
+///   (`tessera_shard::propagate`);
+/// - `Explicit`: a value's split over it is part of its type, fixed by each op's rule
+///   (`tessera_shard::explicit`), and an ambiguous op is an error;
+/// - `Manual`: inside `shard_map`, the program sees one device's shard and communicates by axis
+///   name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum AxisType {
+    #[default]
+    Auto,
+    Explicit,
+    Manual,
+}
+
+impl AxisType {
+    pub fn name(self) -> &'static str {
+        match self {
+            AxisType::Auto => "auto",
+            AxisType::Explicit => "explicit",
+            AxisType::Manual => "manual",
+        }
+    }
+}
+
+/// A logical mesh of devices: named axes with sizes, printed `mesh @mesh = <"dp"=4, "mp"=2>`;
+/// an axis that is not `Auto` prints its type after its size (`"dp"=4 explicit`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Mesh {
     pub name: String,
     pub axes: Vec<(String, usize)>,
+    /// One type per axis.
+    pub types: Vec<AxisType>,
 }
 
 impl Mesh {
+    /// A mesh of `Auto` axes.
     pub fn new(name: impl Into<String>, axes: Vec<(String, usize)>) -> Mesh {
+        let types = vec![AxisType::Auto; axes.len()];
         Mesh {
             name: name.into(),
             axes,
+            types,
         }
+    }
+
+    /// The same mesh with the given axis types (one per axis).
+    pub fn with_types(mut self, types: Vec<AxisType>) -> Mesh {
+        assert_eq!(types.len(), self.axes.len(), "one axis type per mesh axis");
+        self.types = types;
+        self
+    }
+
+    /// The type of a named axis (`Auto` for an axis the mesh lacks, checked elsewhere).
+    pub fn axis_type(&self, axis: &str) -> AxisType {
+        self.axes
+            .iter()
+            .position(|(n, _)| n == axis)
+            .map_or(AxisType::Auto, |i| self.types[i])
+    }
+
+    /// Whether any axis is `Explicit`: values then carry their sharding in their types.
+    pub fn is_explicit(&self) -> bool {
+        self.types.contains(&AxisType::Explicit)
     }
 
     /// The size of a named axis, `None` when the mesh has no such axis.
@@ -99,6 +150,10 @@ impl fmt::Display for Mesh {
                 write!(f, ", ")?;
             }
             write!(f, "\"{n}\"={s}")?;
+            match self.types[i] {
+                AxisType::Auto => {}
+                t @ (AxisType::Explicit | AxisType::Manual) => write!(f, " {}", t.name())?,
+            }
         }
         write!(f, ">")
     }
@@ -118,12 +173,16 @@ impl DimSharding {
     }
 }
 
-/// A tensor's sharding: `<@mesh, [{"dp"}, {}], replicated={"mp"}>`.
+/// A tensor's sharding: `<@mesh, [{"dp"}, {}], replicated={"mp"}>`. `unreduced={"mp"}` (an
+/// Explicit-mode type, JAX's `P(..., unreduced={"mp"})`) says each device holds a partial sum
+/// over those axes: a dot whose contracting dims are sharded, before the sharding the user
+/// gives it (`out_sharding`, `reshard`) completes the sum.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Sharding {
     pub mesh: String,
     pub dims: Vec<DimSharding>,
     pub replicated: Vec<String>,
+    pub unreduced: Vec<String>,
 }
 
 impl Sharding {
@@ -133,6 +192,7 @@ impl Sharding {
             mesh: mesh.into(),
             dims: vec![DimSharding::default(); rank],
             replicated: Vec::new(),
+            unreduced: Vec::new(),
         }
     }
 
@@ -145,6 +205,7 @@ impl Sharding {
                 .map(|a| DimSharding::closed(a.clone()))
                 .collect(),
             replicated: Vec::new(),
+            unreduced: Vec::new(),
         }
     }
 
@@ -159,6 +220,7 @@ impl Sharding {
             .iter()
             .flat_map(|d| d.axes.iter())
             .chain(self.replicated.iter())
+            .chain(self.unreduced.iter())
     }
 }
 
@@ -193,6 +255,10 @@ impl fmt::Display for Sharding {
         if !self.replicated.is_empty() {
             write!(f, ", replicated=")?;
             write_axes(f, &self.replicated, false)?;
+        }
+        if !self.unreduced.is_empty() {
+            write!(f, ", unreduced=")?;
+            write_axes(f, &self.unreduced, false)?;
         }
         write!(f, ">")
     }

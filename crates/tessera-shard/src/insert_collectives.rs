@@ -52,6 +52,15 @@ pub fn insert_annotated(g: &Graph) -> Result<Inserted, ShardError> {
     insert(g)
 }
 
+/// The pass on a program whose every value is annotated with its type (an Explicit mesh,
+/// `explicit::type_graph`): as `insert_annotated`, and each output resharded to its annotation
+/// where it ends up elsewhere.
+pub fn insert_keeping_outputs(g: &Graph) -> Result<Inserted, ShardError> {
+    let mesh = mesh_of(g, PASS)?;
+    let outs = crate::explicit::output_specs(g);
+    insert_graph(g, mesh, None, Some(&outs))
+}
+
 /// What an op's factor rule decides, given where its operands are and where propagation wants
 /// its result.
 struct Decision {

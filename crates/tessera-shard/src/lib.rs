@@ -13,6 +13,7 @@
 //! `NamedSharding` of the `tessera` crate reduce to.
 
 pub mod combine;
+pub mod explicit;
 pub mod factors;
 mod gather;
 pub mod insert_collectives;

@@ -84,6 +84,9 @@ fn linearize<P: Tree, O: Tree>(
         }
     }
     let (guard, tracers) = trace::begin("vjp", &types);
+    // On an Explicit mesh the function sees its inputs' types, shardings included.
+    let shardings: Vec<_> = leaves.iter().map(trace::typed_sharding).collect();
+    trace::type_params(&guard, &shardings);
     let p_tr: P = tree::unflatten(&pdef, tracers).unwrap_or_else(|e| raise(e));
     let out = match catch(|| f(&p_tr)) {
         Ok(out) => out,

@@ -132,8 +132,18 @@ pub(crate) fn trace_fn_on<In: Tree, Out: Tree>(
     def: &TreeDef,
     types: &[TensorType],
     mesh: Option<tessera_ir::Mesh>,
+    specs: Option<&[Spec]>,
 ) -> Result<(Graph, TreeDef)> {
+    let ir_mesh = mesh.clone();
     let (guard, tracers) = trace::begin_on(name, types, mesh);
+    if let (Some(specs), Some(m)) = (specs, &ir_mesh) {
+        // On an Explicit mesh the inputs' shardings are their types.
+        let shardings: Vec<_> = specs
+            .iter()
+            .map(|s| Some(tessera_ir::Sharding::closed(m, s)))
+            .collect();
+        trace::type_params(&guard, &shardings);
+    }
     {
         // Name each parameter by its place in the argument tree.
         let mut g = guard.state.graph.borrow_mut();
@@ -332,13 +342,22 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         let target = target_of(sig, location)?;
         // The trace knows the inputs' mesh from the start, so that sharding constraints
         // type-check in it and in the traces nested in it (a `grad` inside the function).
-        let mesh = match &target {
-            Target::Sharded { mesh, .. } => Some(mesh.mesh.clone()),
-            Target::Single | Target::PerDevice { .. } => None,
+        let (mesh, specs) = match &target {
+            Target::Sharded { mesh, specs } => (Some(mesh.mesh.clone()), Some(specs.clone())),
+            Target::Single | Target::PerDevice { .. } => (None, None),
         };
         let options = &self.cache.options;
         let mut pipeline = Pipeline::new(target, options, location, dump);
-        let trace = || trace_fn_on(&options.name, &self.f, &sig.def, &sig.types, mesh);
+        let trace = || {
+            trace_fn_on(
+                &options.name,
+                &self.f,
+                &sig.def,
+                &sig.types,
+                mesh,
+                specs.as_deref(),
+            )
+        };
         let lowered = pipeline.lower(trace, keep_stages)?;
         Ok((pipeline, lowered))
     }
@@ -387,7 +406,7 @@ pub fn make_ir<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> impl Fn(&In) -> R
     move |args: &In| {
         let (leaves, def) = tree::flatten(args);
         let types: Vec<TensorType> = leaves.iter().map(|t| t.ty().clone()).collect();
-        let (graph, out_def) = trace_fn_on(&name, &f, &def, &types, trace::current_mesh())?;
+        let (graph, out_def) = trace_fn_on(&name, &f, &def, &types, trace::current_mesh(), None)?;
         Ok(Lowered::traced(graph, out_def))
     }
 }

@@ -58,7 +58,10 @@ pub use pmap::{
     psum_scatter,
 };
 pub use promote::{Number, Scalar, result_type};
-pub use sharding::{Mesh, NamedSharding, PartitionSpec, device_put, visualize_array_sharding};
+pub use sharding::{
+    AxisType, Mesh, NamedSharding, PartitionSpec, device_put, einsum_out, reshard,
+    visualize_array_sharding,
+};
 pub use slicing::{Index, stride};
 pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
@@ -80,8 +83,8 @@ pub mod prelude {
     pub use crate::random::{self, Key};
     pub use crate::s;
     pub use crate::sharding::{
-        Mesh, NamedSharding, PartitionSpec, device_put, sharding_table, visualize_array_sharding,
-        with_sharding_constraint,
+        AxisType, Mesh, NamedSharding, PartitionSpec, device_put, einsum_out, reshard,
+        sharding_table, visualize_array_sharding, with_sharding_constraint,
     };
     pub use crate::slicing::{Index, stride};
     pub use crate::tree::{self, Tree};

@@ -463,7 +463,9 @@ impl Tensor {
     /// The `dot_general` primitive.
     #[track_caller]
     pub fn dot_general(&self, rhs: &Tensor, dims: DotDims) -> Tensor {
-        apply(Op::DotGeneral(dims), &[self, rhs])
+        let out = apply(Op::DotGeneral(dims.clone()), &[self, rhs]);
+        crate::sharding::check_reduced(&out, self, rhs, &dims);
+        out
     }
 
     /// `x * x`.

@@ -57,15 +57,20 @@ pub(crate) struct Pass {
 }
 
 /// The pipeline between the trace and code generation, in order.
-pub(crate) const PASSES: [Pass; 5] = [
+pub(crate) const PASSES: [Pass; 6] = [
     Pass {
         name: "simplified",
         when: |c| c.simplify,
         run: simplify,
     },
     Pass {
+        name: "typed",
+        when: |c| explicit(c.target),
+        run: type_graph,
+    },
+    Pass {
         name: "propagated",
-        when: |c| matches!(c.target, Target::Sharded { .. }),
+        when: |c| matches!(c.target, Target::Sharded { .. }) && !explicit(c.target),
         run: propagate,
     },
     Pass {
@@ -122,12 +127,35 @@ fn propagate(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
     tessera_shard::propagate(&graph, &mesh.mesh, specs).map_err(|e| shard_error(ctx, e))
 }
 
+/// Whether the program's mesh has Explicit axes: shardings are then types, fixed by each op's
+/// rule (`typed`), not propagated.
+fn explicit(target: &Target) -> bool {
+    matches!(target, Target::Sharded { mesh, .. } if mesh.mesh.is_explicit())
+}
+
+/// typed: consumes the global program on an Explicit mesh; produces it with every value
+/// annotated with its type's sharding, closed (`tessera_shard::explicit::type_graph`): the
+/// trace typed each op already (and reported a conflict at the user's line); this types the
+/// simplified program again, whose nodes the simplifier rebuilt.
+fn type_graph(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
+    let Target::Sharded { mesh, specs } = ctx.target else {
+        unreachable!("`PASSES` runs type_graph for sharded targets only")
+    };
+    tessera_shard::explicit::type_graph(&graph, &mesh.mesh, specs).map_err(|e| shard_error(ctx, e))
+}
+
 /// collectives: consumes propagate's output; produces the global program with every value
 /// annotated where it is and its communication explicit (reshards, all-reduces:
 /// `tessera_shard::insert_collectives`), leaving the annotated global program with its
 /// conflicts and reshards noted (the stage `sharded`, shown before this one).
 fn insert_collectives(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
-    let inserted = tessera_shard::insert_annotated(&graph).map_err(|e| shard_error(ctx, e))?;
+    let inserted = if explicit(ctx.target) {
+        // Outputs leave with their types.
+        tessera_shard::insert_collectives::insert_keeping_outputs(&graph)
+    } else {
+        tessera_shard::insert_annotated(&graph)
+    }
+    .map_err(|e| shard_error(ctx, e))?;
     ctx.side = vec![("sharded", inserted.annotated)];
     Ok(inserted.explicit)
 }
@@ -394,7 +422,7 @@ impl<'a> Pipeline<'a> {
         let start = Instant::now();
         let programs = match self.options.backend {
             Backend::Interpreter => (0..devices)
-                .map(|_| BackendProgram::Interpreted(graph.clone()))
+                .map(|_| BackendProgram::Interpreted(Box::new(graph.clone())))
                 .collect(),
             Backend::Cranelift => {
                 let exe =
@@ -569,7 +597,7 @@ pub enum Backend {
 /// A program in its backend's form, ready to run on input buffers.
 pub(crate) enum BackendProgram {
     /// The reference interpreter runs the graph.
-    Interpreted(Graph),
+    Interpreted(Box<Graph>),
     /// Native kernels, GEMM calls and collectives over one arena.
     Native(Box<tessera_codegen::Executable>),
 }

@@ -343,7 +343,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         let target = Target::PerDevice { mesh: mesh.clone() };
         let mut pipeline = Pipeline::new(target, options, location, dump);
         let trace =
-            || crate::jit::trace_fn_on(&options.name, &self.f, &sig.def, &local, Some(mesh));
+            || crate::jit::trace_fn_on(&options.name, &self.f, &sig.def, &local, Some(mesh), None);
         let lowered = pipeline.lower(trace, keep_stages)?;
         Ok((pipeline, lowered))
     }

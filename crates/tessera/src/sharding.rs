@@ -6,12 +6,15 @@
 //! dims may be left out, a `NamedSharding` adds the mesh (and its devices), and the runtime's
 //! placement and the IR's annotation are built from the padded spec.
 
+use std::cell::Cell;
 use std::fmt;
 use std::panic::Location;
 
+pub use tessera_ir::AxisType;
 use tessera_ir::sharding::Spec;
 use tessera_runtime::{ShardSpec, try_device_count};
 use tessera_shard::check_spec;
+use tessera_shard::explicit::{self, Typed};
 
 use crate::error::{Error, Result, loc_text, raise};
 use crate::tensor::{Repr, Tensor};
@@ -19,6 +22,13 @@ use crate::tree::{self, Tree};
 
 /// A logical mesh of devices with named axes, like `jax.make_mesh`. Device `i` of the mesh is
 /// host device `i`, row-major over the axes.
+///
+/// Each axis has an [`AxisType`]. `Mesh::new` makes `Auto` axes, as `jax.sharding.Mesh` does
+/// (the compiler propagates shardings; the seeds' programs are written for this);
+/// `Mesh::explicit` (JAX 0.10's `jax.make_mesh` default) makes `Explicit` ones: every value's
+/// sharding is part of its type and each op's result sharding follows a fixed rule
+/// (`tessera_shard::explicit`). To make Explicit the default, change `AxisType::Auto` to
+/// `AxisType::Explicit` in `Mesh::try_new`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Mesh {
     pub(crate) ir: tessera_ir::Mesh,
@@ -71,9 +81,41 @@ impl Mesh {
                     .zip(shape)
                     .map(|(n, &s)| (n.to_string(), s))
                     .collect(),
-            ),
+            )
+            .with_types(vec![AxisType::Auto; shape.len()]),
             devices: (0..n).collect(),
         })
+    }
+
+    /// A mesh of `Explicit` axes: `jax.make_mesh(shape, names)` in JAX 0.10.
+    #[track_caller]
+    pub fn explicit<const N: usize>(shape: [usize; N], names: [&str; N]) -> Mesh {
+        Mesh::new(shape, names).with_axis_types([AxisType::Explicit; N])
+    }
+
+    /// The same mesh with one type per axis (`axis_types=` of `jax.make_mesh`). Panics with the
+    /// caller's line when the count differs from the axes'.
+    #[track_caller]
+    pub fn with_axis_types(mut self, types: impl AsRef<[AxisType]>) -> Mesh {
+        let types = types.as_ref();
+        if types.len() != self.ir.axes.len() {
+            raise(Error::Op {
+                op: "Mesh::with_axis_types".into(),
+                message: format!(
+                    "{} axis types for the {} axes of {self}",
+                    types.len(),
+                    self.ir.axes.len()
+                ),
+                location: loc_text(Location::caller()),
+            });
+        }
+        self.ir = self.ir.with_types(types.to_vec());
+        self
+    }
+
+    /// The type of each axis.
+    pub fn axis_types(&self) -> Vec<AxisType> {
+        self.ir.types.clone()
     }
 
     pub fn axis_names(&self) -> Vec<&str> {
@@ -97,7 +139,25 @@ impl fmt::Display for Mesh {
             .iter()
             .map(|(n, s)| format!("'{n}': {s}"))
             .collect();
-        write!(f, "Mesh({})", axes.join(", "))
+        if self.ir.types.iter().all(|t| *t == AxisType::Auto) {
+            return write!(f, "Mesh({})", axes.join(", "));
+        }
+        let types: Vec<&str> = self
+            .ir
+            .types
+            .iter()
+            .map(|t| match t {
+                AxisType::Auto => "Auto",
+                AxisType::Explicit => "Explicit",
+                AxisType::Manual => "Manual",
+            })
+            .collect();
+        write!(
+            f,
+            "Mesh({}, axis_types=({}))",
+            axes.join(", "),
+            types.join(", ")
+        )
     }
 }
 
@@ -271,10 +331,21 @@ pub fn with_sharding_constraint(x: &Tensor, sharding: &NamedSharding) -> Tensor 
 }
 
 impl Tensor {
-    /// Where the tensor lives: its mesh and partition spec, or `None` for a host value.
+    /// Where the tensor lives: its mesh and partition spec, or `None` for a host value. Inside a
+    /// trace on an Explicit mesh, a tracer's sharding is its type's (`jax.typeof(x).sharding`);
+    /// other tracers have none.
     pub fn sharding(&self) -> Option<NamedSharding> {
         let Repr::Concrete(a) = &self.repr else {
-            return None;
+            let s = crate::trace::typed_sharding(self)?;
+            let mesh = crate::trace::current_mesh()?;
+            let n = mesh.device_count();
+            return Some(NamedSharding {
+                mesh: Mesh {
+                    ir: mesh,
+                    devices: (0..n).collect(),
+                },
+                spec: PartitionSpec::of(&s.spec()),
+            });
         };
         let spec = a.spec()?;
         Some(NamedSharding {
@@ -367,4 +438,146 @@ pub fn sharding_table(t: &Tensor) -> String {
     }
     out.push(line("└", "┴", "┘"));
     out.join("\n")
+}
+
+thread_local! {
+    /// How many `*_out` calls are running on this thread: inside one, a dot may leave a partial
+    /// sum, which the call completes into its `out_sharding`.
+    static OUT_SHARDING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Restores the count when the call unwinds too.
+struct OutScope;
+
+impl OutScope {
+    fn enter() -> OutScope {
+        OUT_SHARDING.with(|c| c.set(c.get() + 1));
+        OutScope
+    }
+}
+
+impl Drop for OutScope {
+    fn drop(&mut self) {
+        OUT_SHARDING.with(|c| c.set(c.get() - 1));
+    }
+}
+
+/// After a user's dot on an Explicit mesh: its result must not be a partial sum unless the
+/// caller gives `out_sharding` (JAX's error otherwise, at the caller's line).
+#[track_caller]
+pub(crate) fn check_reduced(out: &Tensor, lhs: &Tensor, rhs: &Tensor, dims: &tessera_ir::DotDims) {
+    if OUT_SHARDING.with(|c| c.get()) > 0 {
+        return;
+    }
+    let Some(s) = crate::trace::typed_sharding(out) else {
+        return;
+    };
+    if s.unreduced.is_empty() {
+        return;
+    }
+    let typed = |t: &Tensor| {
+        crate::trace::typed_sharding(t)
+            .map(|s| Typed::from_sharding(&s))
+            .unwrap_or_else(|| Typed::replicated(t.rank()))
+    };
+    raise(Error::Op {
+        op: "dot_general".into(),
+        message: explicit::ambiguous_dot(&typed(lhs), &typed(rhs), dims),
+        location: loc_text(Location::caller()),
+    })
+}
+
+/// Runs `f` (a dot, an einsum) allowing it a partial-sum result, then reshards its result to
+/// `out`: JAX's `out_sharding=`.
+#[track_caller]
+fn with_out(op: &str, out: &PartitionSpec, f: impl FnOnce() -> Tensor) -> Tensor {
+    let y = {
+        let _scope = OutScope::enter();
+        f()
+    };
+    if !y.is_tracer() && y.sharding().is_none() {
+        // A host value has no mesh to be split over.
+        return y;
+    }
+    reshard_named(&y, out, op)
+}
+
+impl Tensor {
+    /// `jnp.matmul(a, b, out_sharding=spec)`: the product with its sharding given, as an
+    /// Explicit mesh needs where the contracting dims are split (the partial sums are completed
+    /// into `out`: an all-reduce, or a reduce-scatter where `out` splits a dim).
+    #[track_caller]
+    pub fn matmul_out(&self, rhs: &Tensor, out: PartitionSpec) -> Tensor {
+        with_out("matmul", &out, || self.matmul(rhs))
+    }
+
+    /// `lax.dot_general(.., out_sharding=spec)`.
+    #[track_caller]
+    pub fn dot_general_out(
+        &self,
+        rhs: &Tensor,
+        dims: tessera_ir::DotDims,
+        out: PartitionSpec,
+    ) -> Tensor {
+        with_out("dot_general", &out, || self.dot_general(rhs, dims))
+    }
+
+    /// `jnp.reshape(x, shape, out_sharding=spec)`: a reshape whose result sharding the rule
+    /// cannot derive (a minor dim split, dims split into ones the axes do not divide) with it
+    /// given. The value is gathered, reshaped and split again as `out` says.
+    #[track_caller]
+    pub fn reshape_out(&self, shape: impl Into<tessera_ir::Shape>, out: PartitionSpec) -> Tensor {
+        if !self.is_tracer() && self.sharding().is_none() {
+            return self.reshape(shape);
+        }
+        let whole = reshard_named(self, &PartitionSpec::default(), "reshape");
+        reshard_named(&whole.reshape(shape), &out, "reshape")
+    }
+}
+
+/// `jnp.einsum(spec, *operands, out_sharding=out)`.
+#[track_caller]
+pub fn einsum_out(spec: &str, operands: &[&Tensor], out: PartitionSpec) -> Tensor {
+    with_out("einsum", &out, || crate::einsum::einsum(spec, operands))
+}
+
+/// `jax.sharding.reshard(x, spec)`: `x` with the sharding `spec` on its mesh, an explicit op
+/// that becomes the collective the change needs (an all-gather, an all-to-all, a local slice;
+/// an all-reduce or reduce-scatter for a partial sum). On a concrete tensor, `device_put` on
+/// the mesh it lives on.
+#[track_caller]
+pub fn reshard(x: &Tensor, spec: PartitionSpec) -> Tensor {
+    reshard_named(x, &spec, "reshard")
+}
+
+#[track_caller]
+fn reshard_named(x: &Tensor, spec: &PartitionSpec, op: &str) -> Tensor {
+    let location = loc_text(Location::caller());
+    let fail = |message: String| -> ! {
+        raise(Error::Op {
+            op: op.into(),
+            message,
+            location: location.clone(),
+        })
+    };
+    let dims = spec.padded(x.rank()).unwrap_or_else(|m| fail(m));
+    if !x.is_tracer() {
+        let Some(placed) = x.sharding() else {
+            fail(format!(
+                "{} lives on the host: reshard moves a value between shardings of its mesh;                  place it with device_put",
+                x.ty()
+            ))
+        };
+        return device_put(x.clone(), &NamedSharding::new(&placed.mesh, spec.clone()));
+    }
+    let Some(mesh) = crate::trace::current_mesh() else {
+        fail(format!(
+            "out_sharding {spec} needs a mesh: the inputs of the jit are not placed on one"
+        ))
+    };
+    check_spec(&mesh, x.ty(), &dims).unwrap_or_else(|e| fail(format!("{} to {spec}: {e}", x.ty())));
+    crate::trace::apply(
+        tessera_ir::Op::ShardingConstraint(tessera_ir::Sharding::closed(&mesh, &dims)),
+        &[x],
+    )
 }

@@ -12,8 +12,9 @@ use std::panic::Location;
 use std::rc::Rc;
 
 use tessera_interp::eval_op;
-use tessera_ir::{Graph, Literal, Mesh, NodeId, Op, RegionOp, TensorType};
+use tessera_ir::{Graph, Literal, Mesh, NodeId, Op, RegionOp, Sharding, TensorType};
 use tessera_runtime::Array;
+use tessera_shard::explicit::{self, Typed};
 
 use crate::error::{Error, loc_text, raise};
 use crate::tensor::{Repr, Tensor, Tracer};
@@ -140,6 +141,8 @@ pub(crate) fn lift(trace: &Rc<TraceState>, t: &Tensor) -> NodeId {
                 return n;
             }
             let n = trace.graph.borrow_mut().add_param(tr.ty.clone());
+            // On an Explicit mesh the capture keeps its type's sharding.
+            trace.graph.borrow_mut().node_mut(n).sharding = typed_sharding(t);
             trace.capture_nodes.borrow_mut().insert(key, n);
             trace.captures.borrow_mut().push(t.clone());
             n
@@ -259,11 +262,72 @@ pub(crate) fn apply_at(op: Op, operands: &[&Tensor], location: String) -> Tensor
                     raise(Error::Type { error, location })
                 }
             };
-            graph.node_mut(node).loc = Some(location);
+            graph.node_mut(node).loc = Some(location.clone());
+            if let Err(message) = type_node(&mut graph, node) {
+                let name = graph.op(node).name().to_string();
+                drop(graph);
+                raise(Error::Op {
+                    op: name,
+                    message,
+                    location,
+                })
+            }
             let ty = graph.ty(node).clone();
             drop(graph);
             Tensor::traced(trace, node, ty)
         }
+    }
+}
+
+/// On a trace whose mesh has Explicit axes, the type rule of the node just added
+/// (`tessera_shard::explicit::rule`): its sharding annotated, or the rule's error. A node with
+/// an operand of no known type (a parameter of a body or of a transformation's trace, typed
+/// later by the pass `type_graph`) stays untyped.
+fn type_node(graph: &mut Graph, node: NodeId) -> Result<(), String> {
+    let Some(mesh) = graph.mesh.clone().filter(|m| m.is_explicit()) else {
+        return Ok(());
+    };
+    let mut typed = Vec::new();
+    for o in graph.operands(node) {
+        match (&graph.node(o).sharding, graph.op(o)) {
+            (Some(s), _) => typed.push(Typed::from_sharding(s)),
+            (None, Op::Constant(_)) => typed.push(Typed::replicated(graph.ty(o).rank())),
+            (None, _) => return Ok(()),
+        }
+    }
+    let operands: Vec<(&TensorType, &Typed)> = graph
+        .operands(node)
+        .iter()
+        .zip(&typed)
+        .map(|(&o, t)| (graph.ty(o), t))
+        .collect();
+    let t = explicit::rule(&mesh, graph.op(node), &operands, graph.ty(node))?;
+    graph.node_mut(node).sharding = Some(t.sharding(&mesh));
+    Ok(())
+}
+
+/// The Explicit-mode sharding of a tensor: a tracer's annotation, a placed array's spec on the
+/// trace's mesh, `None` for an untyped tracer or a host value.
+pub(crate) fn typed_sharding(t: &Tensor) -> Option<Sharding> {
+    match &t.repr {
+        Repr::Traced(tr) => tr.trace.graph.borrow().node(tr.node).sharding.clone(),
+        Repr::Concrete(a) => {
+            let spec = a.spec()?;
+            Some(Sharding::closed(&spec.mesh, &spec.dims))
+        }
+    }
+}
+
+/// Annotates the parameters of the trace `guard` records with `shardings` (an Explicit-mode
+/// trace's input types).
+pub(crate) fn type_params(guard: &TraceGuard, shardings: &[Option<Sharding>]) {
+    let mut g = guard.state.graph.borrow_mut();
+    if !g.mesh.as_ref().is_some_and(|m| m.is_explicit()) {
+        return;
+    }
+    let params = g.params().to_vec();
+    for (p, s) in params.iter().zip(shardings) {
+        g.node_mut(*p).sharding = s.clone();
     }
 }
 
@@ -318,6 +382,37 @@ pub(crate) fn apply_region(r: RegionOp, operands: &[&Tensor], location: String) 
                 }
             };
             graph.node_mut(node).loc = Some(location.clone());
+            if let Some(mesh) = graph.mesh.clone().filter(|m| m.is_explicit()) {
+                let typed: Option<Vec<Typed>> = nodes
+                    .iter()
+                    .map(|&o| match (&graph.node(o).sharding, graph.op(o)) {
+                        (Some(s), _) => Some(Typed::from_sharding(s)),
+                        (None, Op::Constant(_)) => Some(Typed::replicated(graph.ty(o).rank())),
+                        (None, _) => None,
+                    })
+                    .collect();
+                if let Some(typed) = typed {
+                    let Op::Region(r) = graph.op(node) else {
+                        unreachable!("just added as a region")
+                    };
+                    match explicit::region_results(&mesh, r, &typed) {
+                        Ok(ts) => {
+                            for (&n, t) in results.iter().zip(&ts) {
+                                graph.node_mut(n).sharding = Some(t.sharding(&mesh));
+                            }
+                        }
+                        Err(message) => {
+                            let name = graph.op(node).name().to_string();
+                            drop(graph);
+                            raise(Error::Op {
+                                op: name,
+                                message,
+                                location,
+                            })
+                        }
+                    }
+                }
+            }
             let out: Vec<(NodeId, TensorType)> = results
                 .iter()
                 .map(|&n| {
