@@ -22,6 +22,10 @@ mod data_parallel_pmap;
 mod mesh_2d;
 
 #[allow(dead_code)]
+#[path = "../examples/data_parallel_shard_map.rs"]
+mod data_parallel_shard_map;
+
+#[allow(dead_code)]
 #[path = "../examples/rnn_scan.rs"]
 mod rnn_scan;
 
@@ -104,6 +108,22 @@ fn data_parallel_sharding_prints_jax_losses_on_8_devices() {
             "parameters stay replicated"
         );
     }
+}
+
+#[test]
+fn both_seeds_written_with_shard_map_print_jax_losses_on_8_devices() {
+    eight_devices();
+    let (pmap, params, _) = data_parallel_shard_map::train_pmap_seed(41).unwrap();
+    check(&pmap, JAX_PMAP_8, "shard_map pmap seed");
+    assert_eq!(params.w1.sharding().unwrap().spec.0.len(), 0, "replicated");
+    let (sharding, _, per_device) = data_parallel_shard_map::train_sharding_seed(41).unwrap();
+    check(&sharding, JAX_SEED, "shard_map sharding seed");
+    // The per-device step averages the gradients and the loss in one all-reduce over dp.
+    assert_eq!(
+        per_device.matches("= all_reduce ").count(),
+        1,
+        "{per_device}"
+    );
 }
 
 #[test]

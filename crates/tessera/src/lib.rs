@@ -34,6 +34,7 @@ pub mod pipeline;
 pub mod pmap;
 pub mod promote;
 pub mod random;
+pub mod shard_map;
 pub mod sharding;
 pub mod slicing;
 pub mod sorting;
@@ -58,6 +59,7 @@ pub use pmap::{
     psum_scatter,
 };
 pub use promote::{Number, Scalar, result_type};
+pub use shard_map::{ShardMapped, Specs, shard_map};
 pub use sharding::{
     AxisType, Mesh, NamedSharding, PartitionSpec, device_put, einsum_out, reshard,
     visualize_array_sharding,
@@ -82,6 +84,7 @@ pub mod prelude {
     };
     pub use crate::random::{self, Key};
     pub use crate::s;
+    pub use crate::shard_map::{ShardMapped, Specs, shard_map};
     pub use crate::sharding::{
         AxisType, Mesh, NamedSharding, PartitionSpec, device_put, einsum_out, reshard,
         sharding_table, visualize_array_sharding, with_sharding_constraint,
@@ -93,7 +96,7 @@ pub mod prelude {
         custom_vjp, eval_graph, fori_loop, grad, jit, make_ir, scan, stop_gradient, switch,
         value_and_grad, value_and_grad_argnums, value_and_grad_with_aux, vjp, while_loop,
     };
-    pub use crate::{P, device_count};
+    pub use crate::{P, device_count, specs};
     pub use crate::{
         axes,
         vmap::{Axes, Vmapped, vmap},
