@@ -121,13 +121,24 @@ struct Inner<F> {
 
 type Leaves = Vec<Tensor>;
 
+#[derive(Default)]
+struct CallState {
+    args: Option<TreeDef>,
+    location: String,
+    /// The result structure of each argument signature traced (a cache hit does not trace).
+    outs: std::collections::HashMap<(TreeDef, Vec<TensorType>), TreeDef>,
+    /// The key of the current call.
+    key: Option<(TreeDef, Vec<TensorType>)>,
+}
+
 /// A shard-mapped function; apply it with [`ShardMapped::call`].
 pub struct ShardMapped<F, In, Out> {
     inner: Rc<Inner<F>>,
     /// The run on concrete inputs: the global program under `jit`, over leaves.
     jitted: Jitted<Box<dyn Fn(Leaves) -> Leaves>, Leaves, Leaves>,
-    /// The argument and result structures of the current concrete call.
-    defs: Rc<RefCell<(Option<TreeDef>, Option<TreeDef>)>>,
+    /// The current concrete call: its argument structure, its caller's line, and (once traced)
+    /// its result structure.
+    defs: Rc<RefCell<CallState>>,
     _types: std::marker::PhantomData<fn(In) -> Out>,
 }
 
@@ -151,14 +162,22 @@ pub fn shard_map<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'st
 
 impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardMapped<F, In, Out> {
     fn build(inner: Rc<Inner<F>>) -> Self {
-        let defs: Rc<RefCell<(Option<TreeDef>, Option<TreeDef>)>> = Rc::default();
+        let defs: Rc<RefCell<CallState>> = Rc::default();
         let (i, d) = (inner.clone(), defs.clone());
         let run: Box<dyn Fn(Leaves) -> Leaves> = Box::new(move |leaves: Leaves| {
-            let def = d.borrow().0.clone().expect("set before the call");
+            let (def, location) = {
+                let st = d.borrow();
+                (
+                    st.args.clone().expect("set before the call"),
+                    st.location.clone(),
+                )
+            };
             let args: In = tree::unflatten(&def, leaves).unwrap_or_else(|e| raise(e));
-            let out = i.apply(args, "shard_map".into());
+            let out = i.apply(args, location);
             let (out_leaves, out_def) = tree::flatten(&out);
-            d.borrow_mut().1 = Some(out_def);
+            let mut st = d.borrow_mut();
+            let key = st.key.clone().expect("set before the call");
+            st.outs.insert(key, out_def);
             out_leaves
         });
         ShardMapped {
@@ -189,7 +208,10 @@ impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardM
             .filter(|n| axes.contains(n))
             .map(|n| n.to_string())
             .collect();
-        let inner = Rc::into_inner(self.inner).expect("not yet shared");
+        let ShardMapped { inner, jitted, .. } = self;
+        // The jitted closure holds the other reference.
+        drop(jitted);
+        let inner = Rc::into_inner(inner).expect("no other reference");
         ShardMapped::build(Rc::new(Inner { manual, ..inner }))
     }
 
@@ -204,9 +226,9 @@ impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardM
             return catch(|| self.inner.apply(args, location.clone()));
         }
         let placed = self.place(&leaves, &def, &location)?;
-        self.defs.borrow_mut().0 = Some(def);
+        let key = self.begin_call(def, &placed, location);
         let outs = self.jitted.call(placed)?;
-        let out_def = self.defs.borrow().1.clone().expect("set by the trace");
+        let out_def = self.defs.borrow().outs[&key].clone();
         tree::unflatten(&out_def, outs)
     }
 
@@ -216,8 +238,24 @@ impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardM
         let location = loc_text(Location::caller());
         let (leaves, def) = tree::flatten(args);
         let placed = self.place(&leaves, &def, &location)?;
-        self.defs.borrow_mut().0 = Some(def);
+        self.begin_call(def, &placed, location);
         self.jitted.lower(&placed)
+    }
+
+    /// Records the current call's structure and line for the trace; returns its key.
+    fn begin_call(
+        &self,
+        def: TreeDef,
+        leaves: &[Tensor],
+        location: String,
+    ) -> (TreeDef, Vec<TensorType>) {
+        let types = leaves.iter().map(|t| t.ty().clone()).collect();
+        let key = (def.clone(), types);
+        let mut st = self.defs.borrow_mut();
+        st.args = Some(def);
+        st.location = location;
+        st.key = Some(key.clone());
+        key
     }
 
     /// Each concrete leaf placed on the mesh as its spec says.
@@ -227,11 +265,25 @@ impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardM
             message: format!("in_specs: {m}"),
             location: location.into(),
         })?;
-        Ok(leaves
-            .iter()
-            .zip(specs)
-            .map(|(t, s)| device_put(t.clone(), &NamedSharding::new(&self.inner.mesh, s)))
-            .collect())
+        let paths = def.leaf_paths();
+        let fail = |message: String| Error::Op {
+            op: "shard_map".into(),
+            message,
+            location: location.into(),
+        };
+        let mut placed = Vec::with_capacity(leaves.len());
+        for ((t, s), path) in leaves.iter().zip(specs).zip(&paths) {
+            let dims = s
+                .padded(t.rank())
+                .map_err(|m| fail(format!("in_specs of {path}: {m}")))?;
+            check_spec(&self.inner.mesh.ir, t.ty(), &dims)
+                .map_err(|e| fail(format!("in_specs of {path} ({}): {e}", t.ty())))?;
+            placed.push(device_put(
+                t.clone(),
+                &NamedSharding::new(&self.inner.mesh, s),
+            ));
+        }
+        Ok(placed)
     }
 }
 
