@@ -26,7 +26,7 @@ fn inputs() -> (
     let p = init(Key::new(0));
     let state = device_put(
         (p.clone(), digits::adam_init(&p)),
-        &NamedSharding::new(&mesh, P![]),
+        NamedSharding::new(&mesh, P![]),
     );
     let (x, y) = data.batch(0, BATCH);
     (state, device_put(x, &split), device_put(y, &split))

@@ -21,7 +21,7 @@ fn seed_sharding(c: &mut Criterion) {
         let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)).backend(backend);
         let mut p = device_put(
             init(Key::new(0), 10, 32, 1),
-            &NamedSharding::new(&mesh, P![]),
+            NamedSharding::new(&mesh, P![]),
         );
         p = step.call((p, x.clone(), y.clone())).unwrap().0;
         g.bench_function(format!("{backend:?}"), |b| {
@@ -41,7 +41,7 @@ fn first_call_sharded(c: &mut Criterion) {
     let (x, y) = (device_put(x, &data), device_put(y, &data));
     let p = device_put(
         init(Key::new(0), 10, 32, 1),
-        &NamedSharding::new(&mesh, P![]),
+        NamedSharding::new(&mesh, P![]),
     );
     g.bench_function("seed_sharding_Cranelift", |b| {
         b.iter_batched(
@@ -86,7 +86,7 @@ fn big_mlp_dp8(c: &mut Criterion) {
     let mesh = Mesh::new([8], ["dp"]);
     let p = device_put(
         init_deep(Key::new(0), &[784, 1024, 1024, 10]),
-        &NamedSharding::new(&mesh, P![]),
+        NamedSharding::new(&mesh, P![]),
     );
     let data = NamedSharding::new(&mesh, P!["dp"]);
     let x = device_put(random::normal(&Key::new(1), [512, 784]), &data);

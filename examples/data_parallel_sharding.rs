@@ -19,7 +19,7 @@ pub fn train(steps: usize, backend: Backend) -> Result<(Vec<f32>, Mlp, Tensor)> 
     let mesh = Mesh::new([device_count()], ["dp"]);
     let mut params = device_put(
         init(Key::new(0), 10, 32, 1),
-        &NamedSharding::new(&mesh, P![]),
+        NamedSharding::new(&mesh, P![]),
     );
     let (x, y) = seed_data(256);
     let data = NamedSharding::new(&mesh, P!["dp"]);
@@ -42,7 +42,7 @@ fn time_per_step(backend: Backend, steps: usize) -> Result<f64> {
     let mesh = Mesh::new([device_count()], ["dp"]);
     let mut params = device_put(
         init(Key::new(0), 10, 32, 1),
-        &NamedSharding::new(&mesh, P![]),
+        NamedSharding::new(&mesh, P![]),
     );
     let (x, y) = seed_data(256);
     let data = NamedSharding::new(&mesh, P!["dp"]);

@@ -15,7 +15,7 @@ use mlp::{Mlp, init, seed_data, sgd_step};
 pub fn train(steps: usize) -> Result<(Vec<f32>, String, Tensor, Tensor)> {
     let mesh = Mesh::new([4, 2], ["dp", "mp"]);
     let p = init(Key::new(0), 10, 32, 1);
-    let put = |t: Tensor, spec: PartitionSpec| device_put(t, &NamedSharding::new(&mesh, spec));
+    let put = |t: Tensor, spec: PartitionSpec| device_put(t, NamedSharding::new(&mesh, spec));
     let mut params = Mlp {
         w1: put(p.w1, P![None, "mp"]),
         b1: put(p.b1, P!["mp"]),

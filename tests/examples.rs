@@ -231,7 +231,7 @@ fn cnn_digits_learns_on_eight_devices() {
     for backend in [Backend::Interpreter, Backend::Cranelift] {
         let state = device_put(
             (p0.clone(), cnn_digits::digits::adam_init(&p0)),
-            &NamedSharding::new(&mesh, P![]),
+            NamedSharding::new(&mesh, P![]),
         );
         let f = jit(|(s, x, y): (_, Tensor, Tensor)| cnn_digits::step(s, x, y)).backend(backend);
         let ((p, _), l) = f

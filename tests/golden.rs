@@ -150,7 +150,7 @@ fn data_parallel_sharding_step() {
     let mesh = Mesh::new([8], ["dp"]);
     let params = device_put(
         init(Key::new(0), 10, 32, 1),
-        &NamedSharding::new(&mesh, P![]),
+        NamedSharding::new(&mesh, P![]),
     );
     let (x, y) = seed_data(256);
     let data = NamedSharding::new(&mesh, P!["dp"]);
@@ -178,7 +178,7 @@ fn mesh_2d_step() {
     eight_devices();
     let mesh = Mesh::new([4, 2], ["dp", "mp"]);
     let p = init(Key::new(0), 10, 32, 1);
-    let put = |t: Tensor, spec: PartitionSpec| device_put(t, &NamedSharding::new(&mesh, spec));
+    let put = |t: Tensor, spec: PartitionSpec| device_put(t, NamedSharding::new(&mesh, spec));
     let params = Mlp {
         w1: put(p.w1, P![None, "mp"]),
         b1: put(p.b1, P!["mp"]),

@@ -100,7 +100,7 @@ pub fn train<P: Tree + Clone>(
 ) -> Result<(Vec<f32>, P)> {
     let mesh = Mesh::new([device_count()], ["dp"]);
     let split = NamedSharding::new(&mesh, P!["dp"]);
-    let mut state = device_put((p.clone(), adam_init(&p)), &NamedSharding::new(&mesh, P![]));
+    let mut state = device_put((p.clone(), adam_init(&p)), NamedSharding::new(&mesh, P![]));
     let f = jit(|(s, x, y): (State<P>, Tensor, Tensor)| step(s, x, y))
         .named(name)
         .backend(backend);
@@ -130,7 +130,7 @@ pub fn time_per_step<P: Tree + Clone>(
 ) -> Result<f64> {
     let mesh = Mesh::new([device_count()], ["dp"]);
     let split = NamedSharding::new(&mesh, P!["dp"]);
-    let mut state = device_put((p.clone(), adam_init(&p)), &NamedSharding::new(&mesh, P![]));
+    let mut state = device_put((p.clone(), adam_init(&p)), NamedSharding::new(&mesh, P![]));
     let (x, y) = data.batch(0, batch);
     let (x, y) = (device_put(x, &split), device_put(y, &split));
     let f = jit(|(s, x, y): (State<P>, Tensor, Tensor)| step(s, x, y)).backend(backend);

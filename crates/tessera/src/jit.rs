@@ -18,6 +18,7 @@ use crate::cache::{Cache, Signature};
 use crate::check::Checker;
 use crate::error::{Error, Result, catch, catch_eager};
 use crate::pipeline::{Backend, BackendProgram, Dump, Pipeline, Target};
+use crate::sharding::{Shardings, device_put, with_sharding_constraint};
 use crate::spmd::DeviceProgram;
 use crate::tensor::Tensor;
 use crate::trace;
@@ -89,6 +90,9 @@ pub struct Jitted<F, In, Out> {
     cache: Cache<JitEntry>,
     /// Checked mode: `None` follows `TESSERA_CHECK`.
     check: Option<bool>,
+    /// `in_shardings`/`out_shardings`, JAX's.
+    in_shardings: Option<Shardings>,
+    out_shardings: Option<Shardings>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -98,6 +102,8 @@ pub fn jit<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> Jitted<F, In, Out> {
         cache: Cache::new(closure_name::<F>()),
         f,
         check: None,
+        in_shardings: None,
+        out_shardings: None,
         _types: PhantomData,
     }
 }
@@ -202,6 +208,91 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self
     }
 
+    /// `jax.jit(f, in_shardings=..)`: where each argument leaf must be (one sharding for all, or
+    /// `(&mesh, specs)`, a tree of specs that is a prefix of the arguments). A host value is
+    /// placed so; a placed array elsewhere is an error naming the argument, as JAX rejects a
+    /// committed array of another sharding.
+    pub fn in_shardings(mut self, shardings: impl Into<Shardings>) -> Self {
+        self.in_shardings = Some(shardings.into());
+        self.cache.clear();
+        self
+    }
+
+    /// `jax.jit(f, out_shardings=..)`: each output leaf is constrained to its sharding (the
+    /// program reshards it there), so it comes back placed so.
+    pub fn out_shardings(mut self, shardings: impl Into<Shardings>) -> Self {
+        self.out_shardings = Some(shardings.into());
+        self.cache.clear();
+        self
+    }
+
+    /// The argument leaves where `in_shardings` wants them.
+    fn place_inputs(
+        &self,
+        leaves: Vec<Tensor>,
+        def: &TreeDef,
+        location: &str,
+    ) -> Result<Vec<Tensor>> {
+        let Some(shardings) = &self.in_shardings else {
+            return Ok(leaves);
+        };
+        let fail = |message: String| Error::Op {
+            op: "jit".into(),
+            message: format!("in_shardings: {message}"),
+            location: location.into(),
+        };
+        let want = shardings.resolve(def).map_err(fail)?;
+        let paths = def.leaf_paths();
+        leaves
+            .into_iter()
+            .zip(want)
+            .zip(paths)
+            .map(|((t, w), path)| {
+                if t.is_tracer() {
+                    return Ok(with_sharding_constraint(&t, &w));
+                }
+                match t.sharding() {
+                    None => catch_eager(|| device_put(t.clone(), &w)),
+                    Some(have) => {
+                        let rank = t.rank();
+                        let same = have.mesh == w.mesh
+                            && have.spec.padded(rank).ok() == w.spec.padded(rank).ok();
+                        if same {
+                            Ok(t)
+                        } else {
+                            Err(fail(format!(
+                                "argument {path} ({}) is placed as {have}, but in_shardings \
+                                 says {w}: reshard or device_put it first",
+                                t.ty()
+                            )))
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The outputs constrained to `out_shardings`.
+    fn constrain_outputs(&self, out: Out) -> Out {
+        let Some(shardings) = &self.out_shardings else {
+            return out;
+        };
+        let (leaves, def) = tree::flatten(&out);
+        let want = shardings.resolve(&def).unwrap_or_else(|m| {
+            crate::error::raise(Error::Op {
+                op: "jit".into(),
+                message: format!("out_shardings: {m}"),
+                location: self.cache.options.name.clone(),
+            })
+        });
+        let constrained: Vec<Tensor> = leaves
+            .iter()
+            .zip(&want)
+            .map(|(t, w)| with_sharding_constraint(t, w))
+            .collect();
+        tree::unflatten(&def, constrained).unwrap_or_else(|e| crate::error::raise(e))
+    }
+
     /// How many times the closure has been traced (once per new signature).
     pub fn trace_count(&self) -> usize {
         self.cache.trace_count()
@@ -215,6 +306,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     pub fn lower(&self, args: &In) -> Result<Lowered> {
         let location = crate::error::loc_text(std::panic::Location::caller());
         let (leaves, def) = tree::flatten(args);
+        let leaves = self.place_inputs(leaves, &def, &location)?;
         let sig = Signature::placed(&leaves, def);
         let dump = Dump::disabled(&self.cache.options.name);
         let (pipeline, lowered) = self.run_passes(&sig, dump, &location, true)?;
@@ -229,9 +321,13 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     pub fn call(&self, args: In) -> Result<Out> {
         let location = crate::error::loc_text(std::panic::Location::caller());
         if trace::any_active() {
-            return Ok((self.f)(args));
+            let (leaves, def) = tree::flatten(&args);
+            let leaves = self.place_inputs(leaves, &def, &location)?;
+            let args: In = tree::unflatten(&def, leaves)?;
+            return Ok(self.constrain_outputs((self.f)(args)));
         }
         let (leaves, def) = tree::flatten(&args);
+        let leaves = self.place_inputs(leaves, &def, &location)?;
         let sig = Signature::placed(&leaves, def);
         let compiled = self
             .cache
@@ -348,10 +444,11 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         };
         let options = &self.cache.options;
         let mut pipeline = Pipeline::new(target, options, location, dump);
+        let f = |args: In| self.constrain_outputs((self.f)(args));
         let trace = || {
             trace_fn_on(
                 &options.name,
-                &self.f,
+                &f,
                 &sig.def,
                 &sig.types,
                 mesh,

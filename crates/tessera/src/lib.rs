@@ -61,8 +61,8 @@ pub use pmap::{
 pub use promote::{Number, Scalar, result_type};
 pub use shard_map::{ShardMapped, Specs, shard_map};
 pub use sharding::{
-    AxisType, Mesh, NamedSharding, PartitionSpec, device_put, einsum_out, reshard,
-    visualize_array_sharding,
+    AxisType, Mesh, NamedSharding, PartitionSpec, Shardings, device_get, device_put, einsum_out,
+    reshard, visualize_array_sharding,
 };
 pub use slicing::{Index, stride};
 pub use tensor::{Element, Tensor};
@@ -86,8 +86,8 @@ pub mod prelude {
     pub use crate::s;
     pub use crate::shard_map::{ShardMapped, Specs, shard_map};
     pub use crate::sharding::{
-        AxisType, Mesh, NamedSharding, PartitionSpec, device_put, einsum_out, reshard,
-        sharding_table, visualize_array_sharding, with_sharding_constraint,
+        AxisType, Mesh, NamedSharding, PartitionSpec, Shardings, device_get, device_put,
+        einsum_out, reshard, sharding_table, visualize_array_sharding, with_sharding_constraint,
     };
     pub use crate::slicing::{Index, stride};
     pub use crate::tree::{self, Tree};

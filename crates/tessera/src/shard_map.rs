@@ -77,7 +77,7 @@ impl Specs {
     }
 
     /// One spec per leaf of `def`, or why the specs are not a prefix of `def`.
-    fn resolve(&self, def: &TreeDef) -> std::result::Result<Vec<PartitionSpec>, String> {
+    pub(crate) fn resolve(&self, def: &TreeDef) -> std::result::Result<Vec<PartitionSpec>, String> {
         let mut out = Vec::with_capacity(def.num_leaves());
         self.resolve_into(def, &mut out)?;
         Ok(out)
@@ -280,7 +280,7 @@ impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardM
                 .map_err(|e| fail(format!("in_specs of {path} ({}): {e}", t.ty())))?;
             placed.push(device_put(
                 t.clone(),
-                &NamedSharding::new(&self.inner.mesh, s),
+                NamedSharding::new(&self.inner.mesh, s),
             ));
         }
         Ok(placed)
@@ -419,7 +419,7 @@ impl<F> Inner<F> {
             .zip(&out_leaves)
             .map(|((o, spec), local)| {
                 let blocked = constrain(&env[o], &self.pins(spec, local.rank()), ir);
-                let whole = self.from_blocked(&blocked, spec, local.shape());
+                let whole = self.unblocked(&blocked, spec, local.shape());
                 constrain(&whole, &self.global_dims(spec), ir)
             })
             .collect();
@@ -486,7 +486,7 @@ impl<F> Inner<F> {
     }
 
     /// The inverse of `to_blocked` for an output of local dims `local`, split as `spec`.
-    fn from_blocked(&self, y: &Tensor, spec: &[Vec<String>], local: &[usize]) -> Tensor {
+    fn unblocked(&self, y: &Tensor, spec: &[Vec<String>], local: &[usize]) -> Tensor {
         let blocks = self.blocks(spec);
         if blocks.is_empty() {
             return y.clone();

@@ -87,6 +87,46 @@ impl Mesh {
         })
     }
 
+    /// A mesh over the given devices, in that order (row-major over the axes), as
+    /// `jax.sharding.Mesh(np.array(devices).reshape(shape), names)`: position `i` of the mesh
+    /// is host device `devices[i]`. Every device once, each one that exists, and as many as
+    /// the shape holds; otherwise an error naming the caller's line.
+    #[track_caller]
+    pub fn from_devices(devices: &[usize], shape: &[usize], names: &[&str]) -> Result<Mesh> {
+        let location = loc_text(Location::caller());
+        let fail = |message: String| Error::Op {
+            op: "Mesh::from_devices".into(),
+            message,
+            location: location.clone(),
+        };
+        let mut mesh = Mesh::try_new(shape, names)?;
+        if devices.len() != mesh.devices.len() {
+            return Err(fail(format!(
+                "{} devices for a mesh of shape {shape:?} ({} positions)",
+                devices.len(),
+                mesh.devices.len()
+            )));
+        }
+        let n = try_device_count().map_err(fail)?;
+        for (i, &d) in devices.iter().enumerate() {
+            if d >= n {
+                return Err(fail(format!(
+                    "device {d} does not exist: there are {n} (set TESSERA_DEVICES)"
+                )));
+            }
+            if devices[..i].contains(&d) {
+                return Err(fail(format!("device {d} is listed twice")));
+            }
+        }
+        mesh.devices = devices.to_vec();
+        Ok(mesh)
+    }
+
+    /// The host device of each mesh position, row-major.
+    pub fn devices(&self) -> &[usize] {
+        &self.devices
+    }
+
     /// A mesh of `Explicit` axes: `jax.make_mesh(shape, names)` in JAX 0.10.
     #[track_caller]
     pub fn explicit<const N: usize>(shape: [usize; N], names: [&str; N]) -> Mesh {
@@ -276,21 +316,67 @@ impl fmt::Display for NamedSharding {
     }
 }
 
-/// Places every leaf of `value` on the mesh as `sharding` says, like `jax.device_put`.
+/// Where each leaf of a tree goes: one sharding for every leaf, or a tree of specs on a mesh
+/// (a prefix of the value's tree, as JAX's trees of shardings).
+#[derive(Clone, Debug)]
+pub enum Shardings {
+    All(NamedSharding),
+    Tree(Mesh, crate::shard_map::Specs),
+}
+
+impl From<&NamedSharding> for Shardings {
+    fn from(s: &NamedSharding) -> Shardings {
+        Shardings::All(s.clone())
+    }
+}
+
+impl From<NamedSharding> for Shardings {
+    fn from(s: NamedSharding) -> Shardings {
+        Shardings::All(s)
+    }
+}
+
+impl<S: Into<crate::shard_map::Specs>> From<(&Mesh, S)> for Shardings {
+    fn from((m, s): (&Mesh, S)) -> Shardings {
+        Shardings::Tree(m.clone(), s.into())
+    }
+}
+
+impl Shardings {
+    /// One sharding per leaf of `def`, or why the tree of specs does not fit it.
+    pub(crate) fn resolve(
+        &self,
+        def: &tree::TreeDef,
+    ) -> std::result::Result<Vec<NamedSharding>, String> {
+        match self {
+            Shardings::All(s) => Ok(vec![s.clone(); def.num_leaves()]),
+            Shardings::Tree(mesh, specs) => Ok(specs
+                .resolve(def)?
+                .into_iter()
+                .map(|p| NamedSharding::new(mesh, p))
+                .collect()),
+        }
+    }
+}
+
+/// Places every leaf of `value` on the mesh as `sharding` says (one sharding for all, or a tree
+/// of specs: `device_put(p, (&mesh, specs![P![], P!["dp"]]))`), like `jax.device_put`.
 #[track_caller]
-pub fn device_put<T: Tree>(value: T, sharding: &NamedSharding) -> T {
+pub fn device_put<T: Tree>(value: T, sharding: impl Into<Shardings>) -> T {
     let location = loc_text(Location::caller());
     let (leaves, def) = tree::flatten(&value);
+    let fail = |message: String| -> ! {
+        raise(Error::Op {
+            op: "device_put".into(),
+            message,
+            location: location.clone(),
+        })
+    };
+    let shardings = sharding.into().resolve(&def).unwrap_or_else(|m| fail(m));
     let placed: Vec<Tensor> = leaves
         .iter()
-        .map(|t| {
-            let fail = |message: String| -> ! {
-                raise(Error::Op {
-                    op: "device_put".into(),
-                    message,
-                    location: location.clone(),
-                })
-            };
+        .zip(&shardings)
+        .map(|(t, sharding)| {
             let array = match &t.repr {
                 Repr::Concrete(a) => a,
                 Repr::Traced(_) => {
@@ -310,24 +396,51 @@ pub fn device_put<T: Tree>(value: T, sharding: &NamedSharding) -> T {
     tree::unflatten(&def, placed).unwrap_or_else(|e| raise(e))
 }
 
+/// `jax.device_get`: a host copy of every leaf of `value` (a placed array assembled from its
+/// shards), placed nowhere.
+pub fn device_get<T: Tree>(value: &T) -> T {
+    let (leaves, def) = tree::flatten(value);
+    let host: Vec<Tensor> = leaves
+        .iter()
+        .map(|t| match &t.repr {
+            Repr::Concrete(a) => Tensor::from_literal(a.literal().clone()),
+            Repr::Traced(_) => t.clone(),
+        })
+        .collect();
+    tree::unflatten(&def, host).unwrap_or_else(|e| raise(e))
+}
+
 /// `jax.lax.with_sharding_constraint`: inside `jit`, a hint that propagation must respect (the
-/// value is resharded to it); on a concrete tensor, `device_put`.
+/// value is resharded to it; on an Explicit mesh, `reshard`); on concrete tensors,
+/// `device_put`. `x` is any tree, `sharding` one sharding for every leaf or a tree of specs.
 #[track_caller]
-pub fn with_sharding_constraint(x: &Tensor, sharding: &NamedSharding) -> Tensor {
-    if !x.is_tracer() {
-        return device_put(x.clone(), sharding);
-    }
-    let dims = sharding.dims(x.rank()).unwrap_or_else(|message| {
+pub fn with_sharding_constraint<T: Tree>(x: &T, sharding: impl Into<Shardings>) -> T {
+    let location = loc_text(Location::caller());
+    let (leaves, def) = tree::flatten(x);
+    let fail = |message: String| -> ! {
         raise(Error::Op {
             op: "sharding_constraint".into(),
             message,
-            location: loc_text(Location::caller()),
+            location: location.clone(),
         })
-    });
-    crate::trace::apply(
-        tessera_ir::Op::ShardingConstraint(tessera_ir::Sharding::closed(&sharding.mesh.ir, &dims)),
-        &[x],
-    )
+    };
+    let shardings = sharding.into().resolve(&def).unwrap_or_else(|m| fail(m));
+    let out: Vec<Tensor> = leaves
+        .iter()
+        .zip(&shardings)
+        .map(|(t, s)| {
+            if !t.is_tracer() {
+                return device_put(t.clone(), s);
+            }
+            let dims = s.dims(t.rank()).unwrap_or_else(|m| fail(m));
+            crate::trace::apply_at(
+                tessera_ir::Op::ShardingConstraint(tessera_ir::Sharding::closed(&s.mesh.ir, &dims)),
+                &[t],
+                location.clone(),
+            )
+        })
+        .collect();
+    tree::unflatten(&def, out).unwrap_or_else(|e| raise(e))
 }
 
 impl Tensor {
@@ -568,7 +681,7 @@ fn reshard_named(x: &Tensor, spec: &PartitionSpec, op: &str) -> Tensor {
                 x.ty()
             ))
         };
-        return device_put(x.clone(), &NamedSharding::new(&placed.mesh, spec.clone()));
+        return device_put(x.clone(), NamedSharding::new(&placed.mesh, spec.clone()));
     }
     let Some(mesh) = crate::trace::current_mesh() else {
         fail(format!(

@@ -106,8 +106,8 @@ fn a_sharded_jit_step_with_a_scan_inside_matches_one_device() {
     let (l1, g1) = jit(step).call((w.clone(), xs.clone())).unwrap();
     let mesh = Mesh::try_new(&[8], &["dp"]).unwrap();
     for backend in [Backend::Cranelift, Backend::Interpreter] {
-        let xs8 = device_put(xs.clone(), &NamedSharding::new(&mesh, P![None, "dp", None]));
-        let w8 = device_put(w.clone(), &NamedSharding::new(&mesh, P![]));
+        let xs8 = device_put(xs.clone(), NamedSharding::new(&mesh, P![None, "dp", None]));
+        let w8 = device_put(w.clone(), NamedSharding::new(&mesh, P![]));
         let (l, g) = jit(step).backend(backend).call((w8, xs8)).unwrap();
         let (a, b) = (l.item::<f32>(), l1.item::<f32>());
         assert!(

@@ -272,7 +272,7 @@ fn sharded_chain_of_100k_ops() {
     on_small_stack(|| {
         let steps = ops() / 2;
         let mesh = Mesh::new([1], ["dp"]);
-        let x = device_put(input(), &NamedSharding::new(&mesh, P!["dp"]));
+        let x = device_put(input(), NamedSharding::new(&mesh, P!["dp"]));
         let f = jit(move |x: Tensor| chain(&x, steps)).backend(Backend::Interpreter);
         let t = Instant::now();
         let y = f.call(x).unwrap().to_vec::<f32>();

@@ -156,8 +156,8 @@ fn dump_writes_the_lowered_stages() {
     })
     .named("sharded");
     let args = (
-        device_put(Tensor::full([3, 2], 0.5), &NamedSharding::new(&mesh, P![])),
-        device_put(Tensor::ones([4, 3]), &NamedSharding::new(&mesh, P!["dp"])),
+        device_put(Tensor::full([3, 2], 0.5), NamedSharding::new(&mesh, P![])),
+        device_put(Tensor::ones([4, 3]), NamedSharding::new(&mesh, P!["dp"])),
     );
     sharded.call(args.clone()).unwrap();
     let lowered = sharded.lower(&args).unwrap();

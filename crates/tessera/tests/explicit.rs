@@ -82,7 +82,7 @@ fn expr(name: &str, xs: &[Tensor]) -> Tensor {
 }
 
 fn place(mesh: &Mesh, t: Tensor, spec: Vec<Vec<String>>) -> Tensor {
-    device_put(t, &NamedSharding::new(mesh, PartitionSpec(spec)))
+    device_put(t, NamedSharding::new(mesh, PartitionSpec(spec)))
 }
 
 #[test]
@@ -378,4 +378,79 @@ fn the_mesh_prints_its_axis_types_and_the_ir_its_types() {
         "{}",
         ir.per_device_ir()
     );
+}
+
+#[derive(Tree, Clone)]
+struct Pair {
+    a: Tensor,
+    b: Tensor,
+}
+
+#[test]
+fn jit_in_and_out_shardings_device_get_from_devices_and_tree_constraints() {
+    eight_devices();
+    let mesh = Mesh::new([4, 2], ["dp", "mp"]);
+    let x = input(&[8, 4]);
+    let w = input(&[4, 6]);
+    // in_shardings places host values; out_shardings constrains the outputs.
+    let f = jit(|(x, w): (Tensor, Tensor)| (x.matmul(&w), x.sum()))
+        .in_shardings((&mesh, specs![P!["dp", None], P![None, "mp"]]))
+        .out_shardings((&mesh, specs![P![None, "mp"], P![]]));
+    let (y, s) = f.call((x.clone(), w.clone())).expect("runs");
+    assert_eq!(y.sharding().expect("placed").spec, P![None, "mp"]);
+    assert_eq!(s.sharding().expect("placed").spec, P![]);
+    for (a, b) in y.to_vec::<f32>().iter().zip(x.matmul(&w).to_vec::<f32>()) {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+    }
+    // A placed argument elsewhere is rejected, naming it.
+    let wrong = place(&mesh, x.clone(), P![None, "mp"].0);
+    let e = f
+        .call((wrong, w.clone()))
+        .expect_err("misplaced")
+        .to_string();
+    assert!(
+        e.contains("in_shardings") && e.contains("explicit.rs:"),
+        "{e}"
+    );
+    // device_get: a host copy of a tree.
+    let host = device_get(&(y.clone(), s.clone()));
+    assert!(host.0.sharding().is_none() && host.1.sharding().is_none());
+    assert_eq!(host.0.to_vec::<f32>(), y.to_vec::<f32>());
+    // A mesh over an explicit device order: position i is device devices[i].
+    let rev: Vec<usize> = (0..8).rev().collect();
+    let m = Mesh::from_devices(&rev, &[8], &["d"]).expect("a mesh");
+    assert_eq!(m.devices(), &rev[..]);
+    let placed = device_put(input(&[8]), NamedSharding::new(&m, P!["d"]));
+    let table = sharding_table(&placed);
+    assert!(
+        table.contains("CPU 7") && table.find("CPU 7") < table.find("CPU 0"),
+        "{table}"
+    );
+    let doubled = jit(|x: Tensor| x * 2.0).call(placed.clone()).expect("runs");
+    assert_eq!(doubled.sharding().expect("placed").mesh.devices(), &rev[..]);
+    assert_eq!(
+        doubled.to_vec::<f32>(),
+        input(&[8])
+            .to_vec::<f32>()
+            .iter()
+            .map(|v| v * 2.0)
+            .collect::<Vec<_>>()
+    );
+    assert!(Mesh::from_devices(&[0, 0], &[2], &["d"]).is_err());
+    assert!(Mesh::from_devices(&[0, 9], &[2], &["d"]).is_err());
+    assert!(Mesh::from_devices(&[0], &[2], &["d"]).is_err());
+    // with_sharding_constraint and device_put on trees of specs.
+    let p = device_put(
+        Pair {
+            a: input(&[8, 4]),
+            b: input(&[4]),
+        },
+        (&mesh, specs![P!["dp"], P!["mp"]]),
+    );
+    assert_eq!(p.a.sharding().expect("placed").spec, P!["dp"]);
+    assert_eq!(p.b.sharding().expect("placed").spec, P!["mp"]);
+    let g = jit(|p: Pair| with_sharding_constraint(&p, (&mesh, specs![P![None, "mp"], P![]])));
+    let q = g.call(p).expect("runs");
+    assert_eq!(q.a.sharding().expect("placed").spec, P![None, "mp"]);
+    assert_eq!(q.b.sharding().expect("placed").spec, P![]);
 }

@@ -878,7 +878,7 @@ fn jvp_with_inputs_on_a_mesh_matches_the_single_device_run() {
     let (want_l, want_t) = single.call((w.clone(), x.clone(), v.clone())).unwrap();
     for backend in [Backend::Cranelift, Backend::Interpreter] {
         let mesh = Mesh::new([8], ["dp"]);
-        let sx = device_put(x.clone(), &NamedSharding::new(&mesh, P!["dp"]));
+        let sx = device_put(x.clone(), NamedSharding::new(&mesh, P!["dp"]));
         let f = jit(|(w, x, v): (Tensor, Tensor, Tensor)| jvp(|w: &Tensor| loss(w, &x), &w, &v))
             .backend(backend);
         let (l, t) = f.call((w.clone(), sx.clone(), v.clone())).unwrap();

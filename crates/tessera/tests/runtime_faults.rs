@@ -86,7 +86,7 @@ fn bad_timeout_case() {
     let mesh = Mesh::new([2], ["dp"]);
     let x = device_put(
         Tensor::from_vec((0..8).map(|i| i as f32).collect::<Vec<f32>>(), [8]),
-        &NamedSharding::new(&mesh, P!["dp"]),
+        NamedSharding::new(&mesh, P!["dp"]),
     );
     let f = jit(|x: Tensor| x.sum());
     let err = f.call(x).err().unwrap().to_string();
@@ -200,7 +200,7 @@ fn threaded_step_scenario() {
     let data = NamedSharding::new(&mesh, P!["dp"]);
     let (xs, ys) = (device_put(x.clone(), &data), device_put(y.clone(), &data));
     let p_single = init.clone();
-    let p_sharded = device_put(init, &NamedSharding::new(&mesh, P![]));
+    let p_sharded = device_put(init, NamedSharding::new(&mesh, P![]));
     let before = tessera::shared_gemm_count();
     let (p_single, l_want) = single.call((p_single, x, y)).unwrap();
     let (p_sharded, l_got) = sharded.call((p_sharded, xs, ys)).unwrap();

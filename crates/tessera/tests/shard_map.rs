@@ -140,7 +140,7 @@ fn gradients_through_shard_map_are_the_sum_over_devices() {
     let step = jit(|(p, x): (Params, Tensor)| {
         value_and_grad(|p: &Params| sm.call((p.clone(), x.clone())).expect("traced"))(&p)
     });
-    let placed = device_put(x.clone(), &NamedSharding::new(&mesh, P!["dp"]));
+    let placed = device_put(x.clone(), NamedSharding::new(&mesh, P!["dp"]));
     let (l, g) = step.call((p.clone(), placed)).expect("runs");
     // The host reference: the sum of each device's loss on its 4 rows.
     let host_total = |p: &Params| {
@@ -174,7 +174,7 @@ fn a_shard_map_over_mp_inside_a_jit_automatic_over_dp_is_the_unsharded_program()
     let x = random::normal(&Key::new(6), [16, 6]);
     let w1 = random::normal(&Key::new(7), [6, 8]) * 0.4;
     let w2 = random::normal(&Key::new(8), [8, 3]) * 0.4;
-    let put = |t: &Tensor, s: PartitionSpec| device_put(t.clone(), &NamedSharding::new(&mesh, s));
+    let put = |t: &Tensor, s: PartitionSpec| device_put(t.clone(), NamedSharding::new(&mesh, s));
     // The second layer by hand over mp: each device's columns of h times its rows of w2,
     // summed over mp.
     let second = shard_map(
@@ -256,7 +256,7 @@ fn shard_map_on_an_explicit_mesh_types_its_results() {
     let mesh = Mesh::explicit([4, 2], ["dp", "mp"]);
     let x = random::normal(&Key::new(9), [8, 6]);
     let w = random::normal(&Key::new(10), [6, 4]);
-    let put = |t: &Tensor, s: PartitionSpec| device_put(t.clone(), &NamedSharding::new(&mesh, s));
+    let put = |t: &Tensor, s: PartitionSpec| device_put(t.clone(), NamedSharding::new(&mesh, s));
     let sm = shard_map(
         |(x, w): (Tensor, Tensor)| psum(&x.matmul(&w), "mp"),
         &mesh,

@@ -121,8 +121,8 @@ fn a_batch_sharded_rnn_scan_keeps_its_batch_split_through_the_loop() {
     eight_devices();
     let mesh = Mesh::new([8], ["dp"]);
     let (xs, _) = rnn_data();
-    let p = device_put(rnn_init(), &NamedSharding::new(&mesh, P![]));
-    let sx = device_put(xs.clone(), &NamedSharding::new(&mesh, P![None, "dp"]));
+    let p = device_put(rnn_init(), NamedSharding::new(&mesh, P![]));
+    let sx = device_put(xs.clone(), NamedSharding::new(&mesh, P![None, "dp"]));
     let f = jit(|(p, xs): (Rnn, Tensor)| rnn_last(&p, &xs));
     let lowered = f.lower(&(p.clone(), sx.clone())).unwrap();
     let local = lowered.per_device_ir();
@@ -166,9 +166,9 @@ fn a_data_parallel_rnn_trains_with_the_single_device_losses() {
     }
     let mesh = Mesh::new([8], ["dp"]);
     for backend in [Backend::Cranelift, Backend::Interpreter] {
-        let mut p = device_put(rnn_init(), &NamedSharding::new(&mesh, P![]));
-        let sx = device_put(xs.clone(), &NamedSharding::new(&mesh, P![None, "dp"]));
-        let sy = device_put(y.clone(), &NamedSharding::new(&mesh, P!["dp"]));
+        let mut p = device_put(rnn_init(), NamedSharding::new(&mesh, P![]));
+        let sx = device_put(xs.clone(), NamedSharding::new(&mesh, P![None, "dp"]));
+        let sy = device_put(y.clone(), NamedSharding::new(&mesh, P!["dp"]));
         let f = jit(|(p, xs, y): (Rnn, Tensor, Tensor)| rnn_step(p, xs, y)).backend(backend);
         let local = f
             .lower(&(p.clone(), sx.clone(), sy.clone()))
@@ -212,8 +212,8 @@ fn a_body_contracting_a_split_dim_reduces_inside_the_loop() {
     };
     let (xs_host, w_host) = (xs.clone(), w.clone());
     let want = jit(run).call((xs.clone(), w.clone())).unwrap();
-    let sxs = device_put(xs, &NamedSharding::new(&mesh, P![None, "dp"]));
-    let sw = device_put(w, &NamedSharding::new(&mesh, P!["dp"]));
+    let sxs = device_put(xs, NamedSharding::new(&mesh, P![None, "dp"]));
+    let sw = device_put(w, NamedSharding::new(&mesh, P!["dp"]));
     let f = jit(run);
     let local = f.lower(&(sxs.clone(), sw.clone())).unwrap().per_device_ir();
     let (before, inside, _) = collectives(&local);

@@ -104,7 +104,7 @@ fn sharded_steps_match_the_single_device_run() {
         let mesh = Mesh::try_new(&shape, &names).unwrap();
         for backend in [Backend::Cranelift, Backend::Interpreter] {
             let put =
-                |t: Tensor, s: &PartitionSpec| device_put(t, &NamedSharding::new(&mesh, s.clone()));
+                |t: Tensor, s: &PartitionSpec| device_put(t, NamedSharding::new(&mesh, s.clone()));
             let p0 = init(Key::new(0));
             let mut p = Mlp {
                 w1: put(p0.w1, &w1s),
@@ -138,7 +138,7 @@ fn the_seed_step_reduces_its_gradients_over_dp_only() {
     let mesh = Mesh::new([8], ["dp"]);
     let (x, y) = data();
     let data = NamedSharding::new(&mesh, P!["dp"]);
-    let p = device_put(init(Key::new(0)), &NamedSharding::new(&mesh, P![]));
+    let p = device_put(init(Key::new(0)), NamedSharding::new(&mesh, P![]));
     let f = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
     let args = (p, device_put(x, &data), device_put(y, &data));
     let lowered = f.lower(&args).unwrap();
@@ -293,22 +293,19 @@ fn pmap_collectives_and_their_gradients() {
 fn visualize_matches_jax() {
     eight_devices();
     let mesh = Mesh::new([8], ["dp"]);
-    let a = device_put(
-        Tensor::zeros([128, 4]),
-        &NamedSharding::new(&mesh, P!["dp"]),
-    );
+    let a = device_put(Tensor::zeros([128, 4]), NamedSharding::new(&mesh, P!["dp"]));
     let want1 = "┌───────┐\n│ CPU 0 │\n├───────┤\n│ CPU 1 │\n├───────┤\n│ CPU 2 │\n├───────┤\n│ CPU 3 │\n├───────┤\n│ CPU 4 │\n├───────┤\n│ CPU 5 │\n├───────┤\n│ CPU 6 │\n├───────┤\n│ CPU 7 │\n└───────┘";
     assert_eq!(sharding_table(&a), want1);
     let mesh2 = Mesh::new([4, 2], ["dp", "mp"]);
     let b = device_put(
         Tensor::zeros([8, 8]),
-        &NamedSharding::new(&mesh2, P!["dp", "mp"]),
+        NamedSharding::new(&mesh2, P!["dp", "mp"]),
     );
     let want2 = "┌──────────┬──────────┐\n│  CPU 0   │  CPU 1   │\n├──────────┼──────────┤\n│  CPU 2   │  CPU 3   │\n├──────────┼──────────┤\n│  CPU 4   │  CPU 5   │\n├──────────┼──────────┤\n│  CPU 6   │  CPU 7   │\n└──────────┴──────────┘";
     assert_eq!(sharding_table(&b), want2);
     // Shards live where `shard_range` says, and the global value reads back whole.
     let c = Tensor::from_vec((0..64).map(|i| i as f32).collect::<Vec<_>>(), [8, 8]);
-    let placed = device_put(c.clone(), &NamedSharding::new(&mesh2, P!["dp", "mp"]));
+    let placed = device_put(c.clone(), NamedSharding::new(&mesh2, P!["dp", "mp"]));
     assert_eq!(placed.to_vec::<f32>(), c.to_vec::<f32>());
     assert_eq!(placed.sharding().unwrap().spec, P!["dp", "mp"]);
 }
@@ -327,28 +324,28 @@ fn bad_input_gives_clear_errors() {
     assert!(e.contains("named twice"), "{e}");
     let mesh = Mesh::new([4], ["dp"]);
     let m = panic_message(|| {
-        device_put(Tensor::zeros([8, 2]), &NamedSharding::new(&mesh, P!["xx"]));
+        device_put(Tensor::zeros([8, 2]), NamedSharding::new(&mesh, P!["xx"]));
     });
     assert!(
         m.contains("unknown mesh axis \"xx\"") && m.contains(file!()),
         "{m}"
     );
     let m = panic_message(|| {
-        device_put(Tensor::zeros([6, 2]), &NamedSharding::new(&mesh, P!["dp"]));
+        device_put(Tensor::zeros([6, 2]), NamedSharding::new(&mesh, P!["dp"]));
     });
     assert!(m.contains("not divisible") && m.contains("f32[6,2]"), "{m}");
     let mesh2 = Mesh::new([2, 2], ["a", "b"]);
     let m = panic_message(|| {
         device_put(
             Tensor::zeros([4, 4]),
-            &NamedSharding::new(&mesh2, P!["a", "a"]),
+            NamedSharding::new(&mesh2, P!["a", "a"]),
         );
     });
     assert!(m.contains("used twice"), "{m}");
     let m = panic_message(|| {
         device_put(
             Tensor::zeros([4]),
-            &NamedSharding::new(&mesh, P!["dp", None]),
+            NamedSharding::new(&mesh, P!["dp", None]),
         );
     });
     assert!(m.contains("rank 1"), "{m}");
@@ -380,8 +377,8 @@ fn bad_input_gives_clear_errors() {
     // Inputs on two different meshes.
     let other = Mesh::new([2], ["dp"]);
     let h = jit(|(a, b): (Tensor, Tensor)| &a + &b);
-    let a = device_put(Tensor::zeros([4]), &NamedSharding::new(&mesh, P!["dp"]));
-    let b = device_put(Tensor::zeros([4]), &NamedSharding::new(&other, P!["dp"]));
+    let a = device_put(Tensor::zeros([4]), NamedSharding::new(&mesh, P!["dp"]));
+    let b = device_put(Tensor::zeros([4]), NamedSharding::new(&other, P!["dp"]));
     let e = h.call((a, b)).unwrap_err().to_string();
     assert!(e.contains("different meshes"), "{e}");
 }
@@ -392,7 +389,7 @@ fn sharding_constraints_reshard_and_conflicts_are_errors() {
     let mesh = Mesh::new([4, 2], ["dp", "mp"]);
     let x = device_put(
         Tensor::from_vec((0..32).map(|i| i as f32).collect::<Vec<_>>(), [8, 4]),
-        &NamedSharding::new(&mesh, P!["dp"]),
+        NamedSharding::new(&mesh, P!["dp"]),
     );
     let want = NamedSharding::new(&mesh, P![None, "mp"]);
     let f = jit(|x: Tensor| with_sharding_constraint(&(x * 2.0), &want));
@@ -415,7 +412,7 @@ fn sharding_constraints_reshard_and_conflicts_are_errors() {
 fn many_steps_back_to_back_never_deadlock() {
     eight_devices();
     let mesh = Mesh::new([8], ["dp"]);
-    let x = device_put(Tensor::ones([16, 4]), &NamedSharding::new(&mesh, P!["dp"]));
+    let x = device_put(Tensor::ones([16, 4]), NamedSharding::new(&mesh, P!["dp"]));
     let f = jit(|x: Tensor| (x.sum(), x * 2.0));
     // Several threads launch at once: launches queue, none interleave.
     std::thread::scope(|s| {
@@ -423,7 +420,7 @@ fn many_steps_back_to_back_never_deadlock() {
             let mesh = mesh.clone();
             s.spawn(move || {
                 // Tensors belong to their thread: each makes its own.
-                let x = device_put(Tensor::ones([16, 4]), &NamedSharding::new(&mesh, P!["dp"]));
+                let x = device_put(Tensor::ones([16, 4]), NamedSharding::new(&mesh, P!["dp"]));
                 let f = jit(|x: Tensor| (x.sum(), x * 2.0));
                 for _ in 0..100 {
                     let (sum, _) = f.call(x.clone()).unwrap();
@@ -449,7 +446,7 @@ fn constraints_propagate_backward_and_reductions_scatter() {
         .map(|c| (0..16).map(|r| values[r * 8 + c]).sum())
         .collect();
     // Replicated: the constraint decides where the work happens.
-    let whole = device_put(host.clone(), &NamedSharding::new(&mesh, P![]));
+    let whole = device_put(host.clone(), NamedSharding::new(&mesh, P![]));
     let split = device_put(host, &rows);
     for backend in [Backend::Cranelift, Backend::Interpreter] {
         // The constraint on the output pulls the split back to the input's first use: tanh
@@ -555,7 +552,7 @@ fn reshards_move_the_right_chunks() {
     let mesh = Mesh::new([4, 2], ["dp", "mp"]);
     let values: Vec<f32> = (0..64).map(|i| i as f32).collect();
     let host = Tensor::from_vec(values.clone(), [8, 8]);
-    let put = |spec: PartitionSpec| device_put(host.clone(), &NamedSharding::new(&mesh, spec));
+    let put = |spec: PartitionSpec| device_put(host.clone(), NamedSharding::new(&mesh, spec));
     let twice: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
     let squares: Vec<f32> = values.iter().map(|v| v * v).collect();
     for backend in [Backend::Cranelift, Backend::Interpreter] {

@@ -54,7 +54,7 @@ fn panic_text(f: impl FnOnce()) -> String {
 fn loss(w: &Tensor, x: &Tensor, mesh: Option<&Mesh>) -> Tensor {
     let h = x.matmul(w).tanh();
     let h = match mesh {
-        Some(m) => with_sharding_constraint(&h, &NamedSharding::new(m, P!["dp"])),
+        Some(m) => with_sharding_constraint(&h, NamedSharding::new(m, P!["dp"])),
         None => h,
     };
     h.square().mean()
@@ -71,8 +71,8 @@ fn sharding_constraint_inside_grad_inside_jit() {
     let sharded =
         jit(move |(w, x): (Tensor, Tensor)| value_and_grad(|w: &Tensor| loss(w, &x, Some(&m)))(&w));
     let args = (
-        device_put(w, &NamedSharding::new(&mesh, P![])),
-        device_put(x, &NamedSharding::new(&mesh, P!["dp"])),
+        device_put(w, NamedSharding::new(&mesh, P![])),
+        device_put(x, NamedSharding::new(&mesh, P!["dp"])),
     );
     let (l2, g2) = sharded.call(args).unwrap();
     close(&l2, &l1, "loss");
@@ -99,8 +99,8 @@ fn data_parallel_grad_through_a_boolean_mask() {
     let f = |(w, x): (Tensor, Tensor)| value_and_grad(|w: &Tensor| masked_loss(w, &x))(&w);
     let (l1, g1) = jit(f).call((w.clone(), x.clone())).unwrap();
     let args = (
-        device_put(w, &NamedSharding::new(&mesh, P![])),
-        device_put(x, &NamedSharding::new(&mesh, P!["dp"])),
+        device_put(w, NamedSharding::new(&mesh, P![])),
+        device_put(x, NamedSharding::new(&mesh, P!["dp"])),
     );
     for backend in [Backend::Cranelift, Backend::Interpreter] {
         let (l2, g2) = jit(f).backend(backend).call(args.clone()).unwrap();
@@ -118,10 +118,10 @@ fn a_sliced_negative_zero_keeps_its_sign() {
     let f = jit(|x: Tensor| {
         with_sharding_constraint(
             &x.neg().neg(),
-            &NamedSharding::new(&Mesh::new([2], ["dp"]), P!["dp"]),
+            NamedSharding::new(&Mesh::new([2], ["dp"]), P!["dp"]),
         )
     });
-    let placed = device_put(x.clone(), &NamedSharding::new(&mesh, P![]));
+    let placed = device_put(x.clone(), NamedSharding::new(&mesh, P![]));
     let got = f.call(placed).unwrap();
     assert_eq!(bits(&got), bits(&x));
 }
@@ -146,8 +146,8 @@ fn lower_shows_the_simplified_program_that_runs() {
         "the lowered program is the simplified one:\n{runs}"
     );
     let args = (
-        device_put(w, &NamedSharding::new(&mesh, P![])),
-        device_put(x, &NamedSharding::new(&mesh, P!["dp"])),
+        device_put(w, NamedSharding::new(&mesh, P![])),
+        device_put(x, NamedSharding::new(&mesh, P!["dp"])),
     );
     let sharded = f.lower(&args).unwrap();
     let local = sharded.per_device_graph().unwrap();
@@ -207,8 +207,8 @@ fn inputs_on_two_meshes_name_the_call() {
     two_devices();
     let m1 = Mesh::new([2], ["a"]);
     let m2 = Mesh::new([2], ["b"]);
-    let x = device_put(Tensor::zeros([4]), &NamedSharding::new(&m1, P!["a"]));
-    let y = device_put(Tensor::zeros([4]), &NamedSharding::new(&m2, P!["b"]));
+    let x = device_put(Tensor::zeros([4]), NamedSharding::new(&m1, P!["a"]));
+    let y = device_put(Tensor::zeros([4]), NamedSharding::new(&m2, P!["b"]));
     let f = jit(|(x, y): (Tensor, Tensor)| x + y);
     let line = here();
     let err = f.call((x, y)).unwrap_err().to_string();
@@ -333,8 +333,8 @@ fn checked_mode_runs_both_backends_and_agrees() {
     );
     assert_eq!(bits(&l1), bits(&l2));
     let args = (
-        device_put(w, &NamedSharding::new(&mesh, P![])),
-        device_put(x, &NamedSharding::new(&mesh, P!["dp"])),
+        device_put(w, NamedSharding::new(&mesh, P![])),
+        device_put(x, NamedSharding::new(&mesh, P!["dp"])),
     );
     let (w3, _) = jit(step).checked(true).call(args).unwrap();
     close(&w3, &w1, "sharded, checked");

@@ -826,7 +826,7 @@ fn sharding_constraints_leave_the_batch_dim_to_propagation() {
     let whole = NamedSharding::new(&mesh, P![]);
     let f =
         |x: Tensor| vmap(|r: &Tensor| with_sharding_constraint(&r.tanh(), &whole) * 2.0).call(&x);
-    let xs = device_put(x.clone(), &NamedSharding::new(&mesh, P!["dp"]));
+    let xs = device_put(x.clone(), NamedSharding::new(&mesh, P!["dp"]));
     let j = jit(f);
     let got = j.call(xs.clone()).unwrap();
     close(&got, &loop_over(&x, |r| r.tanh() * 2.0), 1, "values");
