@@ -471,8 +471,11 @@ impl Tensor {
     }
 }
 
-/// The table `jax.debug.visualize_array_sharding` prints: one cell per block of the first two
-/// dimensions, naming the devices that hold it.
+/// The table `jax.debug.visualize_array_sharding` prints (without color, as JAX prints it to a
+/// non-terminal): for a 1-D array one row of cells, for a 2-D array a grid, each cell naming
+/// the devices that hold that block, sized as JAX sizes it. Other ranks are an error (JAX's:
+/// "only works for shapes with 1 and 2 dimensions"), raised at the caller's line.
+#[track_caller]
 pub fn visualize_array_sharding(t: &Tensor) -> String {
     let text = sharding_table(t);
     println!("{text}");
@@ -480,71 +483,139 @@ pub fn visualize_array_sharding(t: &Tensor) -> String {
 }
 
 /// The text of `visualize_array_sharding`, without printing it.
+///
+/// JAX's layout (`jax/_src/debugging.py`, `visualize_sharding`): base height 10, base width
+/// `int(10 * cols / rows)` of the array's shape; a cell's width is `int(fraction of the columns
+/// * base width * 2.5)` clamped to 9..80, its height `int(fraction of the rows * 10)` (1 line
+/// for a 1-D array); the label centered with the left padding `(width - len - 2) div 2` and the
+/// top padding `(height - 2) div 2`, the rest right and below. A table wider than 80 columns is
+/// drawn whole (rich would shrink it and crop the labels).
+#[track_caller]
 pub fn sharding_table(t: &Tensor) -> String {
     let Repr::Concrete(a) = &t.repr else {
         return "Traced (no placement)".into();
     };
-    let (rows, cols, labels) = match a.spec() {
-        None => (1, 1, vec![vec!["CPU 0".to_string()]]),
-        Some(spec) => {
-            let ty = a.ty();
-            let split = |d: usize| -> usize {
-                spec.dims
-                    .get(d)
-                    .map_or(1, |axes| spec.mesh.group_size(axes))
-            };
-            let (rows, cols) = (split(0), if ty.rank() > 1 { split(1) } else { 1 });
-            let mut labels = vec![vec![Vec::<usize>::new(); cols]; rows];
-            for pos in 0..spec.devices.len() {
-                let r = spec.shard_range(ty, pos);
-                let row = r.first().map_or(0, |&(o, s)| o.checked_div(s).unwrap_or(0));
-                let col = if ty.rank() > 1 {
-                    r[1].0 / r[1].1.max(1)
-                } else {
-                    0
-                };
-                labels[row][col].push(spec.devices[pos]);
-            }
-            let labels = labels
-                .into_iter()
-                .map(|row| {
-                    row.into_iter()
-                        .map(|ds| {
-                            format!(
-                                "CPU {}",
-                                ds.iter()
-                                    .map(|d| d.to_string())
-                                    .collect::<Vec<_>>()
-                                    .join(",")
-                            )
-                        })
-                        .collect()
-                })
-                .collect();
-            (rows, cols, labels)
-        }
+    let ty = a.ty();
+    let rank = ty.rank();
+    if !(1..=2).contains(&rank) {
+        raise(Error::Op {
+            op: "visualize_array_sharding".into(),
+            message: format!(
+                "`visualize_sharding` only works for shapes with 1 and 2 dimensions (got {ty})"
+            ),
+            location: loc_text(Location::caller()),
+        });
+    }
+    let dims = ty.dims();
+    // The devices of each block: (row, column) -> device ids.
+    let (spec, devices, mesh) = match a.spec() {
+        None => (
+            vec![Vec::new(); rank],
+            vec![0],
+            tessera_ir::Mesh::new("host", Vec::new()),
+        ),
+        Some(s) => (s.dims.clone(), s.devices.clone(), s.mesh.clone()),
     };
-    let len = labels
+    let chunks = |d: usize| mesh.group_size(&spec[d]);
+    let (rows, cols) = if rank == 1 {
+        (1, chunks(0))
+    } else {
+        (chunks(0), chunks(1))
+    };
+    let mut cells = vec![vec![Vec::<usize>::new(); cols]; rows];
+    for (pos, &dev) in devices.iter().enumerate() {
+        let r = if spec.iter().all(|a| a.is_empty()) {
+            dims.iter().map(|&d| (0, d)).collect()
+        } else {
+            mesh.shard_range(dims, &spec, pos)
+        };
+        let chunk = |(o, s): (usize, usize)| o.checked_div(s).unwrap_or(0);
+        let (i, j) = if rank == 1 {
+            (0, chunk(r[0]))
+        } else {
+            (chunk(r[0]), chunk(r[1]))
+        };
+        cells[i][j].push(dev);
+    }
+    let (h, w) = (
+        dims[0].max(1) as f64,
+        if rank == 2 { dims[1].max(1) } else { 1 } as f64,
+    );
+    let base_height = 10.0;
+    let base_width = (base_height * (w / h)).trunc();
+    // Each cell: its label and its padding (top, right, bottom, left).
+    let laid: Vec<Vec<(String, [usize; 4])>> = cells
         .iter()
-        .flatten()
-        .map(|l| l.chars().count())
-        .max()
-        .unwrap_or(5);
-    let width = if cols == 1 { len + 2 } else { len + 5 };
+        .map(|row| {
+            row.iter()
+                .map(|devs| {
+                    let mut devs = devs.clone();
+                    devs.sort_unstable();
+                    let label = format!(
+                        "CPU {}",
+                        devs.iter()
+                            .map(|d| d.to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    );
+                    let width = ((1.0 / cols as f64) * base_width * 2.5).trunc() as i64;
+                    let height = if rank == 1 {
+                        1
+                    } else {
+                        ((1.0 / rows as f64) * base_height).trunc() as i64
+                    };
+                    let width = width.clamp(9, 80);
+                    let len = label.chars().count() as i64;
+                    let (left, lr) = (
+                        (width - len - 2).div_euclid(2),
+                        (width - len - 2).rem_euclid(2),
+                    );
+                    let (top, tr) = ((height - 2).div_euclid(2), (height - 2).rem_euclid(2));
+                    let pad = |v: i64| v.max(0) as usize;
+                    (label, [pad(top), pad(left + lr), pad(top + tr), pad(left)])
+                })
+                .collect()
+        })
+        .collect();
+    let col_width: Vec<usize> = (0..cols)
+        .map(|j| {
+            laid.iter()
+                .map(|row| {
+                    let (l, p) = &row[j];
+                    p[3] + l.chars().count() + p[1]
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     let line = |l: &str, m: &str, r: &str| -> String {
-        let cells: Vec<String> = (0..cols).map(|_| "─".repeat(width)).collect();
-        format!("{l}{}{r}", cells.join(m))
+        let segs: Vec<String> = col_width.iter().map(|&n| "─".repeat(n)).collect();
+        format!("{l}{}{r}", segs.join(m))
     };
     let mut out = vec![line("┌", "┬", "┐")];
-    for (i, row) in labels.iter().enumerate() {
-        let cells: Vec<String> = row
-            .iter()
-            .map(|l| {
-                let pad = width - l.chars().count();
-                format!("{}{l}{}", " ".repeat(pad / 2), " ".repeat(pad - pad / 2))
-            })
-            .collect();
-        out.push(format!("│{}│", cells.join("│")));
+    for (i, row) in laid.iter().enumerate() {
+        let height = row.iter().map(|(_, p)| p[0] + 1 + p[2]).max().unwrap_or(1);
+        for k in 0..height {
+            let segs: Vec<String> = row
+                .iter()
+                .zip(&col_width)
+                .map(|((label, p), &cw)| {
+                    let body = p[3] + label.chars().count() + p[1];
+                    let extra = cw - body;
+                    let text = if k == p[0] {
+                        format!("{}{label}{}", " ".repeat(p[3]), " ".repeat(p[1]))
+                    } else {
+                        " ".repeat(body)
+                    };
+                    format!(
+                        "{}{text}{}",
+                        " ".repeat(extra / 2),
+                        " ".repeat(extra - extra / 2)
+                    )
+                })
+                .collect();
+            out.push(format!("│{}│", segs.join("│")));
+        }
         if i + 1 < rows {
             out.push(line("├", "┼", "┤"));
         }
