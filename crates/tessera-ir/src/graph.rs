@@ -28,6 +28,10 @@ pub struct Node {
     pub sharding: Option<Sharding>,
     /// Where the value came from: the user's `file:line`, and a readable origin, as one line.
     pub loc: Option<String>,
+    /// Why the value is sharded as it is: the user's annotation, the propagation step (and the
+    /// conflict it settled) or the Explicit-mode rule that decided it. Set by the sharding
+    /// passes on the global program; printed in the location comment, `[sharding: ...]`.
+    pub why: Option<String>,
 }
 
 /// A function: parameters, nodes, outputs, and the mesh its collectives and shardings refer to.
@@ -59,6 +63,7 @@ impl Graph {
             ty,
             sharding: None,
             loc: None,
+            why: None,
         });
         self.params.push(id);
         id
@@ -93,6 +98,7 @@ impl Graph {
             ty,
             sharding: None,
             loc: None,
+            why: None,
         });
         for (pos, &o) in operands.iter().enumerate() {
             self.graph.add_edge(o, id, pos);

@@ -34,7 +34,10 @@ fn write_func(out: &mut String, g: &Graph, header: &str, depth: usize) {
         .collect();
     let name = |id: &NodeId| names.get(id).cloned().unwrap_or_else(|| "%?".into());
 
-    let params_have_locs = g.params().iter().any(|&p| g.node(p).loc.is_some());
+    let params_have_locs = g
+        .params()
+        .iter()
+        .any(|&p| g.node(p).loc.is_some() || g.node(p).why.is_some());
     write!(out, "{pad}{header}(").unwrap();
     for (i, &p) in g.params().iter().enumerate() {
         let node = g.node(p);
@@ -49,8 +52,8 @@ fn write_func(out: &mut String, g: &Graph, header: &str, depth: usize) {
         }
         if params_have_locs {
             write!(out, ",").unwrap();
-            if let Some(loc) = &node.loc {
-                write!(out, "  # {loc}").unwrap();
+            if let Some(c) = comment(node) {
+                write!(out, "  # {c}").unwrap();
             }
         }
     }
@@ -82,8 +85,8 @@ fn write_func(out: &mut String, g: &Graph, header: &str, depth: usize) {
         if let Some(s) = &node.sharding {
             write!(line, " {s}").unwrap();
         }
-        if let Some(loc) = &node.loc {
-            write!(line, "  # {loc}").unwrap();
+        if let Some(c) = comment(node) {
+            write!(line, "  # {c}").unwrap();
         }
         writeln!(out, "{line}").unwrap();
         if let Op::Region(r) = &node.op {
@@ -233,5 +236,15 @@ pub fn attrs_text(op: &Op) -> String {
             }
         }
         Op::Rev { dims } => format!("dims={}", ints(dims)),
+    }
+}
+
+/// A node's location comment: its `loc`, then why it is sharded as it is.
+fn comment(node: &crate::graph::Node) -> Option<String> {
+    match (&node.loc, &node.why) {
+        (Some(loc), Some(why)) => Some(format!("{loc} [sharding: {why}]")),
+        (Some(loc), None) => Some(loc.clone()),
+        (None, Some(why)) => Some(format!("[sharding: {why}]")),
+        (None, None) => None,
     }
 }

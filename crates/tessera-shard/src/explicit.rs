@@ -522,6 +522,18 @@ pub fn type_graph(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Graph, Sh
     let types = type_body(g, mesh, in_specs)?;
     for (id, t) in &types {
         out.node_mut(*id).sharding = Some(t.sharding(mesh));
+        let why = match g.op(*id) {
+            Op::Parameter(_) => "the input's type".to_string(),
+            Op::ShardingConstraint(_) => "the user's reshard (out_sharding)".to_string(),
+            op if !t.unreduced.is_empty() => format!(
+                "Explicit rule of {}: a partial sum over {:?}, completed into the sharding of \
+                 the reshard that uses it",
+                op.name(),
+                t.unreduced
+            ),
+            op => format!("Explicit rule of {} from its operands' types", op.name()),
+        };
+        out.node_mut(*id).why = Some(why);
     }
     // An unreduced value's annotation: the sharding it is completed into.
     for (&id, t) in &types {

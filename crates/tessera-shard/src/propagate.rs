@@ -321,6 +321,9 @@ pub fn propagate(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Graph, Sha
 struct Specs {
     of: HashMap<NodeId, Spec>,
     bodies: HashMap<NodeId, Vec<Specs>>,
+    /// Why each value got its sharding: the user's annotation, or each propagation step that
+    /// split one of its dims (and the conflict it settled), in order.
+    why: HashMap<NodeId, Vec<String>>,
 }
 
 /// Writes `specs` into `g` and its bodies, all of them on `mesh`.
@@ -330,6 +333,13 @@ fn annotate(g: &mut Graph, mesh: &Mesh, specs: &Specs) {
         // A region's own node is a token that holds no data: its results are annotated.
         if !matches!(g.op(id), Op::Region(_)) {
             g.node_mut(id).sharding = Some(Sharding::closed(mesh, spec));
+            if let Some(why) = specs
+                .why
+                .get(&id)
+                .filter(|_| !tessera_ir::sharding::is_replicated(spec))
+            {
+                g.node_mut(id).why = Some(why.join("; "));
+            }
         }
     }
     for (&id, bodies) in &specs.bodies {
@@ -356,9 +366,13 @@ fn fixed_point(
     for &id in &order {
         // The user's shardings are closed; every other value starts whole.
         let spec = if let Op::Parameter(i) = g.op(id) {
-            if params_closed {
+            let why = if params_closed {
                 closed.push(id);
-            }
+                "the input's placement"
+            } else {
+                "the region's slot"
+            };
+            specs.why.insert(id, vec![why.to_string()]);
             params[*i].clone()
         } else if let Op::ShardingConstraint(s) = g.op(id) {
             let at = match &g.node(id).loc {
@@ -375,6 +389,9 @@ fn fixed_point(
             check_spec(mesh, g.ty(id), &spec)
                 .map_err(|e| ShardError::Invalid(format!("sharding_constraint{at}: {e}")))?;
             closed.push(id);
+            specs
+                .why
+                .insert(id, vec!["the user's sharding_constraint".to_string()]);
             spec
         } else {
             vec![Vec::new(); g.ty(id).rank()]
@@ -397,7 +414,7 @@ fn fixed_point(
                 changed |= if let Op::Region(r) = g.op(id) {
                     region_step(g, mesh, r, id, &mut specs, &closed, &mut regions)?
                 } else {
-                    step(g, mesh, &rules[&id], id, &mut specs.of, &closed)
+                    step(g, mesh, &rules[&id], id, &mut specs, &closed, level)
                 };
             }
             if !changed {
@@ -472,11 +489,17 @@ fn region_step(
         if let Some(k) = s.operand
             && !closed.contains(&operands[k])
         {
-            changed |= absorb(specs.of.get_mut(&operands[k]).expect("a spec"), &outer);
+            if absorb(specs.of.get_mut(&operands[k]).expect("a spec"), &outer) {
+                changed = true;
+                let why = format!("backward from its user {} (a body's slot)", r.name());
+                specs.why.entry(operands[k]).or_default().push(why);
+            }
         }
         for (i, n) in &results {
-            if s.result == Some(*i) {
-                changed |= absorb(specs.of.get_mut(n).expect("a spec"), &outer);
+            if s.result == Some(*i) && absorb(specs.of.get_mut(n).expect("a spec"), &outer) {
+                changed = true;
+                let why = format!("forward from its {} body's slot", r.name());
+                specs.why.entry(*n).or_default().push(why);
             }
         }
     }
@@ -541,19 +564,36 @@ fn settle_region(
     })
 }
 
-/// One op's turn: settle its factors, write them to its open tensors.
+/// One op's turn: settle its factors, write them to its open tensors, and say why in each
+/// tensor it changed (`level`: 0 for the ops that move dims, 1 once dots and reductions join).
 fn step(
     g: &Graph,
     mesh: &Mesh,
     rule: &FactorRule,
     id: NodeId,
-    specs: &mut HashMap<NodeId, Spec>,
+    all: &mut Specs,
     closed: &[NodeId],
+    level: u8,
 ) -> bool {
+    let specs = &mut all.of;
     let operands = g.operands(id);
     let assignment = {
         let op_specs: Vec<&Spec> = operands.iter().map(|o| &specs[o]).collect();
         settle(g, mesh, rule, id, &op_specs, &specs[&id])
+    };
+    let at = match &g.node(id).loc {
+        Some(loc) => format!(" at {}", loc.split(" (").next().unwrap_or(loc)),
+        None => String::new(),
+    };
+    let settled = if assignment.conflicts.is_empty() {
+        String::new()
+    } else {
+        format!(", settling: {}", assignment.conflicts.join("; "))
+    };
+    let stage = if level == 0 {
+        "movement pass"
+    } else {
+        "dot/reduction pass"
     };
     let mut changed = false;
     let targets = operands
@@ -566,7 +606,34 @@ fn step(
             continue;
         }
         let new = project(mesh, rule, rule.dims_of(tensor), &assignment.axes);
-        changed |= absorb(specs.get_mut(&node).expect("every value has a spec"), &new);
+        let before = specs[&node].clone();
+        if absorb(specs.get_mut(&node).expect("every value has a spec"), &new) {
+            changed = true;
+            let after = &specs[&node];
+            let gained: Vec<String> = (0..after.len())
+                .filter(|&d| before[d].is_empty() && !after[d].is_empty())
+                .map(|d| format!("dim {d} over {}", axes_text(&after[d])))
+                .collect();
+            let how = match tensor {
+                None => {
+                    let from: Vec<String> = operands
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, o)| !tessera_ir::sharding::is_replicated(&specs[o]))
+                        .map(|(k, _)| format!("operand {k}"))
+                        .collect();
+                    format!("forward from {}", from.join(" and "))
+                }
+                Some(k) => format!(
+                    "backward from its user {}{at} (operand {k})",
+                    g.op(id).name()
+                ),
+            };
+            all.why
+                .entry(node)
+                .or_default()
+                .push(format!("{} {how}, {stage}{settled}", gained.join(", ")));
+        }
     }
     changed
 }

@@ -454,3 +454,43 @@ fn jit_in_and_out_shardings_device_get_from_devices_and_tree_constraints() {
     assert_eq!(q.a.sharding().expect("placed").spec, P![None, "mp"]);
     assert_eq!(q.b.sharding().expect("placed").spec, P![]);
 }
+
+#[test]
+fn the_dump_says_why_every_value_is_sharded_as_it_is() {
+    eight_devices();
+    // Auto: the propagation step that split each value, and the reshard it led to.
+    let mesh = Mesh::new([4, 2], ["dp", "mp"]);
+    let x = place(&mesh, input(&[8, 4]), P!["dp", None].0);
+    let w = place(&mesh, input(&[4, 6]), P![None, "mp"].0);
+    let f = jit(|(x, w): (Tensor, Tensor)| {
+        let y = x.matmul(&w).tanh();
+        with_sharding_constraint(&y, &NamedSharding::new(&mesh, P![None, "mp"]))
+    });
+    let ir = f.lower(&(x.clone(), w.clone())).expect("lowers").ir();
+    for line in ir
+        .lines()
+        .filter(|l| l.contains(" = ") && l.contains("{\""))
+    {
+        assert!(line.contains("[sharding: "), "no reason on: {line}\n{ir}");
+    }
+    assert!(ir.contains("the input's placement"), "{ir}");
+    assert!(ir.contains("the user's sharding_constraint"), "{ir}");
+    assert!(ir.contains("forward from operand 0"), "{ir}");
+    assert!(ir.contains("resharded"), "the reshard's note: {ir}");
+    // Explicit: the op rule of each value.
+    let mesh = Mesh::explicit([4, 2], ["dp", "mp"]);
+    let x = place(&mesh, input(&[8, 6]), P!["dp", "mp"].0);
+    let w = place(&mesh, input(&[6, 4]), P!["mp", None].0);
+    let lowered = jit(|(x, w): (Tensor, Tensor)| x.matmul_out(&w, P!["dp", None]).tanh())
+        .lower(&(x, w))
+        .expect("lowers");
+    let typed = lowered
+        .stages()
+        .iter()
+        .find(|(s, _)| *s == "typed")
+        .map(|(_, g)| tessera::ir::print(g))
+        .expect("a typed stage");
+    assert!(typed.contains("Explicit rule of tanh"), "{typed}");
+    assert!(typed.contains("a partial sum over [\"mp\"]"), "{typed}");
+    assert!(typed.contains("the user's reshard"), "{typed}");
+}
