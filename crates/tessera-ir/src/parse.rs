@@ -136,7 +136,8 @@ impl Parser {
         }
     }
 
-    /// A `# text` comment to the end of the line, if one follows on this line.
+    /// A `# text` comment to the end of the line, if one follows on this line (its
+    /// `[sharding: ...]` tail, the node's `why`, is split off by `split_why`).
     fn location(&mut self) -> Option<String> {
         self.skip_blanks();
         if self.peek() != Some('#') {
@@ -524,7 +525,9 @@ impl Parser {
                 return Err(self.error_at(at, format!("%{v} is defined twice")));
             }
             let comma = self.eat(',');
-            g.node_mut(id).loc = self.location();
+            let (loc, why) = split_why(self.location());
+            g.node_mut(id).loc = loc;
+            g.node_mut(id).why = why;
             if !comma {
                 self.expect(')')?;
                 break;
@@ -663,7 +666,7 @@ impl Parser {
         }
         let node = g.node_mut(id);
         node.sharding = sharding;
-        node.loc = loc;
+        (node.loc, node.why) = split_why(loc);
         names.insert(v, id);
         Ok(())
     }
@@ -733,7 +736,7 @@ impl Parser {
         }
         let node = g.node_mut(id);
         node.sharding = sharding;
-        node.loc = loc;
+        (node.loc, node.why) = split_why(loc);
         names.insert(v, id);
         Ok(())
     }
@@ -1364,4 +1367,20 @@ fn scatter_attrs(kind: Option<&str>, attrs: &[(String, Attr)]) -> Result<Scatter
 fn tessera_cumulative_kind(mnemonic: &str) -> Result<crate::sorting::CumulativeKind, String> {
     crate::sorting::CumulativeKind::from_name(mnemonic)
         .ok_or_else(|| format!("unknown cumulative op '{mnemonic}'"))
+}
+
+/// A location comment split into the location and the `[sharding: ...]` tail the printer
+/// writes for a node's `why`.
+fn split_why(comment: Option<String>) -> (Option<String>, Option<String>) {
+    let Some(c) = comment else {
+        return (None, None);
+    };
+    match c.rfind("[sharding: ") {
+        Some(at) if c.ends_with(']') => {
+            let why = c[at + "[sharding: ".len()..c.len() - 1].to_string();
+            let loc = c[..at].trim_end().to_string();
+            ((!loc.is_empty()).then_some(loc), Some(why))
+        }
+        _ => (Some(c), None),
+    }
 }
