@@ -18,7 +18,7 @@
 //! with JAX's message; the reverse-mode rule of a dot gives its products the sharding of the
 //! primal operand, as JAX's transpose rule passes `out_sharding`.
 
-use tessera_ir::{Graph, Mesh, NodeId, Op, RegionOp, Sharding, TensorType};
+use tessera_ir::{AxisType, Graph, Mesh, NodeId, Op, RegionOp, Sharding, TensorType};
 
 use crate::spec::{ShardError, Spec, check_spec};
 
@@ -60,6 +60,19 @@ impl Typed {
             unreduced: s.unreduced.clone(),
         }
     }
+}
+
+/// The part of a spec over the mesh's Explicit axes: what a type holds on a mesh that mixes
+/// Explicit and Auto axes (the Auto axes are propagation's to choose).
+pub fn explicit_only(mesh: &Mesh, spec: &Spec) -> Spec {
+    spec.iter()
+        .map(|axes| {
+            axes.iter()
+                .filter(|a| mesh.axis_type(a) == AxisType::Explicit)
+                .cloned()
+                .collect()
+        })
+        .collect()
 }
 
 /// JAX's `P(...)` text of a spec, `P('dp', None)`.
@@ -228,7 +241,7 @@ pub fn rule(
             }
             Typed::replicated(rank)
         }
-        Op::ShardingConstraint(s) => Typed::of(s.spec()),
+        Op::ShardingConstraint(s) => Typed::of(explicit_only(mesh, &s.spec())),
         Op::Collective(c) => {
             return Err(format!(
                 "{} inside a program on an Explicit mesh: collectives by axis name belong in \
@@ -591,7 +604,7 @@ fn type_body(
     for (k, &p) in g.params().iter().enumerate() {
         let spec = in_specs
             .get(k)
-            .cloned()
+            .map(|s| explicit_only(mesh, s))
             .unwrap_or_else(|| vec![Vec::new(); g.ty(p).rank()]);
         types.insert(p, Typed::of(spec));
     }

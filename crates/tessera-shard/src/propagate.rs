@@ -363,6 +363,8 @@ fn fixed_point(
     let order = g.topo_order();
     let mut specs = Specs::default();
     let mut closed: Vec<NodeId> = Vec::new();
+    // Values typed by the Explicit axes of a mixed mesh (`explicit::type_graph`) keep them.
+    let typed = mesh.is_explicit();
     for &id in &order {
         // The user's shardings are closed; every other value starts whole.
         let spec = if let Op::Parameter(i) = g.op(id) {
@@ -393,6 +395,12 @@ fn fixed_point(
                 .why
                 .insert(id, vec!["the user's sharding_constraint".to_string()]);
             spec
+        } else if let Some(s) = g.node(id).sharding.as_ref().filter(|_| typed) {
+            // On a mesh that mixes axis types, a value starts from its Explicit type.
+            specs
+                .why
+                .insert(id, vec![g.node(id).why.clone().unwrap_or_default()]);
+            s.spec()
         } else {
             vec![Vec::new(); g.ty(id).rank()]
         };

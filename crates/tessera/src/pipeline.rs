@@ -70,7 +70,7 @@ pub(crate) const PASSES: [Pass; 6] = [
     },
     Pass {
         name: "propagated",
-        when: |c| matches!(c.target, Target::Sharded { .. }) && !explicit(c.target),
+        when: |c| matches!(c.target, Target::Sharded { .. }) && !all_explicit(c.target),
         run: propagate,
     },
     Pass {
@@ -133,6 +133,14 @@ fn explicit(target: &Target) -> bool {
     matches!(target, Target::Sharded { mesh, .. } if mesh.mesh.is_explicit())
 }
 
+/// Whether every axis of the program's mesh is Explicit: nothing is left to propagate. A mesh
+/// that mixes Explicit and Auto axes is typed over the Explicit ones, then propagated over the
+/// Auto ones from those types (`propagate` starts from them).
+fn all_explicit(target: &Target) -> bool {
+    matches!(target, Target::Sharded { mesh, .. }
+        if mesh.mesh.types.iter().all(|t| *t == tessera_ir::AxisType::Explicit))
+}
+
 /// typed: consumes the global program on an Explicit mesh; produces it with every value
 /// annotated with its type's sharding, closed (`tessera_shard::explicit::type_graph`): the
 /// trace typed each op already (and reported a conflict at the user's line); this types the
@@ -149,7 +157,7 @@ fn type_graph(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
 /// `tessera_shard::insert_collectives`), leaving the annotated global program with its
 /// conflicts and reshards noted (the stage `sharded`, shown before this one).
 fn insert_collectives(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
-    let inserted = if explicit(ctx.target) {
+    let inserted = if all_explicit(ctx.target) {
         // Outputs leave with their types.
         tessera_shard::insert_collectives::insert_keeping_outputs(&graph)
     } else {

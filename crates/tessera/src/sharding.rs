@@ -452,12 +452,14 @@ impl Tensor {
             let s = crate::trace::typed_sharding(self)?;
             let mesh = crate::trace::current_mesh()?;
             let n = mesh.device_count();
+            // A type holds the Explicit axes only (the Auto ones are propagation's).
+            let spec = explicit::explicit_only(&mesh, &s.spec());
             return Some(NamedSharding {
                 mesh: Mesh {
                     ir: mesh,
                     devices: (0..n).collect(),
                 },
-                spec: PartitionSpec::of(&s.spec()),
+                spec: PartitionSpec::of(&spec),
             });
         };
         let spec = a.spec()?;

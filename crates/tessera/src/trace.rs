@@ -290,7 +290,12 @@ fn type_node(graph: &mut Graph, node: NodeId) -> Result<(), String> {
     let mut typed = Vec::new();
     for o in graph.operands(node) {
         match (&graph.node(o).sharding, graph.op(o)) {
-            (Some(s), _) => typed.push(Typed::from_sharding(s)),
+            (Some(s), _) => {
+                let mut t = Typed::from_sharding(s);
+                // On a mesh that mixes axis types, a type holds the Explicit axes only.
+                t.spec = explicit::explicit_only(&mesh, &t.spec);
+                typed.push(t)
+            }
             (None, Op::Constant(_)) => typed.push(Typed::replicated(graph.ty(o).rank())),
             (None, _) => return Ok(()),
         }
@@ -386,7 +391,11 @@ pub(crate) fn apply_region(r: RegionOp, operands: &[&Tensor], location: String) 
                 let typed: Option<Vec<Typed>> = nodes
                     .iter()
                     .map(|&o| match (&graph.node(o).sharding, graph.op(o)) {
-                        (Some(s), _) => Some(Typed::from_sharding(s)),
+                        (Some(s), _) => {
+                            let mut t = Typed::from_sharding(s);
+                            t.spec = explicit::explicit_only(&mesh, &t.spec);
+                            Some(t)
+                        }
                         (None, Op::Constant(_)) => Some(Typed::replicated(graph.ty(o).rank())),
                         (None, _) => None,
                     })

@@ -291,6 +291,16 @@ fn the_megatron_mlp_needs_out_sharding_and_then_trains_as_jax_with_xlas_collecti
     };
     assert_eq!(over(r#"axes=["mp"]"#), 1, "{program}");
     assert_eq!(over(r#"axes=["dp"]"#), 1, "{program}");
+    // dp Explicit, mp Auto: the types hold dp only, so the dot is not ambiguous and needs no
+    // out_sharding; propagation splits over mp as on an Auto mesh.
+    let mixed =
+        Mesh::new([4, 2], ["dp", "mp"]).with_axis_types([AxisType::Explicit, AxisType::Auto]);
+    let (mixed_losses, mixed_program) = megatron_run(Some(&mixed), None).expect("mixed");
+    assert_eq!(all_reduces(&mixed_program), 2, "{mixed_program}");
+    for (a, e) in mixed_losses.iter().zip(&losses) {
+        let ulps = (a.to_bits() as i64 - e.to_bits() as i64).abs();
+        assert!(ulps <= 8, "mixed {a} vs {e}");
+    }
     // On an Auto mesh the same program compiles to the same collectives and losses.
     let auto = Mesh::new([4, 2], ["dp", "mp"]);
     let (auto_losses, auto_program) =
