@@ -142,6 +142,24 @@ fn mesh_2d_matches_the_single_device_run() {
     eight_devices();
     let (losses, per_device, x, w1) = mesh_2d::train(41).unwrap();
     let single = train_single::train(41, Backend::Cranelift).unwrap();
+    // Explicit axes: rejected without out_sharding, naming the dot; with it, the same losses
+    // and the same two all-reduces.
+    let (explicit, explicit_ir, ambiguous) = mesh_2d::train_explicit(41).unwrap();
+    assert!(
+        ambiguous.contains("Contracting dimensions are sharded") && ambiguous.contains("mlp.rs:"),
+        "{ambiguous}"
+    );
+    for (i, (a, b)) in explicit.iter().zip(&losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs(),
+            "explicit step {i}: {a} vs {b}"
+        );
+    }
+    assert_eq!(
+        explicit_ir.matches("= all_reduce ").count(),
+        2,
+        "{explicit_ir}"
+    );
     assert_eq!((losses.len(), single.len()), (41, 41), "every step's loss");
     for (i, (a, b)) in losses.iter().zip(&single).enumerate() {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "step {i}: {a} vs {b}");
