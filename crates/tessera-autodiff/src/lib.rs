@@ -357,7 +357,18 @@ fn vjp_rule(
         Op::DotGeneral(dd) => dot_general_vjp(b, dd, xs[0], xs[1], needed, g),
         Op::Collective(c) => collective::collective(b, op, c, &at),
         Op::ShardingConstraint(s) => {
-            Ok(vec![Some(b.add(Op::ShardingConstraint(s.clone()), &[g])?)])
+            // On an Explicit mesh a reshard's cotangent goes back to the operand's type (JAX's
+            // reshard transpose); elsewhere it keeps the user's hint.
+            let back = match b.g.node(xs[0]).sharding.clone() {
+                Some(o) if b.g.mesh.as_ref().is_some_and(|m| m.is_explicit()) => {
+                    tessera_ir::Sharding {
+                        unreduced: Vec::new(),
+                        ..o
+                    }
+                }
+                _ => s.clone(),
+            };
+            Ok(vec![Some(b.add(Op::ShardingConstraint(back), &[g])?)])
         }
         // The identity on values, with no derivative.
         Op::StopGradient => Ok(vec![]),

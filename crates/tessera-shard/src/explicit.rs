@@ -144,7 +144,20 @@ pub fn rule(
     let out = match op {
         Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } => Typed::replicated(rank),
         Op::Unary(_) | Op::Convert(_) | Op::Bitcast(_) | Op::StopGradient => Typed::of(first()),
-        Op::Binary(_) | Op::Compare(_) | Op::Select => broadcasting(op, operands)?,
+        Op::Binary(_) | Op::Compare(_) => broadcasting(op, operands)?,
+        Op::Select => {
+            // JAX's `_select_sharding_rule`: the cases alike, the predicate too unless scalar.
+            let (p, a, b) = (operands[0], operands[1], operands[2]);
+            if a.1.spec != b.1.spec || (p.0.rank() > 0 && p.1.spec != a.1.spec) {
+                return Err(format!(
+                    "select cases must have the same shardings, got [{}, {}] and the predicate {}",
+                    p_text(&a.1.spec),
+                    p_text(&b.1.spec),
+                    p_text(&p.1.spec)
+                ));
+            }
+            Typed::of(a.1.spec.clone())
+        }
         Op::BroadcastInDim { dims, .. } => {
             let (from, t) = operands[0];
             let mut spec = vec![Vec::new(); rank];
@@ -525,82 +538,112 @@ fn reshape(
 }
 
 /// The pass: every value of `g` (a global program on an Explicit mesh, parameters split as
-/// `in_specs`) annotated with its type, closed. A value that is unreduced is annotated with
-/// the sharding its first consumer (a `sharding_constraint`, through transposes) completes it
-/// into, so `insert_collectives` completes the sum there (a `reduce_scatter` where that
-/// splits a dim). Region bodies are typed as functions of their own.
+/// `in_specs`) annotated with its type, closed, and why (`Node::why`). A value that is
+/// unreduced is annotated with the sharding its first consumer (a `sharding_constraint`,
+/// through transposes) completes it into, so `insert_collectives` completes the sum there (a
+/// `reduce_scatter` where that splits a dim). Region bodies are typed as functions of their
+/// own, their parameters in their slots. The trace typed the user's ops strictly; an op the
+/// simplifier made that has no rule (two reshapes folded into one) is typed replicated, which
+/// its value is right in, and its `why` says so.
 pub fn type_graph(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Graph, ShardError> {
     let mut out = g.clone();
-    out.mesh = Some(mesh.clone());
-    let types = type_body(g, mesh, in_specs)?;
+    out.set_mesh(Some(mesh.clone()));
+    annotate(&mut out, g, mesh, in_specs)?;
+    Ok(out)
+}
+
+/// Types `g` and writes the annotations into `out`, a copy of `g`, bodies included.
+fn annotate(out: &mut Graph, g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<(), ShardError> {
+    let (types, lenient) = type_body(g, mesh, in_specs)?;
     for (id, t) in &types {
         out.node_mut(*id).sharding = Some(t.sharding(mesh));
-        let why = match g.op(*id) {
-            Op::Parameter(_) => "the input's type".to_string(),
-            Op::ShardingConstraint(_) => "the user's reshard (out_sharding)".to_string(),
-            op if !t.unreduced.is_empty() => format!(
+        let op = g.op(*id);
+        let why = if let Some(m) = lenient.get(id) {
+            format!(
+                "replicated: the simplified program's {} has no Explicit rule ({m})",
+                op.name()
+            )
+        } else if let Op::Parameter(_) = op {
+            "the input's type".to_string()
+        } else if let Op::ShardingConstraint(_) = op {
+            "the user's reshard (out_sharding)".to_string()
+        } else if !t.unreduced.is_empty() {
+            format!(
                 "Explicit rule of {}: a partial sum over {:?}, completed into the sharding of \
                  the reshard that uses it",
                 op.name(),
                 t.unreduced
-            ),
-            op => format!("Explicit rule of {} from its operands' types", op.name()),
+            )
+        } else {
+            format!("Explicit rule of {} from its operands' types", op.name())
         };
         out.node_mut(*id).why = Some(why);
     }
     // An unreduced value's annotation: the sharding it is completed into.
-    for (&id, t) in &types {
-        if !t.unreduced.is_empty() {
-            let mut spec = t.spec.clone();
-            let mut at = id;
-            let mut perm: Vec<usize> = (0..spec.len()).collect();
-            loop {
-                let users = g.users(at);
-                let Some(&u) = users.first() else { break };
-                match g.op(u) {
-                    Op::Transpose(p) => {
-                        perm = p.iter().map(|&q| perm[q]).collect();
-                        at = u;
-                    }
-                    Op::ShardingConstraint(s) => {
-                        let want = s.spec();
-                        let mut back = vec![Vec::new(); spec.len()];
-                        for (i, &q) in perm.iter().enumerate() {
-                            back[q] = want[i].clone();
-                        }
-                        spec = back;
-                        break;
-                    }
-                    // tidy: allow-wildcard(only transposes and constraints continue the chain)
-                    _ => break,
+    let order = g.topo_order();
+    for &id in &order {
+        let Some(t) = types.get(&id).filter(|t| !t.unreduced.is_empty()) else {
+            continue;
+        };
+        let mut spec = t.spec.clone();
+        let mut at = id;
+        let mut perm: Vec<usize> = (0..spec.len()).collect();
+        loop {
+            let users = g.users(at);
+            let Some(&u) = users.first() else { break };
+            match g.op(u) {
+                Op::Transpose(p) => {
+                    perm = p.iter().map(|&q| perm[q]).collect();
+                    at = u;
                 }
+                Op::ShardingConstraint(s) => {
+                    let want = s.spec();
+                    let mut back = vec![Vec::new(); spec.len()];
+                    for (i, &q) in perm.iter().enumerate() {
+                        back[q] = want[i].clone();
+                    }
+                    spec = back;
+                    break;
+                }
+                // tidy: allow-wildcard(only transposes and constraints continue the chain)
+                _ => break,
             }
-            out.node_mut(id).sharding = Some(Sharding::closed(mesh, &spec));
         }
-    }
-    for (id, t) in &types {
-        if !t.unreduced.is_empty() && !matches!(g.op(*id), Op::DotGeneral(_) | Op::Conv(_)) {
-            // A transpose of a partial sum: where its dot is annotated, permuted.
-            let src = g.operands(*id)[0];
-            if let (Op::Transpose(p), Some(s)) = (g.op(*id), out.node(src).sharding.clone()) {
+        if let Op::Transpose(p) = g.op(id) {
+            // A transpose of a partial sum: where its operand is annotated, permuted.
+            if let Some(s) = out.node(g.operands(id)[0]).sharding.clone() {
                 let from = s.spec();
-                let spec: Spec = p.iter().map(|&q| from[q].clone()).collect();
-                out.node_mut(*id).sharding = Some(Sharding::closed(mesh, &spec));
+                spec = p.iter().map(|&q| from[q].clone()).collect();
+            }
+        }
+        out.node_mut(id).sharding = Some(Sharding::closed(mesh, &spec));
+    }
+    // Each region's bodies, their parameters in their slots.
+    for &id in &order {
+        let Op::Region(r) = g.op(id) else { continue };
+        let operands: Vec<Typed> = g.operands(id).iter().map(|o| types[o].clone()).collect();
+        let params = body_params(r, &operands);
+        let bodies: Vec<&Graph> = r.regions().into_iter().map(|(_, b)| b).collect();
+        if let Op::Region(ro) = &mut out.node_mut(id).op {
+            for ((ob, b), ps) in ro.regions_mut().into_iter().zip(bodies).zip(&params) {
+                annotate(ob, b, mesh, ps)?;
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The type of every node of `g` (a token region node excluded), parameters split as
-/// `in_specs`.
-fn type_body(
-    g: &Graph,
-    mesh: &Mesh,
-    in_specs: &[Spec],
-) -> Result<std::collections::HashMap<NodeId, Typed>, ShardError> {
+/// `in_specs`, and the nodes typed replicated for want of a rule, with the rule's message.
+type Typing = (
+    std::collections::HashMap<NodeId, Typed>,
+    std::collections::HashMap<NodeId, String>,
+);
+
+fn type_body(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Typing, ShardError> {
     use std::collections::HashMap;
     let mut types: HashMap<NodeId, Typed> = HashMap::new();
+    let mut lenient: HashMap<NodeId, String> = HashMap::new();
     for (k, &p) in g.params().iter().enumerate() {
         let spec = in_specs
             .get(k)
@@ -608,13 +651,6 @@ fn type_body(
             .unwrap_or_else(|| vec![Vec::new(); g.ty(p).rank()]);
         types.insert(p, Typed::of(spec));
     }
-    let fail = |id: NodeId, message: String| {
-        let at = match &g.node(id).loc {
-            Some(loc) => format!(" (at {loc})"),
-            None => String::new(),
-        };
-        ShardError::Invalid(format!("{}: {message}{at}", g.op(id).name()))
-    };
     for id in g.topo_order() {
         if types.contains_key(&id) {
             continue;
@@ -625,16 +661,19 @@ fn type_body(
             Op::GetResult { index, .. } => {
                 let region = g.operands(id)[0];
                 let Op::Region(r) = g.op(region) else {
-                    return Err(fail(id, "the operand is not a region".into()));
+                    return Err(ShardError::Invalid(format!(
+                        "{}: the operand is not a region",
+                        op.name()
+                    )));
                 };
                 let operands: Vec<Typed> = g
                     .operands(region)
                     .iter()
                     .map(|o| types[o].clone())
                     .collect();
-                region_results(mesh, r, &operands)
-                    .map_err(|m| fail(region, m))?
-                    .swap_remove(*index)
+                let mut results =
+                    region_typing(mesh, r, &operands, false).map_err(ShardError::Invalid)?;
+                results.swap_remove(*index)
             }
             // tidy: allow-wildcard(every other op goes to `rule`, the exhaustive table)
             _ => {
@@ -643,17 +682,22 @@ fn type_body(
                     .iter()
                     .map(|o| (g.ty(*o), &types[o]))
                     .collect();
-                rule(mesh, op, &operands, g.ty(id)).map_err(|m| fail(id, m))?
+                match rule(mesh, op, &operands, g.ty(id)) {
+                    Ok(t) => t,
+                    Err(m) => {
+                        lenient.insert(id, m);
+                        Typed::replicated(g.ty(id).rank())
+                    }
+                }
             }
         };
         types.insert(id, t);
     }
-    Ok(types)
+    Ok((types, lenient))
 }
 
-/// The types of a region's results from its operands' types: each body typed with its
-/// parameters in their slots; a carried value must leave the body as it came in.
-pub fn region_results(mesh: &Mesh, r: &RegionOp, operands: &[Typed]) -> Result<Vec<Typed>, String> {
+/// Each body's parameter specs: the slots' (`region.rs`), from the region's operands' types.
+fn body_params(r: &RegionOp, operands: &[Typed]) -> Vec<Vec<Spec>> {
     let slots = crate::region::slots(r, operands.len());
     let bodies: Vec<&Graph> = r.regions().into_iter().map(|(_, b)| b).collect();
     let mut params: Vec<Vec<Spec>> = bodies
@@ -673,9 +717,30 @@ pub fn region_results(mesh: &Mesh, r: &RegionOp, operands: &[Typed]) -> Result<V
             }
         }
     }
+    params
+}
+
+/// The types of a region's results from its operands' types: each body typed with its
+/// parameters in their slots; a carried value must leave the body as it came in (the error
+/// the tracer reports at the user's line).
+pub fn region_results(mesh: &Mesh, r: &RegionOp, operands: &[Typed]) -> Result<Vec<Typed>, String> {
+    region_typing(mesh, r, operands, true)
+}
+
+/// `region_results`; when not `strict` (the pass on the simplified program), a carried value
+/// that leaves otherwise keeps its slot's type (`insert_collectives` moves it there).
+fn region_typing(
+    mesh: &Mesh,
+    r: &RegionOp,
+    operands: &[Typed],
+    strict: bool,
+) -> Result<Vec<Typed>, String> {
+    let slots = crate::region::slots(r, operands.len());
+    let bodies: Vec<&Graph> = r.regions().into_iter().map(|(_, b)| b).collect();
+    let params = body_params(r, operands);
     let mut outs: Vec<Vec<Spec>> = Vec::new();
     for (b, body) in bodies.iter().enumerate() {
-        let types = type_body(body, mesh, &params[b]).map_err(|e| e.to_string())?;
+        let (types, _) = type_body(body, mesh, &params[b]).map_err(|e| e.to_string())?;
         outs.push(
             body.outputs()
                 .iter()
@@ -698,7 +763,7 @@ pub fn region_results(mesh: &Mesh, r: &RegionOp, operands: &[Typed]) -> Result<V
             let got = &outs[b][j];
             match &spec {
                 None => spec = Some(got.clone()),
-                Some(want) if want != got => {
+                Some(want) if want != got && strict => {
                     return Err(format!(
                         "a {} body's value leaves as {} but must be {} (a carried value keeps \
                          its sharding, branches agree): reshard it in the body",

@@ -496,12 +496,11 @@ fn region_step(
         let outer = region::stack(s, &st.spec);
         if let Some(k) = s.operand
             && !closed.contains(&operands[k])
+            && absorb(specs.of.get_mut(&operands[k]).expect("a spec"), &outer)
         {
-            if absorb(specs.of.get_mut(&operands[k]).expect("a spec"), &outer) {
-                changed = true;
-                let why = format!("backward from its user {} (a body's slot)", r.name());
-                specs.why.entry(operands[k]).or_default().push(why);
-            }
+            changed = true;
+            let why = format!("backward from its user {} (a body's slot)", r.name());
+            specs.why.entry(operands[k]).or_default().push(why);
         }
         for (i, n) in &results {
             if s.result == Some(*i) && absorb(specs.of.get_mut(n).expect("a spec"), &outer) {

@@ -85,7 +85,19 @@ fn linearize<P: Tree, O: Tree>(
     }
     let (guard, tracers) = trace::begin("vjp", &types);
     // On an Explicit mesh the function sees its inputs' types, shardings included.
-    let shardings: Vec<_> = leaves.iter().map(trace::typed_sharding).collect();
+    let mesh = trace::current_mesh().filter(|m| m.is_explicit());
+    let shardings: Vec<_> = leaves
+        .iter()
+        .map(|t| {
+            trace::typed_sharding(t).or_else(|| match &mesh {
+                // A host value is the same on every device.
+                Some(m) if !t.is_tracer() => {
+                    Some(tessera_ir::Sharding::replicated(m.name.clone(), t.rank()))
+                }
+                _ => None,
+            })
+        })
+        .collect();
     trace::type_params(&guard, &shardings);
     let p_tr: P = tree::unflatten(&pdef, tracers).unwrap_or_else(|e| raise(e));
     let out = match catch(|| f(&p_tr)) {
@@ -205,7 +217,8 @@ impl Linearized {
         let order = self.graph.topo_order();
         let backward = backward_nodes(&self.graph, &order, &self.ct_params);
         let nodes: Vec<NodeId> = order.into_iter().filter(|n| backward.contains(n)).collect();
-        replay(&self.graph, &nodes, &mut env);
+        // The backward program is the compiler's: typed leniently on an Explicit mesh.
+        trace::lenient(|| replay(&self.graph, &nodes, &mut env));
         self.grads
             .iter()
             .zip(&self.primals)

@@ -121,24 +121,20 @@ struct Inner<F> {
 
 type Leaves = Vec<Tensor>;
 
-#[derive(Default)]
-struct CallState {
-    args: Option<TreeDef>,
-    location: String,
-    /// The result structure of each argument signature traced (a cache hit does not trace).
-    outs: std::collections::HashMap<(TreeDef, Vec<TensorType>), TreeDef>,
-    /// The key of the current call.
-    key: Option<(TreeDef, Vec<TensorType>)>,
+/// The run of one argument structure on concrete inputs: the global program under `jit`,
+/// over leaves, and the result structure its trace found.
+struct Entry {
+    jitted: Jitted<Box<dyn Fn(Leaves) -> Leaves>, Leaves, Leaves>,
+    out: Rc<RefCell<Option<TreeDef>>>,
+    /// The caller's line of the call being traced.
+    location: Rc<RefCell<String>>,
 }
 
 /// A shard-mapped function; apply it with [`ShardMapped::call`].
 pub struct ShardMapped<F, In, Out> {
     inner: Rc<Inner<F>>,
-    /// The run on concrete inputs: the global program under `jit`, over leaves.
-    jitted: Jitted<Box<dyn Fn(Leaves) -> Leaves>, Leaves, Leaves>,
-    /// The current concrete call: its argument structure, its caller's line, and (once traced)
-    /// its result structure.
-    defs: Rc<RefCell<CallState>>,
+    /// One `jit` per argument structure (the `jit` itself keys on the leaves only).
+    entries: RefCell<std::collections::HashMap<TreeDef, Rc<Entry>>>,
     _types: std::marker::PhantomData<fn(In) -> Out>,
 }
 
@@ -150,42 +146,47 @@ pub fn shard_map<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'st
     in_specs: impl Into<Specs>,
     out_specs: impl Into<Specs>,
 ) -> ShardMapped<F, In, Out> {
-    let inner = Rc::new(Inner {
-        f,
-        mesh: mesh.clone(),
-        in_specs: in_specs.into(),
-        out_specs: out_specs.into(),
-        manual: mesh.axis_names().iter().map(|a| a.to_string()).collect(),
-    });
-    ShardMapped::build(inner)
+    ShardMapped {
+        inner: Rc::new(Inner {
+            f,
+            mesh: mesh.clone(),
+            in_specs: in_specs.into(),
+            out_specs: out_specs.into(),
+            manual: mesh.axis_names().iter().map(|a| a.to_string()).collect(),
+        }),
+        entries: RefCell::default(),
+        _types: std::marker::PhantomData,
+    }
 }
 
 impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardMapped<F, In, Out> {
-    fn build(inner: Rc<Inner<F>>) -> Self {
-        let defs: Rc<RefCell<CallState>> = Rc::default();
-        let (i, d) = (inner.clone(), defs.clone());
+    /// The `jit` of argument structure `def`.
+    fn entry(&self, def: &TreeDef) -> Rc<Entry> {
+        if let Some(e) = self.entries.borrow().get(def) {
+            return e.clone();
+        }
+        let out: Rc<RefCell<Option<TreeDef>>> = Rc::default();
+        let location: Rc<RefCell<String>> = Rc::default();
+        let (i, d, o, l) = (
+            self.inner.clone(),
+            def.clone(),
+            out.clone(),
+            location.clone(),
+        );
         let run: Box<dyn Fn(Leaves) -> Leaves> = Box::new(move |leaves: Leaves| {
-            let (def, location) = {
-                let st = d.borrow();
-                (
-                    st.args.clone().expect("set before the call"),
-                    st.location.clone(),
-                )
-            };
-            let args: In = tree::unflatten(&def, leaves).unwrap_or_else(|e| raise(e));
-            let out = i.apply(args, location);
-            let (out_leaves, out_def) = tree::flatten(&out);
-            let mut st = d.borrow_mut();
-            let key = st.key.clone().expect("set before the call");
-            st.outs.insert(key, out_def);
+            let args: In = tree::unflatten(&d, leaves).unwrap_or_else(|e| raise(e));
+            let result = i.apply(args, l.borrow().clone());
+            let (out_leaves, out_def) = tree::flatten(&result);
+            *o.borrow_mut() = Some(out_def);
             out_leaves
         });
-        ShardMapped {
-            inner,
+        let e = Rc::new(Entry {
             jitted: jit(run).named("shard_map"),
-            defs,
-            _types: std::marker::PhantomData,
-        }
+            out,
+            location,
+        });
+        self.entries.borrow_mut().insert(def.clone(), e.clone());
+        e
     }
 
     /// Only these mesh axes are manual (`axis_names=`); the others stay automatic: the
@@ -208,11 +209,15 @@ impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardM
             .filter(|n| axes.contains(n))
             .map(|n| n.to_string())
             .collect();
-        let ShardMapped { inner, jitted, .. } = self;
-        // The jitted closure holds the other reference.
-        drop(jitted);
+        let ShardMapped { inner, entries, .. } = self;
+        // The jitted closures hold the other references.
+        drop(entries);
         let inner = Rc::into_inner(inner).expect("no other reference");
-        ShardMapped::build(Rc::new(Inner { manual, ..inner }))
+        ShardMapped {
+            inner: Rc::new(Inner { manual, ..inner }),
+            entries: RefCell::default(),
+            _types: std::marker::PhantomData,
+        }
     }
 
     /// Applies the function: recorded into the enclosing trace when an argument is a tracer,
@@ -226,9 +231,10 @@ impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardM
             return catch(|| self.inner.apply(args, location.clone()));
         }
         let placed = self.place(&leaves, &def, &location)?;
-        let key = self.begin_call(def, &placed, location);
-        let outs = self.jitted.call(placed)?;
-        let out_def = self.defs.borrow().outs[&key].clone();
+        let e = self.entry(&def);
+        *e.location.borrow_mut() = location;
+        let outs = e.jitted.call(placed)?;
+        let out_def = e.out.borrow().clone().expect("traced on the first call");
         tree::unflatten(&out_def, outs)
     }
 
@@ -238,24 +244,9 @@ impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardM
         let location = loc_text(Location::caller());
         let (leaves, def) = tree::flatten(args);
         let placed = self.place(&leaves, &def, &location)?;
-        self.begin_call(def, &placed, location);
-        self.jitted.lower(&placed)
-    }
-
-    /// Records the current call's structure and line for the trace; returns its key.
-    fn begin_call(
-        &self,
-        def: TreeDef,
-        leaves: &[Tensor],
-        location: String,
-    ) -> (TreeDef, Vec<TensorType>) {
-        let types = leaves.iter().map(|t| t.ty().clone()).collect();
-        let key = (def.clone(), types);
-        let mut st = self.defs.borrow_mut();
-        st.args = Some(def);
-        st.location = location;
-        st.key = Some(key.clone());
-        key
+        let e = self.entry(&def);
+        *e.location.borrow_mut() = location;
+        e.jitted.lower(&placed)
     }
 
     /// Each concrete leaf placed on the mesh as its spec says.
@@ -342,7 +333,11 @@ impl<F> Inner<F> {
             specs.push(spec);
         }
         // The per-device trace, on the mesh so the collectives type-check.
-        let (guard, tracers) = trace::begin_on("shard_map", &local, Some(ir.clone()));
+        // Every axis Manual inside: the body is untyped (no Explicit rule sees a collective).
+        let manual_mesh = ir
+            .clone()
+            .with_types(vec![tessera_ir::AxisType::Manual; ir.axes.len()]);
+        let (guard, tracers) = trace::begin_on("shard_map", &local, Some(manual_mesh));
         let ex: In = tree::unflatten(&def, tracers).unwrap_or_else(|e| raise(e));
         let out = match catch(|| (self.f)(ex)) {
             Ok(out) => out,
@@ -371,9 +366,28 @@ impl<F> Inner<F> {
                         format!("out_specs of {path} names \"{a}\", which is not a manual axis"),
                     );
                 }
+                let global: Vec<usize> = t
+                    .shape()
+                    .iter()
+                    .zip(&spec)
+                    .map(|(&d, axes)| d.saturating_mul(ir.group_size(axes)))
+                    .collect();
+                check_spec(ir, &TensorType::new(t.dtype(), global), &spec).unwrap_or_else(|e| {
+                    self.fail(&location, format!("out_specs of {path} ({}): {e}", t.ty()))
+                });
                 spec
             })
             .collect();
+        if let Some(c) = foreign_collective(&rec.graph, &self.manual) {
+            self.fail(
+                &location,
+                format!(
+                    "{c} inside a shard_map whose manual axes are {:?}: a collective names \
+                     manual axes only",
+                    self.manual
+                ),
+            );
+        }
         // Batch over each manual axis, the last (innermost) first.
         let uses = |spec: &Vec<Vec<String>>, a: &str| spec.iter().flatten().any(|b| b == a);
         let mut g = rec.graph;
@@ -411,7 +425,9 @@ impl<F> Inner<F> {
         for (p, c) in params[leaves.len()..].iter().zip(&rec.captures) {
             env.insert(*p, c.clone());
         }
-        replay(&g, &g.topo_order(), &mut env);
+        // The batched program is the compiler's: typed leniently on an Explicit mesh (its
+        // block-dim slices have no Explicit rule; their values are right in any sharding).
+        trace::lenient(|| replay(&g, &g.topo_order(), &mut env));
         let outs: Vec<Tensor> = g
             .outputs()
             .iter()
@@ -513,4 +529,21 @@ fn constrain(x: &Tensor, dims: &[DimSharding], mesh: &IrMesh) -> Tensor {
         unreduced: Vec::new(),
     };
     apply(Op::ShardingConstraint(s), &[x])
+}
+
+/// A collective of `g` (or of its bodies) over an axis that is not manual, as text.
+fn foreign_collective(g: &tessera_ir::Graph, manual: &[String]) -> Option<String> {
+    g.topo_order().into_iter().find_map(|id| match g.op(id) {
+        Op::Collective(c) => c
+            .axes()
+            .iter()
+            .find(|a| !manual.contains(a))
+            .map(|a| format!("{} over \"{a}\"", g.op(id).name())),
+        Op::Region(r) => r
+            .regions()
+            .into_iter()
+            .find_map(|(_, b)| foreign_collective(b, manual)),
+        // tidy: allow-wildcard(only collectives and the regions that may hold them)
+        _ => None,
+    })
 }

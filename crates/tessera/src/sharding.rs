@@ -450,7 +450,7 @@ impl Tensor {
     pub fn sharding(&self) -> Option<NamedSharding> {
         let Repr::Concrete(a) = &self.repr else {
             let s = crate::trace::typed_sharding(self)?;
-            let mesh = crate::trace::current_mesh()?;
+            let mesh = crate::trace::mesh_of(self)?;
             let n = mesh.device_count();
             // A type holds the Explicit axes only (the Auto ones are propagation's).
             let spec = explicit::explicit_only(&mesh, &s.spec());
@@ -487,9 +487,9 @@ pub fn visualize_array_sharding(t: &Tensor) -> String {
 /// The text of `visualize_array_sharding`, without printing it.
 ///
 /// JAX's layout (`jax/_src/debugging.py`, `visualize_sharding`): base height 10, base width
-/// `int(10 * cols / rows)` of the array's shape; a cell's width is `int(fraction of the columns
-/// * base width * 2.5)` clamped to 9..80, its height `int(fraction of the rows * 10)` (1 line
-/// for a 1-D array); the label centered with the left padding `(width - len - 2) div 2` and the
+/// `int(10 * cols / rows)` of the array's shape; a cell's width is `int(its fraction of the
+/// columns times the base width times 2.5)` clamped to 9..80, its height `int(its fraction of
+/// the rows times 10)` (1 line for a 1-D array); the label centered with the left padding `(width - len - 2) div 2` and the
 /// top padding `(height - 2) div 2`, the rest right and below. A table wider than 80 columns is
 /// drawn whole (rich would shrink it and crop the labels).
 #[track_caller]

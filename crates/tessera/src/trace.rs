@@ -33,6 +33,11 @@ pub(crate) struct TraceState {
 }
 
 thread_local! {
+    /// Inside `lenient`: ops replayed from a program the compiler built (a VJP, a batched
+    /// shard_map body) whose Explicit rule has no answer are typed replicated instead of
+    /// failing: their values are right in any sharding, and the user's own ops were typed
+    /// strictly when they were traced.
+    static LENIENT: Cell<usize> = const { Cell::new(0) };
     static STACK: RefCell<Vec<Rc<TraceState>>> = const { RefCell::new(Vec::new()) };
     static NEXT_ID: Cell<u64> = const { Cell::new(1) };
 }
@@ -156,6 +161,20 @@ pub(crate) fn lift(trace: &Rc<TraceState>, t: &Tensor) -> NodeId {
                 .borrow_mut()
                 .add(Op::Constant(a.literal().clone()), &[])
                 .expect("a constant always has a type");
+            // On an Explicit mesh a closed-over placed array keeps its placement as its type.
+            let explicit = trace
+                .graph
+                .borrow()
+                .mesh
+                .as_ref()
+                .is_some_and(|m| m.is_explicit());
+            if explicit
+                && let Some(spec) = a.spec()
+                && trace.graph.borrow().mesh.as_ref() == Some(&spec.mesh)
+            {
+                trace.graph.borrow_mut().node_mut(n).sharding =
+                    Some(Sharding::closed(&spec.mesh, &spec.dims));
+            }
             trace
                 .constants
                 .borrow_mut()
@@ -279,6 +298,19 @@ pub(crate) fn apply_at(op: Op, operands: &[&Tensor], location: String) -> Tensor
     }
 }
 
+/// Runs `f` with the Explicit rules lenient (see `LENIENT`), also when it unwinds.
+pub(crate) fn lenient<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LENIENT.with(|c| c.set(c.get() - 1));
+        }
+    }
+    LENIENT.with(|c| c.set(c.get() + 1));
+    let _restore = Restore;
+    f()
+}
+
 /// On a trace whose mesh has Explicit axes, the type rule of the node just added
 /// (`tessera_shard::explicit::rule`): its sharding annotated, or the rule's error. A node with
 /// an operand of no known type (a parameter of a body or of a transformation's trace, typed
@@ -306,7 +338,11 @@ fn type_node(graph: &mut Graph, node: NodeId) -> Result<(), String> {
         .zip(&typed)
         .map(|(&o, t)| (graph.ty(o), t))
         .collect();
-    let t = explicit::rule(&mesh, graph.op(node), &operands, graph.ty(node))?;
+    let t = match explicit::rule(&mesh, graph.op(node), &operands, graph.ty(node)) {
+        Ok(t) => t,
+        Err(_) if LENIENT.with(|c| c.get()) > 0 => Typed::replicated(graph.ty(node).rank()),
+        Err(e) => return Err(e),
+    };
     graph.node_mut(node).sharding = Some(t.sharding(&mesh));
     Ok(())
 }
@@ -315,11 +351,21 @@ fn type_node(graph: &mut Graph, node: NodeId) -> Result<(), String> {
 /// trace's mesh, `None` for an untyped tracer or a host value.
 pub(crate) fn typed_sharding(t: &Tensor) -> Option<Sharding> {
     match &t.repr {
+        // An escaped tracer's trace has ended (its graph is gone): no type.
+        Repr::Traced(tr) if !is_live(tr.trace.id) => None,
         Repr::Traced(tr) => tr.trace.graph.borrow().node(tr.node).sharding.clone(),
         Repr::Concrete(a) => {
             let spec = a.spec()?;
             Some(Sharding::closed(&spec.mesh, &spec.dims))
         }
+    }
+}
+
+/// The mesh of a tracer's own trace (`None` for a concrete tensor or an escaped tracer).
+pub(crate) fn mesh_of(t: &Tensor) -> Option<Mesh> {
+    match &t.repr {
+        Repr::Traced(tr) if is_live(tr.trace.id) => tr.trace.graph.borrow().mesh.clone(),
+        Repr::Traced(_) | Repr::Concrete(_) => None,
     }
 }
 

@@ -150,7 +150,7 @@ fn each_ops_result_sharding_and_error_are_jaxs() {
                 let key: String = jax.chars().take(40).collect();
                 assert!(text.contains(&key), "{name}: `{text}` lacks JAX's `{key}`");
                 assert!(
-                    text.contains("explicit.rs:"),
+                    text.contains("tests/explicit.rs:"),
                     "{name}: `{text}` names no line"
                 );
             }
@@ -266,7 +266,7 @@ fn the_megatron_mlp_needs_out_sharding_and_then_trains_as_jax_with_xlas_collecti
     assert!(
         err.contains("Contracting dimensions are sharded and it is ambiguous")
             && err.contains("dot_general")
-            && err.contains("explicit.rs:"),
+            && err.contains("tests/explicit.rs:"),
         "{err}"
     );
     let (single, _) = megatron_run(None, None).expect("one device");
@@ -419,7 +419,7 @@ fn jit_in_and_out_shardings_device_get_from_devices_and_tree_constraints() {
         .expect_err("misplaced")
         .to_string();
     assert!(
-        e.contains("in_shardings") && e.contains("explicit.rs:"),
+        e.contains("in_shardings") && e.contains("tests/explicit.rs:"),
         "{e}"
     );
     // device_get: a host copy of a tree.
@@ -474,7 +474,7 @@ fn the_dump_says_why_every_value_is_sharded_as_it_is() {
     let w = place(&mesh, input(&[4, 6]), P![None, "mp"].0);
     let f = jit(|(x, w): (Tensor, Tensor)| {
         let y = x.matmul(&w).tanh();
-        with_sharding_constraint(&y, &NamedSharding::new(&mesh, P![None, "mp"]))
+        with_sharding_constraint(&y, NamedSharding::new(&mesh, P![None, "mp"]))
     });
     let ir = f.lower(&(x.clone(), w.clone())).expect("lowers").ir();
     for line in ir
@@ -503,4 +503,90 @@ fn the_dump_says_why_every_value_is_sharded_as_it_is() {
     assert!(typed.contains("Explicit rule of tanh"), "{typed}");
     assert!(typed.contains("a partial sum over [\"mp\"]"), "{typed}");
     assert!(typed.contains("the user's reshard"), "{typed}");
+}
+
+#[test]
+fn explicit_mode_through_loops_folded_reshapes_fsdp_gradients_and_reshards() {
+    eight_devices();
+    let mesh = Mesh::explicit([4, 2], ["dp", "mp"]);
+    let x = place(&mesh, input(&[8, 6]), P!["dp", None].0);
+    // A scan whose carry keeps its type.
+    let f = jit(|x: Tensor| fori_loop(0, 3, |_, c: &Tensor| (c * 0.5).tanh(), &x));
+    let y = f.call(x.clone()).expect("a loop on Explicit axes");
+    assert_eq!(y.sharding().expect("placed").spec, P!["dp"]);
+    let mut h = input(&[8, 6]);
+    for _ in 0..3 {
+        h = (h * 0.5).tanh();
+    }
+    for (a, b) in y.to_vec::<f32>().iter().zip(h.to_vec::<f32>()) {
+        assert!((a - b).abs() <= 1e-6, "{a} vs {b}");
+    }
+    // Two reshapes the simplifier folds into one the rule has no answer for.
+    let x3 = place(&mesh, input(&[8, 3]), P!["dp", None].0);
+    let r = jit(|x: Tensor| x.reshape([4, 2, 3]).reshape([4, 6]) * 2.0)
+        .call(x3.clone())
+        .expect("folded reshapes");
+    let want: Vec<f32> = input(&[8, 3])
+        .to_vec::<f32>()
+        .iter()
+        .map(|v| v * 2.0)
+        .collect();
+    assert_eq!(r.to_vec::<f32>(), want);
+    // FSDP: the weight split over dp along its input dim; its gradient keeps that type.
+    let w = place(&mesh, input(&[8, 4]) * 0.1, P!["dp", None].0);
+    let xb = place(&mesh, input(&[8, 8]) * 0.1, P!["dp", None].0);
+    let loss = |w: &Tensor, x: &Tensor| x.matmul(w).square().sum();
+    let g = jit(|(w, x): (Tensor, Tensor)| grad(|w: &Tensor| loss(w, &x))(&w))
+        .call((w.clone(), xb.clone()))
+        .expect("FSDP gradient");
+    assert_eq!(g.sharding().expect("placed").spec, P!["dp"]);
+    let gh = grad(|w: &Tensor| loss(w, &(input(&[8, 8]) * 0.1)))(&(input(&[8, 4]) * 0.1));
+    for (a, b) in g.to_vec::<f32>().iter().zip(gh.to_vec::<f32>()) {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+    }
+    // A reshard's cotangent goes back to the operand's type.
+    let m2 = Mesh::explicit([2], ["x"]);
+    let xs = place(&m2, input(&[4, 4]), P!["x", None].0);
+    let gs = jit(|x: Tensor| grad(|x: &Tensor| reshard(&x.sin(), P![None, "x"]).sum())(&x))
+        .call(xs)
+        .expect("through a reshard");
+    let want: Vec<f32> = input(&[4, 4])
+        .to_vec::<f32>()
+        .iter()
+        .map(|v| v.cos())
+        .collect();
+    for (a, b) in gs.to_vec::<f32>().iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-6, "{a} vs {b}");
+    }
+    // grad with respect to a host value inside the jit: typed replicated.
+    let gh2 = jit(|x: Tensor| grad(|w: &Tensor| x.matmul(w).sum())(&(Tensor::zeros([6, 4]))))
+        .call(place(&mesh, input(&[8, 6]), P!["dp", "mp"].0))
+        .expect("a host weight");
+    let colsum: Vec<f32> = input(&[8, 6]).sum_axes(0).to_vec::<f32>();
+    for (i, a) in gh2.to_vec::<f32>().iter().enumerate() {
+        let b = colsum[i / 4];
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+    }
+    // A closed-over placed array keeps its placement as its type.
+    let wc = place(&mesh, input(&[6, 4]), P![None, "mp"].0);
+    let seen = std::cell::RefCell::new(None);
+    jit(|x: Tensor| {
+        let y = x.matmul(&wc);
+        *seen.borrow_mut() = y.sharding().map(|s| s.spec);
+        y
+    })
+    .call(x.clone())
+    .expect("runs");
+    assert_eq!(*seen.borrow(), Some(P!["dp", "mp"]));
+    // select: the cases must have one sharding (JAX's rule).
+    let a = place(&mesh, input(&[8, 4]), P!["dp", None].0);
+    let b = place(&mesh, input(&[8, 4]), P![None, "mp"].0);
+    let e = jit(|(a, b): (Tensor, Tensor)| Tensor::select(&a.gt(&(a.clone() * 0.0)), &a, &b))
+        .call((a, b))
+        .expect_err("cases differ")
+        .to_string();
+    assert!(
+        e.contains("select cases must have the same shardings"),
+        "{e}"
+    );
 }

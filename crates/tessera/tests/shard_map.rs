@@ -204,9 +204,13 @@ fn a_shard_map_over_mp_inside_a_jit_automatic_over_dp_is_the_unsharded_program()
     close(&gx.to_vec::<f32>(), &hx.to_vec::<f32>(), "dx");
     close(&gw1.to_vec::<f32>(), &hw1.to_vec::<f32>(), "dw1");
     close(&gw2.to_vec::<f32>(), &hw2.to_vec::<f32>(), "dw2");
-    // The batch stays split over dp: the per-device program sees 4 of the 16 rows.
+    // The batch stays split over dp: the per-device program's x parameter is 4 of the 16 rows.
     let ir = step.lower(&args).expect("lowers").per_device_ir();
-    assert!(ir.contains("f32[4,6]"), "{ir}");
+    let x_param = ir
+        .lines()
+        .find(|l| l.trim_start().starts_with("%0:"))
+        .unwrap_or_else(|| panic!("x's parameter line:\n{ir}"));
+    assert!(x_param.contains("f32[4,6]"), "{x_param}\n{ir}");
 }
 
 #[test]
@@ -220,7 +224,7 @@ fn out_specs_claiming_replication_are_checked_and_bad_specs_are_errors() {
         .expect_err("varies over i");
     let text = e.to_string();
     assert!(
-        text.contains("check_vma") && text.contains("'i'") && text.contains("shard_map.rs:"),
+        text.contains("check_vma") && text.contains("'i'") && text.contains("tests/shard_map.rs:"),
         "{text}"
     );
     // psum makes it the same everywhere: accepted.
@@ -275,4 +279,72 @@ fn shard_map_on_an_explicit_mesh_types_its_results() {
     assert_eq!(*seen.borrow(), Some(P!["dp"]));
     assert_eq!(y.sharding().expect("placed").spec, P!["dp"]);
     close(&y.to_vec::<f32>(), &x.matmul(&w).to_vec::<f32>(), "x @ w");
+}
+
+#[test]
+fn collectives_and_permutes_on_an_explicit_mesh_and_bad_out_specs() {
+    eight_devices();
+    let mesh = Mesh::explicit([8], ["i"]);
+    let x = arange(&[16, 3]);
+    // axis_index (no operand) and ppermute inside a shard_map on Explicit axes.
+    let shift: Vec<(usize, usize)> = (0..8).map(|d| (d, (d + 1) % 8)).collect();
+    let f = shard_map(
+        move |x: Tensor| {
+            let i = axis_index("i").astype(DType::F32);
+            ppermute(&x, "i", &shift) + i
+        },
+        &mesh,
+        P!["i"],
+        P!["i"],
+    );
+    let y = jit(|x: Tensor| f.call(x).expect("traced"))
+        .call(device_put(x.clone(), NamedSharding::new(&mesh, P!["i"])))
+        .expect("runs");
+    let xs = x.to_vec::<f32>();
+    let want: Vec<f32> = (0..8)
+        .flat_map(|d| {
+            let s = (d + 7) % 8;
+            xs[s * 6..s * 6 + 6]
+                .iter()
+                .map(move |v| v + d as f32)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(y.to_vec::<f32>(), want);
+    // Trees whose structure differs but whose leaves do not: each gets its own program.
+    let m = Mesh::new([8], ["i"]);
+    let g = shard_map(
+        |p: (Option<Tensor>, Option<Tensor>)| match p {
+            (Some(a), None) => (Some(psum(&a, "i")), None),
+            (None, Some(b)) => (None, Some(psum(&(b * 2.0), "i"))),
+            _ => (None, None),
+        },
+        &m,
+        P!["i"],
+        P![],
+    );
+    let a = g.call((Some(x.clone()), None)).expect("first");
+    let b = g.call((None, Some(x.clone()))).expect("second");
+    let (a, b) = (a.0.expect("a"), b.1.expect("b"));
+    let twice: Vec<f32> = a.to_vec::<f32>().iter().map(|v| v * 2.0).collect();
+    close(&b.to_vec::<f32>(), &twice, "the second structure's program");
+    // out_specs that do not fit the output, a collective over a non-manual axis.
+    let e = shard_map(|x: Tensor| x, &m, P!["i"], P!["i", "i"])
+        .call(x.clone())
+        .expect_err("i twice")
+        .to_string();
+    assert!(
+        e.contains("out_specs") && e.contains("tests/shard_map.rs:"),
+        "{e}"
+    );
+    let m2 = Mesh::new([4, 2], ["dp", "mp"]);
+    let e = shard_map(|x: Tensor| psum(&x, "dp"), &m2, P!["mp"], P!["mp"])
+        .axis_names(&["mp"])
+        .call(x.clone())
+        .expect_err("dp is automatic")
+        .to_string();
+    assert!(
+        e.contains("over \"dp\"") && e.contains("manual axes only"),
+        "{e}"
+    );
 }

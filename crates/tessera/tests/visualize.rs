@@ -45,7 +45,7 @@ fn tables_are_jaxs_and_other_ranks_are_an_error() {
             .collect();
         let x = device_put(
             Tensor::zeros(shape.clone()),
-            &NamedSharding::new(mesh, PartitionSpec(spec.clone())),
+            NamedSharding::new(mesh, PartitionSpec(spec.clone())),
         );
         match (&case["text"], &case["error"]) {
             (Value::String(want), _) => {
