@@ -217,9 +217,9 @@ pub fn rule(
             let rhs_whole = rt.spec.iter().all(|a| a.is_empty());
             if !rhs_whole || !lt.spec[cd.lhs_spec[1]].is_empty() {
                 return Err(
-                    "Please specify the output sharding via `out_sharding` parameter of \
-                            `conv_general_dilated` (the kernel must be replicated and the input \
-                            features whole for the result's sharding to follow)"
+                    "the result's sharding does not follow from the operands' (JAX asks for \
+                     `out_sharding` on `conv_general_dilated`): reshard the kernel to P() and \
+                     keep the input's feature dim whole"
                         .to_string(),
                 );
             }
