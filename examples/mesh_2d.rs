@@ -16,6 +16,21 @@ use tessera::prelude::*;
 mod mlp;
 use mlp::{Mlp, init, seed_data, sgd_step};
 
+/// The seed parameters and data on the 4x2 mesh, Megatron style: the batch over `dp`, the
+/// first layer's columns and the second layer's rows over `mp`.
+fn placed(mesh: &Mesh) -> (Mlp, Tensor, Tensor) {
+    let p = init(Key::new(0), 10, 32, 1);
+    let put = |t: Tensor, spec: PartitionSpec| device_put(t, NamedSharding::new(mesh, spec));
+    let params = Mlp {
+        w1: put(p.w1, P![None, "mp"]),
+        b1: put(p.b1, P!["mp"]),
+        w2: put(p.w2, P!["mp", None]),
+        b2: put(p.b2, P![]),
+    };
+    let (x, y) = seed_data(256);
+    (params, put(x, P!["dp", None]), put(y, P!["dp", None]))
+}
+
 /// The seed loss with the second product's sharding given, as an Explicit mesh needs.
 fn explicit_loss(p: &Mlp, x: &Tensor, y: &Tensor) -> Tensor {
     let h = (x.matmul(&p.w1) + &p.b1).tanh();
@@ -28,16 +43,7 @@ fn explicit_loss(p: &Mlp, x: &Tensor, y: &Tensor) -> Tensor {
 /// program without `out_sharding` gets.
 pub fn train_explicit(steps: usize) -> Result<(Vec<f32>, String, String)> {
     let mesh = Mesh::explicit([4, 2], ["dp", "mp"]);
-    let p = init(Key::new(0), 10, 32, 1);
-    let put = |t: Tensor, spec: PartitionSpec| device_put(t, NamedSharding::new(&mesh, spec));
-    let mut params = Mlp {
-        w1: put(p.w1, P![None, "mp"]),
-        b1: put(p.b1, P!["mp"]),
-        w2: put(p.w2, P!["mp", None]),
-        b2: put(p.b2, P![]),
-    };
-    let (x, y) = seed_data(256);
-    let (x, y) = (put(x, P!["dp", None]), put(y, P!["dp", None]));
+    let (mut params, x, y) = placed(&mesh);
     let ambiguous = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y))
         .call((params.clone(), x.clone(), y.clone()))
         .err()
@@ -63,16 +69,7 @@ pub fn train_explicit(steps: usize) -> Result<(Vec<f32>, String, String)> {
 /// The losses of `steps` steps on the 4x2 mesh, the per-device IR, and the placed inputs.
 pub fn train(steps: usize) -> Result<(Vec<f32>, String, Tensor, Tensor)> {
     let mesh = Mesh::new([4, 2], ["dp", "mp"]);
-    let p = init(Key::new(0), 10, 32, 1);
-    let put = |t: Tensor, spec: PartitionSpec| device_put(t, NamedSharding::new(&mesh, spec));
-    let mut params = Mlp {
-        w1: put(p.w1, P![None, "mp"]),
-        b1: put(p.b1, P!["mp"]),
-        w2: put(p.w2, P!["mp", None]),
-        b2: put(p.b2, P![]),
-    };
-    let (x, y) = seed_data(256);
-    let (x, y) = (put(x, P!["dp", None]), put(y, P!["dp", None]));
+    let (mut params, x, y) = placed(&mesh);
     let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)).named("train_step_2d");
     let per_device = step
         .lower(&(params.clone(), x.clone(), y.clone()))?

@@ -270,22 +270,7 @@ macro_rules! P {
 
 impl fmt::Display for PartitionSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self
-            .0
-            .iter()
-            .map(|axes| match axes.len() {
-                0 => "None".into(),
-                1 => format!("'{}'", axes[0]),
-                _ => format!(
-                    "({})",
-                    axes.iter()
-                        .map(|a| format!("'{a}'"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            })
-            .collect();
-        write!(f, "P({})", parts.join(", "))
+        write!(f, "{}", explicit::p_text(&self.0))
     }
 }
 

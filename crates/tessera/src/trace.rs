@@ -298,6 +298,21 @@ pub(crate) fn apply_at(op: Op, operands: &[&Tensor], location: String) -> Tensor
     }
 }
 
+/// The Explicit-mode type of node `o` of a trace's graph: its annotation over the Explicit axes
+/// (on a mesh that mixes axis types, a type holds those only), a constant's replicated, or
+/// `None` for a value of no known type (a body's parameter).
+fn operand_type(graph: &Graph, o: NodeId, mesh: &Mesh) -> Option<Typed> {
+    match (&graph.node(o).sharding, graph.op(o)) {
+        (Some(s), _) => {
+            let mut t = Typed::from_sharding(s);
+            t.spec = explicit::explicit_only(mesh, &t.spec);
+            Some(t)
+        }
+        (None, Op::Constant(_)) => Some(Typed::replicated(graph.ty(o).rank())),
+        (None, _) => None,
+    }
+}
+
 /// Runs `f` with the Explicit rules lenient (see `LENIENT`), also when it unwinds.
 pub(crate) fn lenient<T>(f: impl FnOnce() -> T) -> T {
     struct Restore;
@@ -319,19 +334,14 @@ fn type_node(graph: &mut Graph, node: NodeId) -> Result<(), String> {
     let Some(mesh) = graph.mesh.clone().filter(|m| m.is_explicit()) else {
         return Ok(());
     };
-    let mut typed = Vec::new();
-    for o in graph.operands(node) {
-        match (&graph.node(o).sharding, graph.op(o)) {
-            (Some(s), _) => {
-                let mut t = Typed::from_sharding(s);
-                // On a mesh that mixes axis types, a type holds the Explicit axes only.
-                t.spec = explicit::explicit_only(&mesh, &t.spec);
-                typed.push(t)
-            }
-            (None, Op::Constant(_)) => typed.push(Typed::replicated(graph.ty(o).rank())),
-            (None, _) => return Ok(()),
-        }
-    }
+    let Some(typed) = graph
+        .operands(node)
+        .into_iter()
+        .map(|o| operand_type(graph, o, &mesh))
+        .collect::<Option<Vec<Typed>>>()
+    else {
+        return Ok(());
+    };
     let operands: Vec<(&TensorType, &Typed)> = graph
         .operands(node)
         .iter()
@@ -436,15 +446,7 @@ pub(crate) fn apply_region(r: RegionOp, operands: &[&Tensor], location: String) 
             if let Some(mesh) = graph.mesh.clone().filter(|m| m.is_explicit()) {
                 let typed: Option<Vec<Typed>> = nodes
                     .iter()
-                    .map(|&o| match (&graph.node(o).sharding, graph.op(o)) {
-                        (Some(s), _) => {
-                            let mut t = Typed::from_sharding(s);
-                            t.spec = explicit::explicit_only(&mesh, &t.spec);
-                            Some(t)
-                        }
-                        (None, Op::Constant(_)) => Some(Typed::replicated(graph.ty(o).rank())),
-                        (None, _) => None,
-                    })
+                    .map(|&o| operand_type(&graph, o, &mesh))
                     .collect();
                 if let Some(typed) = typed {
                     let Op::Region(r) = graph.op(node) else {
