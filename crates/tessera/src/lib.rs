@@ -18,6 +18,7 @@ extern crate self as tessera;
 pub mod axis;
 mod cache;
 pub mod check;
+pub mod checkpoint;
 pub mod control;
 pub mod conv;
 pub mod einsum;
