@@ -5,8 +5,10 @@ use std::panic::Location;
 use tessera_interp::InterpError;
 use tessera_ir::{ParseError, TypeError, VerifyError};
 
-/// Everything that can go wrong between a user's closure and its results.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+/// Everything that can go wrong between a user's closure and its results. Its `Debug` form is
+/// its message, so `fn main() -> tessera::Result<()>` prints `Error: <the message>` (Rust
+/// prints a returned error with `Debug`), not the variant's fields.
+#[derive(Clone, PartialEq, thiserror::Error)]
 pub enum Error {
     /// An op's type rule rejected its operands; `location` is the user's `file:line`.
     #[error("{error}, at {location}")]
@@ -54,6 +56,12 @@ pub enum Error {
     /// A file could not be read or written (`TESSERA_DUMP`).
     #[error("{0}")]
     Io(String),
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -369,3 +369,22 @@ fn pmap_lowers_like_it_runs_and_shares_jits_builder() {
         "{err}"
     );
 }
+
+/// A returned error prints as its message: `fn main() -> tessera::Result<()>` shows
+/// `Error: matmul: contracting dims differ ..., at tests/api.rs:N`, not the variant's fields.
+#[test]
+fn an_error_debug_prints_as_its_message() {
+    let e = tessera::jit(|(a, b): (Tensor, Tensor)| a.matmul(&b))
+        .call((Tensor::zeros([2, 3]), Tensor::zeros([4, 5])))
+        .expect_err("contracting dims differ");
+    let shown = format!("{e:?}");
+    assert_eq!(shown, e.to_string());
+    assert!(
+        shown.starts_with("matmul: contracting dims differ"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("Op {") && !shown.contains("message:"),
+        "{shown}"
+    );
+}
