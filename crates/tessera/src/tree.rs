@@ -199,6 +199,73 @@ impl Tree for () {
     }
 }
 
+/// A static leaf (JAX's `static_argnums`): a non-tensor value that is part of the structure,
+/// so `jit` keys its cache on it (one trace per value) and `grad`, `vmap` and `tree::map` pass
+/// it through untouched. Its value is the node's one key, written so that it reads back
+/// exactly (floats by their bits).
+fn static_node(kind: &str, text: String) -> TreeDef {
+    TreeDef::node(kind, vec![text], vec![])
+}
+
+/// The text of a static leaf of `kind`, or the mismatch.
+fn static_text<'a>(def: &'a TreeDef, kind: &str) -> Result<&'a str> {
+    def.children_of(kind)?;
+    def.keys()
+        .first()
+        .map(String::as_str)
+        .ok_or_else(|| Error::Tree {
+            message: format!("a {kind} static leaf without its value"),
+            location: String::from("tree::unflatten"),
+        })
+}
+
+macro_rules! static_tree {
+    ($($t:ty),+) => {$(
+        impl Tree for $t {
+            fn flatten_into(&self, _: &mut Vec<Tensor>) -> TreeDef {
+                static_node(concat!("static ", stringify!($t)), self.to_string())
+            }
+            fn unflatten_from(def: &TreeDef, _: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+                let kind = concat!("static ", stringify!($t));
+                let text = static_text(def, kind)?;
+                text.parse().map_err(|_| Error::Tree {
+                    message: format!("{text:?} is not a {kind}"),
+                    location: String::from("tree::unflatten"),
+                })
+            }
+        }
+    )+};
+}
+
+static_tree!(
+    usize, u8, u16, u32, u64, isize, i8, i16, i32, i64, bool, char, String
+);
+
+macro_rules! static_float_tree {
+    ($($t:ty),+) => {$(
+        impl Tree for $t {
+            fn flatten_into(&self, _: &mut Vec<Tensor>) -> TreeDef {
+                // By its bits: -0.0 and 0.0 (and each NaN) are distinct values for the cache.
+                static_node(concat!("static ", stringify!($t)), format!("{:#x}", self.to_bits()))
+            }
+            fn unflatten_from(def: &TreeDef, _: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+                let kind = concat!("static ", stringify!($t));
+                let text = static_text(def, kind)?;
+                text.strip_prefix("0x")
+                    .and_then(|h| u64::from_str_radix(h, 16).ok())
+                    .and_then(|b| b.try_into().ok())
+                    .map(<$t>::from_bits)
+                    .ok_or_else(|| Error::Tree {
+                        message: format!("{text:?} is not a {kind}"),
+                        location: String::from("tree::unflatten"),
+                    })
+            }
+        }
+    )+};
+}
+
+static_float_tree!(f32, f64);
+
 macro_rules! tuple_tree {
     ($($name:ident . $idx:tt),+) => {
         impl<$($name: Tree),+> Tree for ($($name,)+) {

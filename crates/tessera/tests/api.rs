@@ -388,3 +388,46 @@ fn an_error_debug_prints_as_its_message() {
         "{shown}"
     );
 }
+
+/// Non-tensor leaves are static (JAX's `static_argnums`): part of the cache key, so a jit
+/// traces once per value and reuses the program for a value it has seen; `grad` and
+/// `tree::map` pass them through.
+#[test]
+fn static_arguments_retrace_once_per_value() {
+    let f = tessera::jit(|(x, n, scale, relu): (Tensor, usize, f32, bool)| {
+        let mut y = x.clone();
+        for _ in 0..n {
+            y = &y * scale;
+        }
+        if relu { y.relu() } else { y }
+    });
+    let x = Tensor::from_vec(vec![-1.0f32, 2.0], [2]);
+    let run = |n: usize, s: f32, r: bool| f.call((x.clone(), n, s, r)).unwrap().to_vec::<f32>();
+    assert_eq!(run(2, 3.0, false), vec![-9.0, 18.0]);
+    assert_eq!(run(2, 3.0, false), vec![-9.0, 18.0]);
+    assert_eq!(
+        f.trace_count(),
+        1,
+        "the same static values reuse the program"
+    );
+    assert_eq!(run(3, 3.0, false), vec![-27.0, 54.0]);
+    assert_eq!(run(3, 3.0, true), vec![0.0, 54.0]);
+    assert_eq!(run(3, -0.0, false), vec![0.0, -0.0]);
+    assert_eq!(run(3, 0.0, false), vec![-0.0, 0.0]);
+    assert_eq!(
+        f.trace_count(),
+        5,
+        "one trace per new static value, -0.0 and 0.0 apart"
+    );
+    // Through grad and tree::map the static leaves pass unchanged.
+    let (v, n) = tessera::tree::map(&(x.clone(), 4usize), |t| t * 2.0);
+    assert_eq!((v.to_vec::<f32>(), n), (vec![-2.0, 4.0], 4));
+    let g = tessera::grad(|(x, k): &(Tensor, i64)| (x * (*k as f32)).sum())(&(x.clone(), 5));
+    assert_eq!((g.0.to_vec::<f32>(), g.1), (vec![5.0, 5.0], 5));
+    let s: (String, char) = tessera::tree::unflatten(
+        &tessera::tree::flatten(&("name".to_string(), 'q')).1,
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(s, ("name".to_string(), 'q'));
+}
