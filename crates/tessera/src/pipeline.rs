@@ -5,7 +5,9 @@
 //! trace        the closure on tracers -> a graph (a `grad` inside it   always
 //!              runs tessera_autodiff::vjp while tracing, as JAX does)
 //! simplified   egg rewrites, CSE, DCE (tessera_opt)                    unless simplify(false)
-//! propagated   every value annotated where it is wanted (propagate)    inputs placed on a mesh
+//! typed        every value's Explicit-mode type (explicit::type_graph) a mesh with Explicit axes
+//! propagated   every value annotated where it is wanted (propagate)    inputs placed on a mesh,
+//!              (from the types, on a mesh mixing axis types)           unless all axes Explicit
 //! sharded      (made by `collectives`) the annotated global program,   inputs placed on a mesh
 //!              conflicts and reshards noted
 //! collectives  reshards and all-reduces explicit (insert_collectives)  inputs placed on a mesh
