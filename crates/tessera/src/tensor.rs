@@ -27,9 +27,13 @@ pub(crate) enum Repr {
     Traced(Tracer),
 }
 
+/// A tracer names its trace by id and by the thread recording it; the trace's state lives in
+/// that thread's stack of live traces (`trace.rs`). Holding no `Rc` keeps `Tensor` `Send +
+/// Sync`: a tracer moved to another thread is found dead there and reported as such.
 #[derive(Clone)]
 pub(crate) struct Tracer {
-    pub(crate) trace: Rc<TraceState>,
+    pub(crate) trace: u64,
+    pub(crate) thread: std::thread::ThreadId,
     pub(crate) node: NodeId,
     pub(crate) ty: TensorType,
 }
@@ -55,7 +59,12 @@ impl<T: tessera_ir::DataElement> Element for T {
 impl Tensor {
     pub(crate) fn traced(trace: Rc<TraceState>, node: NodeId, ty: TensorType) -> Tensor {
         Tensor {
-            repr: Repr::Traced(Tracer { trace, node, ty }),
+            repr: Repr::Traced(Tracer {
+                trace: trace.id,
+                thread: trace.thread,
+                node,
+                ty,
+            }),
             weak: false,
         }
     }

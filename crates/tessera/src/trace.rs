@@ -21,7 +21,10 @@ use crate::tensor::{Repr, Tensor, Tracer};
 
 /// One trace being recorded.
 pub(crate) struct TraceState {
+    /// Unique in the process (traces on different threads never share an id).
     pub(crate) id: u64,
+    /// The thread recording this trace: its tracers are usable only there.
+    pub(crate) thread: std::thread::ThreadId,
     pub(crate) graph: RefCell<Graph>,
     /// Outer values captured as extra parameters, in parameter order after the declared inputs.
     captures: RefCell<Vec<Tensor>>,
@@ -39,8 +42,10 @@ thread_local! {
     /// strictly when they were traced.
     static LENIENT: Cell<usize> = const { Cell::new(0) };
     static STACK: RefCell<Vec<Rc<TraceState>>> = const { RefCell::new(Vec::new()) };
-    static NEXT_ID: Cell<u64> = const { Cell::new(1) };
 }
+
+/// The next trace id, shared by all threads so that an id names one trace in the process.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// True while any trace is being recorded on this thread.
 pub(crate) fn any_active() -> bool {
@@ -49,6 +54,12 @@ pub(crate) fn any_active() -> bool {
 
 fn is_live(id: u64) -> bool {
     STACK.with(|s| s.borrow().iter().any(|t| t.id == id))
+}
+
+/// The live state of a tracer's trace: `None` when that trace has ended or runs on another
+/// thread.
+fn live(tr: &Tracer) -> Option<Rc<TraceState>> {
+    STACK.with(|s| s.borrow().iter().rev().find(|t| t.id == tr.trace).cloned())
 }
 
 /// Pops its trace when dropped, also when the user's closure unwinds.
@@ -88,16 +99,13 @@ pub(crate) fn begin_on(
     params: &[TensorType],
     mesh: Option<Mesh>,
 ) -> (TraceGuard, Vec<Tensor>) {
-    let id = NEXT_ID.with(|n| {
-        let id = n.get();
-        n.set(id + 1);
-        id
-    });
+    let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut graph = Graph::new(name);
     graph.mesh = mesh;
     let nodes: Vec<NodeId> = params.iter().map(|t| graph.add_param(t.clone())).collect();
     let state = Rc::new(TraceState {
         id,
+        thread: std::thread::current().id(),
         graph: RefCell::new(graph),
         captures: RefCell::new(Vec::new()),
         capture_nodes: RefCell::new(HashMap::new()),
@@ -136,12 +144,12 @@ pub(crate) fn finish(guard: TraceGuard, outputs: &[Tensor]) -> Recorded {
 #[track_caller]
 pub(crate) fn lift(trace: &Rc<TraceState>, t: &Tensor) -> NodeId {
     match &t.repr {
-        Repr::Traced(tr) if tr.trace.id == trace.id => tr.node,
+        Repr::Traced(tr) if tr.trace == trace.id => tr.node,
         Repr::Traced(tr) => {
-            if !is_live(tr.trace.id) {
-                raise(escaped(t.ty()));
+            if !is_live(tr.trace) {
+                raise(escaped(tr));
             }
-            let key = (tr.trace.id, tr.node);
+            let key = (tr.trace, tr.node);
             if let Some(&n) = trace.capture_nodes.borrow().get(&key) {
                 return n;
             }
@@ -185,13 +193,22 @@ pub(crate) fn lift(trace: &Rc<TraceState>, t: &Tensor) -> NodeId {
 }
 
 #[track_caller]
-fn escaped(ty: &TensorType) -> Error {
-    Error::Op {
-        op: "trace".into(),
-        message: format!(
+fn escaped(tr: &Tracer) -> Error {
+    let ty = &tr.ty;
+    let message = if tr.thread != std::thread::current().id() {
+        format!(
+            "a tracer of type {ty} was used on another thread than the one tracing it (tracers \
+             are bound to their trace's thread; send concrete tensors between threads)"
+        )
+    } else {
+        format!(
             "a tracer of type {ty} was used after the trace that made it ended (it escaped its \
              jit or grad, e.g. stored in a variable outside the closure)"
-        ),
+        )
+    };
+    Error::Op {
+        op: "trace".into(),
+        message,
         location: loc_text(Location::caller()),
     }
 }
@@ -199,18 +216,18 @@ fn escaped(ty: &TensorType) -> Error {
 /// The innermost live trace among `operands`, if any of them is a tracer.
 #[track_caller]
 pub(crate) fn innermost(operands: &[&Tensor]) -> Option<Rc<TraceState>> {
-    let mut best: Option<&Rc<TraceState>> = None;
+    let mut best: Option<&Tracer> = None;
     for t in operands {
         if let Repr::Traced(tr) = &t.repr {
-            if !is_live(tr.trace.id) {
-                raise(escaped(&tr.ty));
+            if !is_live(tr.trace) {
+                raise(escaped(tr));
             }
-            if best.is_none_or(|b| tr.trace.id > b.id) {
-                best = Some(&tr.trace);
+            if best.is_none_or(|b| tr.trace > b.trace) {
+                best = Some(tr);
             }
         }
     }
-    best.cloned()
+    best.and_then(live)
 }
 
 /// Lifts every operand into the innermost trace among them, so that later ops (a broadcast of a
@@ -362,8 +379,7 @@ fn type_node(graph: &mut Graph, node: NodeId) -> Result<(), String> {
 pub(crate) fn typed_sharding(t: &Tensor) -> Option<Sharding> {
     match &t.repr {
         // An escaped tracer's trace has ended (its graph is gone): no type.
-        Repr::Traced(tr) if !is_live(tr.trace.id) => None,
-        Repr::Traced(tr) => tr.trace.graph.borrow().node(tr.node).sharding.clone(),
+        Repr::Traced(tr) => live(tr)?.graph.borrow().node(tr.node).sharding.clone(),
         Repr::Concrete(a) => {
             let spec = a.spec()?;
             Some(Sharding::closed(&spec.mesh, &spec.dims))
@@ -374,8 +390,8 @@ pub(crate) fn typed_sharding(t: &Tensor) -> Option<Sharding> {
 /// The mesh of a tracer's own trace (`None` for a concrete tensor or an escaped tracer).
 pub(crate) fn mesh_of(t: &Tensor) -> Option<Mesh> {
     match &t.repr {
-        Repr::Traced(tr) if is_live(tr.trace.id) => tr.trace.graph.borrow().mesh.clone(),
-        Repr::Traced(_) | Repr::Concrete(_) => None,
+        Repr::Traced(tr) => live(tr)?.graph.borrow().mesh.clone(),
+        Repr::Concrete(_) => None,
     }
 }
 
@@ -489,7 +505,7 @@ pub(crate) fn apply_region(r: RegionOp, operands: &[&Tensor], location: String) 
 
 impl Tracer {
     pub(crate) fn trace_id(&self) -> u64 {
-        self.trace.id
+        self.trace
     }
 }
 
@@ -517,7 +533,7 @@ mod tests {
             "the declared input and one capture"
         );
         assert_eq!(rec.captures.len(), 1);
-        assert!(matches!(&rec.captures[0].repr, Repr::Traced(t) if t.trace.id == outer.state.id));
+        assert!(matches!(&rec.captures[0].repr, Repr::Traced(t) if t.trace == outer.state.id));
         let text = tessera_ir::print(&rec.graph);
         assert!(text.contains("constant 2.0 : f32[]"), "{text}");
         tessera_ir::verify(&rec.graph).unwrap();
