@@ -1,65 +1,205 @@
-//! `#[derive(Tree)]`: makes a struct with named fields a tree whose children are its fields, in
+//! `#[derive(Tree)]`: makes a struct or an enum a tree whose children are its fields, in
 //! declaration order, so it can be passed to `jit`, `grad` and `tree::map`.
+//!
+//! - A struct with named fields is a node of kind `Name` keyed by the field names; a tuple
+//!   struct's children are keyed `0`, `1`, ..; a unit struct has none.
+//! - An enum is a node of kind `Name::Variant` with that variant's fields, so two values of
+//!   different variants have different structures (`jit` traces each variant once).
+//! - A field marked `#[tree(static)]` is not a tree: it is a static value (any `Clone + Eq +
+//!   Hash + Debug + Send + Sync` type) kept in the structure, as `tessera::tree::Static` is.
+//! - Type parameters get a `Tree` bound.
 
 use proc_macro::TokenStream;
-use quote::quote;
-use syn::{Data, DeriveInput, Fields, parse_macro_input};
+use proc_macro2::TokenStream as Tokens;
+use quote::{format_ident, quote};
+use syn::{Data, DeriveInput, Field, Fields, GenericParam, Ident, parse_macro_input, parse_quote};
 
-#[proc_macro_derive(Tree)]
+#[proc_macro_derive(Tree, attributes(tree))]
 pub fn derive_tree(input: TokenStream) -> TokenStream {
-    let input = parse_macro_input!(input as DeriveInput);
-    let name = &input.ident;
-    let fields = match &input.data {
-        Data::Struct(s) => match &s.fields {
-            Fields::Named(f) => f
-                .named
-                .iter()
-                .map(|f| f.ident.clone().unwrap())
-                .collect::<Vec<_>>(),
-            _ => {
-                return syn::Error::new_spanned(
-                    name,
-                    "#[derive(Tree)] needs a struct with named fields",
-                )
-                .to_compile_error()
-                .into();
+    let mut input = parse_macro_input!(input as DeriveInput);
+    match expand(&mut input) {
+        Ok(t) => t.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+/// Whether a field carries `#[tree(static)]` (an error for any other `tree(...)` argument).
+fn is_static(f: &Field) -> syn::Result<bool> {
+    let mut found = false;
+    for attr in f.attrs.iter().filter(|a| a.path().is_ident("tree")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("static") {
+                found = true;
+                Ok(())
+            } else {
+                Err(meta.error("the only field attribute is #[tree(static)]"))
             }
-        },
-        _ => {
-            return syn::Error::new_spanned(name, "#[derive(Tree)] supports structs only")
-                .to_compile_error()
-                .into();
+        })?;
+    }
+    Ok(found)
+}
+
+/// One field: how to name it in a pattern and a constructor, its key, and whether it is static.
+struct FieldInfo {
+    binding: Ident,
+    member: Tokens,
+    key: String,
+    is_static: bool,
+}
+
+fn fields_of(fields: &Fields) -> syn::Result<Vec<FieldInfo>> {
+    fields
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let (member, key) = match &f.ident {
+                Some(id) => (quote!(#id), id.to_string()),
+                None => {
+                    let idx = syn::Index::from(i);
+                    (quote!(#idx), i.to_string())
+                }
+            };
+            Ok(FieldInfo {
+                binding: format_ident!("__f{i}"),
+                member,
+                key,
+                is_static: is_static(f)?,
+            })
+        })
+        .collect()
+}
+
+/// The flatten expression of a node of `kind` whose fields are bound to their bindings.
+fn flatten_node(kind: &str, fields: &[FieldInfo]) -> Tokens {
+    let keys = fields.iter().map(|f| &f.key);
+    let children = fields.iter().map(|f| {
+        let b = &f.binding;
+        if f.is_static {
+            quote!(::tessera::tree::static_def(#b))
+        } else {
+            quote!(::tessera::tree::Tree::flatten_into(#b, leaves))
+        }
+    });
+    quote! {
+        ::tessera::tree::TreeDef::node(
+            #kind,
+            vec![#(::std::string::String::from(#keys)),*],
+            vec![#(#children),*],
+        )
+    }
+}
+
+/// The field initialisers that rebuild `fields` from `children` (a `&[TreeDef]` in scope).
+fn unflatten_fields(fields: &[FieldInfo]) -> Vec<Tokens> {
+    fields
+        .iter()
+        .enumerate()
+        .map(|(idx, f)| {
+            let key = &f.key;
+            let member = &f.member;
+            let child = quote! {
+                children.get(#idx).ok_or_else(|| ::tessera::Error::Tree {
+                    message: format!("{} lacks field {}", def.describe(), #key),
+                    location: ::std::string::String::from("tree::unflatten"),
+                })?
+            };
+            if f.is_static {
+                quote!(#member: ::tessera::tree::static_value(#child)?)
+            } else {
+                quote!(#member: ::tessera::tree::Tree::unflatten_from(#child, leaves)?)
+            }
+        })
+        .collect()
+}
+
+/// The pattern that binds every field of a struct or variant at `path`.
+fn pattern(path: Tokens, fields: &[FieldInfo]) -> Tokens {
+    let binds = fields.iter().map(|f| {
+        let (m, b) = (&f.member, &f.binding);
+        quote!(#m: #b)
+    });
+    quote!(#path { #(#binds),* })
+}
+
+fn expand(input: &mut DeriveInput) -> syn::Result<Tokens> {
+    let name = input.ident.clone();
+    for p in &mut input.generics.params {
+        if let GenericParam::Type(t) = p {
+            t.bounds.push(parse_quote!(::tessera::tree::Tree));
+        }
+    }
+    let (flatten, unflatten) = match &input.data {
+        Data::Struct(s) => {
+            let fields = fields_of(&s.fields)?;
+            let kind = name.to_string();
+            let pat = pattern(quote!(#name), &fields);
+            let node = flatten_node(&kind, &fields);
+            let inits = unflatten_fields(&fields);
+            (
+                quote! {
+                    let #pat = self;
+                    #node
+                },
+                quote! {
+                    let children = def.children_of(#kind)?;
+                    Ok(#name { #(#inits),* })
+                },
+            )
+        }
+        Data::Enum(e) => {
+            let mut flat_arms = Vec::new();
+            let mut kinds = Vec::new();
+            let mut builds = Vec::new();
+            for v in &e.variants {
+                let vname = &v.ident;
+                let fields = fields_of(&v.fields)?;
+                let kind = format!("{name}::{vname}");
+                let pat = pattern(quote!(#name::#vname), &fields);
+                let node = flatten_node(&kind, &fields);
+                flat_arms.push(quote!(#pat => #node));
+                let inits = unflatten_fields(&fields);
+                builds.push(quote! {
+                    if let Ok(children) = def.children_of(#kind) {
+                        return Ok(#name::#vname { #(#inits),* });
+                    }
+                });
+                kinds.push(kind);
+            }
+            let expected = kinds.join(" or ");
+            (
+                quote! {
+                    match self { #(#flat_arms),* }
+                },
+                quote! {
+                    #(#builds)*
+                    Err(::tessera::Error::Tree {
+                        message: format!("expected {}, found {}", #expected, def.describe()),
+                        location: ::std::string::String::from("tree::unflatten"),
+                    })
+                },
+            )
+        }
+        Data::Union(_) => {
+            return Err(syn::Error::new_spanned(
+                &name,
+                "#[derive(Tree)] supports structs and enums, not unions",
+            ));
         }
     };
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
-    let kind = name.to_string();
-    let keys: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
-    let idx: Vec<usize> = (0..fields.len()).collect();
-    let expanded = quote! {
+    Ok(quote! {
         impl #impl_generics ::tessera::tree::Tree for #name #ty_generics #where_clause {
+            #[allow(unused_variables)]
             fn flatten_into(&self, leaves: &mut ::std::vec::Vec<::tessera::Tensor>) -> ::tessera::tree::TreeDef {
-                ::tessera::tree::TreeDef::node(
-                    #kind,
-                    vec![#(::std::string::String::from(#keys)),*],
-                    vec![#(::tessera::tree::Tree::flatten_into(&self.#fields, leaves)),*],
-                )
+                #flatten
             }
+            #[allow(unused_variables)]
             fn unflatten_from(
                 def: &::tessera::tree::TreeDef,
                 leaves: &mut ::std::vec::IntoIter<::tessera::Tensor>,
             ) -> ::tessera::Result<Self> {
-                let children = def.children_of(#kind)?;
-                Ok(#name {
-                    #(#fields: ::tessera::tree::Tree::unflatten_from(
-                        children.get(#idx).ok_or_else(|| ::tessera::Error::Tree {
-                            message: format!("{} lacks field {}", def.describe(), #keys),
-                            location: ::std::string::String::from("tree::unflatten"),
-                        })?,
-                        leaves,
-                    )?),*
-                })
+                #unflatten
             }
         }
-    };
-    expanded.into()
+    })
 }

@@ -314,6 +314,7 @@ pub fn value_and_grad_argnums<P: Tree, F: Fn(&P) -> Tensor>(
                     .collect()
             }
             TreeDef::Leaf => vec![argnums.contains(&0)],
+            TreeDef::Static(_) => vec![],
         };
         let (out, lin) = linearize(&f, p, &selected, 1, location.clone());
         let g = lin.backward(&[seed(&out, &location)]);

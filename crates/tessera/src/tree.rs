@@ -2,8 +2,12 @@
 //! descriptor, and rebuild from them. `jit` keys its cache on the structure; `grad` and
 //! `tree::map` walk the leaves.
 
+use std::any::{Any, TypeId};
 use std::collections::BTreeMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::panic::Location;
+use std::sync::Arc;
 
 use crate::error::{Error, Result, loc_text, raise};
 use crate::tensor::Tensor;
@@ -12,7 +16,12 @@ use crate::tensor::Tensor;
 /// number of leaves in the same order.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TreeDef {
+    /// A tensor.
     Leaf,
+    /// A static value of any type ([`Static`], a `#[tree(static)]` field): no leaves; `jit`
+    /// keys its cache on the value (compared with `==`, hashed with `Hash`).
+    Static(StaticValue),
+    /// A container of children.
     Node {
         /// What kind of node: `tuple`, `vec`, `array`, `option`, `map`, or a struct's name.
         kind: String,
@@ -35,6 +44,7 @@ impl TreeDef {
     pub fn num_leaves(&self) -> usize {
         match self {
             TreeDef::Leaf => 1,
+            TreeDef::Static(_) => 0,
             TreeDef::Node { children, .. } => children.iter().map(TreeDef::num_leaves).sum(),
         }
     }
@@ -55,7 +65,7 @@ impl TreeDef {
     /// The keys of a node (field names, map keys).
     pub fn keys(&self) -> &[String] {
         match self {
-            TreeDef::Leaf => &[],
+            TreeDef::Leaf | TreeDef::Static(_) => &[],
             TreeDef::Node { keys, .. } => keys,
         }
     }
@@ -69,6 +79,7 @@ impl TreeDef {
                 } else {
                     prefix.into()
                 }),
+                TreeDef::Static(_) => {}
                 TreeDef::Node { keys, children, .. } => {
                     for (i, c) in children.iter().enumerate() {
                         let part = keys.get(i).cloned().unwrap_or_else(|| i.to_string());
@@ -91,6 +102,7 @@ impl TreeDef {
     pub fn describe(&self) -> String {
         match self {
             TreeDef::Leaf => "*".into(),
+            TreeDef::Static(v) => format!("static {v:?}"),
             TreeDef::Node {
                 kind,
                 keys,
@@ -107,6 +119,124 @@ impl TreeDef {
                 format!("{kind}{{{}}}", inner.join(", "))
             }
         }
+    }
+}
+
+/// A static value inside a [`TreeDef`]: any `Clone + Eq + Hash + Debug` value, compared and
+/// hashed by its type and its own `==` and `Hash`.
+#[derive(Clone)]
+pub struct StaticValue(Arc<dyn DynStatic>);
+
+/// The object-safe face of a static value's `Eq`, `Hash` and `Debug`.
+trait DynStatic: Any + Send + Sync {
+    fn eq_dyn(&self, other: &dyn DynStatic) -> bool;
+    fn hash_dyn(&self, h: &mut dyn Hasher);
+    fn fmt_dyn(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Any + Eq + Hash + fmt::Debug + Send + Sync> DynStatic for T {
+    fn eq_dyn(&self, other: &dyn DynStatic) -> bool {
+        other.as_any().downcast_ref::<T>() == Some(self)
+    }
+    fn hash_dyn(&self, mut h: &mut dyn Hasher) {
+        TypeId::of::<T>().hash(&mut h);
+        self.hash(&mut h);
+    }
+    fn fmt_dyn(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl StaticValue {
+    /// Wraps `value`.
+    pub fn new<T: Any + Eq + Hash + fmt::Debug + Send + Sync>(value: T) -> StaticValue {
+        StaticValue(Arc::new(value))
+    }
+
+    /// The value, when it is a `T`.
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref::<T>()
+    }
+}
+
+impl PartialEq for StaticValue {
+    fn eq(&self, other: &StaticValue) -> bool {
+        self.0.eq_dyn(&*other.0)
+    }
+}
+
+impl Eq for StaticValue {}
+
+impl Hash for StaticValue {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash_dyn(state);
+    }
+}
+
+impl fmt::Debug for StaticValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt_dyn(f)
+    }
+}
+
+/// A static argument of any type (JAX's `static_argnums` for a value of your own, an enum
+/// choosing an activation, say): it has no leaves, `jit` traces once per distinct value, and
+/// `grad`, `vmap` and `tree::map` pass it through. Fields of a `#[derive(Tree)]` struct marked
+/// `#[tree(static)]` are the same without the wrapper.
+///
+/// ```
+/// use tessera::prelude::*;
+/// use tessera::tree::Static;
+///
+/// #[derive(Clone, PartialEq, Eq, Hash, Debug)]
+/// enum Act { Tanh, Relu }
+///
+/// let f = jit(|(x, Static(act)): (Tensor, Static<Act>)| match act {
+///     Act::Tanh => x.tanh(),
+///     Act::Relu => x.relu(),
+/// });
+/// let x = Tensor::from_vec(vec![-1.0f32, 2.0], [2]);
+/// assert_eq!(f.call((x.clone(), Static(Act::Relu))).unwrap().to_vec::<f32>(), [0.0, 2.0]);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Static<T>(pub T);
+
+/// The structure of a static value (what a `#[tree(static)]` field flattens to).
+pub fn static_def<T: Any + Clone + Eq + Hash + fmt::Debug + Send + Sync>(value: &T) -> TreeDef {
+    TreeDef::Static(StaticValue::new(value.clone()))
+}
+
+/// The value of a static node, or the mismatch.
+pub fn static_value<T: Any + Clone>(def: &TreeDef) -> Result<T> {
+    match def {
+        TreeDef::Static(v) => v.get::<T>().cloned().ok_or_else(|| Error::Tree {
+            message: format!(
+                "expected a static {}, found static {v:?}",
+                std::any::type_name::<T>()
+            ),
+            location: String::from("tree::unflatten"),
+        }),
+        other => Err(Error::Tree {
+            message: format!(
+                "expected a static {}, found {}",
+                std::any::type_name::<T>(),
+                other.describe()
+            ),
+            location: String::from("tree::unflatten"),
+        }),
+    }
+}
+
+impl<T: Any + Clone + Eq + Hash + fmt::Debug + Send + Sync> Tree for Static<T> {
+    fn flatten_into(&self, _: &mut Vec<Tensor>) -> TreeDef {
+        static_def(&self.0)
+    }
+    fn unflatten_from(def: &TreeDef, _: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+        static_value(def).map(Static)
     }
 }
 
@@ -169,6 +299,81 @@ pub fn map2<T: Tree, U: Tree>(a: &T, b: &U, mut f: impl FnMut(&Tensor, &Tensor) 
     }
     let out: Vec<Tensor> = la.iter().zip(&lb).map(|(x, y)| f(x, y)).collect();
     unflatten(&da, out).unwrap_or_else(|e| raise(e))
+}
+
+/// Applies `f` to the leaves of any number of trees of one structure, leaf by leaf: `f`
+/// gets the `trees.len()` leaves at one position (JAX's `tree.map(f, *trees)`). Panics (or
+/// fails the trace) when the structures differ or `trees` is empty.
+#[track_caller]
+pub fn map_n<T: Tree>(trees: &[&T], mut f: impl FnMut(&[&Tensor]) -> Tensor) -> T {
+    let location = loc_text(Location::caller());
+    let Some(first) = trees.first() else {
+        raise(Error::Tree {
+            message: "tree::map_n of no trees".into(),
+            location,
+        });
+    };
+    let (l0, d0) = flatten(*first);
+    let mut all = vec![l0];
+    for t in &trees[1..] {
+        let (l, d) = flatten(*t);
+        if d != d0 {
+            raise(Error::Tree {
+                message: format!("{} vs {}", d0.describe(), d.describe()),
+                location,
+            });
+        }
+        all.push(l);
+    }
+    let out: Vec<Tensor> = (0..d0.num_leaves())
+        .map(|i| {
+            let row: Vec<&Tensor> = all.iter().map(|l| &l[i]).collect();
+            f(&row)
+        })
+        .collect();
+    unflatten(&d0, out).unwrap_or_else(|e| raise(e))
+}
+
+/// Applies `f` to the leaves of three trees of one structure.
+#[track_caller]
+pub fn map3<T: Tree, U: Tree, V: Tree>(
+    a: &T,
+    b: &U,
+    c: &V,
+    mut f: impl FnMut(&Tensor, &Tensor, &Tensor) -> Tensor,
+) -> T {
+    let (la, da) = flatten(a);
+    let (lb, db) = flatten(b);
+    let (lc, dc) = flatten(c);
+    if da != db || da != dc {
+        raise(Error::Tree {
+            message: format!(
+                "{} vs {} vs {}",
+                da.describe(),
+                db.describe(),
+                dc.describe()
+            ),
+            location: loc_text(Location::caller()),
+        });
+    }
+    let out: Vec<Tensor> = (0..la.len()).map(|i| f(&la[i], &lb[i], &lc[i])).collect();
+    unflatten(&da, out).unwrap_or_else(|e| raise(e))
+}
+
+/// Folds `f` over the leaves in order, from `init` (JAX's `tree.reduce`): the global norm of
+/// a gradient is `tree::reduce(&g, Tensor::scalar(0.0f32), |acc, x| acc + x.square().sum())`.
+pub fn reduce<T: Tree, A>(t: &T, init: A, f: impl FnMut(A, &Tensor) -> A) -> A {
+    leaves(t).iter().fold(init, f)
+}
+
+/// Applies `f` to every leaf with its path (`0.w1`, as [`TreeDef::leaf_paths`] names them;
+/// JAX's `tree_util.tree_map_with_path`).
+#[track_caller]
+pub fn map_with_path<T: Tree>(t: &T, mut f: impl FnMut(&str, &Tensor) -> Tensor) -> T {
+    let (leaves, def) = flatten(t);
+    let paths = def.leaf_paths();
+    let out: Vec<Tensor> = leaves.iter().zip(&paths).map(|(x, p)| f(p, x)).collect();
+    unflatten(&def, out).unwrap_or_else(|e| raise(e))
 }
 
 impl Tree for Tensor {

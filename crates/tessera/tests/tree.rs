@@ -1,0 +1,237 @@
+//! Trees of the user's own types (issue 16, item 4): `#[derive(Tree)]` on structs of every
+//! shape, enums and generics, `#[tree(static)]` fields and `tree::Static` as static arguments
+//! of `jit`, and the N-ary `tree::map_n` / `map3`, `tree::reduce`, `tree::map_with_path`.
+
+use tessera::prelude::*;
+use tessera::tree::{Static, TreeDef};
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Act {
+    Tanh,
+    Relu,
+}
+
+#[derive(Tree, Clone)]
+struct Dense {
+    w: Tensor,
+    b: Tensor,
+    #[tree(static)]
+    act: Act,
+    #[tree(static)]
+    name: String,
+}
+
+fn apply(d: &Dense, x: &Tensor) -> Tensor {
+    let h = x.matmul(&d.w) + &d.b;
+    match d.act {
+        Act::Tanh => h.tanh(),
+        Act::Relu => h.relu(),
+    }
+}
+
+fn v(xs: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(xs.to_vec(), shape.to_vec())
+}
+
+fn dense(act: Act) -> Dense {
+    Dense {
+        w: v(&[1.0, -2.0, 0.5, 1.5], &[2, 2]),
+        b: v(&[0.25, -0.5], &[2]),
+        act,
+        name: "layer".into(),
+    }
+}
+
+/// A static field is part of the structure: it has no leaves, it survives a round trip, and
+/// `jit` traces once per value of it (and reuses the program for a value it has seen).
+#[test]
+fn static_fields_key_the_jit_cache() {
+    let d = dense(Act::Relu);
+    let (leaves, def) = tree::flatten(&d);
+    assert_eq!(leaves.len(), 2, "the static fields have no leaves");
+    assert_eq!(def.leaf_paths(), ["w", "b"]);
+    let back: Dense = tree::unflatten(&def, leaves).unwrap();
+    assert_eq!((back.act, back.name.as_str()), (Act::Relu, "layer"));
+
+    let f = jit(|(d, x): (Dense, Tensor)| apply(&d, &x));
+    let x = v(&[1.0, 1.0], &[1, 2]);
+    let relu = f.call((dense(Act::Relu), x.clone())).unwrap();
+    let tanh = f.call((dense(Act::Tanh), x.clone())).unwrap();
+    assert_eq!(f.trace_count(), 2, "one trace per static value");
+    assert_eq!(
+        f.call((dense(Act::Relu), x.clone()))
+            .unwrap()
+            .to_vec::<f32>(),
+        relu.to_vec::<f32>()
+    );
+    assert_eq!(f.trace_count(), 2, "a value seen before reuses its program");
+    let mut other = dense(Act::Relu);
+    other.name = "other".into();
+    f.call((other, x.clone())).unwrap();
+    assert_eq!(f.trace_count(), 3, "every static field is in the key");
+    // x @ w + b = [1 + 0.5, -2 + 1.5] + [0.25, -0.5] = [1.75, -1.0].
+    assert_eq!(relu.to_vec::<f32>(), [1.75, 0.0]);
+    assert_eq!(tanh.to_vec::<f32>(), [1.75f32.tanh(), (-1.0f32).tanh()]);
+}
+
+/// `grad` of a struct with static fields returns the same struct, the static fields as given
+/// and gradients in the tensor fields.
+#[test]
+fn grad_passes_static_fields_through() {
+    let x = v(&[1.0, 1.0], &[1, 2]);
+    let g = grad(|d: &Dense| apply(d, &x).sum())(&dense(Act::Relu));
+    assert_eq!(g.act, Act::Relu);
+    assert_eq!(g.name, "layer");
+    // relu' is 1 for the first output (1.75) and 0 for the second (-1.0).
+    assert_eq!(g.b.to_vec::<f32>(), [1.0, 0.0]);
+    assert_eq!(g.w.to_vec::<f32>(), [1.0, 0.0, 1.0, 0.0]);
+}
+
+/// `tree::Static` wraps a value of any hashable type as a static argument.
+#[test]
+fn the_static_wrapper_is_a_static_argument() {
+    let f = jit(|(x, Static(act)): (Tensor, Static<Act>)| match act {
+        Act::Tanh => x.tanh(),
+        Act::Relu => x.relu(),
+    });
+    let x = v(&[-1.0, 2.0], &[2]);
+    assert_eq!(
+        f.call((x.clone(), Static(Act::Relu)))
+            .unwrap()
+            .to_vec::<f32>(),
+        [0.0, 2.0]
+    );
+    f.call((x.clone(), Static(Act::Tanh))).unwrap();
+    f.call((x.clone(), Static(Act::Relu))).unwrap();
+    assert_eq!(f.trace_count(), 2);
+}
+
+#[derive(Tree, Clone)]
+enum Layer {
+    Linear { w: Tensor, b: Tensor },
+    Scale(Tensor),
+    Identity,
+}
+
+fn run(l: &Layer, x: &Tensor) -> Tensor {
+    match l {
+        Layer::Linear { w, b } => x.matmul(w) + b,
+        Layer::Scale(s) => x * s,
+        Layer::Identity => x.clone(),
+    }
+}
+
+/// An enum's structure names its variant, so a `Vec` of layers of different kinds flattens,
+/// round-trips, differentiates and jits; another variant is another structure.
+#[test]
+fn enums_are_trees_keyed_by_variant() {
+    let layers = vec![
+        Layer::Linear {
+            w: v(&[2.0, 0.0, 0.0, 3.0], &[2, 2]),
+            b: v(&[1.0, 1.0], &[2]),
+        },
+        Layer::Identity,
+        Layer::Scale(v(&[0.5], &[])),
+    ];
+    let (leaves, def) = tree::flatten(&layers);
+    assert_eq!(leaves.len(), 3);
+    assert_eq!(def.leaf_paths(), ["0.w", "0.b", "2.0"]);
+    assert!(
+        def.describe().contains("Layer::Identity"),
+        "{}",
+        def.describe()
+    );
+    let back: Vec<Layer> = tree::unflatten(&def, leaves).unwrap();
+    assert!(matches!(back[1], Layer::Identity));
+    assert!(matches!(&back[2], Layer::Scale(s) if s.item::<f32>() == 0.5));
+
+    let x = v(&[1.0, 2.0], &[1, 2]);
+    let forward = |ls: &Vec<Layer>| ls.iter().fold(x.clone(), |h, l| run(l, &h)).sum();
+    // ((x @ diag(2,3)) + 1) * 0.5 = [1.5, 3.5].
+    assert_eq!(forward(&layers).item::<f32>(), 5.0);
+    let g = grad(forward)(&layers);
+    match &g[2] {
+        Layer::Scale(s) => assert_eq!(s.item::<f32>(), 10.0),
+        _ => panic!("the gradient keeps the variants"),
+    }
+    match &g[0] {
+        Layer::Linear { w, b } => {
+            assert_eq!(b.to_vec::<f32>(), [0.5, 0.5]);
+            assert_eq!(w.to_vec::<f32>(), [0.5, 0.5, 1.0, 1.0]);
+        }
+        _ => panic!("the gradient keeps the variants"),
+    }
+
+    let f = jit(|(l, x): (Layer, Tensor)| run(&l, &x));
+    f.call((Layer::Identity, x.clone())).unwrap();
+    f.call((Layer::Scale(v(&[2.0], &[])), x.clone())).unwrap();
+    f.call((Layer::Scale(v(&[3.0], &[])), x.clone())).unwrap();
+    assert_eq!(f.trace_count(), 2, "one trace per variant");
+
+    let wrong = tree::unflatten::<Layer>(&TreeDef::node("Other", vec![], vec![]), vec![]);
+    let msg = wrong.err().unwrap().to_string();
+    assert!(
+        msg.contains("Layer::Linear or Layer::Scale or Layer::Identity"),
+        "{msg}"
+    );
+}
+
+#[derive(Tree, Clone)]
+struct Pair(Tensor, Tensor);
+
+#[derive(Tree, Clone)]
+struct Unit;
+
+#[derive(Tree, Clone)]
+struct Wrapped<T> {
+    inner: T,
+    extra: Tensor,
+}
+
+/// Tuple, unit and generic structs derive too; a generic parameter must itself be a tree.
+#[test]
+fn tuple_unit_and_generic_structs() {
+    let p = Pair(v(&[1.0], &[1]), v(&[2.0], &[1]));
+    assert_eq!(tree::flatten(&p).1.leaf_paths(), ["0", "1"]);
+    assert_eq!(tree::leaves(&Unit).len(), 0);
+    let w = Wrapped {
+        inner: p,
+        extra: v(&[3.0], &[1]),
+    };
+    assert_eq!(
+        tree::flatten(&w).1.leaf_paths(),
+        ["inner.0", "inner.1", "extra"]
+    );
+    let doubled = tree::map(&w, |x| x * 2.0);
+    assert_eq!(doubled.inner.1.to_vec::<f32>(), [4.0]);
+    let _: Unit = tree::unflatten(&tree::flatten(&Unit).1, vec![]).unwrap();
+}
+
+/// `map_n` sees the leaves of all its trees at one position; `map3` is its three-tree form;
+/// `reduce` folds the leaves in order; `map_with_path` names each leaf.
+#[test]
+fn n_ary_map_reduce_and_paths() {
+    let a = (v(&[1.0, 2.0], &[2]), v(&[3.0], &[1]));
+    let b = (v(&[10.0, 20.0], &[2]), v(&[30.0], &[1]));
+    let c = (v(&[100.0, 200.0], &[2]), v(&[300.0], &[1]));
+    let s = tree::map_n(&[&a, &b, &c], |xs| {
+        xs.iter().fold(Tensor::scalar(0.0f32), |acc, x| acc + *x)
+    });
+    assert_eq!(s.0.to_vec::<f32>(), [111.0, 222.0]);
+    assert_eq!(s.1.to_vec::<f32>(), [333.0]);
+    let m = tree::map3(&a, &b, &c, |x, y, z| x * y - z);
+    assert_eq!(m.0.to_vec::<f32>(), [-90.0, -160.0]);
+    let sq = tree::reduce(&a, Tensor::scalar(0.0f32), |acc, x| acc + x.square().sum());
+    assert_eq!(sq.item::<f32>(), 14.0);
+    let count = tree::reduce(&c, 0usize, |n, x| n + x.numel());
+    assert_eq!(count, 3);
+    let named = tree::map_with_path(&a, |path, x| if path == "1" { x * 0.0 } else { x.clone() });
+    assert_eq!(named.1.to_vec::<f32>(), [0.0]);
+    assert_eq!(named.0.to_vec::<f32>(), [1.0, 2.0]);
+
+    let empty = std::panic::catch_unwind(|| tree::map_n::<(Tensor, Tensor)>(&[], |x| x[0].clone()));
+    assert!(empty.is_err(), "map_n of no trees is an error");
+    let other = (a.0.clone(), (a.1.clone(),));
+    let differ = std::panic::catch_unwind(|| tree::map3(&a, &b, &other, |x, _, _| x.clone()));
+    assert!(differ.is_err(), "map3 of different structures is an error");
+}
