@@ -26,6 +26,8 @@ pub mod error;
 pub mod fwd;
 pub mod grad;
 pub mod indexing;
+#[cfg(feature = "ndarray")]
+mod interop;
 pub mod jit;
 pub mod manip;
 pub mod math;
@@ -41,6 +43,7 @@ pub mod slicing;
 pub mod sorting;
 mod spmd;
 pub mod tensor;
+pub mod testing;
 mod trace;
 pub mod tree;
 pub mod vmap;
