@@ -1,8 +1,14 @@
 //! What `jit` and `pmap` share: the options their pipeline runs with, and the compiled
 //! programs by input signature (a miss traces and compiles, a hit reuses).
+//!
+//! The cache is bounded: at most [`DEFAULT_CAPACITY`] programs per jitted function (set with
+//! `.cache_capacity(n)`); a miss when it is full drops the least recently used program (its
+//! native code is freed). A dropped signature seen again is traced and compiled again.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::HashMap as StdHashMap;
 use std::rc::Rc;
+use std::sync::Mutex;
 
 use hashbrown::HashMap;
 use tessera_ir::TensorType;
@@ -43,11 +49,35 @@ impl Signature {
     }
 }
 
+/// How many compiled programs a jitted or pmapped function keeps by default: enough for
+/// every shape a training loop meets (a last partial batch, an eval batch), small enough that
+/// a loop over thousands of shapes stays within a few MB.
+pub const DEFAULT_CAPACITY: usize = 64;
+
 /// The options and the compiled programs (`V`) of one transformed closure.
 pub(crate) struct Cache<V> {
     pub(crate) options: Options,
-    entries: RefCell<HashMap<Signature, Rc<V>>>,
+    /// Each program with the tick of its last use.
+    entries: RefCell<HashMap<Signature, (Rc<V>, u64)>>,
+    capacity: usize,
+    tick: Cell<u64>,
     traces: Cell<usize>,
+    /// This closure's number among those of its name, for unique dump file names.
+    instance: OnceCell<usize>,
+}
+
+/// How many closures of each name have dumped (`Dump::from_env`'s prefix): the first is
+/// `name`, the next `name~2`, in the order of their first compilation.
+static INSTANCES: Mutex<Option<StdHashMap<String, usize>>> = Mutex::new(None);
+
+fn next_instance(name: &str) -> usize {
+    let mut map = INSTANCES.lock().unwrap_or_else(|p| p.into_inner());
+    let n = map
+        .get_or_insert_with(StdHashMap::new)
+        .entry(name.to_string())
+        .or_insert(0);
+    *n += 1;
+    *n
 }
 
 impl<V> Cache<V> {
@@ -60,7 +90,34 @@ impl<V> Cache<V> {
                 simplify: crate::pipeline::simplify_enabled(),
             },
             entries: RefCell::new(HashMap::new()),
+            capacity: DEFAULT_CAPACITY,
+            tick: Cell::new(0),
             traces: Cell::new(0),
+            instance: OnceCell::new(),
+        }
+    }
+
+    /// Keeps at most `n` programs (at least one).
+    pub(crate) fn set_capacity(&mut self, n: usize) {
+        self.capacity = n.max(1);
+        let entries = self.entries.get_mut();
+        while entries.len() > self.capacity {
+            Self::evict(entries);
+        }
+    }
+
+    /// How many programs are kept now.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.borrow().len()
+    }
+
+    fn evict(entries: &mut HashMap<Signature, (Rc<V>, u64)>) {
+        let oldest = entries
+            .iter()
+            .min_by_key(|(_, (_, t))| *t)
+            .map(|(k, _)| k.clone());
+        if let Some(k) = oldest {
+            entries.remove(&k);
         }
     }
 
@@ -95,13 +152,33 @@ impl<V> Cache<V> {
         sig: Signature,
         compile: impl FnOnce(&Signature, Dump) -> Result<V>,
     ) -> Result<Rc<V>> {
-        if let Some(v) = self.entries.borrow().get(&sig) {
+        let tick = self.tick.get() + 1;
+        self.tick.set(tick);
+        if let Some((v, used)) = self.entries.borrow_mut().get_mut(&sig) {
+            *used = tick;
             return Ok(v.clone());
         }
         self.traces.set(self.traces.get() + 1);
-        let dump = Dump::from_env(&self.options.name, self.traces.get());
+        let _span = tracing::info_span!(
+            "compile",
+            function = self.options.name.as_str(),
+            trace = self.traces.get()
+        )
+        .entered();
+        let instance = *self
+            .instance
+            .get_or_init(|| next_instance(&self.options.name));
+        let prefix = match instance {
+            1 => self.options.name.clone(),
+            k => format!("{}~{k}", self.options.name),
+        };
+        let dump = Dump::from_env(&prefix, self.traces.get());
         let v = Rc::new(compile(&sig, dump)?);
-        self.entries.borrow_mut().insert(sig, v.clone());
+        let mut entries = self.entries.borrow_mut();
+        while entries.len() >= self.capacity {
+            Self::evict(&mut entries);
+        }
+        entries.insert(sig, (v.clone(), tick));
         Ok(v)
     }
 }

@@ -184,6 +184,19 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self
     }
 
+    /// Keeps at most `n` compiled programs, one per input signature (default
+    /// [`DEFAULT_CACHE_CAPACITY`](crate::DEFAULT_CACHE_CAPACITY), 64); a new signature when the cache
+    /// is full drops the least recently used program.
+    pub fn cache_capacity(mut self, n: usize) -> Self {
+        self.cache.set_capacity(n);
+        self
+    }
+
+    /// How many compiled programs are kept now.
+    pub fn cache_len(&self) -> usize {
+        self.cache.len()
+    }
+
     /// Chooses the backend (Cranelift by default; the interpreter runs the very same program).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.cache.set_backend(backend);
@@ -342,7 +355,12 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     .iter()
                     .map(|t| t.try_array().map(|a| a.literal()))
                     .collect::<Result<_>>()?;
-                let outputs = program.run(&inputs)?;
+                let outputs = {
+                    let _span =
+                        tracing::debug_span!("launch", function = self.cache.options.name.as_str())
+                            .entered();
+                    program.run(&inputs)?
+                };
                 if let Some(checker) = checker {
                     let want = checker.check_ops(&inputs)?;
                     checker.check_outputs(&outputs, &want)?;
@@ -372,7 +390,12 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                             .collect()
                     })
                     .collect();
-                let mut per_device = program.run(inputs)?;
+                let mut per_device = {
+                    let _span =
+                        tracing::debug_span!("launch", function = self.cache.options.name.as_str())
+                            .entered();
+                    program.run(inputs)?
+                };
                 let n_out = out_types.len();
                 let tensors: Vec<Tensor> = (0..n_out)
                     .rev()

@@ -49,6 +49,7 @@ pub mod tree;
 pub mod vmap;
 
 pub use axis::{Axis, AxisList, keepdims};
+pub use cache::DEFAULT_CAPACITY as DEFAULT_CACHE_CAPACITY;
 pub use control::{
     checkpoint, cond, custom_vjp, fori_loop, scan, stop_gradient, switch, while_loop,
 };

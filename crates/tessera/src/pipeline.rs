@@ -22,6 +22,12 @@
 //! and the native schedule as `.txt` after them. `TESSERA_TIMING=1` prints a table per
 //! compilation to stderr: each pass's time, the verifier's, and the node counts before and
 //! after.
+//!
+//! The same steps are `tracing` spans (target `tessera::pipeline`, level INFO): `compile`
+//! around a cache miss (`cache.rs`), `trace`, one `pass` per stage with its node counts,
+//! `schedule` (code generation); each call's run is a `launch` span (DEBUG, `jit.rs`,
+//! `pmap.rs`). With `tracing-subscriber`, `RUST_LOG=tessera=debug` and span close events show
+//! each one's duration.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -357,7 +363,10 @@ impl<'a> Pipeline<'a> {
         let name = self.options.name.as_str();
         self.rec.stages = keep_stages.then(Vec::new);
         let start = Instant::now();
-        let (mut graph, out_def) = trace()?;
+        let (mut graph, out_def) = {
+            let _span = tracing::info_span!("trace", function = name).entered();
+            trace()?
+        };
         self.rec
             .record(name, "trace", start.elapsed(), 0, &graph, None)?;
         let mut ctx = Ctx {
@@ -375,7 +384,16 @@ impl<'a> Pipeline<'a> {
                 continue;
             }
             let (start, before) = (Instant::now(), graph.node_count());
+            let span = tracing::info_span!(
+                "pass",
+                stage = pass.name,
+                nodes_before = before,
+                nodes_after = tracing::field::Empty
+            )
+            .entered();
             graph = (pass.run)(&mut ctx, graph)?;
+            span.record("nodes_after", graph.node_count());
+            drop(span);
             let time = start.elapsed();
             for (stage, side) in std::mem::take(&mut ctx.side) {
                 // Made by the same pass, whose row counts the time.
@@ -430,6 +448,13 @@ impl<'a> Pipeline<'a> {
     ) -> Result<Vec<BackendProgram>> {
         let graph = lowered.program();
         let start = Instant::now();
+        let _span = tracing::info_span!(
+            "schedule",
+            backend = ?self.options.backend,
+            nodes = graph.node_count(),
+            devices
+        )
+        .entered();
         let programs = match self.options.backend {
             Backend::Interpreter => (0..devices)
                 .map(|_| BackendProgram::Interpreted(Box::new(graph.clone())))

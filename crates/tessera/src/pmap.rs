@@ -157,6 +157,19 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         self
     }
 
+    /// Keeps at most `n` compiled programs, one per input signature (default
+    /// [`DEFAULT_CACHE_CAPACITY`](crate::DEFAULT_CACHE_CAPACITY), 64); a new signature when the cache
+    /// is full drops the least recently used program.
+    pub fn cache_capacity(mut self, n: usize) -> Self {
+        self.cache.set_capacity(n);
+        self
+    }
+
+    /// How many compiled programs are kept now.
+    pub fn cache_len(&self) -> usize {
+        self.cache.len()
+    }
+
     /// Chooses the backend each device runs (Cranelift by default).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.cache.set_backend(backend);
@@ -282,7 +295,11 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                     .collect::<Result<_>>()
             })
             .collect::<Result<_>>()?;
-        let per_device = compiled.program.run(inputs)?;
+        let per_device = {
+            let _span = tracing::debug_span!("launch", function = self.cache.options.name.as_str())
+                .entered();
+            compiled.program.run(inputs)?
+        };
         let n_out = per_device[0].len();
         let mut columns: Vec<Vec<Literal>> = (0..n_out).map(|_| Vec::with_capacity(n)).collect();
         for outs in per_device {

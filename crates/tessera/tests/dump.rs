@@ -188,5 +188,21 @@ fn dump_writes_the_lowered_stages() {
     dumps_are_the_lowered_stages(&dir, "mapped", &lowered);
     assert_eq!(p.trace_count(), 1, "lower does not trace for the cache");
 
+    // Two unnamed jits in one function: the first dumps as the function's name, the second as
+    // `name~2`, so neither overwrites the other.
+    let first = jit(|x: Tensor| x.exp());
+    let second = jit(|x: Tensor| x.sin());
+    first.call(Tensor::ones([2])).unwrap();
+    second.call(Tensor::ones([2])).unwrap();
+    let fname = "dump_writes_the_lowered_stages";
+    let text = |f: &str| std::fs::read_to_string(dir.join(format!("{f}-1.00-trace.ir"))).unwrap();
+    assert!(text(fname).contains("exp"), "{}", text(fname));
+    assert!(
+        text(&format!("{fname}~2")).contains("sin"),
+        "{}",
+        text(&format!("{fname}~2"))
+    );
+    assert!(!text(fname).contains("sin"));
+
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,0 +1,122 @@
+//! Observability (issue 16, item 7): the compile steps and each launch are `tracing` spans a
+//! user sees with `tracing-subscriber` (their names, fields and, with span close events, their
+//! durations); the jit cache is bounded and evicts the least recently used program.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use tessera::prelude::*;
+use tracing_subscriber::fmt::format::FmtSpan;
+
+/// A writer into a shared buffer, for the fmt subscriber.
+#[derive(Clone, Default)]
+struct Buf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn compile_steps_and_launches_are_spans_with_durations() {
+    let buf = Buf::default();
+    let sink = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_span_events(FmtSpan::CLOSE)
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let f = jit(|x: Tensor| (x.tanh() * 1.0).sum()).named("spanned");
+        f.call(Tensor::ones([4])).unwrap();
+        f.call(Tensor::ones([4])).unwrap();
+    });
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    // A close event is printed with the span's parents: `compile{..}:trace{..}: target:
+    // close time.busy=..`; the span that closed is the last of the chain.
+    let closes = |name: &str| {
+        out.lines()
+            .filter(|l| l.contains("close time.busy="))
+            .filter_map(|l| l.split(": tessera::").next())
+            .filter(|line| {
+                // Past the timestamp and the level: the chain of spans.
+                let chain: Vec<&str> = line.split_whitespace().skip(2).collect();
+                let chain = chain.join(" ");
+                let last = chain.rsplit("}:").next().unwrap_or("");
+                last.starts_with(&format!("{name}{{"))
+            })
+            .count()
+    };
+    assert_eq!(closes("compile"), 1, "one compilation:\n{out}");
+    assert_eq!(closes("trace"), 1, "{out}");
+    assert_eq!(closes("schedule"), 1, "{out}");
+    assert_eq!(closes("launch"), 2, "one launch per call:\n{out}");
+    assert!(
+        out.contains("compile{function=\"spanned\" trace=1}"),
+        "{out}"
+    );
+    let pass = out
+        .lines()
+        .find(|l| l.contains("pass{stage=\"simplified\""))
+        .unwrap_or_else(|| panic!("a span per pass:\n{out}"));
+    assert!(
+        pass.contains("nodes_before=") && pass.contains("nodes_after="),
+        "{pass}"
+    );
+}
+
+/// With the default filter level (INFO), launches (DEBUG) are not reported.
+#[test]
+fn launch_spans_are_debug_level() {
+    let buf = Buf::default();
+    let sink = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_span_events(FmtSpan::CLOSE)
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        jit(|x: Tensor| x.exp()).call(Tensor::ones([2])).unwrap();
+    });
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    assert!(out.contains("compile{"), "{out}");
+    assert!(!out.contains("launch{"), "{out}");
+}
+
+/// The cache keeps at most its capacity, dropping the least recently used program: a
+/// signature used again stays, the oldest goes and is traced again when it comes back.
+#[test]
+fn the_jit_cache_is_bounded_and_least_recently_used() {
+    let f = jit(|x: Tensor| x * 2.0).cache_capacity(2);
+    let x = |n: usize| Tensor::ones([n]);
+    f.call(x(1)).unwrap();
+    f.call(x(2)).unwrap();
+    f.call(x(1)).unwrap(); // 1 is now the most recent
+    assert_eq!((f.trace_count(), f.cache_len()), (2, 2));
+    f.call(x(3)).unwrap(); // evicts 2
+    assert_eq!((f.trace_count(), f.cache_len()), (3, 2));
+    f.call(x(1)).unwrap();
+    assert_eq!(f.trace_count(), 3, "1 was kept");
+    f.call(x(2)).unwrap();
+    assert_eq!(f.trace_count(), 4, "2 was dropped and is traced again");
+    assert_eq!(f.call(x(2)).unwrap().to_vec::<f32>(), [2.0, 2.0]);
+
+    // The default bound holds over many shapes.
+    let g = jit(|x: Tensor| x + 1.0);
+    for n in 0..(tessera::DEFAULT_CACHE_CAPACITY + 10) {
+        g.call(x(n)).unwrap();
+    }
+    assert_eq!(g.cache_len(), tessera::DEFAULT_CACHE_CAPACITY);
+
+    let p = pmap("i", |x: Tensor| x * 3.0).cache_capacity(1);
+    p.call(Tensor::ones([1, 2])).unwrap();
+    p.call(Tensor::ones([1, 3])).unwrap();
+    assert_eq!(p.cache_len(), 1);
+}
