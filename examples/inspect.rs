@@ -65,14 +65,13 @@ fn main() -> Result<()> {
         eager.item::<f32>()
     );
 
-    match tessera::ir::dot::to_svg(lowered.graph()) {
-        Some(svg) => {
+    // An SVG of the graph when Graphviz is installed (`lowered.dot()` is the DOT text).
+    match lowered.svg() {
+        Ok(svg) => {
             std::fs::write("inspect.svg", svg).map_err(|e| Error::Io(e.to_string()))?;
             println!("// wrote inspect.svg");
         }
-        None => {
-            println!("// Graphviz `dot` not found: no SVG written (the DOT text is lowered.dot())")
-        }
+        Err(e) => println!("// no SVG: {e}"),
     }
     Ok(())
 }

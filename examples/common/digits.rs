@@ -6,6 +6,10 @@
 
 use std::time::Instant;
 
+#[path = "progress.rs"]
+pub mod progress;
+
+use tessera::optim::{self, GradientTransformation};
 use tessera::prelude::*;
 
 pub const TRAIN: usize = 1536;
@@ -37,34 +41,18 @@ impl Digits {
     }
 }
 
-/// Adam's state (optax's `ScaleByAdamState`): first and second moments and the step count.
-pub type Adam<P> = (P, P, Tensor);
+/// Adam's state (`tessera::optim`: the moments, the step count).
+pub type Adam<P> = optim::AdamOptState<P>;
 
-/// Adam (Kingma and Ba; optax's defaults b1 = 0.9, b2 = 0.999, eps = 1e-8) over any tree.
+/// Adam's state before the first step.
 pub fn adam_init<P: Tree>(p: &P) -> Adam<P> {
-    (
-        tree::map(p, |x| x.zeros_like()),
-        tree::map(p, |x| x.zeros_like()),
-        Tensor::scalar(0.0f32),
-    )
+    optim::adam(1e-3).init(p)
 }
 
-/// One Adam step with learning rate `lr`: the new parameters and state.
-pub fn adam_update<P: Tree>(p: &P, g: &P, (m, v, t): &Adam<P>, lr: f32) -> (P, Adam<P>) {
-    let t = t + 1.0;
-    let m = tree::map2(m, g, |m, g| m * 0.9 + g * 0.1);
-    let v = tree::map2(v, g, |v, g| v * 0.999 + g.square() * 0.001);
-    // Bias corrections 1 - b^t, as tensors so the step count can be traced.
-    let c1 = 1.0 - (&t * 0.9f32.ln()).exp();
-    let c2 = 1.0 - (&t * 0.999f32.ln()).exp();
-    let (pl, def) = tree::flatten(p);
-    let (ml, vl) = (tree::leaves(&m), tree::leaves(&v));
-    let new: Vec<Tensor> = pl
-        .iter()
-        .zip(ml.iter().zip(&vl))
-        .map(|(p, (m, v))| p - (m / &c1) / ((v / &c2).sqrt() + 1e-8) * lr)
-        .collect();
-    (tree::unflatten(&def, new).expect("same tree"), (m, v, t))
+/// One Adam step (optax's defaults, learning rate `lr`) on parameters `p` with gradient `g`.
+pub fn adam_update<P: Tree>(p: &P, g: &P, s: &Adam<P>, lr: f64) -> (P, Adam<P>) {
+    let (u, s) = optim::adam(lr).update(tree::map(g, Tensor::clone), s, p);
+    (optim::apply_updates(p, &u), s)
 }
 
 /// Softmax cross-entropy of `logits [b, 10]` against integer `labels [b]`: each row's
@@ -106,16 +94,21 @@ pub fn train<P: Tree + Clone>(
         .backend(backend);
     let mut epoch_losses = Vec::with_capacity(epochs);
     let batches = TRAIN / batch;
+    let bar = progress::bar(epochs * batches, name);
     for _ in 0..epochs {
         let mut total = 0.0;
         for i in 0..batches {
             let (x, y) = data.batch(i * batch, (i + 1) * batch);
             let (s, l) = f.call((state, device_put(x, &split), device_put(y, &split)))?;
             state = s;
-            total += l.item::<f32>();
+            let l = l.item::<f32>();
+            total += l;
+            bar.set_message(format!("loss {l:.4}"));
+            bar.inc(1);
         }
         epoch_losses.push(total / batches as f32);
     }
+    bar.finish_and_clear();
     Ok((epoch_losses, state.0))
 }
 
@@ -159,9 +152,14 @@ pub fn report<P>(
         TRAIN,
         data.n - TRAIN
     );
+    let plot = progress::plot_arg()?;
     let (losses, p) = train(data, epochs, Backend::Cranelift)?;
     for (e, l) in losses.iter().enumerate().step_by(every) {
         println!("Epoch {e}: Loss = {l:.6}");
+    }
+    if let Some(path) = plot {
+        progress::plot_losses(&path, "training loss", "epoch", &losses)?;
+        println!("wrote the loss curve to {}", path.display());
     }
     let (x, y) = data.batch(TRAIN, data.n);
     println!("test accuracy: {:.3}", accuracy(&forward(&p, &x), &y));

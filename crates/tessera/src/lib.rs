@@ -33,6 +33,7 @@ pub mod manip;
 pub mod math;
 pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod pipeline;
 pub mod pmap;
 pub mod promote;

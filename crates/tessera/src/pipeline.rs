@@ -294,6 +294,12 @@ impl Lowered {
     pub fn dot(&self) -> String {
         tessera_ir::dot::to_dot(&self.global)
     }
+
+    /// The graph rendered to SVG by Graphviz (`dot -Tsvg`, run with a timeout). Errors with
+    /// the install line when Graphviz is missing.
+    pub fn svg(&self) -> Result<String> {
+        tessera_ir::dot::to_svg(&self.global).map_err(Error::Io)
+    }
 }
 
 impl std::fmt::Display for Lowered {

@@ -91,7 +91,7 @@ fn a_tracer_used_on_another_thread_is_a_clear_error() {
 fn catch_unwind_needs_no_wrapper() {
     let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3]);
     let r = std::panic::catch_unwind(|| {
-        let _ = (&x).exp();
+        let _ = x.exp();
         panic!("user panic");
     });
     assert!(r.is_err());
