@@ -8,6 +8,7 @@
 //!   on the line before such an arm (or in the comment block right above it) lets it stand;
 //!   the reason is mandatory, and an allow comment that excuses nothing is itself reported;
 //! - a line budget per crate ([`BUDGETS`]), so growth is a decision;
+//! - `cargo doc -p tessera` with warnings denied (missing docs, broken links);
 //! - `cargo fmt --all --check` and `cargo clippy --workspace --all-targets -- -D warnings`
 //!   (the latter in its own target directory, `target/tidy-clippy`, so it does not wait on the
 //!   build lock held by the `cargo test` that runs this file).
@@ -693,6 +694,23 @@ fn clippy_is_clean() {
             "warnings",
         ],
         &[("CARGO_TARGET_DIR", target)],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// `cargo doc -p tessera --no-deps` with warnings denied: every public item is documented
+/// (`#![deny(missing_docs)]` in `lib.rs` makes a missing doc a build error everywhere) and no
+/// intra-doc link is broken. The doctests themselves, the README's example among them, run
+/// with the suite's `cargo test`. Shares the clippy target directory (check-mode metadata).
+#[test]
+fn rustdoc_is_clean() {
+    let target = root().join("target").join("tidy-clippy");
+    run_cargo(
+        &["doc", "-p", "tessera", "--no-deps"],
+        &[
+            ("CARGO_TARGET_DIR", target),
+            ("RUSTDOCFLAGS", PathBuf::from("-D warnings")),
+        ],
     )
     .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -32,7 +32,10 @@ axis_from!(i32, i64, isize, usize, u32, u64);
 /// Several axes (`None`: every axis) and whether a reduction keeps them as size-1 dims.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AxisList {
+    /// The axes, signed as given (`None`: every axis); resolved against the rank by
+    /// [`Tensor::resolve_axes`].
     pub axes: Option<Vec<i64>>,
+    /// Whether a reduction keeps the reduced axes as size-1 dims (`keepdims=True`).
     pub keepdims: bool,
 }
 

@@ -81,7 +81,19 @@ fn from_le_bytes(dtype: DType, b: &[u8]) -> std::result::Result<Data, String> {
     })
 }
 
-/// Saves every leaf of `tree` to `path` (see the module doc). A tracer cannot be saved.
+/// Saves every leaf of `tree` to `path` (see the module doc). A tracer cannot be saved; an
+/// unwritable path is [`Error::Io`].
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let path = std::env::temp_dir().join("tessera_doc_save.safetensors");
+/// let params = (Tensor::ones([2, 3]), vec![Tensor::arange(4)]);
+/// tessera::checkpoint::save(&params, &path).unwrap();
+/// let back = tessera::checkpoint::load(&path, &params).unwrap();
+/// assert_eq!(back.1[0].to_vec::<i32>(), vec![0, 1, 2, 3]);
+/// # std::fs::remove_file(&path).ok();
+/// ```
 #[track_caller]
 pub fn save<T: Tree>(tree: &T, path: impl AsRef<Path>) -> Result<()> {
     let location = loc_text(Location::caller());
@@ -115,6 +127,19 @@ pub fn save<T: Tree>(tree: &T, path: impl AsRef<Path>) -> Result<()> {
 
 /// Loads a tree shaped like `like` from `path`, each leaf placed as `like`'s leaf is (a host
 /// value where it is one). See the module doc for what is checked.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let path = std::env::temp_dir().join("tessera_doc_load.safetensors");
+/// tessera::checkpoint::save(&Tensor::from_vec(vec![1.0f32, 2.0], [2]), &path).unwrap();
+/// let w = tessera::checkpoint::load(&path, &Tensor::zeros([2])).unwrap();
+/// assert_eq!(w.to_vec::<f32>(), vec![1.0, 2.0]);
+/// // `like` of another shape: an error naming the leaf, what it expected and what the file holds.
+/// let err = tessera::checkpoint::load(&path, &Tensor::zeros([3])).unwrap_err();
+/// assert!(err.to_string().contains("arg"), "{err}");
+/// # std::fs::remove_file(&path).ok();
+/// ```
 #[track_caller]
 pub fn load<T: Tree>(path: impl AsRef<Path>, like: &T) -> Result<T> {
     let location = loc_text(Location::caller());

@@ -118,7 +118,19 @@ fn check_carry(
 
 /// `lax.scan`: runs `f(carry, x) -> (carry, y)` over the leading axis of `xs` (of length
 /// `length`, which must be given when `xs` has no leaves), from the last slice to the first
-/// when `reverse`. Returns the final carry and the `y`s stacked along a new leading axis.
+/// when `reverse`. Returns the final carry and the `y`s stacked along a new leading axis. The
+/// body is traced once, so the program's size does not grow with the length.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let xs = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [4]);
+/// let step = |c: &Tensor, x: &Tensor| { let c = c + x; (c.clone(), c) };
+/// let (total, sums) = scan(step, &Tensor::zeros([]), &xs, None, false);
+/// assert_eq!((total.item::<f32>(), sums.to_vec::<f32>()), (10.0, vec![1.0, 3.0, 6.0, 10.0]));
+/// let (_, rsums) = scan(step, &Tensor::zeros([]), &xs, None, true);
+/// assert_eq!(rsums.to_vec::<f32>(), vec![10.0, 9.0, 7.0, 4.0]);
+/// ```
 #[track_caller]
 pub fn scan<C: Tree, X: Tree, Y: Tree>(
     f: impl Fn(&C, &X) -> (C, Y),
@@ -296,7 +308,19 @@ pub fn while_loop<C: Tree>(cond: impl Fn(&C) -> Tensor, body: impl Fn(&C) -> C, 
 }
 
 /// `lax.cond`: `true_fn(operands)` when `pred` (a scalar bool) is true, else
-/// `false_fn(operands)`. Both branches must return the same tree of the same types.
+/// `false_fn(operands)`. Both branches must return the same tree of the same types. Only the
+/// branch taken runs, also inside `jit`.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let f = jit(|x: Tensor| {
+///     let pred = x.sum().gt(&Tensor::zeros([]));
+///     cond(&pred, |x: &Tensor| x * 2.0, |x: &Tensor| -x, &x)
+/// });
+/// assert_eq!(f.call(Tensor::ones([2])).unwrap().to_vec::<f32>(), vec![2.0, 2.0]);
+/// assert_eq!(f.call(-Tensor::ones([2])).unwrap().to_vec::<f32>(), vec![1.0, 1.0]);
+/// ```
 #[track_caller]
 pub fn cond<A: Tree, O: Tree>(
     pred: &Tensor,

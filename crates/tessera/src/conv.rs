@@ -85,51 +85,74 @@ impl Padding {
 /// The options of [`Tensor::conv_general_dilated`]; the default is `lax.conv`'s: NCHW lhs,
 /// OIHW kernel, NCHW result, unit strides and dilations, VALID padding, no groups.
 ///
-/// ```ignore
+/// ```
+/// use tessera::prelude::*;
+///
+/// let x = Tensor::ones([1, 4, 4, 2]); // NHWC
+/// let w = Tensor::ones([3, 3, 1, 4]); // HWIO, 2 feature groups of 1 input channel
 /// let y = x.conv_general_dilated(&w, ConvOptions::new().layout("NHWC", "HWIO", "NHWC")
 ///     .strides([2, 2]).padding("SAME").feature_groups(2));
+/// assert_eq!(y.shape(), &[1, 2, 2, 4]);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct ConvOptions {
+    /// Window strides, one per spatial dim (`None`: all 1).
     pub strides: Option<Vec<usize>>,
+    /// The spatial padding (`None`: [`Padding::Valid`]).
     pub padding: Option<Padding>,
+    /// Dilation of the lhs, one per spatial dim (`None`: all 1); above 1 it is a transposed
+    /// convolution's input dilation.
     pub lhs_dilation: Option<Vec<usize>>,
+    /// Dilation of the kernel, one per spatial dim (`None`: all 1; atrous convolution).
     pub rhs_dilation: Option<Vec<usize>>,
     /// `(lhs, rhs, out)` layout strings as JAX's (`"NCHW"`, `"OIHW"`, `"NHWC"`, `"HWIO"`,
     /// any letters for the spatial dims).
     pub layout: Option<(String, String, String)>,
+    /// `feature_group_count` (0 is taken as 1): the lhs's channels split into this many
+    /// groups, each convolved with its share of the kernel's output features.
     pub feature_group_count: usize,
+    /// `batch_group_count` (0 is taken as 1): the lhs's batch split into this many groups.
     pub batch_group_count: usize,
 }
 
 impl ConvOptions {
+    /// The defaults (as [`Default`]): `lax.conv`'s NCHW/OIHW layout, VALID, unit strides.
     pub fn new() -> ConvOptions {
         ConvOptions::default()
     }
+    /// Sets the window strides, one per spatial dim.
     pub fn strides(mut self, s: impl Into<Vec<usize>>) -> Self {
         self.strides = Some(s.into());
         self
     }
+    /// Sets the padding: `"SAME"`, `"VALID"` or explicit `(lo, hi)` pairs.
     pub fn padding(mut self, p: impl Into<Padding>) -> Self {
         self.padding = Some(p.into());
         self
     }
+    /// Sets the lhs (input) dilation, one per spatial dim.
     pub fn lhs_dilation(mut self, d: impl Into<Vec<usize>>) -> Self {
         self.lhs_dilation = Some(d.into());
         self
     }
+    /// Sets the kernel dilation, one per spatial dim.
     pub fn rhs_dilation(mut self, d: impl Into<Vec<usize>>) -> Self {
         self.rhs_dilation = Some(d.into());
         self
     }
+    /// Sets the `(lhs, rhs, out)` layouts, JAX's `dimension_numbers` strings such as
+    /// `("NHWC", "HWIO", "NHWC")`; a string of the wrong length or without its `N`/`C` (`O`/`I`
+    /// for the kernel) letters makes the convolution panic.
     pub fn layout(mut self, lhs: &str, rhs: &str, out: &str) -> Self {
         self.layout = Some((lhs.into(), rhs.into(), out.into()));
         self
     }
+    /// Sets `feature_group_count` (grouped and depthwise convolutions).
     pub fn feature_groups(mut self, n: usize) -> Self {
         self.feature_group_count = n;
         self
     }
+    /// Sets `batch_group_count`.
     pub fn batch_groups(mut self, n: usize) -> Self {
         self.batch_group_count = n;
         self

@@ -87,6 +87,17 @@ fn parse_term(spec: &str, rank: usize, ellipsis: &[char], whole: &str) -> Vec<ch
 
 /// `jnp.einsum(spec, *operands)`: explicit (`"ij,jk->ik"`) or implicit (`"ij,jk"`: the output
 /// is every index that appears once, in alphabetical order) form, with `...` broadcasting.
+/// A malformed spec or mismatched sizes panic (or fail the enclosing trace).
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+/// let b = Tensor::ones([2, 3]);
+/// assert_eq!(einsum("ij,jk->ik", &[&a, &b]).shape(), &[2, 3]);
+/// assert_eq!(einsum("ij->j", &[&a]).to_vec::<f32>(), vec![4.0, 6.0]);
+/// assert_eq!(einsum("ij,ij", &[&a, &a]).item::<f32>(), 30.0); // implicit: a scalar
+/// ```
 #[track_caller]
 pub fn einsum(spec: &str, operands: &[&Tensor]) -> Tensor {
     if operands.is_empty() {

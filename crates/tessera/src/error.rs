@@ -12,35 +12,56 @@ use tessera_ir::{ParseError, TypeError, VerifyError};
 pub enum Error {
     /// An op's type rule rejected its operands; `location` is the user's `file:line`.
     #[error("{error}, at {location}")]
-    Type { error: TypeError, location: String },
+    Type {
+        /// The type rule's complaint.
+        error: TypeError,
+        /// The caller's `file:line`.
+        location: String,
+    },
     /// An op could not be applied for another reason (a tracer used outside its trace, a value
     /// read from a tracer, an op that needs a mesh).
     #[error("{op}: {message}, at {location}")]
     Op {
+        /// The op (or entry point) that failed, e.g. `"eval_graph"`.
         op: String,
+        /// What went wrong.
         message: String,
+        /// The caller's `file:line`.
         location: String,
     },
     /// Two trees that had to share a structure did not.
     #[error("tree structure mismatch: {message}, at {location}")]
-    Tree { message: String, location: String },
+    Tree {
+        /// Which part of the structure differed.
+        message: String,
+        /// The caller's `file:line`.
+        location: String,
+    },
+    /// IR text that [`ir::parse`](fn@crate::ir::parse) could not read.
     #[error("IR parse error: {0}")]
     Parse(#[from] ParseError),
+    /// The verifier rejected a graph handed in by the user (e.g. to
+    /// [`eval_graph`](crate::eval_graph)).
     #[error("IR verifier: {0}")]
     Verify(#[from] VerifyError),
     /// The verifier rejected the graph a stage of the pipeline produced (a compiler bug, not
     /// the user's).
     #[error("IR verifier, after the {stage} stage of {function}: {error}")]
     Stage {
+        /// The pipeline stage after which the graph was checked.
         stage: &'static str,
+        /// The name of the graph (the traced function).
         function: String,
+        /// The verifier's complaint.
         error: VerifyError,
     },
     /// The simplifier (tessera-opt) failed.
     #[error("simplification of {0}")]
     Simplify(String),
+    /// Running a program failed (in the interpreter or in compiled code).
     #[error("execution: {0}")]
     Interp(#[from] InterpError),
+    /// The native backend could not compile a graph.
     #[error("native code generation: {0}")]
     Codegen(String),
     /// Checked mode (`TESSERA_CHECK=1`) found compiled code that disagrees with the
@@ -64,6 +85,7 @@ impl std::fmt::Debug for Error {
     }
 }
 
+/// `std::result::Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) fn loc_text(loc: &Location<'_>) -> String {

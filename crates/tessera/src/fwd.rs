@@ -288,6 +288,16 @@ pub fn linearize<P: Tree, O: Tree>(f: impl FnOnce(&P) -> O, primals: &P) -> (O, 
 /// `jax.jvp`: `(f(primals), df(primals) . tangents)`. `tangents` has the structure and the leaf
 /// types of `primals`; every primal leaf is floating point. An output that does not depend on
 /// the inputs has a zero tangent.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let x = Tensor::from_vec(vec![0.0f32, 1.0], [2]);
+/// let (y, dy) = jvp(|x: &Tensor| x.exp(), &x, &Tensor::ones([2]));
+/// assert_eq!(y.to_vec::<f32>(), dy.to_vec::<f32>()); // exp' = exp
+/// let (_, d) = jvp(|x: &Tensor| (x * x).sum(), &x, &Tensor::from_vec(vec![1.0f32, 0.0], [2]));
+/// assert_eq!(d.item::<f32>(), 0.0); // d/dx0 of the sum of squares at x0 = 0
+/// ```
 #[track_caller]
 pub fn jvp<P: Tree, O: Tree>(f: impl FnOnce(&P) -> O, primals: &P, tangents: &P) -> (O, O) {
     let location = loc_text(Location::caller());

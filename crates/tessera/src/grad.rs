@@ -250,7 +250,16 @@ fn all_selected<P: Tree>(p: &P) -> Vec<bool> {
 }
 
 /// `jax.value_and_grad`: `value_and_grad(f)(&p)` is `(f(p), df/dp)`, the gradient shaped like
-/// `p`. `f` returns a float scalar.
+/// `p`. `f` returns a float scalar; any other output panics (or fails the enclosing trace).
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let f = value_and_grad(|x: &Tensor| x.sin().sum());
+/// let (v, g) = f(&Tensor::zeros([2]));
+/// assert_eq!(v.item::<f32>(), 0.0);
+/// assert_eq!(g.to_vec::<f32>(), vec![1.0, 1.0]); // cos(0)
+/// ```
 #[track_caller]
 pub fn value_and_grad<P: Tree, F: Fn(&P) -> Tensor>(f: F) -> impl Fn(&P) -> (Tensor, P) {
     let location = loc_text(Location::caller());
@@ -261,7 +270,19 @@ pub fn value_and_grad<P: Tree, F: Fn(&P) -> Tensor>(f: F) -> impl Fn(&P) -> (Ten
     }
 }
 
-/// `jax.grad`: the gradient of a scalar function, shaped like its argument.
+/// `jax.grad`: the gradient of a scalar function, shaped like its argument (any tree). `f`
+/// returns a float scalar; any other output panics (or fails the enclosing trace).
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let g = grad(|x: &Tensor| (x * x).sum())(&Tensor::from_vec(vec![1.0f32, -2.0], [2]));
+/// assert_eq!(g.to_vec::<f32>(), vec![2.0, -4.0]);
+/// // A tree argument gets a gradient of the same structure.
+/// let p = (Tensor::ones([2]), Tensor::zeros([]));
+/// let (gw, gb) = grad(|(w, b): &(Tensor, Tensor)| (w * 3.0 + b).sum())(&p);
+/// assert_eq!((gw.to_vec::<f32>(), gb.item::<f32>()), (vec![3.0, 3.0], 2.0));
+/// ```
 #[track_caller]
 pub fn grad<P: Tree, F: Fn(&P) -> Tensor>(f: F) -> impl Fn(&P) -> P {
     let vg = value_and_grad(f);
@@ -361,7 +382,17 @@ impl<P: Tree, O: Tree> Vjp<P, O> {
     }
 }
 
-/// `jax.vjp`: returns `f(primals)` and its pullback.
+/// `jax.vjp`: returns `f(primals)` and its pullback; `f` may return any tree.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], [2]);
+/// let (y, pullback) = vjp(|x: &Tensor| x * x * 3.0, &x);
+/// assert_eq!(y.to_vec::<f32>(), vec![3.0, 12.0]);
+/// // The cotangent of x for the cotangent [1, 1] of y: 6x.
+/// assert_eq!(pullback.call(&Tensor::ones([2])).to_vec::<f32>(), vec![6.0, 12.0]);
+/// ```
 #[track_caller]
 pub fn vjp<P: Tree, O: Tree>(f: impl FnOnce(&P) -> O, primals: &P) -> (O, Vjp<P, O>) {
     let location = loc_text(Location::caller());

@@ -48,7 +48,18 @@ fn normalized(op: &str, idx: &Tensor, n: usize) -> Tensor {
     }
 }
 
-/// A pending indexed update or read of `x` at `idx` along dim 0 (`x.at[idx]` in JAX).
+/// A pending indexed update or read of `x` at `idx` along dim 0 (`x.at[idx]` in JAX). Updates
+/// return a new tensor; an index out of range after wrapping negatives is dropped (JAX's
+/// default for scatters), and `v` of another dtype than `x` panics.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let idx = Tensor::from_vec(vec![0i32, 2, 2, -1], [4]);
+/// let y = Tensor::zeros([3]).at(&idx).add(&Tensor::ones([4]));
+/// assert_eq!(y.to_vec::<f32>(), vec![1.0, 0.0, 3.0]); // -1 is the last row
+/// assert_eq!(y.at(&idx).get().to_vec::<f32>(), vec![1.0, 3.0, 3.0, 3.0]);
+/// ```
 pub struct At<'a> {
     x: &'a Tensor,
     idx: Tensor,
@@ -373,21 +384,25 @@ impl At<'_> {
         self.scatter(ScatterKind::Set, v)
     }
 
+    /// Rows incremented by `v` (broadcast); repeated indices accumulate (`x.at[idx].add(v)`).
     #[track_caller]
     pub fn add(&self, v: &Tensor) -> Tensor {
         self.scatter(ScatterKind::Add, v)
     }
 
+    /// Rows multiplied by `v` (broadcast); repeated indices multiply (`x.at[idx].multiply(v)`).
     #[track_caller]
     pub fn mul(&self, v: &Tensor) -> Tensor {
         self.scatter(ScatterKind::Mul, v)
     }
 
+    /// Rows replaced by their elementwise minimum with `v` (broadcast; `x.at[idx].min(v)`).
     #[track_caller]
     pub fn min(&self, v: &Tensor) -> Tensor {
         self.scatter(ScatterKind::Min, v)
     }
 
+    /// Rows replaced by their elementwise maximum with `v` (broadcast; `x.at[idx].max(v)`).
     #[track_caller]
     pub fn max(&self, v: &Tensor) -> Tensor {
         self.scatter(ScatterKind::Max, v)

@@ -96,7 +96,20 @@ pub struct Jitted<F, In, Out> {
     _types: PhantomData<fn(In) -> Out>,
 }
 
-/// Wraps `f` for tracing and compilation, like `jax.jit`.
+/// Wraps `f` for tracing and compilation, like `jax.jit`. `f` takes one argument tree (a
+/// tuple for several) and returns a tree; nothing runs until [`Jitted::call`].
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let f = jit(|(x, y): (Tensor, Tensor)| (&x * &y).sum() + 1.0);
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3]);
+/// assert_eq!(f.call((x.clone(), x.clone())).unwrap().item::<f32>(), 15.0);
+/// f.call((x.clone(), x)).unwrap(); // the same signature: the cached program runs
+/// assert_eq!(f.trace_count(), 1);
+/// f.call((Tensor::ones([2]), Tensor::ones([2]))).unwrap(); // a new shape: traced again
+/// assert_eq!(f.trace_count(), 2);
+/// ```
 pub fn jit<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> Jitted<F, In, Out> {
     Jitted {
         cache: Cache::new(closure_name::<F>()),
@@ -314,7 +327,18 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// Traces the closure for `args`' signature and runs every pass up to code generation,
     /// without running it: `stages()` holds every stage's graph, the last one the program
     /// `call` compiles for these arguments; `ir()` and `per_device_ir()` show the global and
-    /// the per-device program as they run; `traced_ir()` shows it as traced.
+    /// the per-device program as they run; `traced_ir()` shows it as traced. JAX's
+    /// `jax.jit(f).lower(x)`.
+    ///
+    /// ```
+    /// use tessera::prelude::*;
+    ///
+    /// let f = jit(|x: Tensor| (x * 2.0).tanh());
+    /// let lowered = f.lower(&Tensor::ones([4])).unwrap();
+    /// assert!(lowered.ir().contains("tanh"));
+    /// assert_eq!(lowered.stages()[0].0, "trace");
+    /// println!("{}", lowered.ir());
+    /// ```
     #[track_caller]
     pub fn lower(&self, args: &In) -> Result<Lowered> {
         let location = crate::error::loc_text(std::panic::Location::caller());
@@ -330,6 +354,20 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// Runs the closure compiled. Inside another trace (a `jit` in a `jit`, a `grad`), it is
     /// inlined into that trace instead. Inputs placed on a mesh run the partitioned program on
     /// every device of the mesh, and the outputs come back placed as propagation decided.
+    /// An error while tracing (an op's type rule, a tree mismatch), compiling or running is
+    /// returned as `Err`, not a panic.
+    ///
+    /// ```
+    /// use tessera::prelude::*;
+    ///
+    /// let f = jit(|x: Tensor| (x.matmul(&x.t()), x.sum()));
+    /// let (gram, total) = f.call(Tensor::ones([2, 3])).unwrap();
+    /// assert_eq!((gram.shape(), total.item::<f32>()), (&[2, 2][..], 6.0));
+    /// // x @ x is ill-typed for a [2, 3] x: the trace fails, and `call` says why.
+    /// let bad = jit(|x: Tensor| x.matmul(&x));
+    /// let err = bad.call(Tensor::ones([2, 3])).unwrap_err();
+    /// assert!(err.to_string().contains("contracting dims differ"), "{err}");
+    /// ```
     #[track_caller]
     pub fn call(&self, args: In) -> Result<Out> {
         let location = crate::error::loc_text(std::panic::Location::caller());

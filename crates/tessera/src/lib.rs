@@ -11,6 +11,7 @@
 //! assert!((y.item::<f32>() - 8.0 * 0.3f32.tanh()).abs() < 1e-6);
 //! println!("{}", f.lower(&(x, w)).unwrap().ir());
 //! ```
+#![deny(missing_docs)]
 
 // Lets `#[derive(Tree)]`'s `::tessera::...` paths resolve inside this crate's own tests.
 extern crate self as tessera;
@@ -109,3 +110,8 @@ pub mod prelude {
     };
     pub use tessera_derive::Tree;
 }
+
+/// The README's example, compiled and run as a doctest so it cannot drift from the API.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

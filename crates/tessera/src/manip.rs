@@ -25,7 +25,10 @@ fn fail(op: &str, message: String) -> ! {
 /// How `split` cuts an axis: into `n` equal parts, or at the given indices.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Split {
+    /// `n` equal parts (`jnp.split(x, n)`); the axis's size must be divisible by `n`.
     Sections(usize),
+    /// Cut before each of these indices (`jnp.split(x, [i, j])`): `len + 1` parts, as NumPy's
+    /// (an index past the end is clamped; a smaller index after a larger gives an empty part).
     Indices(Vec<usize>),
 }
 

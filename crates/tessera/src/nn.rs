@@ -5,8 +5,9 @@
 
 use crate::tensor::Tensor;
 
-/// SELU's `alpha` and `scale` (`jax.nn.selu`).
+/// SELU's `alpha` (`jax.nn.selu`): the negative branch is `scale * alpha * (exp(x) - 1)`.
 pub const SELU_ALPHA: f64 = 1.673_263_242_354_377_3;
+/// SELU's `scale` (`jax.nn.selu`), multiplying both branches.
 pub const SELU_SCALE: f64 = 1.050_700_987_355_480_5;
 
 impl Tensor {

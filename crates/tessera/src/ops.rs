@@ -334,6 +334,8 @@ impl Tensor {
         self.slice_strided(start, limit, &vec![1; start.len()])
     }
 
+    /// `start..limit` in every dim, taking every `stride`-th element (`lax.slice` with
+    /// strides; one entry per dim in each). Out-of-range bounds fail the op's type rule.
     #[track_caller]
     pub fn slice_strided(&self, start: &[usize], limit: &[usize], stride: &[usize]) -> Tensor {
         apply(

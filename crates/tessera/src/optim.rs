@@ -157,6 +157,7 @@ impl<F: Fn(&Tensor) -> Tensor + Send + Sync> Schedule for ScheduleFn<F> {
 /// Always `value`.
 #[derive(Clone, Copy, Debug)]
 pub struct Constant {
+    /// The value at every step.
     pub value: f64,
 }
 
@@ -175,11 +176,15 @@ impl Schedule for Constant {
 /// clamped to `[0, steps]`; `init` throughout when `steps <= 0`.
 #[derive(Clone, Copy, Debug)]
 pub struct Polynomial {
+    /// The value up to `begin`.
     pub init: f64,
+    /// The value from `begin + steps` on.
     pub end: f64,
     /// A whole power is JAX's `integer_pow` (products); any other is `pow`.
     pub power: f64,
+    /// The length of the transition (`transition_steps`).
     pub steps: i32,
+    /// The step the transition starts at (`transition_begin`; negative counts as 0).
     pub begin: i32,
 }
 
@@ -235,11 +240,18 @@ impl Schedule for Polynomial {
 /// until `begin`, bounded by `end` when given.
 #[derive(Clone, Copy, Debug)]
 pub struct ExponentialDecay {
+    /// The value up to `begin` (`init_value`).
     pub init: f64,
+    /// The steps over which the value is multiplied by `rate` once (`transition_steps`);
+    /// `init` throughout when `<= 0`.
     pub steps: i32,
+    /// The factor per `steps` steps (`decay_rate`); `init` throughout when 0.
     pub rate: f64,
+    /// The step decay starts at (`transition_begin`; negative counts as 0).
     pub begin: i32,
+    /// Whether the exponent is floored, decaying in whole steps of `steps`.
     pub staircase: bool,
+    /// The bound (`end_value`): a floor when `rate < 1`, a ceiling otherwise.
     pub end: Option<f64>,
 }
 
@@ -301,9 +313,13 @@ impl Schedule for ExponentialDecay {
 /// steps))) ** exponent`.
 #[derive(Clone, Copy, Debug)]
 pub struct CosineDecay {
+    /// The value at step 0 (`init_value`).
     pub init: f64,
+    /// The steps to decay over (`decay_steps`); the value stays at `init * alpha` after.
     pub steps: i32,
+    /// The final value as a fraction of `init`.
     pub alpha: f64,
+    /// The power of the cosine term (1 by default).
     pub exponent: f64,
 }
 
@@ -438,7 +454,9 @@ impl Schedule for PiecewiseConstant {
 /// A learning rate: a number or a schedule of the step count.
 #[derive(Clone)]
 pub enum LearningRate {
+    /// The same rate at every step.
     Constant(f64),
+    /// The schedule's value at the step count.
     Scheduled(Arc<dyn Schedule>),
 }
 
@@ -530,6 +548,7 @@ impl GradientTransformation for Scale {
 /// The step count of a transformation that needs one (a schedule's).
 #[derive(Tree, Clone)]
 pub struct CountState {
+    /// The steps taken, an int32 scalar (saturating at `i32::MAX`).
     pub count: Tensor,
 }
 
@@ -537,6 +556,7 @@ pub struct CountState {
 /// the schedule's value at the step count (the count before this step, then incremented).
 #[derive(Clone, Debug)]
 pub struct ScaleByLearningRate {
+    /// The learning rate (positive: the updates are scaled by its negation).
     pub lr: LearningRate,
 }
 
@@ -594,8 +614,11 @@ impl GradientTransformation for ScaleByLearningRate {
 /// The state of [`ScaleByAdam`]: the step count and the two moments.
 #[derive(Tree, Clone)]
 pub struct AdamState<P> {
+    /// The steps taken, an int32 scalar (saturating at `i32::MAX`).
     pub count: Tensor,
+    /// The first moment (running mean of the gradients), shaped like the parameters.
     pub mu: P,
+    /// The second moment (running mean of the squared gradients), shaped like the parameters.
     pub nu: P,
 }
 
@@ -603,10 +626,15 @@ pub struct AdamState<P> {
 /// root of the bias-corrected second moment plus `eps`.
 #[derive(Clone, Copy, Debug)]
 pub struct ScaleByAdam {
+    /// The first moment's decay.
     pub b1: f64,
+    /// The second moment's decay.
     pub b2: f64,
+    /// Added to the denominator, outside the square root.
     pub eps: f64,
+    /// Added to the second moment, inside the square root.
     pub eps_root: f64,
+    /// Nesterov momentum in the first moment (NAdam).
     pub nesterov: bool,
 }
 
@@ -668,6 +696,7 @@ impl GradientTransformation for ScaleByAdam {
 /// The state of [`Trace`]: the momentum buffer.
 #[derive(Tree, Clone)]
 pub struct TraceState<P> {
+    /// The momentum buffer, shaped like the parameters.
     pub trace: P,
 }
 
@@ -675,7 +704,9 @@ pub struct TraceState<P> {
 /// `g + decay * t`.
 #[derive(Clone, Copy, Debug)]
 pub struct Trace {
+    /// The momentum's decay.
     pub decay: f64,
+    /// Whether the update is Nesterov's `g + decay * t` rather than `t`.
     pub nesterov: bool,
 }
 
@@ -710,7 +741,9 @@ pub type Mask = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 /// the mask selects (all by default).
 #[derive(Clone)]
 pub struct AddDecayedWeights {
+    /// The factor of the parameters added to the updates; 0 leaves them as they are.
     pub weight_decay: f64,
+    /// The leaves to decay (`None`: all).
     pub mask: Option<Mask>,
 }
 
@@ -812,6 +845,7 @@ impl GradientTransformation for Clip {
 /// The state of [`ScaleByRms`]: the running mean of squared gradients.
 #[derive(Tree, Clone)]
 pub struct RmsState<P> {
+    /// The running mean of squared gradients, shaped like the parameters.
     pub nu: P,
 }
 
@@ -819,8 +853,11 @@ pub struct RmsState<P> {
 /// mean of `g * g`.
 #[derive(Clone, Copy, Debug)]
 pub struct ScaleByRms {
+    /// The running mean's decay.
     pub decay: f64,
+    /// Added to `nu` inside the square root.
     pub eps: f64,
+    /// The value `nu` starts at.
     pub initial_scale: f64,
 }
 
@@ -851,7 +888,8 @@ impl GradientTransformation for ScaleByRms {
 #[derive(Clone, Debug)]
 pub struct Sgd {
     lr: ScaleByLearningRate,
-    momentum: Option<Trace>,
+    momentum: Option<f64>,
+    nesterov: bool,
 }
 
 /// `optax.sgd(learning_rate)`.
@@ -859,31 +897,38 @@ pub fn sgd(lr: impl Into<LearningRate>) -> Sgd {
     Sgd {
         lr: scale_by_learning_rate(lr),
         momentum: None,
+        nesterov: false,
     }
 }
 
 impl Sgd {
     /// Heavy-ball momentum with decay `m`.
     pub fn momentum(self, m: f64) -> Sgd {
-        let nesterov = self.momentum.is_some_and(|t| t.nesterov);
         Sgd {
-            momentum: Some(trace(m, nesterov)),
+            momentum: Some(m),
             ..self
         }
     }
-    /// Nesterov momentum (with `momentum` set).
+    /// Nesterov momentum; it applies once `momentum` is set (in either order), as optax's
+    /// `nesterov` needs a `momentum`.
     pub fn nesterov(self, on: bool) -> Sgd {
         Sgd {
-            momentum: self.momentum.map(|t| trace(t.decay, on)),
+            nesterov: on,
             ..self
         }
+    }
+
+    fn trace(&self) -> Option<Trace> {
+        self.momentum.map(|m| trace(m, self.nesterov))
     }
 }
 
 /// The state of [`Sgd`]: the momentum buffer when there is momentum, and the step count.
 #[derive(Tree, Clone)]
 pub struct SgdState<P> {
+    /// The momentum buffer (`None` without momentum).
     pub trace: Option<TraceState<P>>,
+    /// The learning rate's step count (only advanced for a scheduled rate).
     pub lr: CountState,
 }
 
@@ -891,12 +936,12 @@ impl GradientTransformation for Sgd {
     type State<P: Tree> = SgdState<P>;
     fn init<P: Tree>(&self, params: &P) -> SgdState<P> {
         SgdState {
-            trace: self.momentum.map(|t| t.init(params)),
+            trace: self.trace().map(|t| t.init(params)),
             lr: self.lr.init(params),
         }
     }
     fn update<P: Tree>(&self, g: P, s: &SgdState<P>, params: &P) -> (P, SgdState<P>) {
-        let (g, trace) = match (&self.momentum, &s.trace) {
+        let (g, trace) = match (&self.trace(), &s.trace) {
             (Some(t), Some(st)) => {
                 let (g, st) = t.update(g, st, params);
                 (g, Some(st))
@@ -935,18 +980,22 @@ pub fn adamw(lr: impl Into<LearningRate>) -> Adam {
 }
 
 impl Adam {
+    /// The first moment's decay (0.9 by default).
     pub fn b1(mut self, b1: f64) -> Adam {
         self.scale.b1 = b1;
         self
     }
+    /// The second moment's decay (0.999 by default).
     pub fn b2(mut self, b2: f64) -> Adam {
         self.scale.b2 = b2;
         self
     }
+    /// The denominator's `eps`, outside the square root (1e-8 by default).
     pub fn eps(mut self, eps: f64) -> Adam {
         self.scale.eps = eps;
         self
     }
+    /// The `eps_root` inside the square root (0 by default).
     pub fn eps_root(mut self, eps_root: f64) -> Adam {
         self.scale.eps_root = eps_root;
         self
@@ -965,9 +1014,10 @@ impl Adam {
         });
         self
     }
-    /// Decays only the leaves whose path `mask` accepts.
+    /// Decays only the leaves whose path `mask` accepts. On a plain `adam` it keeps a decay of
+    /// 0 (no decay) until `weight_decay` sets one.
     pub fn decay_mask(mut self, mask: impl Fn(&str) -> bool + Send + Sync + 'static) -> Adam {
-        let wd = self.decay.as_ref().map_or(1e-4, |d| d.weight_decay);
+        let wd = self.decay.as_ref().map_or(0.0, |d| d.weight_decay);
         self.decay = Some(add_decayed_weights(wd).mask(mask));
         self
     }
@@ -976,7 +1026,9 @@ impl Adam {
 /// The state of [`Adam`]: the moments and count, and the learning rate's step count.
 #[derive(Tree, Clone)]
 pub struct AdamOptState<P> {
+    /// The moments and their step count.
     pub adam: AdamState<P>,
+    /// The learning rate's step count (only advanced for a scheduled rate).
     pub lr: CountState,
 }
 

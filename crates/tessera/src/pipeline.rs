@@ -263,6 +263,8 @@ impl Lowered {
         print(self.program())
     }
 
+    /// The per-device program as a graph (what [`per_device_ir`](Lowered::per_device_ir)
+    /// prints); `None` when no input is placed on a mesh.
     pub fn per_device_graph(&self) -> Option<&Graph> {
         self.local.as_ref()
     }
@@ -272,6 +274,7 @@ impl Lowered {
         self.local.as_ref().unwrap_or(&self.global)
     }
 
+    /// The global program as a graph (what [`ir`](Lowered::ir) prints).
     pub fn graph(&self) -> &Graph {
         &self.global
     }

@@ -41,7 +41,20 @@ pub struct Pmapped<F, In, Out> {
     _types: PhantomData<fn(In) -> Out>,
 }
 
-/// Like `jax.pmap(f, axis_name=axis)`.
+/// Like `jax.pmap(f, axis_name=axis)`: `f` runs on one device per slice of the inputs'
+/// leading axis, whose size must be between 1 and [`device_count`](crate::device_count) (else
+/// `call` returns an error).
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let n = device_count();
+/// let x = Tensor::from_vec((0..n).map(|i| i as f32).collect(), [n, 1]);
+/// let f = pmap("i", |x: Tensor| psum(&x, "i") - x); // the sum of the other devices' values
+/// let total = (n * (n - 1) / 2) as f32;
+/// let want: Vec<f32> = (0..n).map(|i| total - i as f32).collect();
+/// assert_eq!(f.call(x).unwrap().to_vec::<f32>(), want);
+/// ```
 pub fn pmap<In: Tree, Out: Tree, F: Fn(In) -> Out>(axis: &str, f: F) -> Pmapped<F, In, Out> {
     Pmapped {
         f,

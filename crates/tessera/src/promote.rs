@@ -222,8 +222,11 @@ pub(crate) fn bool_op(op: BinaryOp, dtype: DType) -> BinaryOp {
 /// A Rust number as it enters an op: an integer, a float or a bool.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Number {
+    /// Any Rust integer (`i8` to `u64`, `isize`, `usize`), exactly.
     Int(i128),
+    /// An `f32` or `f64`, widened to f64.
     Float(f64),
+    /// A `bool`.
     Bool(bool),
 }
 
@@ -240,8 +243,8 @@ impl Number {
 
     /// This number as one element of `dtype`, or a message when it does not fit: an integer
     /// outside the range of an integer dtype (never a silent wrap), a float as an integer or
-    /// bool, anything but 0/1 or a bool as a bool. A float dtype takes any number, rounded to
-    /// nearest.
+    /// bool, an integer as a bool (even 0 or 1: only a bool makes a bool). A float dtype takes
+    /// any number, rounded to nearest.
     pub fn to_data(self, dtype: DType) -> Result<Data, String> {
         let unfit = || format!("the Rust number {self} does not fit {dtype}");
         Ok(match (dtype, self) {
@@ -283,6 +286,7 @@ impl std::fmt::Display for Number {
 
 /// A Rust scalar type usable as an operand of `Tensor`'s operators and as `Tensor::scalar_of`.
 pub trait Scalar: Copy {
+    /// This value as a [`Number`].
     fn number(self) -> Number;
 }
 

@@ -24,7 +24,19 @@ pub use dtypes::{
 };
 pub use shuffle::{choice, permutation, permutation_of, shuffle};
 
-/// A PRNG key: a `u32[2]` tensor, like `jax.random.PRNGKey`.
+/// A PRNG key: a `u32[2]` tensor, like `jax.random.PRNGKey`. The same key always gives the
+/// same numbers; [`split`](Key::split) or [`fold_in`](Key::fold_in) for fresh ones.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let key = Key::new(0);
+/// assert_eq!(key.data().to_vec::<u32>(), vec![0, 0]);
+/// let [k1, k2] = key.split();
+/// let a = random::uniform(&k1, [3], 0.0, 1.0).to_vec::<f32>();
+/// assert_eq!(a, random::uniform(&k1, [3], 0.0, 1.0).to_vec::<f32>());
+/// assert_ne!(a, random::uniform(&k2, [3], 0.0, 1.0).to_vec::<f32>());
+/// ```
 #[derive(Clone, Debug)]
 pub struct Key(pub Tensor);
 
@@ -246,7 +258,17 @@ fn fma_f32(a: &Tensor, b: f32, c: f32) -> Tensor {
 }
 
 /// `jax.random.normal(key, shape)`: f32 standard normal, `sqrt(2) * erf_inv(u)` with `u`
-/// uniform in `(-1, 1)`, as JAX computes it.
+/// uniform in `(-1, 1)`, as JAX computes it. `normal_dtype` draws other float dtypes.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let x = random::normal(&Key::new(42), [1000]);
+/// assert_eq!((x.shape(), x.dtype()), (&[1000][..], DType::F32));
+/// assert!(x.mean().item::<f32>().abs() < 0.1);
+/// let y = (random::normal(&Key::new(42), [1000]) * 2.0 + 1.0).to_vec::<f32>(); // N(1, 4)
+/// assert_eq!(y[0], x.to_vec::<f32>()[0] * 2.0 + 1.0);
+/// ```
 #[track_caller]
 pub fn normal(key: &Key, shape: impl Into<Shape>) -> Tensor {
     let lo = f32::from_bits((-1.0f32).to_bits() - 1);

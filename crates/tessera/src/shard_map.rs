@@ -41,7 +41,10 @@ use crate::tree::{self, Tree, TreeDef};
 /// output) tree, a leaf applying to every tensor below it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Specs {
+    /// One spec for every tensor of the subtree it is matched with.
     Leaf(PartitionSpec),
+    /// One child per child of the tree it is matched with (a tuple's elements, a struct's
+    /// fields in order, a `Vec`'s items); `specs![..]` builds one.
     Node(Vec<Specs>),
 }
 
@@ -140,6 +143,16 @@ pub struct ShardMapped<F, In, Out> {
 
 /// `jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)`: `f` runs on each
 /// device's shards; see the module doc. Every mesh axis is manual; `axis_names` picks fewer.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let n = device_count();
+/// let mesh = Mesh::new([n], ["i"]);
+/// // Each device sums its [2, 3] block; psum adds up the devices' sums.
+/// let f = shard_map(|x: Tensor| psum(&x.sum(), "i"), &mesh, P!["i"], P![]);
+/// assert_eq!(f.call(Tensor::ones([2 * n, 3])).unwrap().item::<f32>(), (6 * n) as f32);
+/// ```
 pub fn shard_map<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static>(
     f: F,
     mesh: &Mesh,

@@ -36,13 +36,27 @@ pub struct Mesh {
 }
 
 impl Mesh {
-    /// `Mesh::new([4, 2], ["dp", "mp"])`. Panics (with the caller's line) when the mesh needs
-    /// more devices than there are, or names an axis twice; `try_new` returns the error.
+    /// `Mesh::new([4, 2], ["dp", "mp"])`: a mesh of `Auto` axes over host devices `0..4*2`
+    /// (`jax.sharding.Mesh`). Panics (with the caller's line) when the mesh needs more devices
+    /// than there are, has an axis of size 0, or names an axis twice; `try_new` returns the
+    /// error.
+    ///
+    /// ```
+    /// use tessera::prelude::*;
+    ///
+    /// let n = device_count();
+    /// let mesh = Mesh::new([n, 1], ["dp", "mp"]);
+    /// assert_eq!((mesh.shape(), mesh.size()), (vec![n, 1], n));
+    /// assert_eq!(mesh.axis_names(), ["dp", "mp"]);
+    /// assert!(Mesh::try_new(&[n + 1], &["dp"]).is_err());
+    /// ```
     #[track_caller]
     pub fn new<const N: usize>(shape: [usize; N], names: [&str; N]) -> Mesh {
         Mesh::try_new(&shape, &names).unwrap_or_else(|e| raise(e))
     }
 
+    /// `Mesh::new` with the shape and names as slices, returning the error instead of
+    /// panicking (also when the two lengths differ).
     #[track_caller]
     pub fn try_new(shape: &[usize], names: &[&str]) -> Result<Mesh> {
         let location = loc_text(Location::caller());
@@ -158,14 +172,17 @@ impl Mesh {
         self.ir.types.clone()
     }
 
+    /// The axis names, in order (`mesh.axis_names`).
     pub fn axis_names(&self) -> Vec<&str> {
         self.ir.axes.iter().map(|(n, _)| n.as_str()).collect()
     }
 
+    /// The size of each axis, in order (`mesh.devices.shape`).
     pub fn shape(&self) -> Vec<usize> {
         self.ir.axes.iter().map(|(_, s)| *s).collect()
     }
 
+    /// The number of devices, the product of the axis sizes (`mesh.size`).
     pub fn size(&self) -> usize {
         self.devices.len()
     }
@@ -232,6 +249,7 @@ impl PartitionSpec {
 
 /// One entry of `P![...]`: an axis name, `None`, or a tuple of axis names.
 pub trait SpecEntry {
+    /// The mesh axes this entry splits a dim over (none: the dim is whole).
     fn entry(self) -> Vec<String>;
 }
 
@@ -274,14 +292,29 @@ impl fmt::Display for PartitionSpec {
     }
 }
 
-/// A mesh and a partition spec: where an array lives.
+/// A mesh and a partition spec: where an array lives (JAX's `NamedSharding`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct NamedSharding {
+    /// The devices and their named axes.
     pub mesh: Mesh,
+    /// Which mesh axes split each dim.
     pub spec: PartitionSpec,
 }
 
 impl NamedSharding {
+    /// `NamedSharding(mesh, spec)`. The spec is not checked here: [`device_put`] (or the op
+    /// that uses it) reports an unknown axis, too many entries or a dim the axes do not divide.
+    ///
+    /// ```
+    /// use tessera::prelude::*;
+    ///
+    /// let mesh = Mesh::new([device_count()], ["dp"]);
+    /// let s = NamedSharding::new(&mesh, P!["dp", None]);
+    /// assert_eq!(s.to_string(), format!("NamedSharding(mesh={mesh}, spec={})", s.spec));
+    /// let x = device_put(Tensor::zeros([device_count(), 2]), &s);
+    /// // As JAX prints it: trailing whole dims left out.
+    /// assert_eq!(x.sharding().unwrap().spec, P!["dp"]);
+    /// ```
     pub fn new(mesh: &Mesh, spec: PartitionSpec) -> NamedSharding {
         NamedSharding {
             mesh: mesh.clone(),
@@ -305,7 +338,9 @@ impl fmt::Display for NamedSharding {
 /// (a prefix of the value's tree, as JAX's trees of shardings).
 #[derive(Clone, Debug)]
 pub enum Shardings {
+    /// The same sharding for every leaf.
     All(NamedSharding),
+    /// A tree of specs, a prefix of the value's tree, on one mesh.
     Tree(Mesh, crate::shard_map::Specs),
 }
 
@@ -346,6 +381,21 @@ impl Shardings {
 
 /// Places every leaf of `value` on the mesh as `sharding` says (one sharding for all, or a tree
 /// of specs: `device_put(p, (&mesh, specs![P![], P!["dp"]]))`), like `jax.device_put`.
+/// Panics (with the caller's line) on a tracer, a tree of specs that does not fit `value`, or
+/// a spec the leaf's shape and the mesh reject (an unknown axis, a dim the axes do not
+/// divide).
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let n = device_count();
+/// let mesh = Mesh::new([n], ["dp"]);
+/// let args = (Tensor::ones([2 * n, 3]), Tensor::ones([3]));
+/// let (x, b) = device_put(args, (&mesh, specs![P!["dp"], P![]])); // x split, b replicated
+/// assert_eq!(x.sharding(), Some(NamedSharding::new(&mesh, P!["dp"])));
+/// let y = jit(|(x, b): (Tensor, Tensor)| (x + b).sum()).call((x, b)).unwrap();
+/// assert_eq!(y.item::<f32>(), (12 * n) as f32);
+/// ```
 #[track_caller]
 pub fn device_put<T: Tree>(value: T, sharding: impl Into<Shardings>) -> T {
     let location = loc_text(Location::caller());
@@ -462,6 +512,19 @@ impl Tensor {
 /// non-terminal): for a 1-D array one row of cells, for a 2-D array a grid, each cell naming
 /// the devices that hold that block, sized as JAX sizes it. Other ranks are an error (JAX's:
 /// "only works for shapes with 1 and 2 dimensions"), raised at the caller's line.
+///
+/// It prints the table to stdout and also returns it; [`sharding_table`] only returns it.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let n = device_count();
+/// let mesh = Mesh::new([n], ["dp"]);
+/// let x = device_put(Tensor::zeros([n, 4]), NamedSharding::new(&mesh, P!["dp"]));
+/// let table = visualize_array_sharding(&x);
+/// assert!(table.contains("CPU 0") && table.contains(&format!("CPU {}", n - 1)));
+/// assert_eq!(table, sharding_table(&x));
+/// ```
 #[track_caller]
 pub fn visualize_array_sharding(t: &Tensor) -> String {
     let text = sharding_table(t);

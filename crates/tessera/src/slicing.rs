@@ -31,8 +31,11 @@ pub enum Index {
     /// Elements `start..stop` (each `None` for the dim's end in the step's direction,
     /// negatives from the end), every `step`-th (negative: backwards).
     Slice {
+        /// The first element (`None`: the start in the step's direction).
         start: Option<i64>,
+        /// One past the last element (`None`: the end in the step's direction).
         stop: Option<i64>,
+        /// The stride; negative walks backwards, 0 panics.
         step: i64,
     },
     /// One element; the dim is dropped.
@@ -47,6 +50,8 @@ pub enum Index {
 
 /// A value usable as one entry of `s![..]`.
 pub trait IntoIndex {
+    /// This value as an index entry (a range as [`Index::Slice`], an integer as
+    /// [`Index::At`], a tensor as [`Index::Array`]).
     fn into_index(self) -> Index;
 
     /// The entry taking every `step`-th element (`stride`); an integer or tensor ignores it.

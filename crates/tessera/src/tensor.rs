@@ -41,8 +41,11 @@ pub(crate) struct Tracer {
 /// Rust element types a tensor can be built from and read back into: the element types of
 /// [`Data`] ([`tessera_ir::DataElement`]).
 pub trait Element: Copy + fmt::Debug + 'static {
+    /// The tensor dtype of this element type (`f32` is [`DType::F32`]).
     const DTYPE: DType;
+    /// Row-major elements as the IR's untyped buffer.
     fn into_data(v: Vec<Self>) -> Data;
+    /// The elements of `d`, or `None` when it holds another element type.
     fn from_data(d: &Data) -> Option<Vec<Self>>;
 }
 
@@ -69,6 +72,7 @@ impl Tensor {
         }
     }
 
+    /// A concrete tensor holding a runtime array (its placement on a mesh, if any, is kept).
     pub fn from_array(a: Array) -> Tensor {
         Tensor {
             repr: Repr::Concrete(a),
@@ -98,9 +102,19 @@ impl Tensor {
         }
     }
 
-    /// A tensor of the given shape from row-major elements. Panics when the element count does
-    /// not match the shape (or the shape is over the size limit); `try_from_vec` returns that
-    /// error instead.
+    /// A tensor of the given shape from row-major elements (`jnp.asarray(data).reshape(shape)`);
+    /// the dtype is `T`'s. Panics when the element count does not match the shape (or the shape
+    /// is over the size limit); `try_from_vec` returns that error instead.
+    ///
+    /// ```
+    /// use tessera::prelude::*;
+    ///
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3]);
+    /// assert_eq!((x.shape(), x.dtype()), (&[2, 3][..], DType::F32));
+    /// let s = Tensor::from_vec(vec![7i32], []); // a scalar: shape `[]`
+    /// assert_eq!(s.item::<i32>(), 7);
+    /// assert!(Tensor::try_from_vec(vec![1.0f32; 5], [2, 3]).is_err());
+    /// ```
     #[track_caller]
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Tensor {
         Tensor::try_from_vec(data, shape).unwrap_or_else(|e| raise(e))
@@ -188,6 +202,7 @@ impl Tensor {
         }
     }
 
+    /// Zeros of this tensor's shape and dtype (`jnp.zeros_like`).
     #[track_caller]
     pub fn zeros_like(&self) -> Tensor {
         Tensor::full_dtype(self.shape().to_vec(), 0.0, self.dtype())
@@ -211,6 +226,7 @@ impl Tensor {
         )
     }
 
+    /// The dtype and shape, as the IR types a value.
     pub fn ty(&self) -> &TensorType {
         match &self.repr {
             Repr::Concrete(a) => a.ty(),
@@ -218,18 +234,22 @@ impl Tensor {
         }
     }
 
+    /// The dims (`x.shape`; `[]` for a scalar).
     pub fn shape(&self) -> &[usize] {
         self.ty().dims()
     }
 
+    /// The number of dims (`x.ndim`).
     pub fn rank(&self) -> usize {
         self.ty().rank()
     }
 
+    /// The element type (`x.dtype`).
     pub fn dtype(&self) -> DType {
         self.ty().dtype
     }
 
+    /// The number of elements, the product of the dims (`x.size`; 1 for a scalar).
     pub fn numel(&self) -> usize {
         self.ty().numel()
     }
@@ -242,6 +262,8 @@ impl Tensor {
         }
     }
 
+    /// Whether this is a tracer (an abstract value inside `jit`, `grad`, `vmap`, ...) rather
+    /// than a concrete array; a tracer's value cannot be read.
     pub fn is_tracer(&self) -> bool {
         matches!(self.repr, Repr::Traced(_))
     }
@@ -286,7 +308,17 @@ impl Tensor {
         })
     }
 
-    /// The elements, row-major. Panics on a dtype mismatch or a tracer.
+    /// The elements, row-major (`np.asarray(x).ravel().tolist()`). Panics on a dtype mismatch
+    /// (no conversion happens: `astype` first) or a tracer; `try_to_vec` returns the error.
+    ///
+    /// ```
+    /// use tessera::prelude::*;
+    ///
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+    /// assert_eq!(x.t().to_vec::<f32>(), vec![1.0, 3.0, 2.0, 4.0]);
+    /// assert!(x.try_to_vec::<i32>().is_err());
+    /// assert_eq!(x.astype(DType::I32).to_vec::<i32>(), vec![1, 2, 3, 4]);
+    /// ```
     #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Vec<T> {
         self.try_to_vec().unwrap_or_else(|e| raise(e))

@@ -12,8 +12,11 @@ use crate::tensor::Tensor;
 /// 1e-8`, NaNs unequal).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tol {
+    /// The tolerance relative to `|desired|`.
     pub rtol: f64,
+    /// The absolute tolerance.
     pub atol: f64,
+    /// Whether a NaN equals a NaN.
     pub equal_nan: bool,
 }
 

@@ -23,15 +23,18 @@ pub enum TreeDef {
     Static(StaticValue),
     /// A container of children.
     Node {
-        /// What kind of node: `tuple`, `vec`, `array`, `option`, `map`, or a struct's name.
+        /// What kind of node: `tuple`, `vec`, `array`, `some`/`none` (an `Option`), `map`,
+        /// `static <type>` (a static number or bool), or a struct's name.
         kind: String,
-        /// Field names or map keys, when the node has them.
+        /// Field names or map keys, when the node has them (a static number's value).
         keys: Vec<String>,
+        /// The subtrees, in flattening order.
         children: Vec<TreeDef>,
     },
 }
 
 impl TreeDef {
+    /// A [`TreeDef::Node`] (what `#[derive(Tree)]` and hand-written [`Tree`] impls build).
     pub fn node(kind: &str, keys: Vec<String>, children: Vec<TreeDef>) -> TreeDef {
         TreeDef::Node {
             kind: kind.to_string(),
@@ -278,7 +281,17 @@ pub fn leaves<T: Tree>(t: &T) -> Vec<Tensor> {
     flatten(t).0
 }
 
-/// Applies `f` to every leaf, keeping the structure.
+/// Applies `f` to every leaf, keeping the structure (`jax.tree.map`).
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// #[derive(Tree, Clone)]
+/// struct Params { w: Tensor, b: Tensor }
+/// let p = Params { w: Tensor::ones([2, 2]), b: Tensor::zeros([2]) };
+/// let q = tree::map(&p, |x| x * 0.5 + 1.0);
+/// assert_eq!((q.w.to_vec::<f32>()[0], q.b.to_vec::<f32>()), (1.5, vec![1.0, 1.0]));
+/// ```
 #[track_caller]
 pub fn map<T: Tree>(t: &T, f: impl FnMut(&Tensor) -> Tensor) -> T {
     let (leaves, def) = flatten(t);
@@ -286,7 +299,20 @@ pub fn map<T: Tree>(t: &T, f: impl FnMut(&Tensor) -> Tensor) -> T {
     unflatten(&def, out).unwrap_or_else(|e| raise(e))
 }
 
-/// Applies `f` to the leaves of two trees of the same structure, pairwise.
+/// Applies `f` to the leaves of two trees of the same structure, pairwise (`jax.tree.map(f,
+/// a, b)`); the result has `a`'s type. Trees of different structures panic, naming both.
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let a = (Tensor::ones([2]), vec![Tensor::scalar(1.0f32)]);
+/// let b = (Tensor::full([2], 3.0), vec![Tensor::scalar(2.0f32)]);
+/// let s = tree::map2(&a, &b, |x, y| x + y);
+/// assert_eq!((s.0.to_vec::<f32>(), s.1[0].item::<f32>()), (vec![4.0, 4.0], 3.0));
+/// let other: (Tensor, Vec<Tensor>) = (Tensor::ones([2]), vec![]);
+/// let mismatch = std::panic::AssertUnwindSafe(|| tree::map2(&a, &other, |x, _| x.clone()));
+/// assert!(std::panic::catch_unwind(mismatch).is_err());
+/// ```
 #[track_caller]
 pub fn map2<T: Tree, U: Tree>(a: &T, b: &U, mut f: impl FnMut(&Tensor, &Tensor) -> Tensor) -> T {
     let (la, da) = flatten(a);

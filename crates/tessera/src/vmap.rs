@@ -29,7 +29,10 @@ use crate::tree::{self, Tree, TreeDef};
 /// (a tuple's elements, a struct's fields in order, a `Vec`'s items).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Axes {
+    /// The mapped dim of every tensor below it (`None`: not mapped; an input is shared by
+    /// every lane).
     Leaf(Option<usize>),
+    /// One child per child of the tree it is matched with; `axes![..]` builds one.
     Node(Vec<Axes>),
 }
 
@@ -118,6 +121,18 @@ pub struct Vmapped<F, In, Out> {
 }
 
 /// `jax.vmap(f)`: maps `f` over dim 0 of every argument, stacking the outputs along dim 0.
+/// Configure with `in_axes`/`out_axes`/`axis_name`, then apply with [`Vmapped::call`].
+///
+/// ```
+/// use tessera::prelude::*;
+///
+/// let dot = |(a, b): &(Tensor, Tensor)| (a * b).sum();
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+/// let b = Tensor::from_vec(vec![1.0f32, 10.0], [2]);
+/// // in_axes=(0, None): one dot per row of `a`, `b` shared.
+/// let out = vmap(dot).in_axes(axes![0, None]).call(&(a, b));
+/// assert_eq!(out.to_vec::<f32>(), vec![21.0, 43.0]);
+/// ```
 pub fn vmap<In: Tree, Out: Tree, F: Fn(&In) -> Out>(f: F) -> Vmapped<F, In, Out> {
     Vmapped {
         f,

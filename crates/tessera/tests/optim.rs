@@ -383,3 +383,21 @@ fn primitives_compose_to_the_aliases() {
     let dist = |p: &Params| optim::global_norm(&tree::map2(p, &target, |a, b| a - b)).item::<f32>();
     assert!(dist(&n[19]) < dist(&params(&fx["init"], &fx)));
 }
+
+/// The builders do not depend on call order: `nesterov` before `momentum` is Nesterov
+/// momentum; a mask on plain Adam decays nothing.
+#[test]
+fn builders_are_order_independent() {
+    let fx = fixture();
+    let a = run(&optim::sgd(0.05).nesterov(true).momentum(0.9), &fx, false);
+    let b = run(&optim::sgd(0.05).momentum(0.9).nesterov(true), &fx, false);
+    let plain = run(&optim::sgd(0.05).momentum(0.9), &fx, false);
+    assert_eq!(a[19]["w"].to_vec::<f32>(), b[19]["w"].to_vec::<f32>());
+    assert_ne!(a[19]["w"].to_vec::<f32>(), plain[19]["w"].to_vec::<f32>());
+    let masked = run(&optim::adam(1e-2).decay_mask(|_| true), &fx, false);
+    let adam = run(&optim::adam(1e-2), &fx, false);
+    assert_eq!(
+        masked[19]["w"].to_vec::<f32>(),
+        adam[19]["w"].to_vec::<f32>()
+    );
+}
