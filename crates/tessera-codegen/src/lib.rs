@@ -16,6 +16,7 @@ pub mod elem;
 pub mod exec;
 pub mod fusion;
 pub mod kernel;
+pub mod legalize;
 pub mod lower;
 pub mod narrow;
 mod native;
@@ -34,6 +35,8 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
     tessera_ir::verify(g)?;
     let widened = narrow::widen(g).map_err(|e| LowerError::Narrow(e.to_string()))?;
     let g = widened.as_ref().unwrap_or(g);
+    let split = legalize::split_wide_concats(g).map_err(|e| LowerError::Legalize(e.to_string()))?;
+    let g = split.as_ref().unwrap_or(g);
     let schedule = fusion::fuse(g);
     let mut kernels = Vec::new();
     let mut kernel_steps = Vec::new();

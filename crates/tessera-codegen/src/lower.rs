@@ -45,6 +45,9 @@ pub enum LowerError {
     /// Rewriting f16/bf16 arithmetic to f32 built an ill-typed op (a bug of `narrow.rs`).
     #[error("computing f16/bf16 in f32: {0}")]
     Narrow(String),
+    /// Splitting a wide op before fusion built an ill-typed op (a bug of `legalize.rs`).
+    #[error("legalizing for codegen: {0}")]
+    Legalize(String),
 }
 
 fn cl<E: std::fmt::Display>(e: E) -> LowerError {

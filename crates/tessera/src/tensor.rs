@@ -120,6 +120,38 @@ impl Tensor {
         Tensor::try_from_vec(data, shape).unwrap_or_else(|e| raise(e))
     }
 
+    /// A tensor from borrowed row-major elements: one copy into the tensor's own buffer
+    /// (`from_vec` takes a `Vec` without copying; a standard-layout `ndarray` array converts
+    /// without copying too). Panics as `from_vec` does; the shape is checked before copying.
+    ///
+    /// ```
+    /// use tessera::prelude::*;
+    ///
+    /// let data = [1.0f32, 2.0, 3.0, 4.0];
+    /// let x = Tensor::from_slice(&data[1..], [3]);
+    /// assert_eq!(x.to_vec::<f32>(), [2.0, 3.0, 4.0]);
+    /// ```
+    #[track_caller]
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>) -> Tensor {
+        let shape = shape.into();
+        let ty = TensorType::new(T::DTYPE, shape.clone());
+        if let Err(message) = ty.check_size() {
+            raise(Error::Op {
+                op: "from_slice".into(),
+                message,
+                location: loc_text(Location::caller()),
+            });
+        }
+        if ty.shape.numel() != data.len() {
+            raise(Error::Op {
+                op: "from_slice".into(),
+                message: format!("{} elements cannot fill shape {}", data.len(), ty.shape),
+                location: loc_text(Location::caller()),
+            });
+        }
+        Tensor::from_vec(data.to_vec(), shape)
+    }
+
     /// `from_vec` that returns the error instead of panicking.
     #[track_caller]
     pub fn try_from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
