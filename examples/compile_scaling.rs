@@ -1,6 +1,7 @@
 //! Compile time against program size (issue 14): the first call of a jit of a `concatenate`
 //! of N scaled copies (`concat N`), of a chain of N tanh layers and its gradient (`chain N`),
-//! and of the gradient through N 8x8 matmul+tanh layers (`mlp N`). With `TESSERA_TIMING=1`
+//! and of the gradient through N 8x8 matmul+tanh layers (`mlp N`); `shapes N` calls one jit on
+//! N shapes and prints the resident memory (the jit cache is bounded). With `TESSERA_TIMING=1`
 //! each compilation prints its per-pass table.
 //!
 //! Run: `TESSERA_TIMING=1 cargo run --release --example compile_scaling -- concat 5000`
@@ -13,7 +14,7 @@ fn main() {
         args.get(1),
         args.get(2).and_then(|n| n.parse::<usize>().ok()),
     ) else {
-        eprintln!("usage: compile_scaling concat|chain|mlp N");
+        eprintln!("usage: compile_scaling concat|chain|mlp|shapes N");
         std::process::exit(2);
     };
     let which = which.as_str();
@@ -69,8 +70,32 @@ fn main() {
             g.call((ws.clone(), Tensor::ones([4, 8]))).unwrap();
             println!("mlp grad {n}: {:.3} s", t.elapsed().as_secs_f64());
         }
+        "shapes" => {
+            // One jit called on N shapes: the bounded cache keeps resident memory flat.
+            let rss = || {
+                std::fs::read_to_string("/proc/self/status")
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find(|l| l.starts_with("VmRSS:"))
+                            .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
+                    })
+                    .unwrap_or_default()
+            };
+            let f = jit(|x: Tensor| (&x * 2.0 + 1.0).tanh());
+            f.call(Tensor::ones([1])).unwrap();
+            let before = rss();
+            for k in 1..=n {
+                f.call(Tensor::ones([k])).unwrap();
+            }
+            println!(
+                "shapes {n}: VmRSS {before} kB after one shape, {} kB after {n}; {} programs kept",
+                rss(),
+                f.cache_len()
+            );
+        }
         other => {
-            eprintln!("unknown workload {other}: concat, chain or mlp");
+            eprintln!("unknown workload {other}: concat, chain, mlp or shapes");
             std::process::exit(2);
         }
     }
