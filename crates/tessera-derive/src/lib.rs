@@ -83,7 +83,7 @@ fn flatten_node(kind: &str, fields: &[FieldInfo]) -> Tokens {
     quote! {
         ::tessera::tree::TreeDef::node(
             #kind,
-            vec![#(::std::string::String::from(#keys)),*],
+            vec![#(::std::borrow::Cow::Borrowed(#keys)),*],
             vec![#(#children),*],
         )
     }

@@ -64,6 +64,9 @@ pub(crate) struct Cache<V> {
     traces: Cell<usize>,
     /// This closure's number among those of its name, for unique dump file names.
     instance: OnceCell<usize>,
+    /// The signature of the last call and its program: a call with the same leaves' types
+    /// and placements and the same structure reuses it without building a `Signature`.
+    last: RefCell<Option<(Signature, Rc<V>)>>,
 }
 
 /// How many closures of each name have dumped (`Dump::from_env`'s prefix): the first is
@@ -94,6 +97,7 @@ impl<V> Cache<V> {
             tick: Cell::new(0),
             traces: Cell::new(0),
             instance: OnceCell::new(),
+            last: RefCell::new(None),
         }
     }
 
@@ -138,6 +142,35 @@ impl<V> Cache<V> {
     /// Forgets every compiled program (an option they were compiled with changed).
     pub(crate) fn clear(&mut self) {
         self.entries.get_mut().clear();
+        *self.last.get_mut() = None;
+    }
+
+    /// The program of the last call when `leaves` and `def` have its signature (`placed`:
+    /// placements are part of it), found without allocating; it becomes the most recently
+    /// used entry.
+    pub(crate) fn last_hit(&self, leaves: &[Tensor], def: &TreeDef, placed: bool) -> Option<Rc<V>> {
+        let last = self.last.borrow();
+        let (sig, v) = last.as_ref()?;
+        let same = sig.def == *def
+            && sig.types.len() == leaves.len()
+            && leaves.iter().zip(&sig.types).all(|(t, ty)| t.ty() == ty)
+            && (!placed
+                || (sig.placements.len() == leaves.len()
+                    && leaves
+                        .iter()
+                        .zip(&sig.placements)
+                        .all(|(t, p)| t.placed_as(p.as_ref()))));
+        if !same {
+            return None;
+        }
+        let tick = self.tick.get() + 1;
+        self.tick.set(tick);
+        match self.entries.borrow_mut().get_mut(sig) {
+            Some((_, used)) => *used = tick,
+            // Evicted since (a capacity change): not a hit.
+            None => return None,
+        }
+        Some(v.clone())
     }
 
     /// How many times the closure has been traced for a compilation.
@@ -156,7 +189,9 @@ impl<V> Cache<V> {
         self.tick.set(tick);
         if let Some((v, used)) = self.entries.borrow_mut().get_mut(&sig) {
             *used = tick;
-            return Ok(v.clone());
+            let v = v.clone();
+            *self.last.borrow_mut() = Some((sig, v.clone()));
+            return Ok(v);
         }
         self.traces.set(self.traces.get() + 1);
         let _span = tracing::info_span!(
@@ -178,7 +213,9 @@ impl<V> Cache<V> {
         while entries.len() >= self.capacity {
             Self::evict(&mut entries);
         }
-        entries.insert(sig, (v.clone(), tick));
+        entries.insert(sig.clone(), (v.clone(), tick));
+        drop(entries);
+        *self.last.borrow_mut() = Some((sig, v.clone()));
         Ok(v)
     }
 }

@@ -370,19 +370,29 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// ```
     #[track_caller]
     pub fn call(&self, args: In) -> Result<Out> {
-        let location = crate::error::loc_text(std::panic::Location::caller());
+        // The caller's `file:line` as text only where an error or a compilation needs it: a
+        // cache hit allocates nothing for it.
+        let caller = std::panic::Location::caller();
+        let location = || crate::error::loc_text(caller);
         if trace::any_active() {
             let (leaves, def) = tree::flatten(&args);
-            let leaves = self.place_inputs(leaves, &def, &location)?;
+            let leaves = self.place_inputs(leaves, &def, &location())?;
             let args: In = tree::unflatten(&def, leaves)?;
             return Ok(self.constrain_outputs((self.f)(args)));
         }
         let (leaves, def) = tree::flatten(&args);
-        let leaves = self.place_inputs(leaves, &def, &location)?;
-        let sig = Signature::placed(&leaves, def);
-        let compiled = self
-            .cache
-            .get_or_compile(sig, |sig, dump| self.compile(sig, dump, &location))?;
+        let leaves = match self.in_shardings {
+            Some(_) => self.place_inputs(leaves, &def, &location())?,
+            None => leaves,
+        };
+        let compiled = match self.cache.last_hit(&leaves, &def, true) {
+            Some(hit) => hit,
+            None => {
+                let sig = Signature::placed(&leaves, def);
+                self.cache
+                    .get_or_compile(sig, |sig, dump| self.compile(sig, dump, &location()))?
+            }
+        };
         match compiled.as_ref() {
             JitEntry::Single {
                 out_def,

@@ -287,6 +287,14 @@ impl Tensor {
     }
 
     /// The placement of a concrete array that lives on a mesh.
+    /// Whether the placement is `spec`, without cloning it.
+    pub(crate) fn placed_as(&self, spec: Option<&tessera_runtime::ShardSpec>) -> bool {
+        match &self.repr {
+            Repr::Concrete(a) => a.spec() == spec,
+            Repr::Traced(_) => spec.is_none(),
+        }
+    }
+
     pub(crate) fn placement(&self) -> Option<tessera_runtime::ShardSpec> {
         match &self.repr {
             Repr::Concrete(a) => a.spec().cloned(),

@@ -25,19 +25,23 @@ pub enum TreeDef {
     Node {
         /// What kind of node: `tuple`, `vec`, `array`, `some`/`none` (an `Option`), `map`,
         /// `static <type>` (a static number or bool), or a struct's name.
-        kind: String,
+        kind: Name,
         /// Field names or map keys, when the node has them (a static number's value).
-        keys: Vec<String>,
+        keys: Vec<Name>,
         /// The subtrees, in flattening order.
         children: Vec<TreeDef>,
     },
 }
 
+/// A node kind or key: borrowed for the names known at compile time (struct, field and
+/// container names), so flattening a tree allocates no strings for them.
+pub type Name = std::borrow::Cow<'static, str>;
+
 impl TreeDef {
     /// A [`TreeDef::Node`] (what `#[derive(Tree)]` and hand-written [`Tree`] impls build).
-    pub fn node(kind: &str, keys: Vec<String>, children: Vec<TreeDef>) -> TreeDef {
+    pub fn node(kind: impl Into<Name>, keys: Vec<Name>, children: Vec<TreeDef>) -> TreeDef {
         TreeDef::Node {
-            kind: kind.to_string(),
+            kind: kind.into(),
             keys,
             children,
         }
@@ -66,7 +70,7 @@ impl TreeDef {
     }
 
     /// The keys of a node (field names, map keys).
-    pub fn keys(&self) -> &[String] {
+    pub fn keys(&self) -> &[Name] {
         match self {
             TreeDef::Leaf | TreeDef::Static(_) => &[],
             TreeDef::Node { keys, .. } => keys,
@@ -85,7 +89,7 @@ impl TreeDef {
                 TreeDef::Static(_) => {}
                 TreeDef::Node { keys, children, .. } => {
                     for (i, c) in children.iter().enumerate() {
-                        let part = keys.get(i).cloned().unwrap_or_else(|| i.to_string());
+                        let part = keys.get(i).map_or_else(|| i.to_string(), |k| k.to_string());
                         let p = if prefix.is_empty() {
                             part
                         } else {
@@ -434,8 +438,8 @@ impl Tree for () {
 /// so `jit` keys its cache on it (one trace per value) and `grad`, `vmap` and `tree::map` pass
 /// it through untouched. Its value is the node's one key, written so that it reads back
 /// exactly (floats by their bits).
-fn static_node(kind: &str, text: String) -> TreeDef {
-    TreeDef::node(kind, vec![text], vec![])
+fn static_node(kind: &'static str, text: String) -> TreeDef {
+    TreeDef::node(kind, vec![Name::Owned(text)], vec![])
 }
 
 /// The text of a static leaf of `kind`, or the mismatch.
@@ -443,7 +447,7 @@ fn static_text<'a>(def: &'a TreeDef, kind: &str) -> Result<&'a str> {
     def.children_of(kind)?;
     def.keys()
         .first()
-        .map(String::as_str)
+        .map(|k| k.as_ref())
         .ok_or_else(|| Error::Tree {
             message: format!("a {kind} static leaf without its value"),
             location: String::from("tree::unflatten"),
@@ -587,7 +591,7 @@ impl<T: Tree> Tree for BTreeMap<String, T> {
     fn flatten_into(&self, leaves: &mut Vec<Tensor>) -> TreeDef {
         TreeDef::node(
             "map",
-            self.keys().cloned().collect(),
+            self.keys().map(|k| Name::Owned(k.clone())).collect(),
             self.values().map(|x| x.flatten_into(leaves)).collect(),
         )
     }
@@ -596,7 +600,7 @@ impl<T: Tree> Tree for BTreeMap<String, T> {
         def.keys()
             .iter()
             .zip(children)
-            .map(|(k, c)| Ok((k.clone(), T::unflatten_from(c, leaves)?)))
+            .map(|(k, c)| Ok((k.to_string(), T::unflatten_from(c, leaves)?)))
             .collect()
     }
 }

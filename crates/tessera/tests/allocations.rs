@@ -1,0 +1,129 @@
+//! Allocations per step in steady state (issue 14), counted by a global allocator on the
+//! test's own thread: a count, not a time, so it is stable in CI. Today's floor is the seed
+//! step's 50 (see `the_seed_step_allocates_a_bounded_amount_per_step`); the goal is the
+//! outputs alone.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tessera::prelude::*;
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static BYTES: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Counting on this thread (the test's; other threads of the harness are not counted).
+    static ON: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn note(bytes: usize) {
+    if ON.with(|c| c.get()) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        note(l.size());
+        // SAFETY: the caller's contract for `alloc` is the system allocator's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` came from `System.alloc` with layout `l` (every allocation goes there).
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        note(l.size());
+        // SAFETY: as `alloc`.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        note(n);
+        // SAFETY: as `dealloc` for `p` and `l`; `n` is the caller's new size.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[derive(Tree, Clone)]
+struct Mlp {
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+}
+
+fn step(p: Mlp, x: Tensor, y: Tensor) -> (Mlp, Tensor) {
+    let (l, g) = value_and_grad(|p: &Mlp| {
+        ((x.matmul(&p.w1) + &p.b1).tanh().matmul(&p.w2) + &p.b2 - &y)
+            .square()
+            .mean()
+    })(&p);
+    (tree::map2(&p, &g, |p, g| p - g * 0.01), l)
+}
+
+/// Allocations and bytes per call of `f` on the same arguments, over `n` calls.
+fn per_step(n: usize, mut f: impl FnMut()) -> (usize, usize) {
+    let (a0, b0) = (
+        ALLOCS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
+    ON.with(|c| c.set(true));
+    for _ in 0..n {
+        f();
+    }
+    ON.with(|c| c.set(false));
+    let (a1, b1) = (
+        ALLOCS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
+    ((a1 - a0) / n, (b1 - b0) / n)
+}
+
+/// The seed training step, params chained, after warm-up: a fixed number of allocations per
+/// step, the same in every window, at most today's 50 (16 more before the cache's
+/// last-signature hit, the lazy caller location and borrowed tree names). Of those, the
+/// outputs the user keeps are 5 buffers and their 5 tensors (3 allocations each); the rest is
+/// the input tree's structure (its child lists), the executable's per-run pointer tables and
+/// the output tree.
+#[test]
+fn the_seed_step_allocates_a_bounded_amount_per_step() {
+    let mut p = Mlp {
+        w1: random::normal(&Key::new(0), [10, 32]) * 0.1,
+        b1: Tensor::zeros([32]),
+        w2: random::normal(&Key::new(3), [32, 1]) * 0.1,
+        b2: Tensor::zeros([1]),
+    };
+    let x = random::normal(&Key::new(1), [256, 10]);
+    let y = random::normal(&Key::new(2), [256, 1]);
+    let f = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
+    for _ in 0..3 {
+        p = f.call((p, x.clone(), y.clone())).unwrap().0;
+    }
+    let mut run = || {
+        let q = std::mem::replace(
+            &mut p,
+            Mlp {
+                w1: x.clone(),
+                b1: x.clone(),
+                w2: x.clone(),
+                b2: x.clone(),
+            },
+        );
+        p = f.call((q, x.clone(), y.clone())).unwrap().0;
+    };
+    let (a, bytes) = per_step(10, &mut run);
+    let (again, _) = per_step(10, &mut run);
+    println!("per step: {a} allocations, {bytes} bytes");
+    assert_eq!(a, again, "the count is the same in every window");
+    assert!(a <= 50, "{a} allocations per step (bound 50)");
+    // The bytes are the outputs (4 parameter buffers and the loss, 1.5 KB) plus bookkeeping.
+    assert!(bytes < 12 * 1024, "{bytes} bytes per step");
+    assert_eq!(f.trace_count(), 1);
+}
