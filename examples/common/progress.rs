@@ -54,6 +54,9 @@ pub fn plot_losses(path: &Path, title: &str, x_label: &str, losses: &[f32]) -> R
         return Err(io("no losses to plot".into()));
     }
     let finite: Vec<f32> = losses.iter().copied().filter(|l| l.is_finite()).collect();
+    if finite.is_empty() {
+        return Err(io("every loss is NaN or infinite: nothing to plot".into()));
+    }
     let lo = finite.iter().copied().fold(f32::INFINITY, f32::min);
     let hi = finite.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let (lo, hi) = if lo < hi {
@@ -79,7 +82,12 @@ pub fn plot_losses(path: &Path, title: &str, x_label: &str, losses: &[f32]) -> R
         .map_err(|e| io(e.to_string()))?;
     chart
         .draw_series(LineSeries::new(
-            losses.iter().enumerate().map(|(i, &l)| (i, l)),
+            // A non-finite loss (a diverged step) is left out of the line.
+            losses
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i, l)),
             &BLUE,
         ))
         .map_err(|e| io(e.to_string()))?;

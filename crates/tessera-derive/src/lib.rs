@@ -7,7 +7,8 @@
 //!   different variants have different structures (`jit` traces each variant once).
 //! - A field marked `#[tree(static)]` is not a tree: it is a static value (any `Clone + Eq +
 //!   Hash + Debug + Send + Sync` type) kept in the structure, as `tessera::tree::Static` is.
-//! - Type parameters get a `Tree` bound.
+//! - A field whose type mentions a type parameter gets the bound it needs (`Tree`, or for a
+//!   static field the static value bounds); parameters themselves get none.
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as Tokens;
@@ -16,8 +17,8 @@ use syn::{Data, DeriveInput, Field, Fields, GenericParam, Ident, parse_macro_inp
 
 #[proc_macro_derive(Tree, attributes(tree))]
 pub fn derive_tree(input: TokenStream) -> TokenStream {
-    let mut input = parse_macro_input!(input as DeriveInput);
-    match expand(&mut input) {
+    let input = parse_macro_input!(input as DeriveInput);
+    match expand(&input) {
         Ok(t) => t.into(),
         Err(e) => e.to_compile_error().into(),
     }
@@ -121,13 +122,48 @@ fn pattern(path: Tokens, fields: &[FieldInfo]) -> Tokens {
     quote!(#path { #(#binds),* })
 }
 
-fn expand(input: &mut DeriveInput) -> syn::Result<Tokens> {
+fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     let name = input.ident.clone();
-    for p in &mut input.generics.params {
-        if let GenericParam::Type(t) = p {
-            t.bounds.push(parse_quote!(::tessera::tree::Tree));
+    // Bounds on the field types, not on the parameters: a parameter used only in a static
+    // field (or a `PhantomData`) needs no `Tree` bound, and a tree field of a generic type
+    // gets exactly the bound it needs.
+    let mut bounds: Vec<syn::WherePredicate> = Vec::new();
+    let field_types: Vec<(&syn::Type, bool)> = match &input.data {
+        Data::Struct(st) => st
+            .fields
+            .iter()
+            .map(|f| Ok((&f.ty, is_static(f)?)))
+            .collect::<syn::Result<_>>()?,
+        Data::Enum(e) => e
+            .variants
+            .iter()
+            .flat_map(|v| v.fields.iter())
+            .map(|f| Ok((&f.ty, is_static(f)?)))
+            .collect::<syn::Result<_>>()?,
+        Data::Union(_) => Vec::new(),
+    };
+    let generic = |ty: &syn::Type| {
+        let text = quote!(#ty).to_string();
+        input.generics.params.iter().any(|p| match p {
+            GenericParam::Type(t) => text
+                .split(|c: char| !c.is_alphanumeric() && c != '_')
+                .any(|w| w == t.ident.to_string()),
+            GenericParam::Lifetime(_) | GenericParam::Const(_) => false,
+        })
+    };
+    for (ty, stat) in field_types {
+        if !generic(ty) {
+            continue;
         }
+        bounds.push(if stat {
+            parse_quote!(#ty: ::std::clone::Clone + ::std::cmp::Eq + ::std::hash::Hash
+                + ::std::fmt::Debug + ::std::marker::Send + ::std::marker::Sync + 'static)
+        } else {
+            parse_quote!(#ty: ::tessera::tree::Tree)
+        });
     }
+    let mut generics = input.generics.clone();
+    generics.make_where_clause().predicates.extend(bounds);
     let (flatten, unflatten) = match &input.data {
         Data::Struct(s) => {
             let fields = fields_of(&s.fields)?;
@@ -167,8 +203,11 @@ fn expand(input: &mut DeriveInput) -> syn::Result<Tokens> {
             }
             let expected = kinds.join(" or ");
             (
-                quote! {
-                    match self { #(#flat_arms),* }
+                if flat_arms.is_empty() {
+                    // No variant: no value exists, and `*self` matches nothing.
+                    quote!(match *self {})
+                } else {
+                    quote!(match self { #(#flat_arms),* })
                 },
                 quote! {
                     #(#builds)*
@@ -186,7 +225,7 @@ fn expand(input: &mut DeriveInput) -> syn::Result<Tokens> {
             ));
         }
     };
-    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     Ok(quote! {
         impl #impl_generics ::tessera::tree::Tree for #name #ty_generics #where_clause {
             #[allow(unused_variables)]

@@ -127,6 +127,8 @@ impl<V> Cache<V> {
 
     pub(crate) fn set_name(&mut self, name: &str) {
         self.options.name = name.to_string();
+        // Numbered again among the closures of the new name at the next compilation.
+        self.instance = OnceCell::new();
     }
 
     pub(crate) fn set_backend(&mut self, backend: Backend) {

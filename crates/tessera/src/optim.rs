@@ -762,8 +762,10 @@ pub fn add_decayed_weights(weight_decay: f64) -> AddDecayedWeights {
 }
 
 impl AddDecayedWeights {
-    /// Decays only the leaves whose path `mask` accepts (`|p| !p.ends_with(".b")` spares the
-    /// biases).
+    /// Decays only the leaves whose path `mask` accepts. Paths are `TreeDef::leaf_paths`'s:
+    /// field names joined by `.` (`"b"` for a top-level field, `"layers.0.b"` inside a
+    /// `Vec`), `"arg"` for a lone tensor; `|p| p != "b" && !p.ends_with(".b")` spares biases
+    /// named `b`.
     pub fn mask(self, mask: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         AddDecayedWeights {
             mask: Some(Arc::new(mask)),

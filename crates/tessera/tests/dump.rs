@@ -204,5 +204,18 @@ fn dump_writes_the_lowered_stages() {
     );
     assert!(!text(fname).contains("sin"));
 
+    // Renamed after a first compilation, a jit is numbered again among the jits of its new
+    // name: it does not overwrite the dumps of another jit of that name.
+    let renamed = jit(|x: Tensor| x.cos());
+    renamed.call(Tensor::ones([2])).unwrap();
+    let renamed = renamed.named("renamed");
+    let other = jit(|x: Tensor| x.sin()).named("renamed");
+    other.call(Tensor::ones([2])).unwrap();
+    other.call(Tensor::ones([3])).unwrap();
+    renamed.call(Tensor::ones([3])).unwrap();
+    let ir = |f: &str| std::fs::read_to_string(dir.join(format!("{f}.00-trace.ir"))).unwrap();
+    assert!(ir("renamed-2").contains("sin"), "{}", ir("renamed-2"));
+    assert!(ir("renamed~2-2").contains("cos"), "{}", ir("renamed~2-2"));
+
     std::fs::remove_dir_all(&dir).unwrap();
 }

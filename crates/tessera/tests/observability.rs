@@ -125,18 +125,20 @@ fn the_jit_cache_is_bounded_and_least_recently_used() {
 /// every placement: a call that differs in any of them is not served the last program.
 #[test]
 fn the_last_call_fast_path_checks_types_structure_and_placement() {
-    // SAFETY: set before the device pool starts; no other test of this binary reads it.
-    unsafe { std::env::set_var("TESSERA_DEVICES", "2") };
     let f = jit(|(x, n): (Tensor, usize)| &x * (n as f32));
     let x = Tensor::ones([4]);
     assert_eq!(f.call((x.clone(), 2)).unwrap().to_vec::<f32>(), [2.0; 4]);
-    assert_eq!(f.call((x.clone(), 3)).unwrap().to_vec::<f32>(), [3.0; 4], "static value");
+    assert_eq!(
+        f.call((x.clone(), 3)).unwrap().to_vec::<f32>(),
+        [3.0; 4],
+        "static value"
+    );
     assert_eq!(f.trace_count(), 2);
     let xi = Tensor::from_vec(vec![1i32; 4], [4]);
     assert_eq!(f.call((xi, 3)).unwrap().dtype(), DType::F32);
     assert_eq!(f.trace_count(), 3, "another dtype");
-    let mesh = Mesh::new([2], ["dp"]);
-    let placed = device_put(x.clone(), NamedSharding::new(&mesh, P!["dp"]));
+    let mesh = Mesh::new([device_count()], ["dp"]);
+    let placed = device_put(x.clone(), NamedSharding::new(&mesh, P![]));
     let y = f.call((placed, 3)).unwrap();
     assert_eq!(f.trace_count(), 4, "another placement");
     assert!(y.sharding().is_some(), "the placed program ran");

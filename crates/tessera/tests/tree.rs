@@ -235,3 +235,38 @@ fn n_ary_map_reduce_and_paths() {
     let differ = std::panic::catch_unwind(|| tree::map3(&a, &b, &other, |x, _, _| x.clone()));
     assert!(differ.is_err(), "map3 of different structures is an error");
 }
+
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+struct Config {
+    depth: usize,
+}
+
+/// A type parameter used only in a static field needs no `Tree` bound, and a `PhantomData`
+/// of one is fine; an enum without variants derives too.
+#[derive(Tree, Clone)]
+struct Generic<A, T> {
+    w: T,
+    #[tree(static)]
+    conf: A,
+    #[tree(static)]
+    marker: std::marker::PhantomData<A>,
+}
+
+#[derive(Tree, Clone)]
+enum Never {}
+
+#[test]
+fn generic_static_fields_need_no_tree_bound() {
+    let g = Generic {
+        w: Tensor::ones([2]),
+        conf: Config { depth: 3 },
+        marker: std::marker::PhantomData,
+    };
+    let (leaves, def) = tree::flatten(&g);
+    assert_eq!(leaves.len(), 1);
+    let back: Generic<Config, Tensor> = tree::unflatten(&def, leaves).unwrap();
+    assert_eq!(back.conf.depth, 3);
+    let f = jit(|g: Generic<Config, Tensor>| &g.w * (g.conf.depth as f32));
+    assert_eq!(f.call(g).unwrap().to_vec::<f32>(), [3.0, 3.0]);
+    assert!(tree::unflatten::<Never>(&TreeDef::node("x", vec![], vec![]), vec![]).is_err());
+}

@@ -24,9 +24,17 @@ fn is_root() -> bool {
 }
 
 fn apt_install(package: &str) -> bool {
+    // Under `timeout`: a held dpkg lock or a dead mirror fails the test instead of hanging it.
     let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends", package])
+        Command::new("timeout")
+            .args([
+                "600",
+                "apt-get",
+                "install",
+                "-y",
+                "--no-install-recommends",
+                package,
+            ])
             .env("DEBIAN_FRONTEND", "noninteractive")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -34,8 +42,8 @@ fn apt_install(package: &str) -> bool {
             .is_ok_and(|s| s.success())
     };
     install()
-        || (Command::new("apt-get")
-            .arg("update")
+        || (Command::new("timeout")
+            .args(["300", "apt-get", "update"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
