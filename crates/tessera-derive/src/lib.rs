@@ -147,7 +147,7 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
         input.generics.params.iter().any(|p| match p {
             GenericParam::Type(t) => text
                 .split(|c: char| !c.is_alphanumeric() && c != '_')
-                .any(|w| w == t.ident.to_string()),
+                .any(|w| t.ident == w),
             GenericParam::Lifetime(_) | GenericParam::Const(_) => false,
         })
     };
