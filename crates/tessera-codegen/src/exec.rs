@@ -27,6 +27,9 @@ pub struct Executable {
     mesh: Option<Mesh>,
     /// The arena, kept between runs so a step allocates nothing.
     arena: RefCell<Vec<u64>>,
+    /// Buffers given back (`recycle`: a donated input's), taken by the next runs' outputs of
+    /// the same dtype and element count instead of allocating.
+    pool: RefCell<Vec<Data>>,
     /// Use both cores for GEMMs this large (m*n*k), when running alone on the machine.
     parallel_gemm_from: usize,
     /// Split elementwise kernels with this many elements over two threads.
@@ -200,6 +203,7 @@ impl Executable {
             dropped: vec![false; schedule.bufs.len()],
             // Allocated by the first run (`run_partial`), where a failure is an error.
             arena: RefCell::new(Vec::new()),
+            pool: RefCell::new(Vec::new()),
             schedule,
             kernels,
             _code: Arc::new(code),
@@ -222,6 +226,7 @@ impl Executable {
             plan: self.plan.clone(),
             mesh: self.mesh.clone(),
             arena: RefCell::new(Vec::new()),
+            pool: RefCell::new(Vec::new()),
             parallel_gemm_from: self.parallel_gemm_from,
             parallel_kernel_from: self.parallel_kernel_from,
             shared_gemm_from: self.shared_gemm_from,
@@ -497,6 +502,27 @@ impl Executable {
         Ok(())
     }
 
+    /// Gives `data` (a buffer no one else holds, a donated input's) to the next runs: an
+    /// output of its dtype and element count is written into it instead of a new vector. At
+    /// most one buffer per program output is kept; the others are freed.
+    pub fn recycle(&self, mut data: Data) {
+        let mut pool = self.pool.borrow_mut();
+        if pool.len() < self.schedule.outputs.len() {
+            data.clear();
+            pool.push(data);
+        }
+    }
+
+    /// A pooled buffer for an output of type `ty`, emptied.
+    fn take_pooled(&self, ty: &TensorType) -> Option<Data> {
+        let mut pool = self.pool.borrow_mut();
+        let n = ty.numel();
+        let at = pool.iter().position(|d| {
+            d.dtype() == ty.dtype && d.capacity() >= n && d.capacity() <= n.max(1) * 2
+        })?;
+        Some(pool.swap_remove(at))
+    }
+
     /// Sizes the arena and gives every buffer its address: an input's or constant's own
     /// elements, a fresh vector for a program output, a place in the arena for a temporary
     /// (none for one no step that runs touches).
@@ -539,7 +565,10 @@ impl Executable {
                 // Never written, never read: no step that touches it runs.
                 BufKind::Temp if self.dropped[i] => std::ptr::null_mut(),
                 BufKind::Temp if self.schedule.outputs.contains(&i) => {
-                    let mut v = out_data(&b.ty)?;
+                    let mut v = match self.take_pooled(&b.ty) {
+                        Some(v) => v,
+                        None => out_data(&b.ty)?,
+                    };
                     let p = v.as_mut_ptr();
                     outs.push((i, v));
                     p

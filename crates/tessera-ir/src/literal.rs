@@ -439,6 +439,35 @@ impl Data {
         self.as_bytes().as_ptr()
     }
 
+    /// How many elements the data has room for without reallocating.
+    pub fn capacity(&self) -> usize {
+        match self {
+            Data::F32(v) => v.capacity(),
+            Data::F64(v) => v.capacity(),
+            Data::I32(v) => v.capacity(),
+            Data::U32(v) => v.capacity(),
+            Data::Bool(v) => v.capacity(),
+            Data::I64(v) => v.capacity(),
+            Data::F16(v) => v.capacity(),
+            Data::BF16(v) => v.capacity(),
+        }
+    }
+
+    /// Removes every element, keeping the allocation (to be filled again, as a recycled
+    /// output buffer).
+    pub fn clear(&mut self) {
+        match self {
+            Data::F32(v) => v.clear(),
+            Data::F64(v) => v.clear(),
+            Data::I32(v) => v.clear(),
+            Data::U32(v) => v.clear(),
+            Data::Bool(v) => v.clear(),
+            Data::I64(v) => v.clear(),
+            Data::F16(v) => v.clear(),
+            Data::BF16(v) => v.clear(),
+        }
+    }
+
     /// Empty data of `dtype` with room for `n` elements, for native code to fill through
     /// [`Data::as_mut_ptr`] before [`Data::set_len`]; an error naming the size when the
     /// allocator has no room.

@@ -200,6 +200,38 @@ impl Array {
         self.host.get().expect("assembled above").clone()
     }
 
+    /// The host literal, moved out, when this array is its only owner (no clone of it, no
+    /// device shards, no other holder of the assembled value); the array back otherwise.
+    pub fn into_unique_literal(self) -> Result<Literal, Array> {
+        if self.shards.is_some() {
+            return Err(self);
+        }
+        let Array { ty, host, shards } = self;
+        let cell = match Arc::try_unwrap(host) {
+            Ok(cell) => cell,
+            Err(host) => return Err(Array { ty, host, shards }),
+        };
+        match cell.into_inner() {
+            Some(lit) => match Arc::try_unwrap(lit) {
+                Ok(lit) => Ok(lit),
+                Err(lit) => {
+                    let cell = OnceLock::new();
+                    let _ = cell.set(lit);
+                    Err(Array {
+                        ty,
+                        host: Arc::new(cell),
+                        shards,
+                    })
+                }
+            },
+            None => Err(Array {
+                ty,
+                host: Arc::new(OnceLock::new()),
+                shards,
+            }),
+        }
+    }
+
     /// A stable identity of the value, for de-duplicating captured constants.
     pub fn buffer_id(&self) -> usize {
         Arc::as_ptr(&self.host) as usize

@@ -647,6 +647,15 @@ pub(crate) enum BackendProgram {
 }
 
 impl BackendProgram {
+    /// Gives a donated input's buffer to the native program's output pool (the interpreter
+    /// allocates its own values: dropped).
+    pub(crate) fn recycle(&self, data: tessera_ir::Data) {
+        match self {
+            BackendProgram::Interpreted(_) => {}
+            BackendProgram::Native(e) => e.recycle(data),
+        }
+    }
+
     pub(crate) fn run(&self, inputs: &[&Literal]) -> Result<Vec<Literal>> {
         match self {
             BackendProgram::Interpreted(g) => Ok(tessera_interp::run_with(

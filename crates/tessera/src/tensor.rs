@@ -287,6 +287,15 @@ impl Tensor {
     }
 
     /// The placement of a concrete array that lives on a mesh.
+    /// The elements, moved out, when this tensor is the only holder of an unplaced buffer
+    /// (what donation recycles); `None` for a shared, placed or traced tensor.
+    pub(crate) fn into_unique_data(self) -> Option<tessera_ir::Data> {
+        match self.repr {
+            Repr::Concrete(a) => a.into_unique_literal().ok().map(|l| l.data),
+            Repr::Traced(_) => None,
+        }
+    }
+
     /// Whether the placement is `spec`, without cloning it.
     pub(crate) fn placed_as(&self, spec: Option<&tessera_runtime::ShardSpec>) -> bool {
         match &self.repr {

@@ -127,3 +127,64 @@ fn the_seed_step_allocates_a_bounded_amount_per_step() {
     assert!(bytes < 12 * 1024, "{bytes} bytes per step");
     assert_eq!(f.trace_count(), 1);
 }
+
+/// Donating the parameters: the next step's parameter outputs are written into the donated
+/// buffers, so each step allocates 4 fewer vectors and the parameters' bytes (1,748 of f32)
+/// less; the values are those of the undonated step, bit for bit. A donated argument another
+/// tensor still shares is not reused, and that tensor keeps its value.
+#[test]
+fn donated_parameters_are_reused_for_the_outputs() {
+    let init = || Mlp {
+        w1: random::normal(&Key::new(0), [10, 32]) * 0.1,
+        b1: Tensor::zeros([32]),
+        w2: random::normal(&Key::new(3), [32, 1]) * 0.1,
+        b2: Tensor::zeros([1]),
+    };
+    let x = random::normal(&Key::new(1), [256, 10]);
+    let y = random::normal(&Key::new(2), [256, 1]);
+    let plain = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
+    let donating = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y)).donate(&[0]);
+    let (mut p, mut q) = (init(), init());
+    for _ in 0..3 {
+        p = plain.call((p, x.clone(), y.clone())).unwrap().0;
+        q = donating.call((q, x.clone(), y.clone())).unwrap().0;
+    }
+    let dummy = || Mlp {
+        w1: x.clone(),
+        b1: x.clone(),
+        w2: x.clone(),
+        b2: x.clone(),
+    };
+    let (a_plain, b_plain) = per_step(10, || {
+        let old = std::mem::replace(&mut p, dummy());
+        p = plain.call((old, x.clone(), y.clone())).unwrap().0;
+    });
+    let (a_don, b_don) = per_step(10, || {
+        let old = std::mem::replace(&mut q, dummy());
+        q = donating.call((old, x.clone(), y.clone())).unwrap().0;
+    });
+    println!(
+        "plain {a_plain} allocations {b_plain} bytes; donated {a_don} allocations {b_don} bytes"
+    );
+    assert_eq!(a_don + 4, a_plain, "the four parameter buffers are reused");
+    assert!(
+        b_plain - b_don >= (320 + 32 + 32 + 1) * 4,
+        "{b_plain} vs {b_don}"
+    );
+    for (a, b) in tree::leaves(&p).iter().zip(tree::leaves(&q).iter()) {
+        assert_eq!(a.to_vec::<f32>(), b.to_vec::<f32>());
+    }
+    // A shared argument is not reused: the clone keeps its value.
+    let kept = q.clone();
+    let before = tree::leaves(&kept)
+        .iter()
+        .map(|t| t.to_vec::<f32>())
+        .collect::<Vec<_>>();
+    let r = donating.call((q, x.clone(), y.clone())).unwrap().0;
+    let after = tree::leaves(&kept)
+        .iter()
+        .map(|t| t.to_vec::<f32>())
+        .collect::<Vec<_>>();
+    assert_eq!(before, after);
+    assert_ne!(tree::leaves(&r)[0].to_vec::<f32>(), before[0]);
+}
