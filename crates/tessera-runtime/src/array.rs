@@ -201,35 +201,14 @@ impl Array {
     }
 
     /// The host literal, moved out, when this array is its only owner (no clone of it, no
-    /// device shards, no other holder of the assembled value); the array back otherwise.
-    pub fn into_unique_literal(self) -> Result<Literal, Array> {
+    /// device shards, no other holder of the assembled value); `None` otherwise, and the
+    /// array is dropped (its clones keep the value).
+    pub fn into_unique_literal(self) -> Option<Literal> {
         if self.shards.is_some() {
-            return Err(self);
+            return None;
         }
-        let Array { ty, host, shards } = self;
-        let cell = match Arc::try_unwrap(host) {
-            Ok(cell) => cell,
-            Err(host) => return Err(Array { ty, host, shards }),
-        };
-        match cell.into_inner() {
-            Some(lit) => match Arc::try_unwrap(lit) {
-                Ok(lit) => Ok(lit),
-                Err(lit) => {
-                    let cell = OnceLock::new();
-                    let _ = cell.set(lit);
-                    Err(Array {
-                        ty,
-                        host: Arc::new(cell),
-                        shards,
-                    })
-                }
-            },
-            None => Err(Array {
-                ty,
-                host: Arc::new(OnceLock::new()),
-                shards,
-            }),
-        }
+        let cell = Arc::try_unwrap(self.host).ok()?;
+        Arc::try_unwrap(cell.into_inner()?).ok()
     }
 
     /// A stable identity of the value, for de-duplicating captured constants.

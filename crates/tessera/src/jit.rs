@@ -284,7 +284,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// Gives the buffers of the donated top-level arguments' leaves (`donate`) to `program`'s
     /// output pool, those no other tensor shares; drops the other leaves. Allocates nothing.
     fn recycle_donated(&self, leaves: Vec<Tensor>, def: &TreeDef, program: &BackendProgram) {
-        let mut recycle = |t: Tensor| {
+        let recycle = |t: Tensor| {
             if let Some(data) = t.into_unique_data() {
                 program.recycle(data);
             }

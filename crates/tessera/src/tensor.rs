@@ -291,7 +291,7 @@ impl Tensor {
     /// (what donation recycles); `None` for a shared, placed or traced tensor.
     pub(crate) fn into_unique_data(self) -> Option<tessera_ir::Data> {
         match self.repr {
-            Repr::Concrete(a) => a.into_unique_literal().ok().map(|l| l.data),
+            Repr::Concrete(a) => a.into_unique_literal().map(|l| l.data),
             Repr::Traced(_) => None,
         }
     }
