@@ -68,6 +68,26 @@ fn step(p: Mlp, x: Tensor, y: Tensor) -> (Mlp, Tensor) {
     (tree::map2(&p, &g, |p, g| p - g * 0.01), l)
 }
 
+/// The seed model's parameters.
+fn init() -> Mlp {
+    Mlp {
+        w1: random::normal(&Key::new(0), [10, 32]) * 0.1,
+        b1: Tensor::zeros([32]),
+        w2: random::normal(&Key::new(3), [32, 1]) * 0.1,
+        b2: Tensor::zeros([1]),
+    }
+}
+
+/// Four placeholders to swap in while the parameters are moved into a call.
+fn placeholder(x: &Tensor) -> Mlp {
+    Mlp {
+        w1: x.clone(),
+        b1: x.clone(),
+        w2: x.clone(),
+        b2: x.clone(),
+    }
+}
+
 /// Allocations and bytes per call of `f` on the same arguments, over `n` calls.
 fn per_step(n: usize, mut f: impl FnMut()) -> (usize, usize) {
     let (a0, b0) = (
@@ -94,12 +114,7 @@ fn per_step(n: usize, mut f: impl FnMut()) -> (usize, usize) {
 /// the output tree.
 #[test]
 fn the_seed_step_allocates_a_bounded_amount_per_step() {
-    let mut p = Mlp {
-        w1: random::normal(&Key::new(0), [10, 32]) * 0.1,
-        b1: Tensor::zeros([32]),
-        w2: random::normal(&Key::new(3), [32, 1]) * 0.1,
-        b2: Tensor::zeros([1]),
-    };
+    let mut p = init();
     let x = random::normal(&Key::new(1), [256, 10]);
     let y = random::normal(&Key::new(2), [256, 1]);
     let f = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
@@ -107,15 +122,7 @@ fn the_seed_step_allocates_a_bounded_amount_per_step() {
         p = f.call((p, x.clone(), y.clone())).unwrap().0;
     }
     let mut run = || {
-        let q = std::mem::replace(
-            &mut p,
-            Mlp {
-                w1: x.clone(),
-                b1: x.clone(),
-                w2: x.clone(),
-                b2: x.clone(),
-            },
-        );
+        let q = std::mem::replace(&mut p, placeholder(&x));
         p = f.call((q, x.clone(), y.clone())).unwrap().0;
     };
     let (a, bytes) = per_step(10, &mut run);
@@ -134,12 +141,6 @@ fn the_seed_step_allocates_a_bounded_amount_per_step() {
 /// tensor still shares is not reused, and that tensor keeps its value.
 #[test]
 fn donated_parameters_are_reused_for_the_outputs() {
-    let init = || Mlp {
-        w1: random::normal(&Key::new(0), [10, 32]) * 0.1,
-        b1: Tensor::zeros([32]),
-        w2: random::normal(&Key::new(3), [32, 1]) * 0.1,
-        b2: Tensor::zeros([1]),
-    };
     let x = random::normal(&Key::new(1), [256, 10]);
     let y = random::normal(&Key::new(2), [256, 1]);
     let plain = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
@@ -149,18 +150,12 @@ fn donated_parameters_are_reused_for_the_outputs() {
         p = plain.call((p, x.clone(), y.clone())).unwrap().0;
         q = donating.call((q, x.clone(), y.clone())).unwrap().0;
     }
-    let dummy = || Mlp {
-        w1: x.clone(),
-        b1: x.clone(),
-        w2: x.clone(),
-        b2: x.clone(),
-    };
     let (a_plain, b_plain) = per_step(10, || {
-        let old = std::mem::replace(&mut p, dummy());
+        let old = std::mem::replace(&mut p, placeholder(&x));
         p = plain.call((old, x.clone(), y.clone())).unwrap().0;
     });
     let (a_don, b_don) = per_step(10, || {
-        let old = std::mem::replace(&mut q, dummy());
+        let old = std::mem::replace(&mut q, placeholder(&x));
         q = donating.call((old, x.clone(), y.clone())).unwrap().0;
     });
     println!(

@@ -22,22 +22,27 @@ impl Write for Buf {
     }
 }
 
-#[test]
-fn compile_steps_and_launches_are_spans_with_durations() {
+/// What a fmt subscriber at `level`, with span close events, prints while `f` runs.
+fn captured(level: tracing::Level, f: impl FnOnce()) -> String {
     let buf = Buf::default();
     let sink = buf.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || sink.clone())
         .with_span_events(FmtSpan::CLOSE)
-        .with_max_level(tracing::Level::DEBUG)
+        .with_max_level(level)
         .with_ansi(false)
         .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    tracing::subscriber::with_default(subscriber, f);
+    String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+}
+
+#[test]
+fn compile_steps_and_launches_are_spans_with_durations() {
+    let out = captured(tracing::Level::DEBUG, || {
         let f = jit(|x: Tensor| (x.tanh() * 1.0).sum()).named("spanned");
         f.call(Tensor::ones([4])).unwrap();
         f.call(Tensor::ones([4])).unwrap();
     });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
     // A close event is printed with the span's parents: `compile{..}:trace{..}: target:
     // close time.busy=..`; the span that closed is the last of the chain.
     let closes = |name: &str| {
@@ -74,18 +79,9 @@ fn compile_steps_and_launches_are_spans_with_durations() {
 /// With the default filter level (INFO), launches (DEBUG) are not reported.
 #[test]
 fn launch_spans_are_debug_level() {
-    let buf = Buf::default();
-    let sink = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_span_events(FmtSpan::CLOSE)
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    let out = captured(tracing::Level::INFO, || {
         jit(|x: Tensor| x.exp()).call(Tensor::ones([2])).unwrap();
     });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
     assert!(out.contains("compile{"), "{out}");
     assert!(!out.contains("launch{"), "{out}");
 }
