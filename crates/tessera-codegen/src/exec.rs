@@ -30,6 +30,8 @@ pub struct Executable {
     /// Buffers given back (`recycle`: a donated input's), taken by the next runs' outputs of
     /// the same dtype and element count instead of allocating.
     pool: RefCell<Vec<Data>>,
+    /// The run's vectors (`Scratch`).
+    scratch: RefCell<Scratch>,
     /// Use both cores for GEMMs this large (m*n*k), when running alone on the machine.
     parallel_gemm_from: usize,
     /// Split elementwise kernels with this many elements over two threads.
@@ -176,12 +178,21 @@ fn out_data(ty: &TensorType) -> Result<Data, InterpError> {
     })
 }
 
-/// The buffers of one run (`Executable::bind`): every buffer's address, and the program
-/// outputs the run allocates (buffer, vector).
-struct Bound {
+/// The vectors of one run, kept between runs so a run allocates none of them: every buffer's
+/// address (`Executable::bind`), a kernel's argument table, and the program outputs the run
+/// allocates (buffer, vector; taken by `collect`).
+#[derive(Default)]
+struct Scratch {
     ptrs: Vec<*mut u8>,
-    outs: Vec<(usize, Data)>,
+    args: Vec<*mut u8>,
+    outs: Vec<(usize, Option<Data>)>,
 }
+
+// SAFETY: every run clears and refills `ptrs` and `args` (`bind`, `run_kernel`) before any of
+// their pointers is dereferenced, and `run_partial` empties them when it returns, so between
+// runs they hold no pointer a thread could use: moving the executable moves plain capacity.
+// The `Data` in `outs` is `Send` on its own.
+unsafe impl Send for Scratch {}
 
 impl Executable {
     pub(crate) fn new(
@@ -204,6 +215,7 @@ impl Executable {
             // Allocated by the first run (`run_partial`), where a failure is an error.
             arena: RefCell::new(Vec::new()),
             pool: RefCell::new(Vec::new()),
+            scratch: RefCell::new(Scratch::default()),
             schedule,
             kernels,
             _code: Arc::new(code),
@@ -227,6 +239,7 @@ impl Executable {
             mesh: self.mesh.clone(),
             arena: RefCell::new(Vec::new()),
             pool: RefCell::new(Vec::new()),
+            scratch: RefCell::new(Scratch::default()),
             parallel_gemm_from: self.parallel_gemm_from,
             parallel_kernel_from: self.parallel_kernel_from,
             shared_gemm_from: self.shared_gemm_from,
@@ -405,18 +418,25 @@ impl Executable {
         collectives: &dyn Collectives,
     ) -> Result<Vec<Option<Literal>>, InterpError> {
         let mut arena = self.arena.borrow_mut();
-        let mut bound = self.bind(&mut arena, inputs)?;
-        self.run_steps(&mut bound.ptrs, collectives)?;
-        Ok(self.collect(bound))
+        let mut scratch = self.scratch.borrow_mut();
+        let Scratch { ptrs, args, outs } = &mut *scratch;
+        let result = self
+            .bind(&mut arena, inputs, ptrs, outs)
+            .and_then(|()| self.run_steps(ptrs, args, collectives))
+            .map(|()| self.collect(ptrs, outs));
+        ptrs.clear();
+        args.clear();
+        outs.clear();
+        result
     }
 
     /// Runs every step that is not skipped on the bound buffers `ptrs`.
     fn run_steps(
         &self,
         ptrs: &mut [*mut u8],
+        args: &mut Vec<*mut u8>,
         collectives: &dyn Collectives,
     ) -> Result<(), InterpError> {
-        let mut args: Vec<*mut u8> = Vec::new();
         // The all-reduce step a shared product did along with its GEMM.
         let mut fused = None;
         for (i, step) in self.schedule.steps.iter().enumerate() {
@@ -424,7 +444,7 @@ impl Executable {
                 continue;
             }
             match &step.kind {
-                StepKind::Kernel(k) => self.run_kernel(i, k, ptrs, &mut args),
+                StepKind::Kernel(k) => self.run_kernel(i, k, ptrs, args),
                 StepKind::Gemm(g) => fused = self.run_gemm(i, g, ptrs, collectives)?,
                 StepKind::Collective(op) => self.run_collective(step, op, ptrs, collectives)?,
                 StepKind::Region(r) => self.run_region(i, r, ptrs, collectives)?,
@@ -489,7 +509,7 @@ impl Executable {
                 },
             });
         }
-        self.run_steps(&mut ptrs, collectives)?;
+        self.run_steps(&mut ptrs, &mut Vec::new(), collectives)?;
         for (k, &b) in outs.iter().enumerate() {
             let n = bufs[b].ty.byte_size();
             if ptrs[b] != outputs[k] && n > 0 {
@@ -526,7 +546,15 @@ impl Executable {
     /// Sizes the arena and gives every buffer its address: an input's or constant's own
     /// elements, a fresh vector for a program output, a place in the arena for a temporary
     /// (none for one no step that runs touches).
-    fn bind(&self, arena: &mut Vec<u64>, inputs: &[&Literal]) -> Result<Bound, InterpError> {
+    fn bind(
+        &self,
+        arena: &mut Vec<u64>,
+        inputs: &[&Literal],
+        ptrs: &mut Vec<*mut u8>,
+        outs: &mut Vec<(usize, Option<Data>)>,
+    ) -> Result<(), InterpError> {
+        ptrs.clear();
+        outs.clear();
         let words = self.plan.arena_bytes.div_ceil(8);
         if arena.len() < words {
             arena
@@ -542,8 +570,7 @@ impl Executable {
         }
         let base = arena.as_mut_ptr() as *mut u8;
         let bufs = &self.schedule.bufs;
-        let mut outs: Vec<(usize, Data)> = Vec::new();
-        let mut ptrs: Vec<*mut u8> = Vec::with_capacity(bufs.len());
+        ptrs.reserve(bufs.len());
         for (i, b) in bufs.iter().enumerate() {
             let p = match &b.kind {
                 BufKind::Input(k) => {
@@ -570,7 +597,7 @@ impl Executable {
                         None => out_data(&b.ty)?,
                     };
                     let p = v.as_mut_ptr();
-                    outs.push((i, v));
+                    outs.push((i, Some(v)));
                     p
                 }
                 // SAFETY: the plan places every temporary inside the arena, which holds
@@ -579,7 +606,7 @@ impl Executable {
             };
             ptrs.push(p);
         }
-        Ok(Bound { ptrs, outs })
+        Ok(())
     }
 
     /// Runs step `i`, the fused kernel `k`, on the bound buffers: split in two halves of its
@@ -934,17 +961,19 @@ impl Executable {
     /// The program's outputs after a run: the vectors `bind` allocated, or copies of the
     /// buffers (an input or constant returned as is, an output returned twice); `None` for a
     /// dropped one.
-    fn collect(&self, Bound { ptrs, outs }: Bound) -> Vec<Option<Literal>> {
+    fn collect(
+        &self,
+        ptrs: &[*mut u8],
+        owned: &mut [(usize, Option<Data>)],
+    ) -> Vec<Option<Literal>> {
         let bufs = &self.schedule.bufs;
-        let mut owned: Vec<(usize, Option<Data>)> = outs
-            .into_iter()
-            .map(|(b, mut v)| {
-                // SAFETY: `v` has room for `numel` elements (`out_data`), and the step that
-                // writes the output buffer ran and wrote every one (bools as 0 or 1).
-                unsafe { v.set_len(bufs[b].ty.numel()) };
-                (b, Some(v))
-            })
-            .collect();
+        for (b, v) in owned.iter_mut() {
+            if let Some(v) = v {
+                // SAFETY: `v` has room for `numel` elements (`out_data` or the pool), and the
+                // step that writes the output buffer ran and wrote every one (bools as 0 or 1).
+                unsafe { v.set_len(bufs[*b].ty.numel()) };
+            }
+        }
         self.schedule
             .outputs
             .iter()
