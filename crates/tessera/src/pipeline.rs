@@ -477,7 +477,13 @@ impl<'a> Pipeline<'a> {
                 match self.target {
                     Target::Single => vec![BackendProgram::Native(Box::new(exe))],
                     Target::Sharded { .. } | Target::PerDevice { .. } => {
-                        let exe = exe.single_threaded();
+                        // Every core runs a device; one device runs on the calling thread
+                        // (`spmd.rs`) and keeps the split GEMMs and kernels.
+                        let exe = if devices == 1 {
+                            exe
+                        } else {
+                            exe.single_threaded()
+                        };
                         (0..devices)
                             .map(|i| {
                                 let exe = if i == 0 {
