@@ -334,6 +334,20 @@ fn examples_plot_the_loss_curve_and_hide_the_bar_off_a_terminal() {
         .unwrap();
     assert_eq!(points.split_whitespace().count(), losses.len(), "{line}");
     assert!(plot_losses(&path, "t", "step", &[]).is_err());
+    // A diverged run: all non-finite is an error; a NaN among finite losses is left out.
+    let err = plot_losses(&path, "t", "step", &[f32::NAN, f32::INFINITY]).unwrap_err();
+    assert!(
+        err.to_string().contains("every loss is NaN or infinite"),
+        "{err}"
+    );
+    plot_losses(&path, "t", "step", &[1.0, f32::NAN, 0.5]).unwrap();
+    let svg = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let line = svg
+        .lines()
+        .find(|l| l.starts_with("<polyline") && l.contains("#0000FF"))
+        .unwrap();
+    assert!(!line.contains("NaN"), "{line}");
 
     assert!(bar(10, "test").is_hidden(), "no terminal under the harness");
 }

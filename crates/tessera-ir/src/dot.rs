@@ -55,9 +55,13 @@ pub fn to_svg(g: &Graph) -> Result<String, String> {
             format!("Graphviz `dot` could not be run ({e}); install it: {INSTALL_GRAPHVIZ}")
         })?;
     // Writer and readers on their own threads: a large graph fills the pipes both ways.
-    let mut stdin = child.stdin.take().ok_or("dot: no stdin")?;
-    let mut stdout = child.stdout.take().ok_or("dot: no stdout")?;
-    let mut stderr = child.stderr.take().ok_or("dot: no stderr")?;
+    let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err("dot: its pipes were not set up".into());
+    };
     let text = to_dot(g);
     let writer = std::thread::spawn(move || stdin.write_all(text.as_bytes()));
     let out = std::thread::spawn(move || {
@@ -70,7 +74,15 @@ pub fn to_svg(g: &Graph) -> Result<String, String> {
     });
     let deadline = Instant::now() + SVG_TIMEOUT;
     let status = loop {
-        match child.try_wait().map_err(|e| format!("dot: {e}"))? {
+        let state = match child.try_wait() {
+            Ok(state) => state,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("dot: {e}"));
+            }
+        };
+        match state {
             Some(status) => break status,
             None if Instant::now() >= deadline => {
                 let _ = child.kill();

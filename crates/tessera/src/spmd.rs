@@ -2,7 +2,7 @@
 //! program per device (`Pipeline::schedule`), launched together on the device threads
 //! (`tessera_runtime::launch`), with the shared-memory collectives connecting them.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 
 use tessera_ir::{Literal, Mesh};
 use tessera_runtime::{LaunchError, launch};
@@ -39,12 +39,32 @@ impl DeviceProgram {
         // One device: no other device to meet, so the program runs on the calling thread, as a
         // one-device jit does (its collectives are over groups of one: `SingleDevice`). The
         // hand-off to a device thread and back cost a third of the seed step.
+        // As on a device thread: a program still in use is `Busy` (never a wait), and a
+        // panic while it runs is a device failure, not an unwind into the caller.
         if let ([program], [ins]) = (self.programs.as_slice(), inputs.as_slice()) {
+            let device = self.devices[0];
+            let program = match program.try_lock() {
+                Ok(p) => p,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    return Err(launch_error(LaunchError::Busy { device }));
+                }
+            };
             let refs: Vec<&Literal> = ins.iter().map(|l| l.as_ref()).collect();
-            let program = program.lock().unwrap_or_else(|p| p.into_inner());
-            return Ok(vec![
-                program.run_partial(&refs, &tessera_interp::SingleDevice)?,
-            ]);
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                program.run_partial(&refs, &tessera_interp::SingleDevice)
+            }));
+            return match run {
+                Ok(outputs) => Ok(vec![outputs?]),
+                Err(payload) => {
+                    let message = payload
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "a panic without a message".into());
+                    Err(launch_error(LaunchError::Panicked { device, message }))
+                }
+            };
         }
         let inputs = Arc::new(inputs);
         launch(
