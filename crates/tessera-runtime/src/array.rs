@@ -34,10 +34,17 @@ impl ShardSpec {
     pub fn is_replicated(&self) -> bool {
         is_replicated(&self.dims)
     }
+
+    /// The mesh positions this process holds shards of (`process::local_positions`): all of
+    /// them in a one-process run.
+    pub fn local_positions(&self) -> Vec<usize> {
+        crate::process::local_positions(&self.devices)
+    }
 }
 
-/// A global array: its type, and its elements on the host or as one shard per device.
-/// Buffers are shared and immutable, so cloning is cheap.
+/// A global array: its type, and its elements on the host or as one shard per device of this
+/// process (every device in a one-process run; in a run over several processes, each holds
+/// only the shards of its own devices). Buffers are shared and immutable, so cloning is cheap.
 #[derive(Clone, Debug)]
 pub struct Array {
     ty: TensorType,
@@ -120,8 +127,9 @@ impl Array {
     pub fn shard(&self, spec: ShardSpec) -> Array {
         // A replicated array is one buffer that every device reads (buffers are immutable):
         // no copies, and devices running at once share it in the caches.
+        let positions = spec.local_positions();
         if spec.is_replicated() {
-            let shards = vec![self.literal_arc(); spec.devices.len()];
+            let shards = vec![self.literal_arc(); positions.len()];
             return Array {
                 ty: self.ty.clone(),
                 host: self.host.clone(),
@@ -130,7 +138,8 @@ impl Array {
         }
         let global = self.literal();
         let local = spec.local_type(&self.ty);
-        let shards = (0..spec.devices.len())
+        let shards = positions
+            .into_iter()
             .map(|pos| {
                 let mut data = Data::zeros(local.dtype, local.numel());
                 copy_shard(
@@ -162,35 +171,60 @@ impl Array {
         self.shards.as_ref().map(|(s, _)| s)
     }
 
-    /// The shard of each mesh position.
+    /// The shard of each of this process's mesh positions (`ShardSpec::local_positions`,
+    /// every position in a one-process run), in position order.
     pub fn shards(&self) -> Option<&[Arc<Literal>]> {
         self.shards.as_ref().map(|(_, v)| v.as_slice())
     }
 
+    /// Whether this process can read the whole value: it is on the host, replicated with a
+    /// shard here, or every shard is here (always, in a one-process run).
+    pub fn is_fully_addressable(&self) -> bool {
+        match &self.shards {
+            None => true,
+            Some((spec, shards)) => {
+                self.host.get().is_some()
+                    || shards.len() == spec.devices.len()
+                    || (spec.is_replicated() && !shards.is_empty())
+            }
+        }
+    }
+
+    /// `literal`, or why this process cannot read the value (its shards are on other
+    /// processes: `tessera::distributed::process_allgather` gathers them).
+    pub fn try_literal(&self) -> Result<&Literal, String> {
+        if self.is_fully_addressable() {
+            return Ok(self.literal());
+        }
+        let spec = self.spec().expect("a host value is addressable");
+        Err(format!(
+            "a {} split as {:?} over {} devices of which this process holds {}: it is not \
+             fully addressable here (gather it with distributed::process_allgather, or read \
+             its local shards)",
+            self.ty,
+            spec.dims,
+            spec.devices.len(),
+            self.shards().map_or(0, |s| s.len())
+        ))
+    }
+
     /// The whole array's elements on the host, assembled from the shards on first use.
+    ///
+    /// # Panics
+    /// When this process does not hold every shard (`try_literal` says why).
     pub fn literal(&self) -> &Literal {
         self.host.get_or_init(|| {
             let (spec, shards) = self
                 .shards
                 .as_ref()
                 .expect("an array has a host value or shards");
-            if spec.is_replicated() {
+            if spec.is_replicated() && !shards.is_empty() {
                 return shards[0].clone();
             }
-            let mut data = Data::zeros(self.ty.dtype, self.ty.numel());
-            for (pos, s) in shards.iter().enumerate() {
-                copy_shard(
-                    s,
-                    &mut data,
-                    self.ty.dims(),
-                    &spec.shard_range(&self.ty, pos),
-                    true,
-                );
+            if shards.len() != spec.devices.len() {
+                panic!("{}", self.try_literal().unwrap_err());
             }
-            Arc::new(Literal {
-                ty: self.ty.clone(),
-                data,
-            })
+            Arc::new(Array::assemble(&self.ty, spec, shards))
         })
     }
 
@@ -209,6 +243,31 @@ impl Array {
         }
         let cell = Arc::try_unwrap(self.host).ok()?;
         Arc::try_unwrap(cell.into_inner()?).ok()
+    }
+
+    /// The block of `global` at `at` ((offset, size) per dim, inside it) as a value of its
+    /// own: a process's part of a value, or a shard.
+    pub fn copy_block(global: &Literal, at: &[(usize, usize)]) -> Result<Literal, String> {
+        let dims = global.ty.dims();
+        if at.len() != dims.len() || at.iter().zip(dims).any(|(&(o, s), &d)| o + s > d) {
+            return Err(format!("the block {at:?} does not lie inside a {}", global.ty));
+        }
+        let ty = TensorType::new(global.ty.dtype, at.iter().map(|&(_, s)| s).collect::<Vec<_>>());
+        let mut data = Data::zeros(ty.dtype, ty.numel());
+        copy_shard(global, &mut data, &[], at, false);
+        Ok(Literal { ty, data })
+    }
+
+    /// The global value of type `ty` from the shards of every position of `spec`.
+    pub fn assemble(ty: &TensorType, spec: &ShardSpec, shards: &[Arc<Literal>]) -> Literal {
+        let mut data = Data::zeros(ty.dtype, ty.numel());
+        for (pos, s) in shards.iter().enumerate() {
+            copy_shard(s, &mut data, ty.dims(), &spec.shard_range(ty, pos), true);
+        }
+        Literal {
+            ty: ty.clone(),
+            data,
+        }
     }
 
     /// A stable identity of the value, for de-duplicating captured constants.

@@ -75,6 +75,11 @@ impl<'a> SharedCollectives<'a> {
         }
     }
 
+    /// How many meetings this member has taken a seat at (the next one's sequence number).
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq.get()
+    }
+
     /// The device id of mesh position `p`.
     fn id_of(&self, p: usize) -> usize {
         self.device_ids.get(p).copied().unwrap_or(p)

@@ -18,6 +18,7 @@ use tessera_transport::rendezvous::Rendezvous;
 use tessera_transport::{YIELDS_BEFORE_PARKING, show};
 
 use crate::collectives::{SharedCollectives, collective_timeout};
+use crate::process::{local_index, try_device_count};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -30,7 +31,7 @@ fn devices() -> Result<&'static Devices, String> {
     static DEVICES: OnceLock<Result<Devices, String>> = OnceLock::new();
     DEVICES
         .get_or_init(|| {
-            let n = try_device_count()?;
+            let n = try_local_device_count()?;
             let senders = (0..n)
                 .map(|d| {
                     let (tx, rx) = channel::<Job>();
@@ -67,10 +68,10 @@ fn receive<T>(rx: &std::sync::mpsc::Receiver<T>) -> Option<T> {
     rx.recv().ok()
 }
 
-/// The number of host devices: `TESSERA_DEVICES`, or the number of cores when it is unset or
-/// empty (an empty value counts as unset). Read once per process. Anything but a positive
-/// integer is an error that says so.
-pub fn try_device_count() -> Result<usize, String> {
+/// The number of this process's host devices: `TESSERA_DEVICES`, or the number of cores when
+/// it is unset or empty (an empty value counts as unset). Read once per process. Anything but
+/// a positive integer is an error that says so. (`try_device_count` is the global count.)
+pub fn try_local_device_count() -> Result<usize, String> {
     static COUNT: OnceLock<Result<usize, String>> = OnceLock::new();
     COUNT
         .get_or_init(|| {
@@ -101,7 +102,7 @@ pub fn parse_device_count(v: Option<&str>) -> Result<usize, String> {
     }
 }
 
-/// The number of host devices (`try_device_count`).
+/// The number of host devices over all processes (`try_device_count`).
 ///
 /// # Panics
 /// When `TESSERA_DEVICES` is set to anything but a positive integer, with the message of
@@ -177,6 +178,52 @@ pub fn launch<X: Send + 'static, T: Send + 'static, E: Send + 'static>(
     launch_with_timeout(devices_used, executables, timeout, run)
 }
 
+/// The program that `launch_spanning` runs on each device: `run(executable, transport,
+/// position)`, the transport spanning processes.
+pub type SpanningFn<X, T, E> =
+    dyn Fn(&X, &dyn tessera_transport::Collectives, usize) -> Result<T, E> + Send + Sync;
+
+/// The launch of this process's positions of `mesh` over the global devices `devices` (one
+/// per position, row-major): `executables[k]` runs the `k`-th of them
+/// (`process::local_positions`). The collectives are the shared-memory ones inside the
+/// process and, for a step whose group spans processes, one exchange through the processes'
+/// link (`spanning`); with one process, the shared-memory ones alone. Results in the order of
+/// the local positions.
+pub fn launch_spanning<X: Send + 'static, T: Send + 'static, E: Send + 'static>(
+    mesh: &tessera_ir::Mesh,
+    devices: &[usize],
+    executables: Arc<Vec<Mutex<X>>>,
+    run: Arc<SpanningFn<X, T, E>>,
+) -> Result<Vec<T>, LaunchError<E>> {
+    let timeout = collective_timeout().map_err(LaunchError::Config)?;
+    let positions = crate::process::local_positions(devices);
+    let link = crate::process::link().filter(|_| crate::process::processes_of(devices).len() > 1);
+    let Some(link) = link else {
+        return launch_positions(
+            devices,
+            &positions,
+            executables,
+            timeout,
+            Arc::new(move |x: &X, c: &SharedCollectives<'_>, p| run(x, c, p)),
+        );
+    };
+    let (mesh, all, mine) = (
+        Arc::new(mesh.clone()),
+        Arc::new(devices.to_vec()),
+        Arc::new(positions.clone()),
+    );
+    launch_positions(
+        devices,
+        &positions,
+        executables,
+        timeout,
+        Arc::new(move |x: &X, c: &SharedCollectives<'_>, p| {
+            let spanning = crate::spanning::Spanning::new(c, &mesh, &all, &mine, link);
+            run(x, &spanning, p)
+        }),
+    )
+}
+
 static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(0);
 
 /// `launch` with the collective timeout `timeout`.
@@ -191,18 +238,46 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
     timeout: Duration,
     run: Arc<DeviceFn<X, T, E>>,
 ) -> Result<Vec<T>, LaunchError<E>> {
+    let positions: Vec<usize> = (0..devices_used.len()).collect();
+    launch_positions(devices_used, &positions, executables, timeout, run)
+}
+
+/// The launch of mesh positions `positions` (this process's) of a mesh over the global
+/// devices `devices_used` (one per position): `executables[k]` runs position `positions[k]`
+/// on its device's thread; results in the order of `positions`.
+pub(crate) fn launch_positions<X: Send + 'static, T: Send + 'static, E: Send + 'static>(
+    devices_used: &[usize],
+    positions: &[usize],
+    executables: Arc<Vec<Mutex<X>>>,
+    timeout: Duration,
+    run: Arc<DeviceFn<X, T, E>>,
+) -> Result<Vec<T>, LaunchError<E>> {
     let d = devices().map_err(LaunchError::Config)?;
-    if let Some(&bad) = devices_used.iter().find(|&&x| x >= d.senders.len()) {
+    let global = try_device_count().map_err(LaunchError::Config)?;
+    if let Some(&bad) = devices_used.iter().find(|&&x| x >= global) {
         return Err(LaunchError::Config(format!(
-            "device {bad} does not exist: there are {} (TESSERA_DEVICES)",
-            d.senders.len()
+            "device {bad} does not exist: there are {global} (TESSERA_DEVICES)",
         )));
     }
-    if executables.len() != devices_used.len() {
+    let threads: Vec<usize> = positions
+        .iter()
+        .map(|&p| {
+            devices_used
+                .get(p)
+                .and_then(|&dev| local_index(dev))
+                .filter(|&t| t < d.senders.len())
+                .ok_or_else(|| {
+                    LaunchError::Config(format!(
+                        "mesh position {p} is not a device of this process"
+                    ))
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    if executables.len() != positions.len() {
         return Err(LaunchError::Config(format!(
             "{} executables for {} devices",
             executables.len(),
-            devices_used.len()
+            positions.len()
         )));
     }
     // One launch at a time: two launches whose jobs queue on the devices in different orders
@@ -215,7 +290,8 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
     let rendezvous = Arc::new(Rendezvous::with_timeout(timeout));
     let ids: Arc<Vec<usize>> = Arc::new(devices_used.to_vec());
     let (tx, rx) = channel::<(usize, Answer<T, E>)>();
-    for (pos, &dev) in devices_used.iter().enumerate() {
+    for (k, (&pos, &thread)) in positions.iter().zip(&threads).enumerate() {
+        let dev = devices_used[pos];
         let (run, exes, shared, ids, tx) = (
             run.clone(),
             executables.clone(),
@@ -226,7 +302,7 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
         let job: Job = Box::new(move || {
             let coll = SharedCollectives::new(&shared, id, pos, &ids);
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let exe = match exes[pos].try_lock() {
+                let exe = match exes[k].try_lock() {
                     Ok(exe) => exe,
                     // A run that panicked: the executable keeps nothing from it but scratch.
                     Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -248,9 +324,9 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
             if !matches!(answer, Answer::Done(_)) {
                 coll.give_up();
             }
-            let _ = tx.send((pos, answer));
+            let _ = tx.send((k, answer));
         });
-        let sent = d.senders[dev]
+        let sent = d.senders[thread]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(job);
@@ -262,7 +338,7 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
         }
     }
     drop(tx);
-    let n = devices_used.len();
+    let n = positions.len();
     let mut answers: Vec<Option<Answer<T, E>>> = (0..n).map(|_| None).collect();
     let mut deadline: Option<Instant> = None;
     for _ in 0..n {
@@ -278,9 +354,9 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
     }
     let root = rendezvous
         .first_to_give_up()
-        .and_then(|dev| devices_used.iter().position(|&x| x == dev));
-    let failure = |pos: usize, a: Answer<T, E>| {
-        let device = devices_used[pos];
+        .and_then(|dev| positions.iter().position(|&p| devices_used[p] == dev));
+    let failure = |k: usize, a: Answer<T, E>| {
+        let device = devices_used[positions[k]];
         match a {
             Answer::Done(_) => None,
             Answer::Failed(error) => Some(LaunchError::Failed { device, error }),
@@ -296,8 +372,8 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
     }
     if answers.iter().any(|a| !matches!(a, Some(Answer::Done(_)))) {
         let missing: Vec<usize> = (0..n)
-            .filter(|&p| answers[p].is_none())
-            .map(|p| devices_used[p])
+            .filter(|&k| answers[k].is_none())
+            .map(|k| devices_used[positions[k]])
             .collect();
         for (pos, a) in answers.into_iter().enumerate() {
             if let Some(e) = a.and_then(|a| failure(pos, a)) {

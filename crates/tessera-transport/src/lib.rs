@@ -18,6 +18,7 @@
 //!
 //! Architecture invariant: `tessera-transport` depends on `tessera-ir` only.
 
+pub mod process;
 pub mod rendezvous;
 pub mod values;
 

@@ -457,7 +457,13 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
             } => {
                 let inputs: Vec<&Literal> = leaves
                     .iter()
-                    .map(|t| t.try_array().map(|a| a.literal()))
+                    .map(|t| {
+                        t.try_array()?.try_literal().map_err(|m| Error::Op {
+                            op: "jit".into(),
+                            message: format!("an input: {m}"),
+                            location: location(),
+                        })
+                    })
                     .collect::<Result<_>>()?;
                 let outputs = {
                     let _span =
@@ -487,17 +493,24 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     .iter()
                     .map(|t| t.try_array())
                     .collect::<Result<_>>()?;
-                let inputs: Vec<Vec<Arc<Literal>>> = (0..program.devices.len())
-                    .map(|pos| {
+                let local = program.positions.len();
+                let inputs: Vec<Vec<Arc<Literal>>> = (0..local)
+                    .map(|k| {
                         arrays
                             .iter()
                             .map(|a| match a.shards() {
-                                Some(s) => s[pos].clone(),
-                                None => a.literal_arc(),
+                                Some(s) if s.len() == local => Ok(s[k].clone()),
+                                _ => a.try_literal().map(|_| a.literal_arc()).map_err(|m| {
+                                    Error::Op {
+                                        op: "jit".into(),
+                                        message: format!("an input: {m}"),
+                                        location: location(),
+                                    }
+                                }),
                             })
-                            .collect()
+                            .collect::<Result<_>>()
                     })
-                    .collect();
+                    .collect::<Result<_>>()?;
                 let mut per_device = {
                     let _span =
                         tracing::debug_span!("launch", function = self.cache.options.name.as_str())
@@ -517,7 +530,9 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                         // first device computes it (`Pipeline::schedule`'s `first_only`) and
                         // its buffer serves all, as `device_put` does: the next step's devices
                         // read one copy of the parameters instead of eight.
-                        let shards: Vec<Arc<Literal>> = if is_replicated(&out_specs[o]) {
+                        let shards: Vec<Arc<Literal>> = if outs.is_empty() {
+                            Vec::new()
+                        } else if is_replicated(&out_specs[o]) {
                             let first = outs[0].take().expect("the first device computes all");
                             let first = Arc::new(first);
                             (0..outs.len()).map(|_| first.clone()).collect()
@@ -543,6 +558,13 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     .rev()
                     .collect();
                 if let Some(checker) = checker {
+                    if tessera_runtime::processes_of(&program.devices).len() > 1 {
+                        return Err(Error::Config(
+                            "checked mode (TESSERA_CHECK=1, .checked(true)) runs the global \
+                             program on the host: it needs every shard in one process"
+                                .into(),
+                        ));
+                    }
                     // The global values, assembled on the host.
                     let inputs: Vec<&Literal> = arrays.iter().map(|a| a.literal()).collect();
                     let want = checker.check_ops(&inputs)?;
@@ -612,7 +634,14 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     .clone()
                     .expect("`partition` gives every output's sharding");
                 let first_only: Vec<bool> = out_specs.iter().map(is_replicated).collect();
-                let programs = pipeline.schedule(&lowered, devices.len(), &first_only)?;
+                crate::distributed::check_same_program(
+                    &self.cache.options.name,
+                    lowered.program(),
+                    &devices,
+                    location,
+                )?;
+                let local = tessera_runtime::local_positions(&devices).len();
+                let programs = pipeline.schedule(&lowered, local, &first_only)?;
                 JitEntry::Sharded {
                     out_types: lowered.out_types(),
                     program: DeviceProgram::new(programs, mesh, devices),

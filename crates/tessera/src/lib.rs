@@ -22,6 +22,7 @@ pub mod check;
 pub mod checkpoint;
 pub mod control;
 pub mod conv;
+pub mod distributed;
 pub mod einsum;
 pub mod error;
 pub mod fwd;
@@ -76,7 +77,8 @@ pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
 pub use tessera_ir::{DType, DotDims};
-pub use tessera_runtime::{device_count, shared_gemm_count};
+pub use distributed::{device_count, local_device_count};
+pub use tessera_runtime::shared_gemm_count;
 pub use vmap::{Axes, Vmapped, vmap};
 
 /// What a user program imports: `use tessera::prelude::*;`.

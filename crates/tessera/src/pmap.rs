@@ -273,6 +273,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                 "no input is mapped (in_axes is None for every one, or there are no inputs)".into(),
             ));
         };
+        crate::distributed::auto().map_err(fail)?;
         let devices = try_device_count().map_err(fail)?;
         if n == 0 || n > devices {
             return Err(fail(format!(
@@ -296,8 +297,11 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .iter()
             .map(|t| t.try_array().map(|a| a.literal_arc()))
             .collect::<Result<_>>()?;
-        let inputs: Vec<Vec<Arc<Literal>>> = (0..n)
-            .map(|p| {
+        let inputs: Vec<Vec<Arc<Literal>>> = compiled
+            .program
+            .positions
+            .iter()
+            .map(|&p| {
                 hosts
                     .iter()
                     .zip(&spec)
@@ -311,7 +315,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         let per_device = {
             let _span = tracing::debug_span!("launch", function = self.cache.options.name.as_str())
                 .entered();
-            compiled.program.run(inputs)?
+            let local = compiled.program.run(inputs)?;
+            crate::distributed::gather_positions(&compiled.program.devices, local)?
         };
         let n_out = per_device[0].len();
         let mut columns: Vec<Vec<Literal>> = (0..n_out).map(|_| Vec::with_capacity(n)).collect();
@@ -380,11 +385,14 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
 
     fn compile(&self, sig: &Signature, n: usize, dump: Dump, location: &str) -> Result<PmapEntry> {
         let (mut pipeline, lowered) = self.run_passes(sig, n, dump, location, false)?;
-        let programs = pipeline.schedule(&lowered, n, &[])?;
+        let devices: Vec<usize> = (0..n).collect();
+        crate::distributed::check_same_program(&self.cache.options.name, lowered.program(), &devices, location)?;
+        let local = tessera_runtime::local_positions(&devices).len();
+        let programs = pipeline.schedule(&lowered, local, &[])?;
         let Target::PerDevice { mesh } = pipeline.target() else {
             unreachable!("pmap's pipeline runs for its mesh")
         };
-        let program = DeviceProgram::new(programs, mesh.clone(), (0..n).collect());
+        let program = DeviceProgram::new(programs, mesh.clone(), devices);
         pipeline.report_timing()?;
         Ok(PmapEntry {
             out_def: lowered.out_def,

@@ -81,6 +81,7 @@ impl Mesh {
             return Err(fail(format!("an axis of size 0 in {shape:?}")));
         }
         let n: usize = shape.iter().product();
+        crate::distributed::auto().map_err(fail)?;
         let devices = try_device_count().map_err(fail)?;
         if n > devices {
             return Err(fail(format!(

@@ -5,43 +5,55 @@
 use std::sync::{Arc, Mutex, TryLockError};
 
 use tessera_ir::{Literal, Mesh};
-use tessera_runtime::{LaunchError, launch};
+use tessera_runtime::{LaunchError, launch_spanning, local_positions};
 
 use crate::error::{Error, Result};
 use crate::pipeline::BackendProgram;
 
-/// A per-device program compiled for every device of a mesh.
+/// A per-device program compiled for this process's devices of a mesh (every device in a
+/// one-process run).
 pub(crate) struct DeviceProgram {
     pub(crate) mesh: Mesh,
+    /// The global device of every mesh position.
     pub(crate) devices: Vec<usize>,
+    /// The mesh positions this process runs (`local_positions`), ascending.
+    pub(crate) positions: Vec<usize>,
     programs: Arc<Vec<Mutex<BackendProgram>>>,
 }
 
 impl DeviceProgram {
-    /// `programs[p]` runs on device `devices[p]` (mesh position `p`).
+    /// `programs[k]` runs the `k`-th of this process's mesh positions (`local_positions`),
+    /// on its device.
     pub(crate) fn new(
         programs: Vec<BackendProgram>,
         mesh: Mesh,
         devices: Vec<usize>,
     ) -> DeviceProgram {
-        assert_eq!(programs.len(), devices.len(), "one program per device");
+        let positions = local_positions(&devices);
+        assert_eq!(programs.len(), positions.len(), "one program per local device");
         DeviceProgram {
             mesh,
             devices,
+            positions,
             programs: Arc::new(programs.into_iter().map(Mutex::new).collect()),
         }
     }
 
-    /// Runs the program on every device; `inputs[p]` are mesh position `p`'s inputs. Returns
-    /// each position's outputs, or the error of the device that failed first (a timeout, a
-    /// panic, a bad `TESSERA_COLLECTIVE_TIMEOUT`); the program stays fit for the next call.
+    /// Runs the program on this process's devices; `inputs[k]` are the inputs of mesh
+    /// position `positions[k]`. Returns their outputs, or the error of the device that failed
+    /// first (a timeout, a panic, a bad `TESSERA_COLLECTIVE_TIMEOUT`, another process's
+    /// failure); the program stays fit for the next call.
     pub(crate) fn run(&self, inputs: Vec<Vec<Arc<Literal>>>) -> Result<Vec<Vec<Option<Literal>>>> {
         // One device: no other device to meet, so the program runs on the calling thread, as a
         // one-device jit does (its collectives are over groups of one: `SingleDevice`). The
         // hand-off to a device thread and back cost a third of the seed step.
         // As on a device thread: a program still in use is `Busy` (never a wait), and a
         // panic while it runs is a device failure, not an unwind into the caller.
-        if let ([program], [ins]) = (self.programs.as_slice(), inputs.as_slice()) {
+        if let ([program], [ins], [_]) = (
+            self.programs.as_slice(),
+            inputs.as_slice(),
+            self.devices.as_slice(),
+        ) {
             let device = self.devices[0];
             let program = match program.try_lock() {
                 Ok(p) => p,
@@ -67,11 +79,16 @@ impl DeviceProgram {
             };
         }
         let inputs = Arc::new(inputs);
-        launch(
+        let positions = Arc::new(self.positions.clone());
+        launch_spanning(
+            &self.mesh,
             &self.devices,
             self.programs.clone(),
             Arc::new(move |program: &BackendProgram, coll, pos| {
-                let refs: Vec<&Literal> = inputs[pos].iter().map(|l| l.as_ref()).collect();
+                let k = positions.binary_search(&pos).map_err(|_| {
+                    Error::Device(format!("mesh position {pos} is not this process's"))
+                })?;
+                let refs: Vec<&Literal> = inputs[k].iter().map(|l| l.as_ref()).collect();
                 program.run_partial(&refs, coll)
             }),
         )
