@@ -238,8 +238,9 @@ impl ProcessLink for MpiLink {
     ) -> Result<Vec<u8>, String> {
         let mut state = lock();
         if self.broken.load(Ordering::SeqCst) {
-            return Err("an earlier exchange between processes failed, so they are out of step"
-                .into());
+            return Err(
+                "an earlier exchange between processes failed, so they are out of step".into(),
+            );
         }
         let r = self.gather(&mut state, processes, mine, timeout);
         if r.is_err() {

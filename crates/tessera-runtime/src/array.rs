@@ -250,9 +250,15 @@ impl Array {
     pub fn copy_block(global: &Literal, at: &[(usize, usize)]) -> Result<Literal, String> {
         let dims = global.ty.dims();
         if at.len() != dims.len() || at.iter().zip(dims).any(|(&(o, s), &d)| o + s > d) {
-            return Err(format!("the block {at:?} does not lie inside a {}", global.ty));
+            return Err(format!(
+                "the block {at:?} does not lie inside a {}",
+                global.ty
+            ));
         }
-        let ty = TensorType::new(global.ty.dtype, at.iter().map(|&(_, s)| s).collect::<Vec<_>>());
+        let ty = TensorType::new(
+            global.ty.dtype,
+            at.iter().map(|&(_, s)| s).collect::<Vec<_>>(),
+        );
         let mut data = Data::zeros(ty.dtype, ty.numel());
         copy_shard(global, &mut data, &[], at, false);
         Ok(Literal { ty, data })

@@ -17,9 +17,7 @@ pub use device::{
     DeviceFn, LaunchError, SpanningFn, device_count, launch, launch_spanning, launch_with_timeout,
     parse_device_count, try_local_device_count,
 };
-pub use process::{
-    local_positions, process_count, process_index, processes_of, try_device_count,
-};
+pub use process::{local_positions, process_count, process_index, processes_of, try_device_count};
 pub use shared_gemm::shared_gemm_count;
 pub use tessera_transport::rendezvous::Rendezvous;
 pub use tessera_transport::values::{append_bytes, from_bytes};

@@ -29,9 +29,11 @@ static COUNTED: AtomicBool = AtomicBool::new(false);
 /// run's: they would name other devices than the global list.
 pub fn join(link: Box<dyn ProcessLink>) -> Result<(), String> {
     if COUNTED.load(Ordering::SeqCst) {
-        return Err("the devices were already counted for a one-process run (a Mesh, \
+        return Err(
+            "the devices were already counted for a one-process run (a Mesh, \
              device_count() or a launch came first): call it before any of them"
-            .into());
+                .into(),
+        );
     }
     let mut link = Some(link);
     WORLD.get_or_init(|| World {

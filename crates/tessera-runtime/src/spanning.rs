@@ -134,7 +134,10 @@ impl<'a> Spanning<'a> {
             let result = self.cross(op, seq, &x.ty, &operands).map(Arc::new);
             seat.advance(3, Some(Item::Everyone(result)));
         }
-        let items = seat.wait(Barrier::elected(3, "did not finish the exchange between processes"))?;
+        let items = seat.wait(Barrier::elected(
+            3,
+            "did not finish the exchange between processes",
+        ))?;
         seat.leave();
         match items.into_iter().next() {
             Some(Item::Everyone(r)) => r,
@@ -181,7 +184,9 @@ impl<'a> Spanning<'a> {
             }
         }
         mine.resize(block, 0);
-        let timeout = self.local.rendezvous.timeout();
+        // Short of the meeting's own timeout, so that the process's other devices, waiting
+        // for this one, hear why (the others did not answer) rather than time out on it.
+        let timeout = self.local.rendezvous.timeout().mul_f64(0.9);
         let all = self
             .link
             .all_gather(&processes, &mine, timeout)
@@ -229,7 +234,9 @@ impl<'a> Spanning<'a> {
             return Ok(None);
         }
         let all = self.everyone(op, x)?;
-        Ok(Some(group.members.iter().map(|&p| all[p].clone()).collect()))
+        Ok(Some(
+            group.members.iter().map(|&p| all[p].clone()).collect(),
+        ))
     }
 }
 

@@ -51,9 +51,11 @@ fn start() -> std::result::Result<(), String> {
 #[cfg(not(feature = "mpi"))]
 fn start() -> std::result::Result<(), String> {
     if under_mpirun() {
-        return Err("this process was started by mpirun, but tessera was built without its \
+        return Err(
+            "this process was started by mpirun, but tessera was built without its \
              `mpi` feature, so each process would run alone: build with --features mpi"
-            .into());
+                .into(),
+        );
     }
     Ok(())
 }
@@ -90,13 +92,17 @@ pub(crate) fn auto() -> std::result::Result<(), String> {
     STARTED.get_or_init(start).clone()
 }
 
-/// This process's index, `jax.process_index()` (0 in a one-process run).
+/// This process's index, `jax.process_index()` (0 in a one-process run). Initializes on
+/// first use, as a `Mesh` does (a failure to join shows in the next `Mesh` or `initialize`).
 pub fn process_index() -> usize {
+    let _ = auto();
     tessera_runtime::process_index()
 }
 
-/// The number of processes, `jax.process_count()`.
+/// The number of processes, `jax.process_count()`. Initializes on first use, as
+/// `process_index` does.
 pub fn process_count() -> usize {
+    let _ = auto();
     tessera_runtime::process_count()
 }
 
@@ -170,8 +176,13 @@ pub(crate) fn check_same_program(
         location: location.to_string(),
     };
     let text = tessera_ir::print::print(graph);
-    let mine = bytes_of(&[0x5445_5353_4552_4131, fnv(text.as_bytes()), text.len() as u64]);
-    let all = words(&gather(&processes, &mine, "comparing the program between processes").map_err(fail)?);
+    let mine = bytes_of(&[
+        0x5445_5353_4552_4131,
+        fnv(text.as_bytes()),
+        text.len() as u64,
+    ]);
+    let all =
+        words(&gather(&processes, &mine, "comparing the program between processes").map_err(fail)?);
     let rows: Vec<&[u64]> = all.chunks_exact(3).collect();
     if rows.iter().all(|r| r == &rows[0]) {
         return Ok(());
@@ -179,15 +190,25 @@ pub(crate) fn check_same_program(
     let longest = rows.iter().map(|r| r[2]).max().unwrap_or(0) as usize;
     let mut padded = text.into_bytes();
     padded.resize(longest, 0);
-    let texts = gather(&processes, &padded, "comparing the program between processes")
-        .map_err(fail)?;
+    let texts = gather(
+        &processes,
+        &padded,
+        "comparing the program between processes",
+    )
+    .map_err(fail)?;
     let texts: Vec<String> = texts
         .chunks_exact(longest.max(1))
         .zip(&rows)
         .map(|(t, r)| String::from_utf8_lossy(&t[..(r[2] as usize).min(t.len())]).into_owned())
         .collect();
-    let k = rows.iter().position(|r| r != &rows[0]).expect("two rows differ");
-    let (a, b) = (texts[0].lines().collect::<Vec<_>>(), texts[k].lines().collect::<Vec<_>>());
+    let k = rows
+        .iter()
+        .position(|r| r != &rows[0])
+        .expect("two rows differ");
+    let (a, b) = (
+        texts[0].lines().collect::<Vec<_>>(),
+        texts[k].lines().collect::<Vec<_>>(),
+    );
     let line = (0..a.len().max(b.len()))
         .find(|&i| a.get(i) != b.get(i))
         .unwrap_or(0);
@@ -233,7 +254,9 @@ pub(crate) fn gather_positions(
     let mut mine = bytes_of(&[0x5445_5353_4552_4132, per_position as u64]);
     for outs in &local {
         for o in outs {
-            let o = o.as_ref().ok_or_else(|| fail("an output was not computed".into()))?;
+            let o = o
+                .as_ref()
+                .ok_or_else(|| fail("an output was not computed".into()))?;
             tessera_runtime::append_bytes(o, &mut mine);
         }
     }
@@ -265,7 +288,10 @@ pub(crate) fn gather_positions(
 /// process must pass the same local shape; a local size that the process's shards do not
 /// divide is an error on every process.
 #[track_caller]
-pub fn make_array_from_process_local_data(sharding: &NamedSharding, local: &Tensor) -> Result<Tensor> {
+pub fn make_array_from_process_local_data(
+    sharding: &NamedSharding,
+    local: &Tensor,
+) -> Result<Tensor> {
     let location = loc_text(Location::caller());
     let fail = |message: String| Error::Op {
         op: "make_array_from_process_local_data".into(),
@@ -319,7 +345,9 @@ pub fn make_array_from_process_local_data(sharding: &NamedSharding, local: &Tens
     if link().is_some() && processes.len() > 1 && processes.contains(&process_index()) {
         let mut mine = vec![ty.dtype as u64, ty.rank() as u64];
         mine.extend(ty.dims().iter().map(|&d| d as u64));
-        let all = words(&gather(&processes, &bytes_of(&mine), "comparing the local shapes").map_err(fail)?);
+        let all = words(
+            &gather(&processes, &bytes_of(&mine), "comparing the local shapes").map_err(fail)?,
+        );
         let rows: Vec<&[u64]> = all.chunks_exact(mine.len()).collect();
         if let Some(k) = rows.iter().position(|r| *r != mine.as_slice()) {
             return Err(fail(format!(
@@ -354,7 +382,9 @@ pub fn make_array_from_process_local_data(sharding: &NamedSharding, local: &Tens
         })
         .collect::<std::result::Result<Vec<_>, String>>()
         .map_err(fail)?;
-    Ok(Tensor::from_array(Array::from_shards(global_ty, spec, shards)))
+    Ok(Tensor::from_array(Array::from_shards(
+        global_ty, spec, shards,
+    )))
 }
 
 /// The whole value of `x` on every process, its shards gathered from the processes that hold
@@ -374,8 +404,13 @@ pub fn process_allgather(x: &Tensor) -> Result<Tensor> {
         return Ok(x.clone());
     };
     let processes = processes_of(&spec.devices);
-    if link().is_none() || processes.len() < 2 || (array.is_fully_addressable() && spec.is_replicated()) {
-        return Ok(Tensor::from_literal(array.try_literal().map_err(fail)?.clone()));
+    if link().is_none()
+        || processes.len() < 2
+        || (array.is_fully_addressable() && spec.is_replicated())
+    {
+        return Ok(Tensor::from_literal(
+            array.try_literal().map_err(fail)?.clone(),
+        ));
     }
     let shard_ty = spec.local_type(array.ty());
     let size = shard_ty.byte_size();
@@ -397,9 +432,13 @@ pub fn process_allgather(x: &Tensor) -> Result<Tensor> {
         if theirs[..16] != mine[..16] {
             return Err(fail(format!("process {q} gathers another value")));
         }
-        for (j, p) in (0..spec.devices.len()).filter(|&p| owner(p) == q).enumerate() {
+        for (j, p) in (0..spec.devices.len())
+            .filter(|&p| owner(p) == q)
+            .enumerate()
+        {
             let at = 16 + j * size;
-            shards[p] = tessera_runtime::from_bytes(&shard_ty, &theirs[at..at + size]).map(std::sync::Arc::new);
+            shards[p] = tessera_runtime::from_bytes(&shard_ty, &theirs[at..at + size])
+                .map(std::sync::Arc::new);
         }
     }
     let shards: Vec<_> = shards

@@ -56,6 +56,7 @@ pub use cache::DEFAULT_CAPACITY as DEFAULT_CACHE_CAPACITY;
 pub use control::{
     checkpoint, cond, custom_vjp, fori_loop, scan, stop_gradient, switch, while_loop,
 };
+pub use distributed::{device_count, local_device_count};
 pub use einsum::einsum;
 pub use error::{Error, Result};
 pub use fwd::{Linearized, hessian, jacfwd, jacrev, jvp, linearize};
@@ -77,7 +78,6 @@ pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
 pub use tessera_ir::{DType, DotDims};
-pub use distributed::{device_count, local_device_count};
 pub use tessera_runtime::shared_gemm_count;
 pub use vmap::{Axes, Vmapped, vmap};
 

@@ -30,7 +30,11 @@ impl DeviceProgram {
         devices: Vec<usize>,
     ) -> DeviceProgram {
         let positions = local_positions(&devices);
-        assert_eq!(programs.len(), positions.len(), "one program per local device");
+        assert_eq!(
+            programs.len(),
+            positions.len(),
+            "one program per local device"
+        );
         DeviceProgram {
             mesh,
             devices,

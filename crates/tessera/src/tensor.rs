@@ -350,7 +350,12 @@ impl Tensor {
         // Read before the closure below: a closure does not inherit `#[track_caller]`.
         let location = loc_text(Location::caller());
         let a = self.try_array()?;
-        T::from_data(&a.literal().data).ok_or_else(|| Error::Op {
+        let literal = a.try_literal().map_err(|message| Error::Op {
+            op: "to_vec".into(),
+            message,
+            location: location.clone(),
+        })?;
+        T::from_data(&literal.data).ok_or_else(|| Error::Op {
             op: "to_vec".into(),
             message: format!("the tensor holds {}, not {}", a.ty().dtype, T::DTYPE),
             location,
