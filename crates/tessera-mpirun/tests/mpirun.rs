@@ -83,10 +83,9 @@ fn mpirun(np: usize, devices: usize, bin: &str, args: &[&str], env: &[(&str, &st
         String::from_utf8_lossy(&stdout),
         String::from_utf8_lossy(&stderr)
     );
-    for r in 0..np {
+    for (r, out) in ranks.iter().enumerate() {
         all += &format!(
-            "\n--- rank {r} stdout:\n{}--- rank {r} stderr:\n{}",
-            ranks[r],
+            "\n--- rank {r} stdout:\n{out}--- rank {r} stderr:\n{}",
             read(r, "stderr")
         );
     }

@@ -582,6 +582,39 @@ pub unsafe fn copy_view(
     }
 }
 
+/// Appends `x`'s elements to `out` as bytes, in memory order (bools as 0 or 1): the form a
+/// value crosses between processes in (`process`).
+pub fn append_bytes(x: &Literal, out: &mut Vec<u8>) {
+    let n = x.ty.dtype.byte_width() * x.data.len();
+    // SAFETY: `data_ptr` points to `x.data.len()` initialized elements of the dtype, `n`
+    // bytes, and every element type has no padding (bools are one byte, 0 or 1).
+    out.extend_from_slice(unsafe { std::slice::from_raw_parts(data_ptr(&x.data), n) });
+}
+
+/// A value of type `ty` from the bytes `append_bytes` wrote (`None` when their length is not
+/// the type's size). Any bytes give a valid value: a bool is `true` for any nonzero byte.
+pub fn from_bytes(ty: &TensorType, bytes: &[u8]) -> Option<Literal> {
+    let n = ty.numel();
+    if bytes.len() != n.checked_mul(ty.dtype.byte_width())? {
+        return None;
+    }
+    let data = if ty.dtype == DType::Bool {
+        Data::Bool(bytes.iter().map(|&b| b != 0).collect())
+    } else {
+        let mut data = Data::zeros(ty.dtype, n);
+        // SAFETY: `data` holds `n` elements of the dtype, `bytes.len()` bytes (checked above),
+        // in a separate allocation; every bit pattern is a valid number of these types.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), data_ptr_mut(&mut data), bytes.len())
+        };
+        data
+    };
+    Some(Literal {
+        ty: ty.clone(),
+        data,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -629,37 +662,21 @@ mod tests {
             .to_string();
         assert!(e.contains("operands differ"), "{e}");
     }
-}
 
-/// Appends `x`'s elements to `out` as bytes, in memory order (bools as 0 or 1): the form a
-/// value crosses between processes in (`process`).
-pub fn append_bytes(x: &Literal, out: &mut Vec<u8>) {
-    let n = x.ty.dtype.byte_width() * x.data.len();
-    // SAFETY: `data_ptr` points to `x.data.len()` initialized elements of the dtype, `n`
-    // bytes, and every element type has no padding (bools are one byte, 0 or 1).
-    out.extend_from_slice(unsafe { std::slice::from_raw_parts(data_ptr(&x.data), n) });
-}
-
-/// A value of type `ty` from the bytes `append_bytes` wrote (`None` when their length is not
-/// the type's size). Any bytes give a valid value: a bool is `true` for any nonzero byte.
-pub fn from_bytes(ty: &TensorType, bytes: &[u8]) -> Option<Literal> {
-    let n = ty.numel();
-    if bytes.len() != n.checked_mul(ty.dtype.byte_width())? {
-        return None;
+    #[test]
+    fn values_cross_as_bytes_and_back() {
+        let x = Literal::new([3], Data::F32(vec![1.5, -0.0, f32::NAN])).unwrap();
+        let mut bytes = vec![7];
+        append_bytes(&x, &mut bytes);
+        assert_eq!(bytes.len(), 13);
+        let back = from_bytes(&x.ty, &bytes[1..]).unwrap();
+        assert!(back.data.bits_eq(&x.data));
+        assert!(
+            from_bytes(&x.ty, &bytes).is_none(),
+            "a wrong length is refused"
+        );
+        let b = TensorType::new(DType::Bool, vec![3]);
+        let bools = from_bytes(&b, &[0, 1, 9]).unwrap();
+        assert!(bools.data.bits_eq(&Data::Bool(vec![false, true, true])));
     }
-    let data = if ty.dtype == DType::Bool {
-        Data::Bool(bytes.iter().map(|&b| b != 0).collect())
-    } else {
-        let mut data = Data::zeros(ty.dtype, n);
-        // SAFETY: `data` holds `n` elements of the dtype, `bytes.len()` bytes (checked above),
-        // in a separate allocation; every bit pattern is a valid number of these types.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), data_ptr_mut(&mut data), bytes.len())
-        };
-        data
-    };
-    Some(Literal {
-        ty: ty.clone(),
-        data,
-    })
 }

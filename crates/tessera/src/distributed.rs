@@ -325,19 +325,18 @@ pub fn make_array_from_process_local_data(
     };
     let mut global = Vec::with_capacity(ty.rank());
     let mut held: Vec<Vec<usize>> = Vec::with_capacity(ty.rank());
-    for d in 0..ty.rank() {
+    for (d, (&size, &shards)) in ty.dims().iter().zip(&n_shards).enumerate() {
         let mut mine: Vec<usize> = positions.iter().map(|&p| index_of(p)[d]).collect();
         mine.sort_unstable();
         mine.dedup();
         let c = mine.len().max(1);
-        if ty.dims()[d] % c != 0 {
+        if size % c != 0 {
             return Err(fail(format!(
-                "dim {d} of the local {ty} holds {c} shards of this process's devices, and {} \
-                 does not divide into {c}",
-                ty.dims()[d]
+                "dim {d} of the local {ty} holds {c} shards of this process's devices, and \
+                 {size} does not divide into {c}"
             )));
         }
-        global.push(ty.dims()[d] / c * n_shards[d]);
+        global.push(size / c * shards);
         held.push(mine);
     }
     // Every process must pass the same local shape (checked between them).
