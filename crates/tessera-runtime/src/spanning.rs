@@ -50,7 +50,14 @@ pub struct Spanning<'a> {
 #[derive(Clone)]
 enum Item {
     Operand(Arc<Literal>),
-    Everyone(Result<Arc<Vec<Arc<Literal>>>, TransportError>),
+    Everyone(Result<Arc<Exchange>, TransportError>),
+}
+
+/// What the elected member publishes: every position's operand and, for an all-reduce whose
+/// group is the same for all of this process's devices, the reduction, done once.
+struct Exchange {
+    operands: Vec<Arc<Literal>>,
+    reduced: Option<(Vec<usize>, Arc<Literal>)>,
 }
 
 /// The collectives' codes in the blocks' headers.
@@ -109,12 +116,15 @@ impl<'a> Spanning<'a> {
         spans
     }
 
-    /// Every mesh position's operand (stages 1-3 of the module doc).
+    /// Every mesh position's operand (stages 1-3 of the module doc); with `reduce`, an
+    /// all-reduce of `group`, which the elected member computes once when every device of this
+    /// process is in that group (the others would each compute the same).
     fn everyone(
         &self,
         op: &'static str,
-        x: &Literal,
-    ) -> Result<Arc<Vec<Arc<Literal>>>, TransportError> {
+        x: Arc<Literal>,
+        reduce: Option<(ReduceKind, &Group)>,
+    ) -> Result<Arc<Exchange>, TransportError> {
         let me = self
             .positions
             .iter()
@@ -128,10 +138,28 @@ impl<'a> Spanning<'a> {
         let mut seat = self
             .local
             .seat::<Item, ()>(&group, op, "between processes".into());
-        let (operands, ()) = seat.arrive(Item::Operand(Arc::new(x.clone())), |_| (), false)?;
+        let (operands, ()) = seat.arrive(Item::Operand(x.clone()), |_| (), false)?;
         if seat.advance_and_elect(2, false) {
             let seq = self.local.seq() - 1;
-            let result = self.cross(op, seq, &x.ty, &operands).map(Arc::new);
+            let result = self.cross(op, seq, &x.ty, &operands).and_then(|operands| {
+                let reduced = match reduce {
+                    Some((kind, group)) if self.one_group(group) => {
+                        let v: Vec<&Literal> = group
+                            .members
+                            .iter()
+                            .map(|&p| operands[p].as_ref())
+                            .collect();
+                        let data = values::reduce_widened(kind, &v, 0..x.data.len())?;
+                        let sum = Literal {
+                            ty: x.ty.clone(),
+                            data,
+                        };
+                        Some((group.members.clone(), Arc::new(sum)))
+                    }
+                    _ => None,
+                };
+                Ok(Arc::new(Exchange { operands, reduced }))
+            });
             seat.advance(3, Some(Item::Everyone(result)));
         }
         let items = seat.wait(Barrier::elected(
@@ -148,7 +176,15 @@ impl<'a> Spanning<'a> {
         }
     }
 
-    /// The call between processes: this process's operands out, every position's in.
+    /// Whether every position of this process has `group` as its group over `group.axes`.
+    fn one_group(&self, group: &Group) -> bool {
+        self.positions
+            .iter()
+            .all(|&p| Group::of(self.mesh, &group.axes, p).members == group.members)
+    }
+
+    /// The call between processes: this process's operands out, every position's in (this
+    /// process's own as they are, the others' decoded from their blocks).
     fn cross(
         &self,
         op: &'static str,
@@ -187,9 +223,10 @@ impl<'a> Spanning<'a> {
         // Short of the meeting's own timeout, so that the process's other devices, waiting
         // for this one, hear why (the others did not answer) rather than time out on it.
         let timeout = self.local.rendezvous.timeout().mul_f64(0.9);
+        let header: Vec<u8> = mine[..HEADER].to_vec();
         let all = self
             .link
-            .all_gather(&processes, &mine, timeout)
+            .all_gather(&processes, mine, timeout)
             .map_err(|e| invalid(format!("between processes: {e}")))?;
         if all.len() != block * processes.len() {
             return Err(invalid(format!(
@@ -199,8 +236,9 @@ impl<'a> Spanning<'a> {
             )));
         }
         let mut out: Vec<Option<Arc<Literal>>> = vec![None; self.devices.len()];
+        let me = crate::process::process_index();
         for (k, (theirs, positions)) in all.chunks(block).zip(&per_process).enumerate() {
-            if theirs[..HEADER] != mine[..HEADER] {
+            if theirs[..HEADER] != header[..] {
                 let q = processes[k];
                 return Err(TransportError::Mismatch {
                     op,
@@ -208,6 +246,14 @@ impl<'a> Spanning<'a> {
                     me: self.devices[self.local.position],
                     seq,
                 });
+            }
+            if processes[k] == me {
+                for (&p, item) in positions.iter().zip(operands) {
+                    if let Item::Operand(v) = item {
+                        out[p] = Some(v.clone());
+                    }
+                }
+                continue;
             }
             for (j, &p) in positions.iter().enumerate() {
                 let at = HEADER + j * value_bytes;
@@ -233,9 +279,13 @@ impl<'a> Spanning<'a> {
         if !self.spans(&group.axes) {
             return Ok(None);
         }
-        let all = self.everyone(op, x)?;
+        let all = self.everyone(op, Arc::new(x.clone()), None)?;
         Ok(Some(
-            group.members.iter().map(|&p| all[p].clone()).collect(),
+            group
+                .members
+                .iter()
+                .map(|&p| all.operands[p].clone())
+                .collect(),
         ))
     }
 }
@@ -255,13 +305,24 @@ impl Collectives for Spanning<'_> {
         kind: ReduceKind,
         x: &Literal,
     ) -> Result<Literal, TransportError> {
-        match self.members("all_reduce", group, x)? {
-            None => self.local.all_reduce(group, kind, x),
-            Some(v) => Ok(Literal {
-                ty: x.ty.clone(),
-                data: values::reduce_widened(kind, &refs(&v), 0..x.data.len())?,
-            }),
+        if !self.spans(&group.axes) {
+            return self.local.all_reduce(group, kind, x);
         }
+        let all = self.everyone("all_reduce", Arc::new(x.clone()), Some((kind, group)))?;
+        if let Some((members, sum)) = &all.reduced
+            && *members == group.members
+        {
+            return Ok(sum.as_ref().clone());
+        }
+        let v: Vec<&Literal> = group
+            .members
+            .iter()
+            .map(|&p| all.operands[p].as_ref())
+            .collect();
+        Ok(Literal {
+            ty: x.ty.clone(),
+            data: values::reduce_widened(kind, &v, 0..x.data.len())?,
+        })
     }
 
     fn all_gather(
@@ -317,7 +378,9 @@ impl Collectives for Spanning<'_> {
         }
     }
 
-    /// In place over shared memory when the step stays inside processes; by copy otherwise.
+    /// In place over shared memory when the step stays inside processes; otherwise the
+    /// operand is copied out once and the sum (computed once for the process when its devices
+    /// share the group) copied into `out`.
     unsafe fn all_reduce_buffers(
         &self,
         group: &Group,
@@ -327,8 +390,38 @@ impl Collectives for Spanning<'_> {
         out: *mut u8,
     ) -> Result<(), TransportError> {
         if self.spans(&group.axes) {
-            // SAFETY: forwarded from the caller.
-            unsafe { tessera_transport::all_reduce_by_copy(self, group, kind, ty, input, out) }
+            // SAFETY: the caller's contract: `input` holds an initialized value of type `ty`.
+            let x = Arc::new(unsafe { values::literal_from_raw(ty, input) });
+            let all = self.everyone("all_reduce", x.clone(), Some((kind, group)))?;
+            let owned;
+            let sum: &Literal = match &all.reduced {
+                Some((members, sum)) if *members == group.members => sum,
+                _ => {
+                    let v: Vec<&Literal> = group
+                        .members
+                        .iter()
+                        .map(|&p| all.operands[p].as_ref())
+                        .collect();
+                    owned = Literal {
+                        ty: ty.clone(),
+                        data: values::reduce_widened(kind, &v, 0..ty.numel())?,
+                    };
+                    &owned
+                }
+            };
+            if sum.ty.dtype != ty.dtype || sum.data.len() != ty.numel() {
+                return Err(TransportError::Invalid {
+                    op: "all_reduce",
+                    message: format!("a {} for a {ty}", sum.ty),
+                });
+            }
+            // SAFETY: `sum` holds `ty.numel()` elements of `ty.dtype` (checked above), the
+            // `ty.byte_size()` bytes `out` has room for (the caller's contract); `sum` is this
+            // call's own allocation, so they do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(values::data_ptr(&sum.data), out, ty.byte_size())
+            };
+            Ok(())
         } else {
             // SAFETY: forwarded from the caller.
             unsafe { self.local.all_reduce_buffers(group, kind, ty, input, out) }

@@ -19,13 +19,14 @@ pub trait ProcessLink: Send + Sync {
     fn count(&self) -> usize;
 
     /// Every process's `mine` in the order of `processes` (ascending, this one among them),
-    /// concatenated. Fails when the others do not answer within `timeout`, or the engine
+    /// concatenated. `mine` is moved in: past a deadline the engine may still read it, so the
+    /// link keeps it alive forever rather than free it under the engine. Fails when the others do not answer within `timeout`, or the engine
     /// reports an error; after a failure the processes are out of step, and every later call
     /// fails at once.
     fn all_gather(
         &self,
         processes: &[usize],
-        mine: &[u8],
+        mine: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, String>;
 }

@@ -142,7 +142,7 @@ fn fnv(bytes: &[u8]) -> u64 {
 fn gather(processes: &[usize], mine: &[u8], what: &str) -> std::result::Result<Vec<u8>, String> {
     let link = link().ok_or("no link between processes")?;
     let timeout = collective_timeout()?;
-    link.all_gather(processes, mine, timeout)
+    link.all_gather(processes, mine.to_vec(), timeout)
         .map_err(|e| format!("{what}: {e}"))
 }
 
