@@ -292,3 +292,75 @@ fn a_failing_process_leaves_the_others_an_error_within_the_timeout() {
     assert!(run.took < Duration::from_secs(60), "{:?}", run.took);
     assert!(run.all.contains("process 1 gives up"), "{}", run.all);
 }
+
+/// A mesh of half the devices leaves processes out: its exchanges are point-to-point between
+/// the processes that hold it, which print the losses (JAX's on any number of devices); the
+/// others hold no shard of the result and get an error reading it, and from the pmap.
+#[test]
+fn a_mesh_over_some_processes_runs_on_them_and_the_others_get_errors() {
+    let bin = env!("CARGO_BIN_EXE_probe");
+    let alone = Command::new(bin)
+        .arg("subset")
+        .env("TESSERA_DEVICES", "8")
+        .output()
+        .expect("run the probe");
+    let alone = String::from_utf8_lossy(&alone.stdout).into_owned();
+    let steps = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("Step "))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(steps(&alone).len(), 5, "{alone}");
+    assert!(alone.contains("Step 0: Loss = 1.070808"), "{alone}");
+    let run = mpirun(4, 2, bin, &["subset"], &[]);
+    assert_eq!(run.code, 0, "{}", run.all);
+    for r in 0..2 {
+        assert_eq!(
+            steps(&run.ranks[r]),
+            steps(&alone),
+            "rank {r}:\n{}",
+            run.all
+        );
+    }
+    for r in 0..2 {
+        assert!(run.lines(r).contains(&"pmap: 12"), "rank {r}:\n{}", run.all);
+    }
+    for r in 2..4 {
+        let lines = run.lines(r);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("subset: ERROR to_vec:") && l.contains("holds 0")),
+            "rank {r}:\n{}",
+            run.all
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("pmap: ERROR") && l.contains("holds none of the 4 devices")),
+            "rank {r}:\n{}",
+            run.all
+        );
+    }
+}
+
+/// Process 1 makes an exchange (a `process_allgather`) that process 0 does not: the next
+/// exchange's headers differ, and both processes get the error instead of each other's bytes.
+#[test]
+fn exchanges_in_different_orders_are_an_error_on_every_process() {
+    let run = mpirun(2, 4, env!("CARGO_BIN_EXE_probe"), &["order"], &[]);
+    for r in 0..2 {
+        let line = run
+            .lines(r)
+            .into_iter()
+            .find(|l| l.starts_with("order:"))
+            .unwrap_or_else(|| panic!("rank {r} printed no result:\n{}", run.all));
+        assert!(
+            line.starts_with("order: ERROR")
+                && line.contains("at exchange")
+                && line.contains("different orders"),
+            "rank {r}: {line}"
+        );
+    }
+}

@@ -416,8 +416,9 @@ impl Collectives for Spanning<'_> {
                 });
             }
             // SAFETY: `sum` holds `ty.numel()` elements of `ty.dtype` (checked above), the
-            // `ty.byte_size()` bytes `out` has room for (the caller's contract); `sum` is this
-            // call's own allocation, so they do not overlap.
+            // `ty.byte_size()` bytes `out` has room for (the caller's contract); `sum` is a
+            // host value of this launch's exchange (or this call's own), never a device
+            // buffer, so it does not overlap `out`.
             unsafe {
                 std::ptr::copy_nonoverlapping(values::data_ptr(&sum.data), out, ty.byte_size())
             };

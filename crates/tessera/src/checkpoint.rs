@@ -109,7 +109,7 @@ pub fn save<T: Tree>(tree: &T, path: impl AsRef<Path>) -> Result<()> {
         let a = t
             .try_array()
             .map_err(|_| fail(format!("{name} is a tracer: save concrete values")))?;
-        let lit = a.literal();
+        let lit = a.try_literal().map_err(|m| fail(format!("{name}: {m}")))?;
         buffers.push((name.clone(), lit.ty.clone(), le_bytes(&lit.data)));
     }
     let views: Vec<(String, TensorView<'_>)> = buffers

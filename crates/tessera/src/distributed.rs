@@ -30,18 +30,45 @@ use crate::tensor::Tensor;
 /// How the processes were started: `Ok` once (joined, or one process alone).
 static STARTED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
 
-/// Whether a launcher (`mpirun`) started this process.
-fn under_mpirun() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+/// The number of processes a launcher started (Open MPI's `mpirun`, or one that sets PMI's
+/// `PMI_SIZE`), when it says so.
+fn launched_size() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
         .iter()
-        .any(|v| std::env::var_os(v).is_some())
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+}
+
+/// How a process starts: alone, joined to the others through MPI, or refused.
+#[derive(Debug, PartialEq, Eq)]
+enum Start {
+    Alone,
+    Join,
+    Refuse(String),
+}
+
+/// `launched`: the launcher's process count; `mpi`: whether the `mpi` feature is built in.
+/// One process (no launcher, or `mpirun -np 1`) runs alone either way.
+fn plan(launched: Option<usize>, mpi: bool) -> Start {
+    match launched {
+        Some(n) if n > 1 && mpi => Start::Join,
+        Some(n) if n > 1 => Start::Refuse(format!(
+            "this process is one of {n} a launcher (mpirun) started, but tessera was built \
+             without its `mpi` feature, so each would run alone: build with --features mpi"
+        )),
+        _ => Start::Alone,
+    }
+}
+
+fn start() -> std::result::Result<(), String> {
+    match plan(launched_size(), cfg!(feature = "mpi")) {
+        Start::Alone => Ok(()),
+        Start::Refuse(why) => Err(why),
+        Start::Join => join(),
+    }
 }
 
 #[cfg(feature = "mpi")]
-fn start() -> std::result::Result<(), String> {
-    if !under_mpirun() {
-        return Ok(());
-    }
+fn join() -> std::result::Result<(), String> {
     let local = try_local_device_count()?;
     let timeout = collective_timeout()?;
     let link = tessera_mpi::initialize(local, timeout)?;
@@ -49,15 +76,8 @@ fn start() -> std::result::Result<(), String> {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn start() -> std::result::Result<(), String> {
-    if under_mpirun() {
-        return Err(
-            "this process was started by mpirun, but tessera was built without its \
-             `mpi` feature, so each process would run alone: build with --features mpi"
-                .into(),
-        );
-    }
-    Ok(())
+fn join() -> std::result::Result<(), String> {
+    Err("tessera was built without its `mpi` feature".into())
 }
 
 /// `jax.distributed.initialize()`: joins this process to the others `mpirun` started (rank
@@ -233,10 +253,18 @@ pub(crate) fn gather_positions(
     local: Vec<Vec<Option<Literal>>>,
 ) -> Result<Vec<Vec<Option<Literal>>>> {
     let processes = processes_of(devices);
+    let fail = |message: String| Error::Device(format!("pmap: gathering the outputs: {message}"));
+    if local.is_empty() {
+        return Err(fail(format!(
+            "this process (index {}) holds none of the {} devices the pmap maps over: map \
+             over devices of every process (device_count())",
+            process_index(),
+            devices.len()
+        )));
+    }
     if link().is_none() || processes.len() < 2 {
         return Ok(local);
     }
-    let fail = |message: String| Error::Device(format!("pmap: gathering the outputs: {message}"));
     let types: Vec<TensorType> = local
         .first()
         .ok_or_else(|| fail("this process runs none of the devices".into()))?
@@ -323,13 +351,54 @@ pub fn make_array_from_process_local_data(
             .map(|&(o, _)| o)
             .collect()
     };
+    if positions.is_empty() {
+        return Err(fail(format!(
+            "this process (index {}) holds none of the sharding's devices",
+            process_index()
+        )));
+    }
+    // The shards of each dim this process holds (their indices along it), and whether they
+    // are contiguous (the local part is then one block of the global value).
+    let held: Vec<Vec<usize>> = (0..ty.rank())
+        .map(|d| {
+            let mut mine: Vec<usize> = positions.iter().map(|&p| index_of(p)[d]).collect();
+            mine.sort_unstable();
+            mine.dedup();
+            mine
+        })
+        .collect();
+    let contiguous = held.iter().all(|h| h.windows(2).all(|w| w[1] == w[0] + 1));
+    // What every process checks, alike: the local type, the shard counts, contiguity. The
+    // rows are compared between the processes first, so a mismatch is an error on every one.
+    let mut row = vec![ty.dtype as u64, ty.rank() as u64, u64::from(contiguous)];
+    row.extend(ty.dims().iter().map(|&d| d as u64));
+    row.extend(held.iter().map(|h| h.len() as u64));
+    let processes = processes_of(&devices);
+    if link().is_some() && processes.len() > 1 {
+        let all =
+            words(&gather(&processes, &bytes_of(&row), "comparing the local parts").map_err(fail)?);
+        if let Some(k) = all
+            .chunks_exact(row.len())
+            .position(|r| r != row.as_slice())
+        {
+            return Err(fail(format!(
+                "process {} passes a {ty} holding {:?} shards where process {} passes another \
+                 shape or holds other shards (every process must pass the same local shape)",
+                process_index(),
+                held.iter().map(Vec::len).collect::<Vec<_>>(),
+                processes[k]
+            )));
+        }
+    }
+    if !contiguous {
+        return Err(fail(format!(
+            "this process's devices hold the shards {held:?} of the dims, not one block: \
+             order the mesh's devices so that each process's are adjacent"
+        )));
+    }
     let mut global = Vec::with_capacity(ty.rank());
-    let mut held: Vec<Vec<usize>> = Vec::with_capacity(ty.rank());
-    for (d, (&size, &shards)) in ty.dims().iter().zip(&n_shards).enumerate() {
-        let mut mine: Vec<usize> = positions.iter().map(|&p| index_of(p)[d]).collect();
-        mine.sort_unstable();
-        mine.dedup();
-        let c = mine.len().max(1);
+    for (d, ((&size, &shards), h)) in ty.dims().iter().zip(&n_shards).zip(&held).enumerate() {
+        let c = h.len().max(1);
         if size % c != 0 {
             return Err(fail(format!(
                 "dim {d} of the local {ty} holds {c} shards of this process's devices, and \
@@ -337,25 +406,6 @@ pub fn make_array_from_process_local_data(
             )));
         }
         global.push(size / c * shards);
-        held.push(mine);
-    }
-    // Every process must pass the same local shape (checked between them).
-    let processes = processes_of(&devices);
-    if link().is_some() && processes.len() > 1 && processes.contains(&process_index()) {
-        let mut mine = vec![ty.dtype as u64, ty.rank() as u64];
-        mine.extend(ty.dims().iter().map(|&d| d as u64));
-        let all = words(
-            &gather(&processes, &bytes_of(&mine), "comparing the local shapes").map_err(fail)?,
-        );
-        let rows: Vec<&[u64]> = all.chunks_exact(mine.len()).collect();
-        if let Some(k) = rows.iter().position(|r| *r != mine.as_slice()) {
-            return Err(fail(format!(
-                "process {} passes a {ty} where process {} passes another shape (every process \
-                 must pass the same local shape)",
-                process_index(),
-                processes[k]
-            )));
-        }
     }
     let global_ty = TensorType::new(ty.dtype, global);
     tessera_shard::check_spec(&mesh.ir, &global_ty, &dims)
@@ -411,6 +461,13 @@ pub fn process_allgather(x: &Tensor) -> Result<Tensor> {
             array.try_literal().map_err(fail)?.clone(),
         ));
     }
+    if !processes.contains(&process_index()) {
+        return Err(fail(format!(
+            "this process (index {}) holds none of the value's devices: the processes \
+             {processes:?} that do gather it",
+            process_index()
+        )));
+    }
     let shard_ty = spec.local_type(array.ty());
     let size = shard_ty.byte_size();
     let owner = |p: usize| tessera_runtime::process::process_of(spec.devices[p]);
@@ -446,4 +503,27 @@ pub fn process_allgather(x: &Tensor) -> Result<Tensor> {
         .ok_or_else(|| fail("a shard is missing".into()))?;
     let whole = Array::assemble(array.ty(), spec, &shards);
     Ok(Tensor::from_literal(whole))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The start-up decision for every launcher and build: one process runs alone with or
+    /// without the feature; several join with it and are refused without it.
+    #[test]
+    fn processes_join_only_when_several_run_with_the_mpi_feature() {
+        assert_eq!(plan(None, false), Start::Alone);
+        assert_eq!(plan(None, true), Start::Alone);
+        assert_eq!(plan(Some(1), false), Start::Alone);
+        assert_eq!(plan(Some(1), true), Start::Alone);
+        assert_eq!(plan(Some(2), true), Start::Join);
+        match plan(Some(4), false) {
+            Start::Refuse(m) => assert!(
+                m.contains("one of 4") && m.contains("--features mpi"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -51,7 +51,7 @@ impl Tensor {
             location: location.clone(),
         };
         let a = self.try_array().map_err(|e| fail(e.to_string()))?;
-        let v = T::from_data(&a.literal().data)
+        let v = T::from_data(&a.try_literal().map_err(fail)?.data)
             .ok_or_else(|| fail(format!("the tensor is {}, not {}", self.ty(), T::DTYPE)))?;
         ArrayD::from_shape_vec(IxDyn(self.shape()), v).map_err(|e| fail(e.to_string()))
     }

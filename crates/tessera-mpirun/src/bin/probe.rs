@@ -9,7 +9,10 @@
 //! - `kill`: process 1 aborts after a step, the others go on stepping;
 //! - `fail`: process 1 returns an error after a step, the others go on stepping;
 //! - `bad`: a mesh larger than the global device count, a second `initialize`, a local batch
-//!   that does not divide.
+//!   that does not divide;
+//! - `subset`: the seed program and a pmap on a mesh of half the devices (the processes that
+//!   hold none of them get an error when they read the result);
+//! - `order`: process 1 makes an exchange the others do not make first.
 #![allow(clippy::duplicate_mod)]
 
 use tessera::distributed::{
@@ -162,6 +165,56 @@ fn bad() -> Result<()> {
     Ok(())
 }
 
+fn subset() -> Result<()> {
+    let half = device_count() / 2;
+    let mesh = Mesh::new([half], ["dp"]);
+    let mut params = device_put(
+        init(Key::new(0), 10, 32, 1),
+        NamedSharding::new(&mesh, P![]),
+    );
+    let (x, y) = seed_data(256);
+    let data = NamedSharding::new(&mesh, P!["dp"]);
+    let (x, y) = (device_put(x, &data), device_put(y, &data));
+    let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)).named("subset_step");
+    let mut losses = Vec::new();
+    for _ in 0..41 {
+        let (p, l) = step.call((params, x.clone(), y.clone()))?;
+        params = p;
+        match l.try_to_vec::<f32>() {
+            Ok(v) => losses.push(v[0]),
+            Err(e) => {
+                println!("subset: ERROR {e}");
+                break;
+            }
+        }
+    }
+    print_losses(&losses);
+    let doubled = pmap("i", |x: Tensor| x * 2.0).call(Tensor::ones([half, 3]));
+    match doubled {
+        Ok(t) => println!("pmap: {:?}", t.to_vec::<f32>().len()),
+        Err(e) => println!("pmap: ERROR {e}"),
+    }
+    Ok(())
+}
+
+fn order() -> Result<()> {
+    let mesh = Mesh::new([device_count()], ["dp"]);
+    let x = device_put(
+        Tensor::ones([device_count(), 3]),
+        NamedSharding::new(&mesh, P!["dp"]),
+    );
+    if process_index() == 1
+        && let Err(e) = process_allgather(&x.clone())
+    {
+        println!("order: ERROR {e}");
+    }
+    match jit(|x: Tensor| x.sum()).call(x) {
+        Ok(v) => println!("order: no error ({})", v.item::<f32>()),
+        Err(e) => println!("order: ERROR {e}"),
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let what = std::env::args().nth(1).unwrap_or_default();
     if what != "bad" {
@@ -186,6 +239,8 @@ fn main() -> Result<()> {
         "kill" => stop(true),
         "fail" => stop(false),
         "bad" => bad(),
+        "subset" => subset(),
+        "order" => order(),
         other => Err(Error::Config(format!("probe: unknown probe {other:?}"))),
     }
 }
