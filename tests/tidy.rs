@@ -54,12 +54,12 @@ const BUDGETS: &[(&str, usize)] = &[
     ("tessera-interp", 3150), // issue 13: +210 i64/f16/bf16 (computed in f32 per op, exact i64 comparisons, op_table references); +75 libm elementwise kernels (elem.rs); conv, gather, sorting kernels; +218 sorting kernels and their op_table references; 1765
     ("tessera-ir", 8300), // issue 17: +90 axis types, unreduced annotations; +60 i64/f16/bf16 (dtypes, data, text format, corpus samples); issue 13: conv.rs, gather.rs, sorting.rs; +286 sorting.rs (sort, cumulative, rev); 4209; 5011 with the Data API and its tests, infer_type's family helpers, the Spec vocabulary; 6003 with region.rs, regions in the text format and verifier, tests/regions.rs
     ("tessera-opt", 1300), // 1123
-    ("tessera-mpi", 350), // issue 15: the MPI link (rsmpi), 251
-    ("tessera-mpirun", 700), // issue 15: the mpirun probes, the scaling bench and tests/mpirun.rs, 587
+    ("tessera-mpi", 450), // issue 15: the MPI link (rsmpi): two-phase exchanges, point-to-point for subsets, 403
+    ("tessera-mpirun", 800), // issue 15: the mpirun probes, the scaling bench and tests/mpirun.rs (12 tests), 714
     ("tessera-runtime", 3100), // 2793
     ("tessera-transport", 2500), // issue 15: +80 process.rs (the link between processes), values in bytes; 2110 (the collective interface, rendezvous, value kernels)
     ("tessera-shard", 4200), // issue 17: +640 explicit.rs (the Explicit-mode rules and the typed pass), room for shard_map; issue 13: conv, gather factor rules; 1426; 1933 with three passes (shard branch); 2799 with sharding through region bodies (region.rs slots, recursive passes: shardreg)
-    ("tessera-examples", 3900), // issue 16: +100 data_loader.rs, +80 common/progress.rs (bar, --plot), +60 tests/interop.rs, +100 example tests; issue 17: +200 data_parallel_shard_map.rs, mesh_2d on Explicit axes; +70 benches/cnn.rs and the narrow filetest pass; issue 13: attention_digits, common/digits.rs; 1055 + 695 (this file); 2032 with golden.rs (189) and the autodiff/schedule filetest arms (56) (pipeline branch); 2348 with the golden stages and the add-an-op proof
+    ("tessera-examples", 4100), // issue 14: +135 examples/side_by_side.rs (the JAX side-by-side runner's Tessera side); issue 16: +100 data_loader.rs, +80 common/progress.rs (bar, --plot), +60 tests/interop.rs, +100 example tests; issue 17: +200 data_parallel_shard_map.rs, mesh_2d on Explicit axes; +70 benches/cnn.rs and the narrow filetest pass; issue 13: attention_digits, common/digits.rs; 1055 + 695 (this file); 2032 with golden.rs (189) and the autodiff/schedule filetest arms (56) (pipeline branch); 2348 with the golden stages and the add-an-op proof
 ];
 
 fn root() -> PathBuf {

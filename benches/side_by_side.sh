@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Tessera against JAX 0.10.2, side by side in one run (issue 14): every workload of
+# examples/side_by_side.rs, three rounds, Tessera and JAX alternating (one process each), then
+# a table of the spreads and of JAX time / Tessera time. JAX runs only when `python3 -c "import
+# jax"` finds version 0.10.2 (`pip install jax==0.10.2`); without it the table has Tessera's
+# column alone. The CPU is printed above the table: compare ratios, not absolute times.
+#
+# Usage: bash benches/side_by_side.sh [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+cargo build -q --release --example side_by_side
+bin=target/release/examples/side_by_side
+jax=no
+if python3 -c 'import jax, sys; sys.exit(jax.__version__ != "0.10.2")' 2>/dev/null; then
+    jax=yes
+fi
+# Program, devices, steps: the issue's workloads (the 8-device ones need NPROC=16 for XLA's
+# rendezvous on 2 cores, shared/anchors/jax/README.md).
+workloads=("big 1 10" "big 8 5" "seed 1 2000" "host 1 2000" "seed 8 1000" "pmap 8 1000")
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for ((r = 1; r <= rounds; r++)); do
+    for w in "${workloads[@]}"; do
+        read -r prog dev steps <<<"$w"
+        TESSERA_DEVICES=$dev "$bin" "$prog" "$steps" >>"$out"
+        if [ "$jax" = yes ]; then
+            NPROC=16 python3 benches/jax_side_by_side.py "$prog" "$dev" "$steps" 2>/dev/null >>"$out"
+        fi
+    done
+done
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs), $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo AVX2), $(nproc) cores; $rounds rounds; JAX: $jax"
+awk '
+function key(p, d) { return p " on " d (d == 1 ? " device" : " devices") }
+{
+    sys = $1; prog = $2; split($3, d, "="); split($4, f, "="); split($5, l, "=")
+    k = key(prog, d[2])
+    if (!(k in order)) { order[k] = ++n; name[n] = k }
+    if (!((sys, k, "lo") in v) || l[2] < v[sys, k, "lo"]) v[sys, k, "lo"] = l[2]
+    if (!((sys, k, "hi") in v) || l[2] > v[sys, k, "hi"]) v[sys, k, "hi"] = l[2]
+    if (!((sys, k, "flo") in v) || f[2] < v[sys, k, "flo"]) v[sys, k, "flo"] = f[2]
+    if (!((sys, k, "fhi") in v) || f[2] > v[sys, k, "fhi"]) v[sys, k, "fhi"] = f[2]
+}
+END {
+    print "| workload | Tessera ms/step | JAX ms/step | JAX time / Tessera time | first call: Tessera ms | JAX ms |"
+    print "| --- | --- | --- | --- | --- | --- |"
+    for (i = 1; i <= n; i++) {
+        k = name[i]
+        t = sprintf("%.4g-%.4g", v["tessera", k, "lo"], v["tessera", k, "hi"])
+        tf = sprintf("%.4g-%.4g", v["tessera", k, "flo"], v["tessera", k, "fhi"])
+        if (("jax", k, "lo") in v) {
+            j = sprintf("%.4g-%.4g", v["jax", k, "lo"], v["jax", k, "hi"])
+            r = sprintf("%.2f-%.2fx", v["jax", k, "lo"] / v["tessera", k, "hi"], v["jax", k, "hi"] / v["tessera", k, "lo"])
+            jf = sprintf("%.4g-%.4g", v["jax", k, "flo"], v["jax", k, "fhi"])
+        } else { j = "-"; r = "-"; jf = "-" }
+        print "| " k " | " t " | " j " | " r " | " tf " | " jf " |"
+    }
+}' "$out"

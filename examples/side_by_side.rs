@@ -1,0 +1,114 @@
+//! Tessera's side of the side-by-side with JAX (`benches/side_by_side.sh`): one workload per
+//! process, as the JAX script runs it, printing one line:
+//! `tessera PROGRAM dev=N first_ms=.. loop_ms=..` (the first call: trace, compile and one
+//! step; then the mean of a loop of steps with the params chained and one read of the loss at
+//! the end).
+//!
+//! Run: `TESSERA_DEVICES=N cargo run --release --example side_by_side -- PROGRAM STEPS`, with
+//! PROGRAM one of
+//! - `seed`: the seed sharding step over a mesh of every device (`dp`), data `P!["dp"]`,
+//!   parameters replicated (the README's program);
+//! - `host`: the seed step as a plain `jit` on host values (no mesh);
+//! - `pmap`: the seed pmap step (params stacked, `pmean` of the gradients);
+//! - `big`: the 784-1024-1024-10 tanh MLP, batch 512, as `seed` over every device.
+
+use std::time::Instant;
+
+use tessera::prelude::*;
+
+#[path = "common/mlp.rs"]
+mod mlp;
+use mlp::{Layer, Mlp, deep_sgd_step, init, init_deep, loss, seed_data, sgd_step};
+
+/// Runs `step` once (the first call), then `steps` times, chaining the params; returns
+/// (first call ms, ms per step) after reading the last loss.
+fn time<P: Tree + Clone>(
+    mut params: P,
+    steps: usize,
+    mut step: impl FnMut(P) -> Result<(P, Tensor)>,
+) -> Result<(f64, f64)> {
+    let t = Instant::now();
+    let (p, l) = step(params)?;
+    let _ = l.to_vec::<f32>();
+    let first = t.elapsed().as_secs_f64() * 1e3;
+    params = p;
+    for _ in 0..steps.min(50) {
+        params = step(params)?.0;
+    }
+    let t = Instant::now();
+    let mut last = None;
+    for _ in 0..steps {
+        let (p, l) = step(params)?;
+        params = p;
+        last = Some(l);
+    }
+    if let Some(l) = last {
+        let _ = l.to_vec::<f32>();
+    }
+    Ok((first, t.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64))
+}
+
+fn sharded(widths: &[usize], batch: usize, steps: usize) -> Result<(f64, f64)> {
+    let mesh = Mesh::new([device_count()], ["dp"]);
+    let data = NamedSharding::new(&mesh, P!["dp"]);
+    let x = device_put(random::normal(&Key::new(1), [batch, widths[0]]), &data);
+    let y = device_put(random::normal(&Key::new(2), [batch, widths[widths.len() - 1]]), &data);
+    if widths.len() == 3 {
+        let p = device_put(init(Key::new(0), 10, 32, 1), NamedSharding::new(&mesh, P![]));
+        let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y));
+        time(p, steps, |p| step.call((p, x.clone(), y.clone())))
+    } else {
+        let p = device_put(init_deep(Key::new(0), widths), NamedSharding::new(&mesh, P![]));
+        let step = jit(|(p, x, y): (Vec<Layer>, Tensor, Tensor)| deep_sgd_step(p, x, y));
+        time(p, steps, |p| step.call((p, x.clone(), y.clone())))
+    }
+}
+
+fn host(steps: usize) -> Result<(f64, f64)> {
+    let (x, y) = seed_data(256);
+    let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y));
+    time(init(Key::new(0), 10, 32, 1), steps, |p| {
+        step.call((p, x.clone(), y.clone()))
+    })
+}
+
+fn pmapped(steps: usize) -> Result<(f64, f64)> {
+    let n = device_count();
+    let stack = |a: &Tensor| {
+        let mut dims = vec![n];
+        dims.extend_from_slice(a.shape());
+        let lead: Vec<usize> = (1..=a.rank()).collect();
+        a.broadcast_in_dim(dims, &lead)
+    };
+    let p = tree::map(&init(Key::new(0), 10, 32, 1), stack);
+    let x = random::normal(&Key::new(1), [n * 64, 10]).reshape([n, 64, 10]);
+    let y = random::normal(&Key::new(2), [n * 64, 1]).reshape([n, 64, 1]);
+    let step = pmap("i", |(p, x, y): (Mlp, Tensor, Tensor)| {
+        let (l, g) = value_and_grad(|p: &Mlp| loss(p, &x, &y))(&p);
+        let g = tree::map(&g, |g| pmean(g, "i"));
+        (tree::map2(&p, &g, |p, g| p - g * 0.01), pmean(&l, "i"))
+    });
+    time(p, steps, |p| step.call((p, x.clone(), y.clone())))
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let program = args.first().map(String::as_str).unwrap_or("seed");
+    let steps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let (first, step) = match program {
+        "seed" => sharded(&[10, 32, 1], 256, steps)?,
+        "big" => sharded(&[784, 1024, 1024, 10], 512, steps)?,
+        "host" => host(steps)?,
+        "pmap" => pmapped(steps)?,
+        other => {
+            return Err(Error::Config(format!(
+                "side_by_side: unknown program {other:?} (seed, host, pmap, big)"
+            )));
+        }
+    };
+    println!(
+        "tessera {program} dev={} first_ms={first:.2} loop_ms={step:.4}",
+        device_count()
+    );
+    Ok(())
+}
