@@ -52,13 +52,22 @@ fn sharded(widths: &[usize], batch: usize, steps: usize) -> Result<(f64, f64)> {
     let mesh = Mesh::new([device_count()], ["dp"]);
     let data = NamedSharding::new(&mesh, P!["dp"]);
     let x = device_put(random::normal(&Key::new(1), [batch, widths[0]]), &data);
-    let y = device_put(random::normal(&Key::new(2), [batch, widths[widths.len() - 1]]), &data);
+    let y = device_put(
+        random::normal(&Key::new(2), [batch, widths[widths.len() - 1]]),
+        &data,
+    );
     if widths.len() == 3 {
-        let p = device_put(init(Key::new(0), 10, 32, 1), NamedSharding::new(&mesh, P![]));
+        let p = device_put(
+            init(Key::new(0), 10, 32, 1),
+            NamedSharding::new(&mesh, P![]),
+        );
         let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y));
         time(p, steps, |p| step.call((p, x.clone(), y.clone())))
     } else {
-        let p = device_put(init_deep(Key::new(0), widths), NamedSharding::new(&mesh, P![]));
+        let p = device_put(
+            init_deep(Key::new(0), widths),
+            NamedSharding::new(&mesh, P![]),
+        );
         let step = jit(|(p, x, y): (Vec<Layer>, Tensor, Tensor)| deep_sgd_step(p, x, y));
         time(p, steps, |p| step.call((p, x.clone(), y.clone())))
     }
