@@ -1,7 +1,7 @@
 //! Compiled against interpreted, in one process: the seed train step (10-32-1, batch 256), the
 //! big MLP step (784-1024-1024-10 tanh, batch 512, MSE, SGD), and first-call times (trace,
-//! passes, compile, run). Run with `cargo bench --bench train_step`; figures are recorded in
-//! docs/PERFORMANCE.md.
+//! passes, compile, run), and the elementwise kernels alone. Run with `cargo bench --bench
+//! train_step`; figures are recorded in docs/PERFORMANCE.md.
 
 use std::time::Duration;
 
@@ -101,5 +101,24 @@ fn first_call(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, seed_step, big_mlp_step, first_call);
+/// The elementwise kernels alone, 8192 elements (the seed step's hidden layer), one jit call
+/// each: `tanh` on inputs whose spread decides its path (below 0.625 the polynomial; above,
+/// the exp form, which a vector runs when any lane needs it) and an `add`, the call's floor.
+/// Divide the time by 8192 for ns per element (docs/PERFORMANCE.md).
+fn elementwise(c: &mut Criterion) {
+    let mut g = c.benchmark_group("elementwise_8192");
+    let tanh = jit(|x: Tensor| x.tanh());
+    let add = jit(|x: Tensor| x + 1.0);
+    for (name, scale) in [("0.2", 0.2f32), ("0.32", 0.32), ("1", 1.0), ("5", 5.0)] {
+        let x = random::normal(&Key::new(1), [256, 32]) * scale;
+        g.bench_function(format!("tanh_normal_times_{name}"), |b| {
+            b.iter(|| tanh.call(x.clone()).unwrap())
+        });
+    }
+    let x = random::normal(&Key::new(1), [256, 32]);
+    g.bench_function("add", |b| b.iter(|| add.call(x.clone()).unwrap()));
+    g.finish();
+}
+
+criterion_group!(benches, seed_step, big_mlp_step, first_call, elementwise);
 criterion_main!(benches);

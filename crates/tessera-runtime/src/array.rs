@@ -49,7 +49,8 @@ impl ShardSpec {
 pub struct Array {
     ty: TensorType,
     host: Arc<OnceLock<Arc<Literal>>>,
-    shards: Option<(ShardSpec, Vec<Arc<Literal>>)>,
+    /// The layout is shared: a jitted program's outputs all point at the program's own.
+    shards: Option<(Arc<ShardSpec>, Vec<Arc<Literal>>)>,
 }
 
 /// Copies the elements of a shard between it and the global array: from `src` (the global
@@ -115,7 +116,12 @@ impl Array {
     }
 
     /// An array from its shards (one per mesh position, each of the spec's local type).
-    pub fn from_shards(ty: TensorType, spec: ShardSpec, shards: Vec<Arc<Literal>>) -> Array {
+    pub fn from_shards(
+        ty: TensorType,
+        spec: impl Into<Arc<ShardSpec>>,
+        shards: Vec<Arc<Literal>>,
+    ) -> Array {
+        let spec = spec.into();
         Array {
             ty,
             host: Arc::new(OnceLock::new()),
@@ -125,6 +131,7 @@ impl Array {
 
     /// Splits this array's value over the mesh as `spec` says.
     pub fn shard(&self, spec: ShardSpec) -> Array {
+        let spec = Arc::new(spec);
         // A replicated array is one buffer that every device reads (buffers are immutable):
         // no copies, and devices running at once share it in the caches.
         let positions = spec.local_positions();
@@ -168,7 +175,7 @@ impl Array {
 
     /// The sharding, when the array lives on a mesh.
     pub fn spec(&self) -> Option<&ShardSpec> {
-        self.shards.as_ref().map(|(s, _)| s)
+        self.shards.as_ref().map(|(s, _)| s.as_ref())
     }
 
     /// The shard of each of this process's mesh positions (`ShardSpec::local_positions`,

@@ -38,6 +38,8 @@ enum JitEntry {
         program: DeviceProgram,
         out_types: Vec<TensorType>,
         out_specs: Vec<Spec>,
+        /// Each output's layout, built once: every call's outputs share it.
+        out_layouts: Vec<Arc<ShardSpec>>,
         checker: Option<Checker>,
     },
 }
@@ -487,6 +489,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 program,
                 out_types,
                 out_specs,
+                out_layouts,
                 checker,
             } => {
                 let arrays: Vec<&Array> = leaves
@@ -545,11 +548,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                         };
                         Tensor::from_array(Array::from_shards(
                             out_types[o].clone(),
-                            ShardSpec {
-                                mesh: program.mesh.clone(),
-                                devices: program.devices.clone(),
-                                dims: out_specs[o].clone(),
-                            },
+                            out_layouts[o].clone(),
                             shards,
                         ))
                     })
@@ -642,8 +641,19 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 )?;
                 let local = tessera_runtime::local_positions(&devices).len();
                 let programs = pipeline.schedule(&lowered, local, &first_only)?;
+                let out_layouts = out_specs
+                    .iter()
+                    .map(|dims| {
+                        Arc::new(ShardSpec {
+                            mesh: mesh.clone(),
+                            devices: devices.clone(),
+                            dims: dims.clone(),
+                        })
+                    })
+                    .collect();
                 JitEntry::Sharded {
                     out_types: lowered.out_types(),
+                    out_layouts,
                     program: DeviceProgram::new(programs, mesh, devices),
                     out_def: lowered.out_def,
                     out_specs,
