@@ -28,6 +28,14 @@ mod sharding;
 mod mlp;
 use mlp::{Mlp, init, seed_data, sgd_step};
 
+/// The seed parameters replicated over `mesh` and the seed data split over its `dp` axis.
+fn placed(mesh: &Mesh) -> (Mlp, Tensor, Tensor) {
+    let params = device_put(init(Key::new(0), 10, 32, 1), NamedSharding::new(mesh, P![]));
+    let (x, y) = seed_data(256);
+    let data = NamedSharding::new(mesh, P!["dp"]);
+    (params, device_put(x, &data), device_put(y, &data))
+}
+
 fn print_losses(losses: &[f32]) {
     for (i, l) in losses.iter().enumerate().step_by(10) {
         println!("Step {i}: Loss = {l:.6}");
@@ -111,14 +119,7 @@ fn diverge() -> Result<()> {
 /// Process 1 stops after one step (`abort` or an error); the others step on until the
 /// failure reaches them.
 fn stop(abort: bool) -> Result<()> {
-    let mesh = Mesh::new([device_count()], ["dp"]);
-    let mut params = device_put(
-        init(Key::new(0), 10, 32, 1),
-        NamedSharding::new(&mesh, P![]),
-    );
-    let (x, y) = seed_data(256);
-    let data = NamedSharding::new(&mesh, P!["dp"]);
-    let (x, y) = (device_put(x, &data), device_put(y, &data));
+    let (mut params, x, y) = placed(&Mesh::new([device_count()], ["dp"]));
     let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)).named("probe_step");
     for i in 0..1000 {
         if i == 1 && process_index() == 1 {
@@ -167,14 +168,7 @@ fn bad() -> Result<()> {
 
 fn subset() -> Result<()> {
     let half = device_count() / 2;
-    let mesh = Mesh::new([half], ["dp"]);
-    let mut params = device_put(
-        init(Key::new(0), 10, 32, 1),
-        NamedSharding::new(&mesh, P![]),
-    );
-    let (x, y) = seed_data(256);
-    let data = NamedSharding::new(&mesh, P!["dp"]);
-    let (x, y) = (device_put(x, &data), device_put(y, &data));
+    let (mut params, x, y) = placed(&Mesh::new([half], ["dp"]));
     let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y)).named("subset_step");
     let mut losses = Vec::new();
     for _ in 0..41 {
