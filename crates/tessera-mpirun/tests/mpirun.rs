@@ -201,6 +201,13 @@ fn split_values_are_gathered_on_demand_and_a_direct_read_is_an_error() {
             assert!(lines.contains(&want), "rank {r}: {want}:\n{}", run.all);
         }
         assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("save: ERROR") && l.contains("not fully addressable")),
+            "rank {r}: checkpoint::save of a split value:\n{}",
+            run.all
+        );
+        assert!(
             lines.iter().any(
                 |l| l.starts_with("direct read: ERROR to_vec: a f32[256,10]")
                     && l.contains("not fully addressable")
@@ -250,6 +257,10 @@ fn bad_input_is_an_error_on_every_rank() {
         has("mesh: ERROR", "needs 9 devices, there are 8");
         has("initialize: ERROR", "called twice");
         has("local data: ERROR", "3 does not divide into 4");
+        has(
+            "uneven: ERROR",
+            "every process must pass the same local shape",
+        );
         has(
             "shapes: ERROR",
             "every process must pass the same local shape",
@@ -325,6 +336,11 @@ fn a_mesh_over_some_processes_runs_on_them_and_the_others_get_errors() {
     }
     for r in 0..2 {
         assert!(run.lines(r).contains(&"pmap: 12"), "rank {r}:\n{}", run.all);
+        assert!(
+            run.lines(r).contains(&"allgather: equal true"),
+            "rank {r}:\n{}",
+            run.all
+        );
     }
     for r in 2..4 {
         let lines = run.lines(r);
@@ -339,6 +355,12 @@ fn a_mesh_over_some_processes_runs_on_them_and_the_others_get_errors() {
             lines
                 .iter()
                 .any(|l| l.starts_with("pmap: ERROR") && l.contains("holds none of the 4 devices")),
+            "rank {r}:\n{}",
+            run.all
+        );
+        assert!(
+            lines.iter().any(|l| l.starts_with("allgather: ERROR")
+                && l.contains("holds none of the value's devices")),
             "rank {r}:\n{}",
             run.all
         );

@@ -256,7 +256,12 @@ impl Array {
     /// own: a process's part of a value, or a shard.
     pub fn copy_block(global: &Literal, at: &[(usize, usize)]) -> Result<Literal, String> {
         let dims = global.ty.dims();
-        if at.len() != dims.len() || at.iter().zip(dims).any(|(&(o, s), &d)| o + s > d) {
+        if at.len() != dims.len()
+            || at
+                .iter()
+                .zip(dims)
+                .any(|(&(o, s), &d)| o.checked_add(s).is_none_or(|end| end > d))
+        {
             return Err(format!(
                 "the block {at:?} does not lie inside a {}",
                 global.ty
@@ -292,5 +297,24 @@ impl Array {
 impl From<Literal> for Array {
     fn from(literal: Literal) -> Array {
         Array::new(literal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block past the value, or whose end overflows, is an error, not a wrapped copy.
+    #[test]
+    fn blocks_outside_the_value_are_errors() {
+        let v = Literal::new([2, 3], Data::F32(vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0])).unwrap();
+        let b = Array::copy_block(&v, &[(1, 1), (1, 2)]).unwrap();
+        assert!(b.data.bits_eq(&Data::F32(vec![4.0, 5.0])));
+        assert!(Array::copy_block(&v, &[(1, 2), (0, 3)]).is_err());
+        assert!(Array::copy_block(&v, &[(usize::MAX, 2), (0, 3)]).is_err());
+        assert!(
+            Array::copy_block(&v, &[(0, 2)]).is_err(),
+            "one range per dim"
+        );
     }
 }

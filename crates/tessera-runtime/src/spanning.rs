@@ -268,6 +268,30 @@ impl<'a> Spanning<'a> {
             .collect()
     }
 
+    /// The all-reduce of `group` over processes: the process's sum when the elected member
+    /// computed it for this group (`everyone`), else this member's own, in member order.
+    fn sum(
+        &self,
+        x: Arc<Literal>,
+        kind: ReduceKind,
+        group: &Group,
+    ) -> Result<Arc<Literal>, TransportError> {
+        let ty = x.ty.clone();
+        let all = self.everyone("all_reduce", x, Some((kind, group)))?;
+        if let Some((members, sum)) = &all.reduced
+            && *members == group.members
+        {
+            return Ok(sum.clone());
+        }
+        let v: Vec<&Literal> = group
+            .members
+            .iter()
+            .map(|&p| all.operands[p].as_ref())
+            .collect();
+        let data = values::reduce_widened(kind, &v, 0..ty.numel())?;
+        Ok(Arc::new(Literal { ty, data }))
+    }
+
     /// The operands of `group`'s members, in member order, when its step spans processes;
     /// `None` when the shared-memory collective serves it.
     fn members(
@@ -308,21 +332,8 @@ impl Collectives for Spanning<'_> {
         if !self.spans(&group.axes) {
             return self.local.all_reduce(group, kind, x);
         }
-        let all = self.everyone("all_reduce", Arc::new(x.clone()), Some((kind, group)))?;
-        if let Some((members, sum)) = &all.reduced
-            && *members == group.members
-        {
-            return Ok(sum.as_ref().clone());
-        }
-        let v: Vec<&Literal> = group
-            .members
-            .iter()
-            .map(|&p| all.operands[p].as_ref())
-            .collect();
-        Ok(Literal {
-            ty: x.ty.clone(),
-            data: values::reduce_widened(kind, &v, 0..x.data.len())?,
-        })
+        let sum = self.sum(Arc::new(x.clone()), kind, group)?;
+        Ok(Arc::try_unwrap(sum).unwrap_or_else(|sum| sum.as_ref().clone()))
     }
 
     fn all_gather(
@@ -392,23 +403,7 @@ impl Collectives for Spanning<'_> {
         if self.spans(&group.axes) {
             // SAFETY: the caller's contract: `input` holds an initialized value of type `ty`.
             let x = Arc::new(unsafe { values::literal_from_raw(ty, input) });
-            let all = self.everyone("all_reduce", x.clone(), Some((kind, group)))?;
-            let owned;
-            let sum: &Literal = match &all.reduced {
-                Some((members, sum)) if *members == group.members => sum,
-                _ => {
-                    let v: Vec<&Literal> = group
-                        .members
-                        .iter()
-                        .map(|&p| all.operands[p].as_ref())
-                        .collect();
-                    owned = Literal {
-                        ty: ty.clone(),
-                        data: values::reduce_widened(kind, &v, 0..ty.numel())?,
-                    };
-                    &owned
-                }
-            };
+            let sum = self.sum(x, kind, group)?;
             if sum.ty.dtype != ty.dtype || sum.data.len() != ty.numel() {
                 return Err(TransportError::Invalid {
                     op: "all_reduce",

@@ -633,14 +633,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     .clone()
                     .expect("`partition` gives every output's sharding");
                 let first_only: Vec<bool> = out_specs.iter().map(is_replicated).collect();
-                crate::distributed::check_same_program(
-                    &self.cache.options.name,
-                    lowered.program(),
-                    &devices,
-                    location,
-                )?;
-                let local = tessera_runtime::local_positions(&devices).len();
-                let programs = pipeline.schedule(&lowered, local, &first_only)?;
+                let programs = pipeline.schedule_on(&lowered, &devices, &first_only, location)?;
                 let out_layouts = out_specs
                     .iter()
                     .map(|dims| {

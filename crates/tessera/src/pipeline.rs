@@ -443,6 +443,26 @@ impl<'a> Pipeline<'a> {
         })
     }
 
+    /// `schedule` for this process's positions of a mesh over the global `devices`
+    /// (`tessera_runtime::local_positions`), after checking that every process holding
+    /// devices of it compiled the same program (`distributed::check_same_program`).
+    pub(crate) fn schedule_on(
+        &mut self,
+        lowered: &Lowered,
+        devices: &[usize],
+        first_only: &[bool],
+        location: &str,
+    ) -> Result<Vec<BackendProgram>> {
+        crate::distributed::check_same_program(
+            &self.options.name,
+            lowered.program(),
+            devices,
+            location,
+        )?;
+        let local = tessera_runtime::local_positions(devices).len();
+        self.schedule(lowered, local, first_only)
+    }
+
     /// schedule: consumes the last stage's graph; produces a program for each of `devices`
     /// devices (one for a single-device target). Native code is compiled once: a program on
     /// devices gets no kernel split over threads (every core runs a device), and each device

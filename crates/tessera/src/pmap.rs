@@ -386,14 +386,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
     fn compile(&self, sig: &Signature, n: usize, dump: Dump, location: &str) -> Result<PmapEntry> {
         let (mut pipeline, lowered) = self.run_passes(sig, n, dump, location, false)?;
         let devices: Vec<usize> = (0..n).collect();
-        crate::distributed::check_same_program(
-            &self.cache.options.name,
-            lowered.program(),
-            &devices,
-            location,
-        )?;
-        let local = tessera_runtime::local_positions(&devices).len();
-        let programs = pipeline.schedule(&lowered, local, &[])?;
+        let programs = pipeline.schedule_on(&lowered, &devices, &[], location)?;
         let Target::PerDevice { mesh } = pipeline.target() else {
             unreachable!("pmap's pipeline runs for its mesh")
         };

@@ -90,6 +90,11 @@ fn gather() -> Result<()> {
     );
     let shards = placed.try_array()?.shards().map_or(0, |s| s.len());
     println!("local shards: {shards}");
+    let path = std::env::temp_dir().join(format!("probe-{}.safetensors", process_index()));
+    match tessera::checkpoint::save(&doubled, &path) {
+        Ok(()) => println!("save: ok"),
+        Err(e) => println!("save: ERROR {e}"),
+    }
     // A jit output has no host value: its other shards are on the other processes.
     match doubled.try_to_vec::<f32>() {
         Ok(_) => println!("direct read: ok"),
@@ -157,6 +162,17 @@ fn bad() -> Result<()> {
         Ok(t) => println!("local data: no error ({:?})", t.shape()),
         Err(e) => println!("local data: ERROR {e}"),
     }
+    // Process 1 passes a batch that does not divide, the others one that does: the parts
+    // are compared first, so every process gets the same error (none waits for the others).
+    let rows = if process_index() == 1 {
+        3
+    } else {
+        4 * tessera::local_device_count()
+    };
+    match make_array_from_process_local_data(&data, &Tensor::ones([rows, 2])) {
+        Ok(t) => println!("uneven: no error ({:?})", t.shape()),
+        Err(e) => println!("uneven: ERROR {e}"),
+    }
     // Process 1 passes another shape.
     let rows = if process_index() == 1 { 8 } else { 4 } * tessera::local_device_count();
     match make_array_from_process_local_data(&data, &Tensor::ones([rows, 2])) {
@@ -183,6 +199,14 @@ fn subset() -> Result<()> {
         }
     }
     print_losses(&losses);
+    // The split value gathered: between the processes that hold it (point to point); an
+    // error, without an exchange, on the others.
+    let whole =
+        process_allgather(&x).map(|w| w.to_vec::<f32>() == seed_data(256).0.to_vec::<f32>());
+    match whole {
+        Ok(same) => println!("allgather: equal {same}"),
+        Err(e) => println!("allgather: ERROR {e}"),
+    }
     let doubled = pmap("i", |x: Tensor| x * 2.0).call(Tensor::ones([half, 3]));
     match doubled {
         Ok(t) => println!("pmap: {:?}", t.to_vec::<f32>().len()),
