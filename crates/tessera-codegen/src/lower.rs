@@ -15,15 +15,16 @@
 //! handled before the divide), and shifts by the width or more are selected to zero.
 
 use cranelift_codegen::Context;
+use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{self, F32, F32X4, F64, I8, I16, I32, I32X4, I64};
 use cranelift_codegen::ir::{
     AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName, Value,
 };
-use cranelift_codegen::isa::CallConv;
+use cranelift_codegen::isa::{CallConv, TargetIsa};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
+use cranelift_module::{FuncId, Linkage, Module, ModuleReloc, default_libcall_names};
 use tessera_ir::{BinaryOp, CompareOp, DType, ScatterKind, UnaryOp};
 
 use crate::approx::{self, Fx};
@@ -161,6 +162,10 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
     let mut outlined = Vec::new();
+    // Building the CLIF needs the module (it declares what a function calls), so it runs here,
+    // in order; Cranelift's compile of the built functions, most of the time, runs on every
+    // core (`compile_all`), and the machine code is defined in the same order.
+    let mut built = Vec::new();
     // Kernels that are the same code over other buffers (the repeated layers of a deep
     // program) share one function: by `Kernel::code_hash`, then `Kernel::same_code`.
     let mut by_hash: std::collections::HashMap<u64, Vec<usize>> = Default::default();
@@ -187,22 +192,32 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
             k,
             outline_all,
         )?;
-        let disasm = std::env::var_os("TESSERA_DISASM").is_some();
-        ctx.set_disasm(disasm);
-        module.define_function(id, &mut ctx).map_err(cl)?;
-        if let Some(code) = ctx.compiled_code().filter(|_| disasm) {
-            // A debugging aid for kernel performance work: the machine code of every kernel.
-            eprintln!(
-                "; kernel {}\n{}",
-                k.summary(),
-                code.vcode.as_deref().unwrap_or("")
-            );
-        }
-        module.clear_context(&mut ctx);
+        built.push(Built {
+            id,
+            func: std::mem::replace(&mut ctx.func, Function::new()),
+            kernel: Some(i),
+        });
         ids.push(id);
     }
     for &(u, lanes, id) in &outlined {
-        define_outlined(&mut module, &mut ctx, &mut fctx, u, lanes, id)?;
+        built.push(Built {
+            id,
+            func: build_outlined(&mut module, &mut fctx, u, lanes, id),
+            kernel: None,
+        });
+    }
+    let disasm = std::env::var_os("TESSERA_DISASM").is_some();
+    for code in compile_all(module.isa(), built, disasm)? {
+        if let Some(vcode) = &code.vcode {
+            // A debugging aid for kernel performance work: the machine code of every kernel.
+            let what = code
+                .kernel
+                .map_or("an outlined function".into(), |i| kernels[i].summary());
+            eprintln!("; kernel {what}\n{vcode}");
+        }
+        module
+            .define_function_bytes(code.id, code.align, &code.bytes, &code.relocs)
+            .map_err(cl)?;
     }
     module.finalize_definitions().map_err(cl)?;
     let functions = ids
@@ -266,7 +281,7 @@ struct Lower<'a, 'b> {
 /// still unrolled.
 ///
 /// The same bodies call their f32 transcendental functions (`fusion::is_transcendental`) out
-/// of line: each (function, width) is emitted once per module (`define_outlined`) and every
+/// of line: each (function, width) is emitted once per module (`build_outlined`) and every
 /// use is a call, so the code emitted is linear in the body's node count, not 100 instructions
 /// per `tanh`. The function is the same `approx` code, so the results are the same bits.
 const UNROLL_MAX_WEIGHT: usize = 16 * crate::kernel::INLINE_FUNCTION_WEIGHT;
@@ -328,17 +343,16 @@ fn outlined_signature(lanes: Lanes) -> Signature {
 
 /// Defines the outlined `u` at `lanes` (declared by `Lower::call_outlined`): the inline code
 /// `approx::unary_f32` emits, as a function of its own.
-fn define_outlined(
+fn build_outlined(
     module: &mut JITModule,
-    ctx: &mut Context,
     fctx: &mut FunctionBuilderContext,
     u: UnaryOp,
     lanes: Lanes,
     id: FuncId,
-) -> Result<(), LowerError> {
+) -> Function {
     let sig = outlined_signature(lanes);
-    ctx.func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
-    let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
+    let mut func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
+    let mut b = FunctionBuilder::new(&mut func, fctx);
     let entry = b.create_block();
     b.append_block_params_for_function_params(entry);
     b.switch_to_block(entry);
@@ -352,9 +366,95 @@ fn define_outlined(
     let y = approx::unary_f32(&mut b, fx, u, x, calls);
     b.ins().return_(&[y]);
     b.finalize(module.target_config());
-    module.define_function(id, ctx).map_err(cl)?;
-    module.clear_context(ctx);
-    Ok(())
+    func
+}
+
+/// A function built and waiting for Cranelift, and the kernel it lowers (`None`: an
+/// outlined function).
+struct Built {
+    id: FuncId,
+    func: Function,
+    kernel: Option<usize>,
+}
+
+/// A function's machine code, ready for `define_function_bytes`.
+struct MachineCode {
+    id: FuncId,
+    kernel: Option<usize>,
+    align: u64,
+    bytes: Vec<u8>,
+    relocs: Vec<ModuleReloc>,
+    vcode: Option<String>,
+}
+
+thread_local! {
+    /// Each compiling thread's Cranelift context, reused: its register allocator's and
+    /// analyses' buffers stay allocated between functions (a fresh one per function cost
+    /// 35 us of a 15-instruction kernel's 37).
+    static CONTEXT: std::cell::RefCell<Context> = std::cell::RefCell::new(Context::new());
+}
+
+/// `func`'s machine code, compiled in `ctx` (cleared first).
+fn machine_code(
+    ctx: &mut Context,
+    isa: &dyn TargetIsa,
+    id: FuncId,
+    func: Function,
+    kernel: Option<usize>,
+    disasm: bool,
+) -> Result<MachineCode, LowerError> {
+    ctx.clear();
+    ctx.func = func;
+    ctx.set_disasm(disasm);
+    ctx.compile(isa, &mut ControlPlane::default())
+        .map_err(|e| cl(format!("{:?}", e.inner)))?;
+    let code = ctx
+        .compiled_code()
+        .ok_or_else(|| cl("compiled without code"))?;
+    let relocs = code
+        .buffer
+        .relocs()
+        .iter()
+        .map(|r| ModuleReloc::from_mach_reloc(r, &ctx.func, id))
+        .collect();
+    Ok(MachineCode {
+        id,
+        kernel,
+        align: u64::from(code.buffer.alignment),
+        bytes: code.code_buffer().to_vec(),
+        relocs,
+        vcode: code.vcode.clone().filter(|_| disasm),
+    })
+}
+
+/// Compiles `built` with `isa`, on the rayon pool (every core): each function is independent
+/// (a `Context` of its own; the ISA is `Sync`), and the result keeps `built`'s order, so the
+/// module's layout does not depend on the scheduling. Cranelift's `define_function` does the
+/// same steps on one thread: compile, then the relocations named by the function's imports.
+fn compile_all(
+    isa: &dyn TargetIsa,
+    built: Vec<Built>,
+    disasm: bool,
+) -> Result<Vec<MachineCode>, LowerError> {
+    use rayon::prelude::*;
+    // Largest first, one function a task: the longest (a tanh body is a third of the seed
+    // step's compile) starts at once and the small ones fill in around it.
+    let mut order: Vec<(usize, Built)> = built.into_iter().enumerate().collect();
+    order.sort_by_key(|(i, b)| (std::cmp::Reverse(b.func.dfg.num_insts()), *i));
+    let mut compiled: Vec<(usize, MachineCode)> = order
+        .into_par_iter()
+        .with_max_len(1)
+        .map(|(i, Built { id, func, kernel })| {
+            let code = CONTEXT.with(|c| match c.try_borrow_mut() {
+                Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, kernel, disasm),
+                // Only if Cranelift itself ran another task of the pool on this thread.
+                Err(_) => machine_code(&mut Context::new(), isa, id, func, kernel, disasm),
+            })?;
+            Ok((i, code))
+        })
+        .collect::<Result<_, LowerError>>()?;
+    compiled.sort_by_key(|(i, _)| *i);
+    Ok(compiled.into_iter().map(|(_, c)| c).collect())
 }
 
 /// The f32 slow paths and calls (`approx::Calls`), declared in `func`.
