@@ -26,9 +26,9 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
             },
             Err(e) => format!("parse error: {e}"),
         }),
-        // Sharding, the three passes and `combine_all_reduces`: parameters' annotations are the
-        // input shardings; prints every value's sharding, then the per-device program after
-        // all-reduce combining.
+        // Sharding, the three passes, `drop_single_device_collectives` and
+        // `combine_all_reduces`: parameters' annotations are the input shardings; prints every
+        // value's sharding, then the per-device program after the combine stage.
         "partition" => Ok(match parse(input) {
             Ok(g) => {
                 let Some(mesh) = g.mesh.clone() else {
@@ -36,7 +36,9 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
                 };
                 match tessera_shard::partition(&g, &mesh, &param_specs(&g)) {
                     Ok(mut p) => {
-                        let combined = tessera_shard::combine_all_reduces(&mut p.local);
+                        let combined =
+                            tessera_shard::combine::drop_single_device_collectives(&mut p.local)
+                                .and_then(|_| tessera_shard::combine_all_reduces(&mut p.local));
                         match (combined, verify(&p.local)) {
                             (Ok(_), Ok(())) => format!(
                                 "{}// per device:\n{}",

@@ -12,7 +12,8 @@
 //!              conflicts and reshards noted
 //! collectives  reshards and all-reduces explicit (insert_collectives)  inputs placed on a mesh
 //! partitioned  the per-device program, local shapes (per_device)       inputs placed on a mesh
-//! combined     independent all-reduces merged into one                 on devices (mesh or pmap)
+//! combined     collectives over one device dropped, independent        on devices (mesh or pmap)
+//!              all-reduces merged into one (combine)
 //! schedule     fusion, buffer plan, Cranelift (or the interpreter)     when compiling, not lowering
 //! ```
 //!
@@ -200,9 +201,12 @@ fn partition(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
     Ok(local)
 }
 
-/// combined: consumes a per-device program; produces it with the all-reduces that can wait
-/// for each other merged into one (one rendezvous per step for the gradients and the loss).
+/// combined: consumes a per-device program; produces it without the collectives over one
+/// device (the identity), and with the all-reduces that can wait for each other merged into
+/// one (one rendezvous per step for the gradients and the loss).
 fn combine(ctx: &mut Ctx<'_>, mut graph: Graph) -> Result<Graph> {
+    tessera_shard::combine::drop_single_device_collectives(&mut graph)
+        .map_err(|e| shard_error(ctx, e))?;
     tessera_shard::combine_all_reduces(&mut graph).map_err(|e| shard_error(ctx, e))?;
     Ok(graph)
 }
