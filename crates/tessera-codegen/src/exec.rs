@@ -47,6 +47,31 @@ pub struct Executable {
     /// For each region step, its bodies compiled (in `RegionOp::regions` order); empty for
     /// other steps.
     regions: Vec<Vec<Executable>>,
+    /// `TESSERA_PROFILE=1`: each step's total time and run count, printed when the executable
+    /// is dropped (`Profile`).
+    profile: Option<RefCell<Profile>>,
+}
+
+/// A step profile (`TESSERA_PROFILE=1`): for each step, the time spent in it over every run.
+/// A measurement aid for kernel and schedule work; off, a run reads one `None`.
+#[derive(Clone, Default)]
+struct Profile {
+    runs: u64,
+    steps: Vec<std::time::Duration>,
+}
+
+/// Whether `TESSERA_PROFILE` asks for step profiles (set, and not `0`), read once.
+fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TESSERA_PROFILE").is_some_and(|v| v != "0"))
+}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        if let Some(report) = self.profile_report() {
+            eprint!("{report}");
+        }
+    }
 }
 
 /// GEMMs of at least this many multiply-adds with a replicated right operand are done once for
@@ -225,7 +250,37 @@ impl Executable {
             parallel_kernel_from: 1 << 16,
             shared_gemm_from: usize::MAX,
             regions,
+            profile: profiling().then(RefCell::default),
         }
+    }
+
+    /// Times every step of every run from now on (what `TESSERA_PROFILE=1` turns on for every
+    /// executable); `profile_report` reads the times.
+    pub fn profiled(mut self) -> Executable {
+        self.profile.get_or_insert_with(RefCell::default);
+        self
+    }
+
+    /// The step profile so far: runs, then each step's mean time a run, its share, and its
+    /// `describe` line. `None` when the executable is not profiled or has not run. A profiled
+    /// executable prints it to stderr when dropped.
+    pub fn profile_report(&self) -> Option<String> {
+        let p = self.profile.as_ref()?.borrow();
+        if p.runs == 0 {
+            return None;
+        }
+        let total: std::time::Duration = p.steps.iter().sum();
+        let mut out = format!(
+            "TESSERA_PROFILE: {} runs, {:.1} us a run in its steps\n   us/run      %  step\n",
+            p.runs,
+            total.as_secs_f64() * 1e6 / p.runs as f64
+        );
+        for (line, t) in self.describe().lines().zip(&p.steps) {
+            let us = t.as_secs_f64() * 1e6 / p.runs as f64;
+            let pct = 100.0 * t.as_secs_f64() / total.as_secs_f64().max(f64::MIN_POSITIVE);
+            writeln!(out, "{us:9.1} {pct:6.1}  {line}").unwrap();
+        }
+        Some(out)
     }
 
     /// The same program with an arena of its own, sharing the compiled code: an executable
@@ -251,6 +306,7 @@ impl Executable {
                 .iter()
                 .map(|bodies| bodies.iter().map(Executable::fork).collect())
                 .collect(),
+            profile: profiling().then(RefCell::default),
         }
     }
 
@@ -439,10 +495,17 @@ impl Executable {
     ) -> Result<(), InterpError> {
         // The all-reduce step a shared product did along with its GEMM.
         let mut fused = None;
+        if let Some(p) = &self.profile {
+            let mut p = p.borrow_mut();
+            p.runs += 1;
+            p.steps
+                .resize(self.schedule.steps.len(), Default::default());
+        }
         for (i, step) in self.schedule.steps.iter().enumerate() {
             if fused == Some(i) || self.skipped[i] {
                 continue;
             }
+            let start = self.profile.as_ref().map(|_| std::time::Instant::now());
             match &step.kind {
                 StepKind::Kernel(k) => self.run_kernel(i, k, ptrs, args),
                 StepKind::Gemm(g) => fused = self.run_gemm(i, g, ptrs, collectives)?,
@@ -459,6 +522,9 @@ impl Executable {
                     }?
                 }
                 StepKind::Native(op) => self.run_native(step, op, ptrs)?,
+            }
+            if let (Some(p), Some(start)) = (&self.profile, start) {
+                p.borrow_mut().steps[i] += start.elapsed();
             }
         }
         Ok(())
