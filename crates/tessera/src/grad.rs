@@ -16,7 +16,7 @@ use tessera_ir::{Graph, Literal, NodeId, Op, TensorType, verify};
 
 use crate::error::{Error, catch, loc_text, raise};
 use crate::tensor::Tensor;
-use crate::trace::{self, apply_at, apply_region};
+use crate::trace::{self, apply_region, apply_staged};
 use crate::tree::{self, Tree, TreeDef};
 
 /// A function traced and differentiated, with its forward values computed.
@@ -55,7 +55,7 @@ pub(crate) fn replay(g: &Graph, order: &[NodeId], env: &mut HashMap<NodeId, Tens
             env.insert(id, Tensor::from_literal(Literal::zeros(&node.ty)));
             continue;
         }
-        env.insert(id, apply_at(node.op.clone(), &refs, loc));
+        env.insert(id, apply_staged(node.op.clone(), &refs, loc));
     }
 }
 

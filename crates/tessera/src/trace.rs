@@ -265,6 +265,27 @@ pub(crate) fn apply_at(op: Op, operands: &[&Tensor], location: String) -> Tensor
             None
         }
     });
+    apply_in(trace, op, operands, location)
+}
+
+/// `apply_at`, except that an op none of whose operands is traced goes into the innermost
+/// active trace when there is one (JAX's omnistaging) instead of being evaluated. How `grad`
+/// replays its derivative into the `jit` around it: a constant the derivative builds (the 1
+/// of tanh's `1 - y^2`, broadcast to `y`'s shape) stays a scalar and a broadcast in the
+/// program, instead of a literal of `y`'s size evaluated by the interpreter at trace time
+/// (the big MLP step's trace: 16.8 ms, most of it materializing two f32[512,1024] ones).
+/// Without an active trace (an eager `grad`) it evaluates, as `apply_at` does.
+pub(crate) fn apply_staged(op: Op, operands: &[&Tensor], location: String) -> Tensor {
+    let trace = innermost(operands).or_else(|| STACK.with(|s| s.borrow().last().cloned()));
+    apply_in(trace, op, operands, location)
+}
+
+fn apply_in(
+    trace: Option<Rc<TraceState>>,
+    op: Op,
+    operands: &[&Tensor],
+    location: String,
+) -> Tensor {
     match trace {
         None => {
             let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
