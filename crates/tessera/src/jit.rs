@@ -514,48 +514,44 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                             .collect::<Result<_>>()
                     })
                     .collect::<Result<_>>()?;
-                let mut per_device = {
+                let per_device = {
                     let _span =
                         tracing::debug_span!("launch", function = self.cache.options.name.as_str())
                             .entered();
                     program.run(inputs)?
                 };
-                let n_out = out_types.len();
-                let tensors: Vec<Tensor> = (0..n_out)
-                    .rev()
-                    .map(|o| {
-                        let mut outs: Vec<Option<Literal>> = per_device
-                            .iter_mut()
-                            .map(|outs| outs.pop().expect("one value per output"))
-                            .collect();
-                        // A replicated output is alike on every device (its inputs are
-                        // replicated or all-reduced, in one order everywhere), so only the
-                        // first device computes it (`Pipeline::schedule`'s `first_only`) and
-                        // its buffer serves all, as `device_put` does: the next step's devices
-                        // read one copy of the parameters instead of eight.
-                        let shards: Vec<Arc<Literal>> = if outs.is_empty() {
-                            Vec::new()
-                        } else if is_replicated(&out_specs[o]) {
-                            let first = outs[0].take().expect("the first device computes all");
-                            let first = Arc::new(first);
-                            (0..outs.len()).map(|_| first.clone()).collect()
-                        } else {
-                            outs.into_iter()
-                                .map(|l| {
-                                    Arc::new(l.expect("split outputs are computed everywhere"))
-                                })
-                                .collect()
-                        };
-                        Tensor::from_array(Array::from_shards(
-                            out_types[o].clone(),
-                            out_layouts[o].clone(),
-                            shards,
-                        ))
-                    })
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
+                // Each device's outputs, taken in order, output by output.
+                let mut per_device: Vec<_> = per_device.into_iter().map(Vec::into_iter).collect();
+                let mut tensors: Vec<Tensor> = Vec::with_capacity(out_types.len());
+                for (o, ty) in out_types.iter().enumerate() {
+                    let mut next = per_device
+                        .iter_mut()
+                        .map(|outs| outs.next().expect("one value per output"));
+                    // A replicated output is alike on every device (its inputs are replicated
+                    // or all-reduced, in one order everywhere), so only the first device
+                    // computes it (`Pipeline::schedule`'s `first_only`) and its buffer serves
+                    // all, as `device_put` does: the next step's devices read one copy of the
+                    // parameters instead of eight.
+                    let shards: Vec<Arc<Literal>> = if local == 0 {
+                        Vec::new()
+                    } else if is_replicated(&out_specs[o]) {
+                        let first = next
+                            .next()
+                            .flatten()
+                            .expect("the first device computes all");
+                        // The other devices' places for it (`None`: dropped outputs).
+                        next.for_each(drop);
+                        vec![Arc::new(first); local]
+                    } else {
+                        next.map(|l| Arc::new(l.expect("split outputs are computed everywhere")))
+                            .collect()
+                    };
+                    tensors.push(Tensor::from_array(Array::from_shards(
+                        ty.clone(),
+                        out_layouts[o].clone(),
+                        shards,
+                    )));
+                }
                 if let Some(checker) = checker {
                     if tessera_runtime::processes_of(&program.devices).len() > 1 {
                         return Err(Error::Config(

@@ -187,8 +187,10 @@ fn donated_parameters_are_reused_for_the_outputs() {
 
 /// The same step on a 1-device mesh (data `P!["dp"]`, params replicated: the README's
 /// program): the outputs share the program's layouts (one `Arc<ShardSpec>` per output, built
-/// at compile time), so the mesh path allocates a bounded, measured number per step: 85 at
-/// this writing, 202 when every output cloned its mesh (its axis names), devices and spec.
+/// at compile time), so the mesh path allocates a bounded, measured number per step: 69 at
+/// this writing; 202 when every output cloned its mesh (its axis names), devices and spec, 85
+/// before the one-device collectives were dropped (their concatenate and slices) and the
+/// outputs were taken in order (no reversed copies).
 #[test]
 fn the_seed_step_on_a_one_device_mesh_allocates_a_bounded_amount_per_step() {
     let mesh = Mesh::new([1], ["dp"]);
@@ -208,6 +210,6 @@ fn the_seed_step_on_a_one_device_mesh_allocates_a_bounded_amount_per_step() {
     let (again, _) = per_step(10, &mut run);
     println!("per step on a 1-device mesh: {a} allocations");
     assert_eq!(a, again, "the count is the same in every window");
-    assert!(a <= 85, "{a} allocations per step (bound 85)");
+    assert!(a <= 69, "{a} allocations per step (bound 69)");
     assert_eq!(f.trace_count(), 1);
 }
