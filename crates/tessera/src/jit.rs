@@ -541,7 +541,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                             .expect("the first device computes all");
                         // The other devices' places for it (`None`: dropped outputs).
                         next.for_each(drop);
-                        vec![Arc::new(first); local]
+                        let first = Arc::new(first);
+                        vec![first; local]
                     } else {
                         next.map(|l| Arc::new(l.expect("split outputs are computed everywhere")))
                             .collect()
