@@ -50,6 +50,54 @@ pub struct Executable {
     /// `TESSERA_PROFILE=1`: each step's total time and run count, printed when the executable
     /// is dropped (`Profile`).
     profile: Option<RefCell<Profile>>,
+    /// A paused run's next step (`start`, `advance`, `finish`).
+    cursor: std::cell::Cell<usize>,
+    /// Whether a region body (at any depth) meets other devices: such a program cannot pause
+    /// at its collectives (`pauses_at_collectives`).
+    meets_in_regions: bool,
+    /// `multiply_adds`, counted once.
+    multiply_adds: usize,
+}
+
+/// Where a paused run (`Executable::advance`) waits: a collective step that meets other
+/// devices, with its operand's and result's buffers. The caller computes the result into
+/// `output` (the devices' operands, in group order, give every member's result), then
+/// advances again.
+#[derive(Clone, Debug)]
+pub struct Pause {
+    /// The step's index in the schedule (every device of one program pauses at the same).
+    pub step: usize,
+    pub op: CollectiveOp,
+    pub input: *const u8,
+    pub input_type: TensorType,
+    pub output: *mut u8,
+    pub output_type: TensorType,
+}
+
+// SAFETY: the addresses are of buffers a paused run keeps bound (`Executable::advance`); a
+// pause only travels from the thread that advanced the run to the one that computes the
+// collective while the run stays paused, and only that thread dereferences them.
+unsafe impl Send for Pause {}
+
+/// Whether `op` exchanges values with other devices (`axis_index` does not).
+fn meets(op: &CollectiveOp) -> bool {
+    match op {
+        CollectiveOp::AllReduce { .. }
+        | CollectiveOp::AllGather { .. }
+        | CollectiveOp::ReduceScatter { .. }
+        | CollectiveOp::AllToAll { .. }
+        | CollectiveOp::CollectivePermute { .. } => true,
+        CollectiveOp::AxisIndex { .. } => false,
+    }
+}
+
+/// Whether a step of `schedule`, or of a region body inside `regions`, meets other devices.
+fn body_meets(e: &Executable) -> bool {
+    e.schedule
+        .steps
+        .iter()
+        .any(|s| matches!(&s.kind, StepKind::Collective(Op::Collective(c)) if meets(c)))
+        || e.meets_in_regions
 }
 
 /// A step profile (`TESSERA_PROFILE=1`): for each step, the time spent in it over every run.
@@ -233,6 +281,7 @@ impl Executable {
             .collect();
         let plan = Plan::new(&schedule);
         let reduced_by = reduced_by(&schedule);
+        let multiply_adds = Executable::count_multiply_adds(&schedule, &regions);
         Executable {
             reduced_by,
             skipped: vec![false; schedule.steps.len()],
@@ -249,8 +298,11 @@ impl Executable {
             parallel_gemm_from: 64 * 64 * 64,
             parallel_kernel_from: 1 << 16,
             shared_gemm_from: usize::MAX,
+            meets_in_regions: regions.iter().flatten().any(body_meets),
+            multiply_adds,
             regions,
             profile: profiling().then(RefCell::default),
+            cursor: std::cell::Cell::new(0),
         }
     }
 
@@ -307,6 +359,9 @@ impl Executable {
                 .map(|bodies| bodies.iter().map(Executable::fork).collect())
                 .collect(),
             profile: profiling().then(RefCell::default),
+            cursor: std::cell::Cell::new(0),
+            meets_in_regions: self.meets_in_regions,
+            multiply_adds: self.multiply_adds,
         }
     }
 
@@ -493,17 +548,34 @@ impl Executable {
         args: &mut Vec<*mut u8>,
         collectives: &dyn Collectives,
     ) -> Result<(), InterpError> {
-        // The all-reduce step a shared product did along with its GEMM.
-        let mut fused = None;
         if let Some(p) = &self.profile {
             let mut p = p.borrow_mut();
             p.runs += 1;
             p.steps
                 .resize(self.schedule.steps.len(), Default::default());
         }
-        for (i, step) in self.schedule.steps.iter().enumerate() {
+        self.steps_from(0, false, ptrs, args, collectives)
+            .map(|_| ())
+    }
+
+    /// Runs the steps from `from` on: all of them, or (`pause`) up to the first collective
+    /// that meets other devices, whose index it returns.
+    fn steps_from(
+        &self,
+        from: usize,
+        pause: bool,
+        ptrs: &mut [*mut u8],
+        args: &mut Vec<*mut u8>,
+        collectives: &dyn Collectives,
+    ) -> Result<Option<usize>, InterpError> {
+        // The all-reduce step a shared product did along with its GEMM.
+        let mut fused = None;
+        for (i, step) in self.schedule.steps.iter().enumerate().skip(from) {
             if fused == Some(i) || self.skipped[i] {
                 continue;
+            }
+            if pause && matches!(&step.kind, StepKind::Collective(Op::Collective(c)) if meets(c)) {
+                return Ok(Some(i));
             }
             let start = self.profile.as_ref().map(|_| std::time::Instant::now());
             match &step.kind {
@@ -527,7 +599,139 @@ impl Executable {
                 p.borrow_mut().steps[i] += start.elapsed();
             }
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// The multiply-adds of the program's GEMMs (`m n k`, times their batch), region bodies
+    /// counted once: a measure of how much arithmetic a run does.
+    pub fn multiply_adds(&self) -> usize {
+        self.multiply_adds
+    }
+
+    fn count_multiply_adds(schedule: &Schedule, regions: &[Vec<Executable>]) -> usize {
+        let own: usize = schedule
+            .steps
+            .iter()
+            .map(|s| match &s.kind {
+                StepKind::Gemm(g) => {
+                    let batch: usize = g.batch.iter().map(|(e, _)| e).product();
+                    g.m.saturating_mul(g.n)
+                        .saturating_mul(g.k)
+                        .saturating_mul(batch)
+                }
+                StepKind::Kernel(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_)
+                | StepKind::Native(_) => 0,
+            })
+            .fold(0, usize::saturating_add);
+        regions
+            .iter()
+            .flatten()
+            .map(Executable::multiply_adds)
+            .fold(own, usize::saturating_add)
+    }
+
+    /// The mesh the program's collectives are over (`None`: a program without collectives).
+    pub fn mesh(&self) -> Option<&Mesh> {
+        self.mesh.as_ref()
+    }
+
+    /// Whether a run can pause at every collective that meets other devices (`start`): false
+    /// when a region body meets them (it runs inside its region's step).
+    pub fn pauses_at_collectives(&self) -> bool {
+        !self.meets_in_regions
+    }
+
+    /// Starts a run that pauses at its collectives, so that one thread can run several
+    /// devices' programs in turn: binds `inputs` and the outputs as `run_partial` does, then
+    /// `advance` runs up to each collective that meets other devices and `finish` collects the
+    /// outputs. Until `finish` (or `abandon`), the executable holds the run's buffers, and
+    /// nothing else may run it.
+    pub fn start(&self, inputs: &[&Literal]) -> Result<(), InterpError> {
+        if !self.pauses_at_collectives() {
+            return Err(InterpError::Op {
+                op: "start".into(),
+                message: "a region body of this program meets other devices".into(),
+            });
+        }
+        let mut arena = self.arena.borrow_mut();
+        let mut scratch = self.scratch.borrow_mut();
+        let Scratch { ptrs, outs, .. } = &mut *scratch;
+        let bound = self.bind(&mut arena, inputs, ptrs, outs);
+        if bound.is_err() {
+            drop(scratch);
+            self.abandon();
+        }
+        self.cursor.set(0);
+        if let Some(p) = &self.profile {
+            let mut p = p.borrow_mut();
+            p.runs += 1;
+            p.steps
+                .resize(self.schedule.steps.len(), Default::default());
+        }
+        bound
+    }
+
+    /// Runs the started run's steps up to its next collective that meets other devices, and
+    /// returns it (`None`: the run is complete). `local` serves what needs no other device (a
+    /// one-member group, `axis_index` at its position). Call again once the pause's result
+    /// is in its output buffer.
+    pub fn advance(&self, local: &dyn Collectives) -> Result<Option<Pause>, InterpError> {
+        let mut scratch = self.scratch.borrow_mut();
+        let Scratch { ptrs, args, .. } = &mut *scratch;
+        let at = self.steps_from(self.cursor.get(), true, ptrs, args, local)?;
+        let Some(i) = at else {
+            self.cursor.set(self.schedule.steps.len());
+            return Ok(None);
+        };
+        self.cursor.set(i + 1);
+        let step = &self.schedule.steps[i];
+        let StepKind::Collective(Op::Collective(op)) = &step.kind else {
+            unreachable!("a run pauses at collectives only")
+        };
+        let bufs = &self.schedule.bufs;
+        let input = step.inputs.first().ok_or_else(|| InterpError::Op {
+            op: op.name().into(),
+            message: "a collective without an operand".into(),
+        })?;
+        Ok(Some(Pause {
+            step: i,
+            op: op.clone(),
+            input: ptrs[*input] as *const u8,
+            input_type: bufs[*input].ty.clone(),
+            output: ptrs[step.output],
+            output_type: bufs[step.output].ty.clone(),
+        }))
+    }
+
+    /// The outputs of a started run that `advance` completed, as `run_partial` returns them;
+    /// an error (and the run dropped) if it has not completed, as its outputs are not written.
+    pub fn finish(&self) -> Result<Vec<Option<Literal>>, InterpError> {
+        if self.cursor.get() != self.schedule.steps.len() {
+            self.abandon();
+            return Err(InterpError::Op {
+                op: "finish".into(),
+                message: "the run has not completed".into(),
+            });
+        }
+        let mut scratch = self.scratch.borrow_mut();
+        let Scratch { ptrs, args, outs } = &mut *scratch;
+        let out = self.collect(ptrs, outs);
+        ptrs.clear();
+        args.clear();
+        outs.clear();
+        Ok(out)
+    }
+
+    /// Drops a started run (a device failed): its buffers are freed, nothing is returned.
+    pub fn abandon(&self) {
+        self.cursor.set(0);
+        let mut scratch = self.scratch.borrow_mut();
+        scratch.ptrs.clear();
+        scratch.args.clear();
+        scratch.outs.clear();
     }
 
     /// Runs the program with its inputs read from, and its outputs written to, the given

@@ -21,9 +21,10 @@ pub mod lower;
 pub mod narrow;
 mod native;
 pub mod plan;
+pub mod together;
 pub mod window;
 
-pub use exec::Executable;
+pub use exec::{Executable, Pause};
 pub use lower::LowerError;
 
 use tessera_ir::Graph;

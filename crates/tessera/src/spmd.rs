@@ -82,6 +82,9 @@ impl DeviceProgram {
                 }
             };
         }
+        if let Some(outputs) = self.run_on_this_thread(&inputs) {
+            return outputs;
+        }
         let inputs = Arc::new(inputs);
         let positions = Arc::new(self.positions.clone());
         launch_spanning(
@@ -100,6 +103,87 @@ impl DeviceProgram {
     }
 }
 
+/// Below this many multiply-adds of GEMM per device, a program on more devices than cores
+/// runs on the calling thread (`run_on_this_thread`): its step is launch and meeting costs,
+/// which threads on shared cores multiply. Above it the device threads' arithmetic on every
+/// core pays for their switches (the big MLP over 8 devices: 51 M a device).
+const ON_ONE_THREAD_BELOW: usize = 1 << 22;
+
+/// Whether `devices` devices' programs (`all_local`: every one in this process) run cheaper in
+/// turn on one thread than on a thread each: when there are more of them than `cores`.
+fn one_thread_pays(devices: usize, cores: usize, all_local: bool) -> bool {
+    all_local && devices > cores
+}
+
+impl DeviceProgram {
+    /// Runs every device's program in turn on the calling thread, pausing each at its
+    /// collectives (`tessera_codegen::together`), when that is the cheaper way: all devices
+    /// are this process's, there are more of them than cores, the programs are native, small
+    /// (`ON_ONE_THREAD_BELOW`) and meet only outside region bodies. `None`: launch them on the
+    /// device threads instead. The results are the threaded launch's bits.
+    fn run_on_this_thread(
+        &self,
+        inputs: &[Vec<Arc<Literal>>],
+    ) -> Option<Result<Vec<Vec<Option<Literal>>>>> {
+        let n = self.programs.len();
+        // Read once: `available_parallelism` reads the cgroup files on every call (8% of the
+        // pmap step's samples when it was read per call).
+        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let cores =
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
+        if !one_thread_pays(n, cores, self.positions.len() == self.devices.len()) {
+            return None;
+        }
+        let mut guards = Vec::with_capacity(n);
+        for (k, program) in self.programs.iter().enumerate() {
+            match program.try_lock() {
+                Ok(p) => guards.push(p),
+                Err(TryLockError::Poisoned(p)) => guards.push(p.into_inner()),
+                Err(TryLockError::WouldBlock) => {
+                    let device = self.devices[self.positions[k]];
+                    return Some(Err(launch_error(LaunchError::Busy { device })));
+                }
+            }
+        }
+        let mut exes = Vec::with_capacity(n);
+        for g in &mut guards {
+            match &mut **g {
+                BackendProgram::Native(e)
+                    if e.pauses_at_collectives() && e.multiply_adds() < ON_ONE_THREAD_BELOW =>
+                {
+                    exes.push(&mut **e)
+                }
+                _ => return None,
+            }
+        }
+        let refs: Vec<Vec<&Literal>> = inputs
+            .iter()
+            .map(|ins| ins.iter().map(|l| l.as_ref()).collect())
+            .collect();
+        // As on the device threads, a panic is a device failure, not an unwind into the
+        // caller.
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tessera_codegen::together::run_together(&mut exes, &refs, &self.positions)
+        }));
+        Some(match run {
+            Ok(Ok(outputs)) => Ok(outputs),
+            Ok(Err(failed)) => Err(failed.error.into()),
+            Err(payload) => {
+                for e in &exes {
+                    e.abandon();
+                }
+                let message = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a panic without a message".into());
+                let device = self.devices[self.positions[0]];
+                Err(launch_error(LaunchError::Panicked { device, message }))
+            }
+        })
+    }
+}
+
 /// A failed launch as the user's error: the failing device's own error, a configuration
 /// error, or a device failure (a panic, a busy or silent device).
 fn launch_error(e: LaunchError<Error>) -> Error {
@@ -115,6 +199,13 @@ fn launch_error(e: LaunchError<Error>) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn more_local_devices_than_cores_run_on_one_thread() {
+        assert!(one_thread_pays(8, 2, true));
+        assert!(!one_thread_pays(2, 2, true), "a core each");
+        assert!(!one_thread_pays(8, 2, false), "devices in other processes");
+    }
 
     #[test]
     fn launch_failures_get_their_own_error_variants() {

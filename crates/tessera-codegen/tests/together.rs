@@ -1,0 +1,126 @@
+//! `together::run_together`: several devices' programs on one thread, paused at their
+//! collectives, give the bits of the same programs on threads of their own meeting through the
+//! shared-memory transport, for every kind of collective; and a failure leaves the programs fit
+//! for the next run.
+
+use std::time::Duration;
+
+use tessera_codegen::together::run_together;
+use tessera_ir::{Data, Literal, parse};
+use tessera_runtime::{Rendezvous, SharedCollectives};
+
+/// Every collective on a 2x2 mesh, each result an output; a small (one-meeting) and a large
+/// (in-place) all-reduce; an `axis_index` (no meeting) and a region-free program.
+const PROGRAM: &str = r#"mesh @mesh = <"a"=2, "b"=2>
+func @f(%0: f32[4,8], %1: f32[20000]) {
+  %2 = tanh %0 : f32[4,8]
+  %3 = all_reduce %2 sum axes=["a", "b"] : f32[4,8]
+  %4 = all_gather %2 dim=0 axes=["b"] : f32[8,8]
+  %5 = reduce_scatter %2 sum dim=1 axes=["a"] : f32[4,4]
+  %6 = all_to_all %2 split_dim=0 concat_dim=1 axes=["a", "b"] : f32[1,32]
+  %7 = collective_permute %2 axes=["a", "b"] pairs=[[0,1],[1,2],[2,3],[3,0]] : f32[4,8]
+  %8 = axis_index axes=["a", "b"] : i32[]
+  %9 = all_reduce %1 max axes=["a"] : f32[20000]
+  %10 = exp %3 : f32[4,8]
+  return %3, %4, %5, %6, %7, %8, %9, %10
+}"#;
+
+fn inputs(p: usize) -> Vec<Literal> {
+    let x: Vec<f32> = (0..32)
+        .map(|i| ((i * 7 + p * 13) % 17) as f32 * 0.1 - 0.8)
+        .collect();
+    let y: Vec<f32> = (0..20000)
+        .map(|i| ((i + p * 101) % 977) as f32 * 1e-3)
+        .collect();
+    vec![
+        Literal::new([4, 8], Data::F32(x)).unwrap(),
+        Literal::new([20000], Data::F32(y)).unwrap(),
+    ]
+}
+
+fn bits(outs: &[Option<Literal>]) -> Vec<Vec<u64>> {
+    outs.iter()
+        .map(|o| {
+            let o = o.as_ref().expect("every output computed");
+            (0..o.data.len())
+                .map(|i| o.data.get_f64(i).to_bits())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn one_thread_gives_the_bits_of_a_thread_per_device() {
+    let exe = tessera_codegen::compile(&parse(PROGRAM).unwrap())
+        .unwrap()
+        .single_threaded();
+    assert!(exe.pauses_at_collectives());
+    let forks: Vec<_> = (0..4).map(|_| exe.fork()).collect();
+    let ins: Vec<Vec<Literal>> = (0..4).map(inputs).collect();
+    // Threads meeting through the rendezvous.
+    let r = Rendezvous::with_timeout(Duration::from_secs(10));
+    let ids = [0, 1, 2, 3];
+    let (forks, threaded): (Vec<_>, Vec<Vec<Option<Literal>>>) = std::thread::scope(|s| {
+        let hs: Vec<_> = forks
+            .into_iter()
+            .enumerate()
+            .map(|(p, f)| {
+                let (r, ids, ins) = (&r, &ids, &ins);
+                s.spawn(move || {
+                    let c = SharedCollectives::new(r, 0, p, ids);
+                    let refs: Vec<&Literal> = ins[p].iter().collect();
+                    let out = f.run_partial(&refs, &c).unwrap();
+                    (f, out)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).unzip()
+    });
+    let mut forks = forks;
+    let mut programs: Vec<&mut tessera_codegen::Executable> = forks.iter_mut().collect();
+    let refs: Vec<Vec<&Literal>> = ins.iter().map(|i| i.iter().collect()).collect();
+    for round in 0..2 {
+        let together = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
+        for p in 0..4 {
+            assert_eq!(
+                bits(&together[p]),
+                bits(&threaded[p]),
+                "device {p}, round {round}"
+            );
+        }
+    }
+    // The axis index is each device's own.
+    let together = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
+    for (p, outs) in together.iter().enumerate() {
+        assert_eq!(outs[5].as_ref().unwrap().data.get_f64(0), p as f64);
+    }
+}
+
+#[test]
+fn a_failure_names_the_device_and_the_programs_run_again() {
+    let exe = tessera_codegen::compile(&parse(PROGRAM).unwrap())
+        .unwrap()
+        .single_threaded();
+    let mut forks: Vec<_> = (0..4).map(|_| exe.fork()).collect();
+    let mut programs: Vec<&mut tessera_codegen::Executable> = forks.iter_mut().collect();
+    let ins: Vec<Vec<Literal>> = (0..4).map(inputs).collect();
+    let mut refs: Vec<Vec<&Literal>> = ins.iter().map(|i| i.iter().collect()).collect();
+    // Device 2 given an input of the wrong type: its start fails, the others' runs are dropped.
+    let wrong = Literal::new([3], Data::F32(vec![0.0; 3])).unwrap();
+    refs[2][0] = &wrong;
+    let failed = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap_err();
+    assert_eq!(failed.device, 2, "{failed:?}");
+    // A group naming a position no program runs is an error, not a read.
+    refs[2][0] = &ins[2][0];
+    let missing = run_together(&mut programs[..3], &refs[..3], &[0, 1, 2]).unwrap_err();
+    assert!(
+        missing.error.to_string().contains("mesh position 3"),
+        "{missing:?}"
+    );
+    // And every program runs again.
+    let ok = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
+    assert_eq!(ok.len(), 4);
+    // A run that was started and not advanced cannot be finished (its outputs are unwritten).
+    programs[0].start(&refs[0]).unwrap();
+    assert!(programs[0].finish().is_err());
+}
