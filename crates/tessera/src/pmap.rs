@@ -130,7 +130,9 @@ fn stack(parts: Vec<Literal>) -> Result<Literal> {
     let ty = parts[0].ty.clone();
     let mut dims = vec![n];
     dims.extend_from_slice(ty.dims());
-    let mut data = Data::zeros(ty.dtype, 0);
+    // Room for every part at once: no reallocation while appending.
+    let mut data = Data::try_with_capacity(ty.dtype, n.saturating_mul(ty.numel()))
+        .map_err(|e| Error::Device(format!("pmap: stacking {n} outputs of type {ty}: {e}")))?;
     for (d, p) in parts.iter().enumerate() {
         if p.ty != ty {
             return Err(Error::Device(format!(
