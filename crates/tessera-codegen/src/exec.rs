@@ -52,6 +52,9 @@ pub struct Executable {
     profile: Option<RefCell<Profile>>,
     /// A paused run's next step (`start`, `advance`, `finish`).
     cursor: std::cell::Cell<usize>,
+    /// Whether the paused run waits for its last pause's result (`finish` refuses then: the
+    /// collective's output is not written).
+    awaiting: std::cell::Cell<bool>,
     /// Whether a region body (at any depth) meets other devices: such a program cannot pause
     /// at its collectives (`pauses_at_collectives`).
     meets_in_regions: bool,
@@ -64,14 +67,14 @@ pub struct Executable {
 /// `output` (the devices' operands, in group order, give every member's result), then
 /// advances again.
 #[derive(Clone, Debug)]
-pub struct Pause {
+pub(crate) struct Pause {
     /// The step's index in the schedule (every device of one program pauses at the same).
-    pub step: usize,
-    pub op: CollectiveOp,
-    pub input: *const u8,
-    pub input_type: TensorType,
-    pub output: *mut u8,
-    pub output_type: TensorType,
+    pub(crate) step: usize,
+    pub(crate) op: CollectiveOp,
+    pub(crate) input: *const u8,
+    pub(crate) input_type: TensorType,
+    pub(crate) output: *mut u8,
+    pub(crate) output_type: TensorType,
 }
 
 // SAFETY: the addresses are of buffers a paused run keeps bound (`Executable::advance`); a
@@ -262,8 +265,10 @@ struct Scratch {
 }
 
 // SAFETY: every run clears and refills `ptrs` and `args` (`bind`, `run_kernel`) before any of
-// their pointers is dereferenced, and `run_partial` empties them when it returns, so between
-// runs they hold no pointer a thread could use: moving the executable moves plain capacity.
+// their pointers is dereferenced, and `run_partial` empties them when it returns, as
+// `together::run_together` does (`finish` or `abandon`, on every path, unwinding included) for
+// the paused runs it holds within one call: between runs they hold no pointer a thread could
+// use, and moving the executable moves plain capacity.
 // The `Data` in `outs` is `Send` on its own.
 unsafe impl Send for Scratch {}
 
@@ -303,6 +308,7 @@ impl Executable {
             regions,
             profile: profiling().then(RefCell::default),
             cursor: std::cell::Cell::new(0),
+            awaiting: std::cell::Cell::new(false),
         }
     }
 
@@ -360,6 +366,7 @@ impl Executable {
                 .collect(),
             profile: profiling().then(RefCell::default),
             cursor: std::cell::Cell::new(0),
+            awaiting: std::cell::Cell::new(false),
             meets_in_regions: self.meets_in_regions,
             multiply_adds: self.multiply_adds,
         }
@@ -647,9 +654,11 @@ impl Executable {
     /// Starts a run that pauses at its collectives, so that one thread can run several
     /// devices' programs in turn: binds `inputs` and the outputs as `run_partial` does, then
     /// `advance` runs up to each collective that meets other devices and `finish` collects the
-    /// outputs. Until `finish` (or `abandon`), the executable holds the run's buffers, and
-    /// nothing else may run it.
-    pub fn start(&self, inputs: &[&Literal]) -> Result<(), InterpError> {
+    /// outputs. Until `finish` (or `abandon`), the executable holds the run's buffers and
+    /// pointers into `inputs`, so the caller keeps the inputs alive and unchanged and runs
+    /// nothing else on it, and writes every pause's result before advancing again: crate-
+    /// private, `together::run_together` is the one caller and keeps that contract.
+    pub(crate) fn start(&self, inputs: &[&Literal]) -> Result<(), InterpError> {
         if !self.pauses_at_collectives() {
             return Err(InterpError::Op {
                 op: "start".into(),
@@ -665,6 +674,7 @@ impl Executable {
             self.abandon();
         }
         self.cursor.set(0);
+        self.awaiting.set(false);
         if let Some(p) = &self.profile {
             let mut p = p.borrow_mut();
             p.runs += 1;
@@ -678,15 +688,19 @@ impl Executable {
     /// returns it (`None`: the run is complete). `local` serves what needs no other device (a
     /// one-member group, `axis_index` at its position). Call again once the pause's result
     /// is in its output buffer.
-    pub fn advance(&self, local: &dyn Collectives) -> Result<Option<Pause>, InterpError> {
+    pub(crate) fn advance(&self, local: &dyn Collectives) -> Result<Option<Pause>, InterpError> {
         let mut scratch = self.scratch.borrow_mut();
         let Scratch { ptrs, args, .. } = &mut *scratch;
+        // The pause before this one (if any) has its result written: the caller advances only
+        // then.
+        self.awaiting.set(false);
         let at = self.steps_from(self.cursor.get(), true, ptrs, args, local)?;
         let Some(i) = at else {
             self.cursor.set(self.schedule.steps.len());
             return Ok(None);
         };
         self.cursor.set(i + 1);
+        self.awaiting.set(true);
         let step = &self.schedule.steps[i];
         let StepKind::Collective(Op::Collective(op)) = &step.kind else {
             unreachable!("a run pauses at collectives only")
@@ -708,8 +722,8 @@ impl Executable {
 
     /// The outputs of a started run that `advance` completed, as `run_partial` returns them;
     /// an error (and the run dropped) if it has not completed, as its outputs are not written.
-    pub fn finish(&self) -> Result<Vec<Option<Literal>>, InterpError> {
-        if self.cursor.get() != self.schedule.steps.len() {
+    pub(crate) fn finish(&self) -> Result<Vec<Option<Literal>>, InterpError> {
+        if self.cursor.get() != self.schedule.steps.len() || self.awaiting.get() {
             self.abandon();
             return Err(InterpError::Op {
                 op: "finish".into(),
@@ -726,8 +740,9 @@ impl Executable {
     }
 
     /// Drops a started run (a device failed): its buffers are freed, nothing is returned.
-    pub fn abandon(&self) {
+    pub(crate) fn abandon(&self) {
         self.cursor.set(0);
+        self.awaiting.set(false);
         let mut scratch = self.scratch.borrow_mut();
         scratch.ptrs.clear();
         scratch.args.clear();

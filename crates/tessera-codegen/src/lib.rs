@@ -24,7 +24,7 @@ pub mod plan;
 pub mod together;
 pub mod window;
 
-pub use exec::{Executable, Pause};
+pub use exec::Executable;
 pub use lower::LowerError;
 
 use tessera_ir::Graph;

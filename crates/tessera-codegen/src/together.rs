@@ -135,25 +135,63 @@ unsafe fn write_result(r: &Literal, out: *mut u8, ty: &tessera_ir::TensorType) {
     unsafe { std::ptr::copy_nonoverlapping(data_ptr(&r.data), out, ty.byte_size()) };
 }
 
-/// Why a run together failed: the device (its index in `programs`) and its error.
+/// Why a run together failed, and on which device (its index in `programs`).
 #[derive(Debug)]
-pub struct Failed {
-    pub device: usize,
-    pub error: InterpError,
+pub enum Failed {
+    /// The device's program returned an error.
+    Error { device: usize, error: InterpError },
+    /// The device's program panicked (the message, when the panic carried one).
+    Panicked { device: usize, message: String },
 }
 
 /// Runs `programs[k]` (the same program compiled for every device: forks of one executable)
 /// on `inputs[k]` at mesh position `positions[k]` of the programs' mesh, and returns each
-/// device's outputs as `run_partial` does, all on the calling thread. Every mesh position a collective's
-/// group names must be among `positions` (one process holds them all). Each program must
-/// `pauses_at_collectives`. On an error every run is dropped and the programs are fit for the
-/// next call.
+/// device's outputs as `run_partial` does, all on the calling thread. Every mesh position a
+/// collective's group names must be among `positions` (one process holds them all). Each
+/// program must `pauses_at_collectives`. On an error or a panic every started run is dropped
+/// (`abandon`) before this returns, so the programs hold no pointer into `inputs` and are fit
+/// for the next call.
 pub fn run_together(
     programs: &mut [&mut Executable],
     inputs: &[Vec<&Literal>],
     positions: &[usize],
 ) -> Result<Vec<Vec<Option<Literal>>>, Failed> {
-    let result = run_phases(programs, inputs, positions);
+    if programs.len() != inputs.len() || programs.len() != positions.len() {
+        return Err(Failed::Error {
+            device: 0,
+            error: InterpError::Op {
+                op: "run_together".into(),
+                message: format!(
+                    "{} programs, {} input lists and {} positions",
+                    programs.len(),
+                    inputs.len(),
+                    positions.len()
+                ),
+            },
+        });
+    }
+    if programs.is_empty() {
+        return Ok(Vec::new());
+    }
+    // The device whose program runs, for a panic's report.
+    let current = std::cell::Cell::new(0);
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_phases(programs, inputs, positions, &current)
+    }));
+    let result = match run {
+        Ok(r) => r,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(Failed::Panicked {
+                device: current.get(),
+                message,
+            })
+        }
+    };
     if result.is_err() {
         for p in programs.iter() {
             p.abandon();
@@ -169,11 +207,14 @@ pub fn run_together(
 fn advance_all(
     programs: &mut [&mut Executable],
     positions: &[usize],
+    current: &std::cell::Cell<usize>,
 ) -> Vec<Result<Option<Pause>, InterpError>> {
     programs
         .iter()
         .zip(positions)
-        .map(|(p, &position)| {
+        .enumerate()
+        .map(|(k, (p, &position))| {
+            current.set(k);
             p.advance(&Gathered {
                 position,
                 operands: &[],
@@ -186,9 +227,11 @@ fn run_phases(
     programs: &mut [&mut Executable],
     inputs: &[Vec<&Literal>],
     positions: &[usize],
+    current: &std::cell::Cell<usize>,
 ) -> Result<Vec<Vec<Option<Literal>>>, Failed> {
-    let fail = |device: usize, error: InterpError| Failed { device, error };
+    let fail = |device: usize, error: InterpError| Failed::Error { device, error };
     for (k, p) in programs.iter().enumerate() {
+        current.set(k);
         p.start(&inputs[k]).map_err(|e| fail(k, e))?;
     }
     let no_mesh = Mesh::new("", Vec::new());
@@ -202,7 +245,10 @@ fn run_phases(
     let mut operands: Vec<Option<Literal>> = Vec::new();
     loop {
         let mut pauses = Vec::with_capacity(programs.len());
-        for (k, r) in advance_all(programs, positions).into_iter().enumerate() {
+        for (k, r) in advance_all(programs, positions, current)
+            .into_iter()
+            .enumerate()
+        {
             pauses.push(r.map_err(|e| fail(k, e))?);
         }
         let Some(first) = pauses[0].clone() else {
@@ -239,6 +285,7 @@ fn run_phases(
         let mut reduced: Vec<(Vec<usize>, Literal)> = Vec::new();
         for (k, q) in pauses.iter().enumerate() {
             let q = q.as_ref().expect("checked above");
+            current.set(k);
             let device = Gathered {
                 position: positions[k],
                 operands: &operands,
@@ -274,6 +321,9 @@ fn run_phases(
     programs
         .iter()
         .enumerate()
-        .map(|(k, p)| p.finish().map_err(|e| fail(k, e)))
+        .map(|(k, p)| {
+            current.set(k);
+            p.finish().map_err(|e| fail(k, e))
+        })
         .collect()
 }

@@ -242,6 +242,22 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
     launch_positions(devices_used, &positions, executables, timeout, run)
 }
 
+/// What a launch on `devices_used` checks before it runs anything, for a caller that runs
+/// this process's devices' programs itself (`tessera::spmd`'s one-thread route): the
+/// collective timeout (`TESSERA_COLLECTIVE_TIMEOUT`), the device count, and that every device
+/// exists. The error is the launch's `LaunchError::Config` message.
+pub fn check_launch(devices_used: &[usize]) -> Result<(), String> {
+    collective_timeout()?;
+    try_local_device_count()?;
+    let global = try_device_count()?;
+    if let Some(&bad) = devices_used.iter().find(|&&x| x >= global) {
+        return Err(format!(
+            "device {bad} does not exist: there are {global} (TESSERA_DEVICES)",
+        ));
+    }
+    Ok(())
+}
+
 /// The launch of mesh positions `positions` (this process's) of a mesh over the global
 /// devices `devices_used` (one per position): `executables[k]` runs position `positions[k]`
 /// on its device's thread; results in the order of `positions`.

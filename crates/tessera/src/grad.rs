@@ -3,9 +3,12 @@
 //!
 //! The function is traced in a trace of its own (tracers of an enclosing trace that it closes
 //! over become capture parameters). The autodiff pass appends the backward graph to that graph.
-//! Replaying a graph applies its ops to `Tensor`s: with concrete inputs that runs them eagerly;
-//! with tracers (a `grad` inside `jit`, or the inner `grad` of a `grad` of a `grad`) it records
-//! them into the enclosing trace, so the backward graph is appended to the enclosing program.
+//! Replaying a graph applies its ops to `Tensor`s (`trace::apply_staged`): outside any trace
+//! that runs them eagerly; inside one (a `grad` inside `jit`, or the inner `grad` of a `grad`
+//! of a `grad`) it records them into the innermost active trace, even an op on constants only
+//! (JAX's omnistaging), so the backward graph is appended to the enclosing program and a
+//! constant it builds stays a scalar and a broadcast. As in JAX, a value replayed inside a
+//! trace is a tracer there: reading it (`to_vec`) is an error, and it cannot escape the trace.
 //! The forward part is replayed once; its values are kept as the residuals of the backward part.
 
 use std::collections::{HashMap, HashSet};

@@ -668,8 +668,9 @@ pub fn make_ir<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> impl Fn(&In) -> R
     }
 }
 
-/// Evaluates an IR program on tensors, like `jax.core.eval_jaxpr`: eagerly when the inputs are
-/// concrete, recorded into the enclosing trace when they are tracers. A malformed graph (one
+/// Evaluates an IR program on tensors, like `jax.core.eval_jaxpr`: eagerly outside any trace,
+/// recorded into the innermost active trace inside one (even on concrete inputs, as JAX's
+/// omnistaging does). A malformed graph (one
 /// the verifier rejects), inputs of the wrong types, and collectives run outside a program
 /// placed on a mesh are errors.
 #[track_caller]

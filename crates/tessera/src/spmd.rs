@@ -134,6 +134,10 @@ impl DeviceProgram {
         if !one_thread_pays(n, cores, self.positions.len() == self.devices.len()) {
             return None;
         }
+        // What a launch checks first (a bad `TESSERA_COLLECTIVE_TIMEOUT` is an error here too).
+        if let Err(message) = tessera_runtime::check_launch(&self.devices) {
+            return Some(Err(launch_error(LaunchError::Config(message))));
+        }
         let mut guards = Vec::with_capacity(n);
         for (k, program) in self.programs.iter().enumerate() {
             match program.try_lock() {
@@ -160,25 +164,18 @@ impl DeviceProgram {
             .iter()
             .map(|ins| ins.iter().map(|l| l.as_ref()).collect())
             .collect();
-        // As on the device threads, a panic is a device failure, not an unwind into the
-        // caller.
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            tessera_codegen::together::run_together(&mut exes, &refs, &self.positions)
-        }));
-        Some(match run {
-            Ok(Ok(outputs)) => Ok(outputs),
-            Ok(Err(failed)) => Err(failed.error.into()),
-            Err(payload) => {
-                for e in &exes {
-                    e.abandon();
-                }
-                let message = payload
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "a panic without a message".into());
-                let device = self.devices[self.positions[0]];
-                Err(launch_error(LaunchError::Panicked { device, message }))
+        // As on the device threads, a panic is a device failure (`run_together` catches it
+        // and drops every run), not an unwind into the caller.
+        use tessera_codegen::together::{Failed, run_together};
+        let device = |k: usize| self.devices[self.positions[k]];
+        Some(match run_together(&mut exes, &refs, &self.positions) {
+            Ok(outputs) => Ok(outputs),
+            Err(Failed::Error { error, .. }) => Err(error.into()),
+            Err(Failed::Panicked { device: k, message }) => {
+                Err(launch_error(LaunchError::Panicked {
+                    device: device(k),
+                    message,
+                }))
             }
         })
     }

@@ -76,16 +76,19 @@ fn bad_device_count_case() {
     println!("case passed");
 }
 
-/// In a child with `TESSERA_COLLECTIVE_TIMEOUT=abc`: the first sharded call returns the error.
+/// In a child with `TESSERA_COLLECTIVE_TIMEOUT=abc`: the first sharded call over every device
+/// returns the error, on the device threads (2 devices) and on the one-thread route (64, more
+/// than any test machine's cores).
 #[test]
 fn bad_timeout_case() {
     if std::env::var_os(CASE).is_none() || std::env::var_os("TESSERA_COLLECTIVE_TIMEOUT").is_none()
     {
         return;
     }
-    let mesh = Mesh::new([2], ["dp"]);
+    let n = device_count();
+    let mesh = Mesh::new([n], ["dp"]);
     let x = device_put(
-        Tensor::from_vec((0..8).map(|i| i as f32).collect::<Vec<f32>>(), [8]),
+        Tensor::from_vec((0..4 * n).map(|i| i as f32).collect::<Vec<f32>>(), [4 * n]),
         NamedSharding::new(&mesh, P!["dp"]),
     );
     let f = jit(|x: Tensor| x.sum());
@@ -109,14 +112,20 @@ fn bad_configuration_is_an_error_saying_what_was_expected() {
             "TESSERA_DEVICES={bad:?}:\n{out}"
         );
     }
-    let (ok, out) = child(
-        "bad_timeout_case",
-        &[
-            ("TESSERA_DEVICES", "2"),
-            ("TESSERA_COLLECTIVE_TIMEOUT", "abc"),
-        ],
-    );
-    assert!(ok && out.contains("case passed"), "{out}");
+    for devices in ["2", "64"] {
+        let (ok, out) = child(
+            "bad_timeout_case",
+            &[
+                ("TESSERA_DEVICES", devices),
+                ("TESSERA_COLLECTIVE_TIMEOUT", "abc"),
+            ],
+        );
+        assert!(
+            ok && out.contains("case passed"),
+            "{devices} devices:
+{out}"
+        );
+    }
 }
 
 /// An empty `TESSERA_DEVICES` counts as unset: the number of cores.
