@@ -182,6 +182,24 @@ impl Fx {
     }
 }
 
+/// `ln 2` in two parts, for exp's reduction and log's reconstruction (the high one with
+/// trailing zero bits, so `n ln2_hi` is exact for the `n` of an f32 argument).
+const LN2_HI: f64 = 0.693_145_75;
+const LN2_LO: f64 = 1.428_606_8e-6;
+
+/// exp's polynomial on the reduced argument: Taylor to degree 8, highest power first.
+const EXP_TAYLOR: [f64; 9] = [
+    1.0 / 40320.0,
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 /// `exp(x)` (see the module table). `2^n` is applied as two factors `2^(n >> 1)` and
 /// `2^(n - (n >> 1))`, each a normal float for every `n` in `[-150, 128]`: the first product is
 /// exact and the second rounds once, so results near `f32::MAX` are right and results in the
@@ -191,25 +209,11 @@ pub fn exp(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let log2e = f.c(b, std::f64::consts::LOG2_E);
     let t = b.ins().fmul(xc, log2e);
     let n = b.ins().nearest(t);
-    let ln2_hi = f.c(b, -0.693_145_75);
-    let ln2_lo = f.c(b, -1.428_606_8e-6);
+    let ln2_hi = f.c(b, -LN2_HI);
+    let ln2_lo = f.c(b, -LN2_LO);
     let r = f.fma(b, n, ln2_hi, xc);
     let r = f.fma(b, n, ln2_lo, r);
-    let p = f.horner(
-        b,
-        r,
-        &[
-            1.0 / 40320.0,
-            1.0 / 5040.0,
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ],
-    );
+    let p = f.horner(b, r, &EXP_TAYLOR);
     let ni = b.ins().fcvt_to_sint_sat(f.ity(), n);
     let n1 = b.ins().sshr_imm_s(ni, 1);
     let n2 = b.ins().isub(ni, n1);
@@ -269,8 +273,8 @@ pub fn log(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let hf = b.ins().fmul(fm, half);
     let hfsq = b.ins().fmul(hf, fm);
     let t = b.ins().fadd(hfsq, r);
-    let ln2_hi = f.c(b, 0.693_145_75);
-    let ln2_lo = f.c(b, 1.428_606_8e-6);
+    let ln2_hi = f.c(b, LN2_HI);
+    let ln2_lo = f.c(b, LN2_LO);
     let elo = b.ins().fmul(ef, ln2_lo);
     let corr = f.fma(b, s, t, elo);
     let d = b.ins().fsub(hfsq, corr);
@@ -329,8 +333,8 @@ pub fn expm1(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let log2e = f.c(b, std::f64::consts::LOG2_E);
     let t = b.ins().fmul(xc, log2e);
     let n = b.ins().nearest(t);
-    let ln2_hi = f.c(b, -0.693_145_75);
-    let ln2_lo = f.c(b, -1.428_606_8e-6);
+    let ln2_hi = f.c(b, -LN2_HI);
+    let ln2_lo = f.c(b, -LN2_LO);
     let r = f.fma(b, n, ln2_hi, xc);
     let r = f.fma(b, n, ln2_lo, r);
     let p = f.horner(
@@ -384,25 +388,11 @@ fn exp_tanh(b: &mut FunctionBuilder, f: Fx, y: Value) -> Value {
     let magic = f.c(b, 12_582_912.0 + 127.0);
     let s = f.fma(b, y, log2e, magic);
     let n = b.ins().fsub(s, magic);
-    let ln2_hi = f.c(b, -0.693_145_75);
-    let ln2_lo = f.c(b, -1.428_606_8e-6);
+    let ln2_hi = f.c(b, -LN2_HI);
+    let ln2_lo = f.c(b, -LN2_LO);
     let r = f.fma(b, n, ln2_hi, y);
     let r = f.fma(b, n, ln2_lo, r);
-    let p = f.horner(
-        b,
-        r,
-        &[
-            1.0 / 40320.0,
-            1.0 / 5040.0,
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ],
-    );
+    let p = f.horner(b, r, &EXP_TAYLOR);
     let bits = f.to_bits(b, s);
     let scale = b.ins().ishl_imm_s(bits, 23);
     let scale = f.bits_to_float(b, scale);

@@ -135,6 +135,15 @@ unsafe fn write_result(r: &Literal, out: *mut u8, ty: &tessera_ir::TensorType) {
     unsafe { std::ptr::copy_nonoverlapping(data_ptr(&r.data), out, ty.byte_size()) };
 }
 
+/// A panic's message (its `String` or `&str` payload), for a device failure's report.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 /// Why a run together failed, and on which device (its index in `programs`).
 #[derive(Debug)]
 pub enum Failed {
@@ -180,17 +189,10 @@ pub fn run_together(
     }));
     let result = match run {
         Ok(r) => r,
-        Err(payload) => {
-            let message = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "a panic without a message".into());
-            Err(Failed::Panicked {
-                device: current.get(),
-                message,
-            })
-        }
+        Err(payload) => Err(Failed::Panicked {
+            device: current.get(),
+            message: panic_message(payload.as_ref()),
+        }),
     };
     if result.is_err() {
         for p in programs.iter() {

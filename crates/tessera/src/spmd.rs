@@ -73,11 +73,7 @@ impl DeviceProgram {
             return match run {
                 Ok(outputs) => Ok(vec![outputs?]),
                 Err(payload) => {
-                    let message = payload
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "a panic without a message".into());
+                    let message = tessera_codegen::together::panic_message(payload.as_ref());
                     Err(launch_error(LaunchError::Panicked { device, message }))
                 }
             };
