@@ -521,11 +521,22 @@ impl Executable {
         inputs: &[&Literal],
         collectives: &dyn Collectives,
     ) -> Result<Vec<Literal>, InterpError> {
-        Ok(self
-            .run_partial(inputs, collectives)?
-            .into_iter()
-            .map(|o| o.expect("no output dropped (see dropping_outputs)"))
-            .collect())
+        let mut out = Vec::with_capacity(self.schedule.outputs.len());
+        self.run_into(inputs, collectives, &mut out)?;
+        Ok(out)
+    }
+
+    /// `run` that appends the outputs to `out`: a caller that keeps `out` between runs
+    /// allocates no vector for them.
+    pub fn run_into(
+        &self,
+        inputs: &[&Literal],
+        collectives: &dyn Collectives,
+        out: &mut Vec<Literal>,
+    ) -> Result<(), InterpError> {
+        self.run_with(inputs, collectives, |o| {
+            out.push(o.expect("no output dropped (see dropping_outputs)"))
+        })
     }
 
     /// Like `run`, with `None` for the outputs `dropping_outputs` dropped: binds the buffers,
@@ -535,13 +546,26 @@ impl Executable {
         inputs: &[&Literal],
         collectives: &dyn Collectives,
     ) -> Result<Vec<Option<Literal>>, InterpError> {
+        let mut out = Vec::with_capacity(self.schedule.outputs.len());
+        self.run_with(inputs, collectives, |o| out.push(o))?;
+        Ok(out)
+    }
+
+    /// Binds the buffers, runs each step that is not skipped, and hands `each` the outputs in
+    /// order (`None` for one `dropping_outputs` dropped).
+    fn run_with(
+        &self,
+        inputs: &[&Literal],
+        collectives: &dyn Collectives,
+        each: impl FnMut(Option<Literal>),
+    ) -> Result<(), InterpError> {
         let mut arena = self.arena.borrow_mut();
         let mut scratch = self.scratch.borrow_mut();
         let Scratch { ptrs, args, outs } = &mut *scratch;
         let result = self
             .bind(&mut arena, inputs, ptrs, outs)
             .and_then(|()| self.run_steps(ptrs, args, collectives))
-            .map(|()| self.collect(ptrs, outs));
+            .map(|()| self.collect(ptrs, outs, each));
         ptrs.clear();
         args.clear();
         outs.clear();
@@ -732,7 +756,8 @@ impl Executable {
         }
         let mut scratch = self.scratch.borrow_mut();
         let Scratch { ptrs, args, outs } = &mut *scratch;
-        let out = self.collect(ptrs, outs);
+        let mut out = Vec::with_capacity(self.schedule.outputs.len());
+        self.collect(ptrs, outs, |o| out.push(o));
         ptrs.clear();
         args.clear();
         outs.clear();
@@ -1250,7 +1275,8 @@ impl Executable {
         &self,
         ptrs: &[*mut u8],
         owned: &mut [(usize, Option<Data>)],
-    ) -> Vec<Option<Literal>> {
+        mut each: impl FnMut(Option<Literal>),
+    ) {
         let bufs = &self.schedule.bufs;
         for (b, v) in owned.iter_mut() {
             if let Some(v) = v {
@@ -1259,29 +1285,26 @@ impl Executable {
                 unsafe { v.set_len(bufs[*b].ty.numel()) };
             }
         }
-        self.schedule
-            .outputs
-            .iter()
-            .map(|&b| {
-                if self.dropped[b] {
-                    return None;
-                }
-                Some(
-                    match owned
-                        .iter_mut()
-                        .find(|(o, _)| *o == b)
-                        .and_then(|(_, d)| d.take())
-                    {
-                        Some(data) => Literal {
-                            ty: bufs[b].ty.clone(),
-                            data,
-                        },
-                        // SAFETY: the buffer holds a value of its type.
-                        None => unsafe { literal_from_raw(&bufs[b].ty, ptrs[b]) },
+        for &b in &self.schedule.outputs {
+            if self.dropped[b] {
+                each(None);
+                continue;
+            }
+            each(Some(
+                match owned
+                    .iter_mut()
+                    .find(|(o, _)| *o == b)
+                    .and_then(|(_, d)| d.take())
+                {
+                    Some(data) => Literal {
+                        ty: bufs[b].ty.clone(),
+                        data,
                     },
-                )
-            })
-            .collect()
+                    // SAFETY: the buffer holds a value of its type.
+                    None => unsafe { literal_from_raw(&bufs[b].ty, ptrs[b]) },
+                },
+            ));
+        }
     }
 
     /// Makes buffer `b` hold the product `block` (dense row-major `g.m x g.n`, read-only,

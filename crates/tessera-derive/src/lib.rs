@@ -90,6 +90,27 @@ fn flatten_node(kind: &str, fields: &[FieldInfo]) -> Tokens {
     }
 }
 
+/// The expression, with a struct's or variant's fields bound, that appends their leaves and
+/// says whether the structure is `def` (a node of `kind` keyed by the field names), comparing
+/// without building a `TreeDef`.
+fn flatten_if_node(kind: &str, fields: &[FieldInfo]) -> Tokens {
+    let keys = fields.iter().map(|f| &f.key);
+    let checks = fields.iter().enumerate().map(|(idx, f)| {
+        let b = &f.binding;
+        if f.is_static {
+            quote!(::tessera::tree::static_is(#b, &children[#idx]))
+        } else {
+            quote!(::tessera::tree::Tree::flatten_if(#b, &children[#idx], leaves))
+        }
+    });
+    quote! {
+        match ::tessera::tree::node_is(def, #kind, &[#(#keys),*]) {
+            ::std::option::Option::Some(children) => true #(&& #checks)*,
+            ::std::option::Option::None => false,
+        }
+    }
+}
+
 /// The field initialisers that rebuild `fields` from `children` (a `&[TreeDef]` in scope).
 fn unflatten_fields(fields: &[FieldInfo]) -> Vec<Tokens> {
     fields
@@ -164,17 +185,22 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     }
     let mut generics = input.generics.clone();
     generics.make_where_clause().predicates.extend(bounds);
-    let (flatten, unflatten) = match &input.data {
+    let (flatten, flatten_if, unflatten) = match &input.data {
         Data::Struct(s) => {
             let fields = fields_of(&s.fields)?;
             let kind = name.to_string();
             let pat = pattern(quote!(#name), &fields);
             let node = flatten_node(&kind, &fields);
+            let matches = flatten_if_node(&kind, &fields);
             let inits = unflatten_fields(&fields);
             (
                 quote! {
                     let #pat = self;
                     #node
+                },
+                quote! {
+                    let #pat = self;
+                    #matches
                 },
                 quote! {
                     let children = def.children_of(#kind)?;
@@ -184,6 +210,7 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
         }
         Data::Enum(e) => {
             let mut flat_arms = Vec::new();
+            let mut if_arms = Vec::new();
             let mut kinds = Vec::new();
             let mut builds = Vec::new();
             for v in &e.variants {
@@ -193,6 +220,8 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                 let pat = pattern(quote!(#name::#vname), &fields);
                 let node = flatten_node(&kind, &fields);
                 flat_arms.push(quote!(#pat => #node));
+                let matches = flatten_if_node(&kind, &fields);
+                if_arms.push(quote!(#pat => #matches));
                 let inits = unflatten_fields(&fields);
                 builds.push(quote! {
                     if let Ok(children) = def.children_of(#kind) {
@@ -208,6 +237,11 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                     quote!(match *self {})
                 } else {
                     quote!(match self { #(#flat_arms),* })
+                },
+                if if_arms.is_empty() {
+                    quote!(match *self {})
+                } else {
+                    quote!(match self { #(#if_arms),* })
                 },
                 quote! {
                     #(#builds)*
@@ -233,9 +267,17 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                 #flatten
             }
             #[allow(unused_variables)]
+            fn flatten_if(
+                &self,
+                def: &::tessera::tree::TreeDef,
+                leaves: &mut ::std::vec::Vec<::tessera::Tensor>,
+            ) -> bool {
+                #flatten_if
+            }
+            #[allow(unused_variables)]
             fn unflatten_from(
                 def: &::tessera::tree::TreeDef,
-                leaves: &mut ::std::vec::IntoIter<::tessera::Tensor>,
+                leaves: &mut ::tessera::tree::Leaves<'_>,
             ) -> ::tessera::Result<Self> {
                 #unflatten
             }

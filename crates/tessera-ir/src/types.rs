@@ -104,17 +104,20 @@ impl fmt::Display for DType {
     }
 }
 
+/// The dimensions of a shape: up to rank 4 inline, so cloning a type allocates nothing.
+pub type Dims = smallvec::SmallVec<[usize; 4]>;
+
 /// The dimensions of a tensor, outermost first. A scalar has no dimensions.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct Shape(pub Vec<usize>);
+pub struct Shape(pub Dims);
 
 impl Shape {
     pub fn new(dims: impl Into<Vec<usize>>) -> Shape {
-        Shape(dims.into())
+        Shape(Dims::from_slice(&dims.into()))
     }
 
     pub fn scalar() -> Shape {
-        Shape(Vec::new())
+        Shape(Dims::new())
     }
 
     pub fn rank(&self) -> usize {
@@ -153,19 +156,19 @@ impl Shape {
 
 impl From<Vec<usize>> for Shape {
     fn from(v: Vec<usize>) -> Shape {
-        Shape(v)
+        Shape(Dims::from_slice(&v))
     }
 }
 
 impl From<&[usize]> for Shape {
     fn from(v: &[usize]) -> Shape {
-        Shape(v.to_vec())
+        Shape(Dims::from_slice(v))
     }
 }
 
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(v: [usize; N]) -> Shape {
-        Shape(v.to_vec())
+        Shape(Dims::from_slice(&v))
     }
 }
 

@@ -53,6 +53,30 @@ pub struct Array {
     shards: Option<(Arc<ShardSpec>, Vec<Arc<Literal>>)>,
 }
 
+/// The allocations of an array no one else holds, its elements taken out
+/// ([`Array::into_shell`]): [`Shell::fill`] makes them an array again around a new value. Its
+/// cell is set and both of its `Arc`s are unique (no clone or weak reference of them exists,
+/// as the field is private).
+#[derive(Debug)]
+pub struct Shell(Arc<OnceLock<Arc<Literal>>>);
+
+impl Shell {
+    /// An array of `literal`, in these allocations.
+    pub fn fill(mut self, literal: Literal) -> Array {
+        let ty = literal.ty.clone();
+        let held = Arc::get_mut(&mut self.0)
+            .and_then(OnceLock::get_mut)
+            .and_then(Arc::get_mut)
+            .expect("a shell's cell is set and its Arcs unique (into_shell)");
+        *held = literal;
+        Array {
+            ty,
+            host: self.0,
+            shards: None,
+        }
+    }
+}
+
 /// Copies the elements of a shard between it and the global array: from `src` (the global
 /// array, or with `to_global` the shard) into `dst` (the shard, or the global array of dims
 /// `dst_dims`); `offsets` are the shard's (offset, size) per dim.
@@ -241,15 +265,19 @@ impl Array {
         self.host.get().expect("assembled above").clone()
     }
 
-    /// The host literal, moved out, when this array is its only owner (no clone of it, no
-    /// device shards, no other holder of the assembled value); `None` otherwise, and the
-    /// array is dropped (its clones keep the value).
-    pub fn into_unique_literal(self) -> Option<Literal> {
+    /// This array's allocations and its elements, apart, when it is their only owner (no
+    /// clone of it, no device shards, no other holder of the host value; `None` otherwise, and
+    /// the array is dropped, its clones keeping the value): a donated argument's buffer goes
+    /// to the program's output pool and its [`Shell`] holds the next output (no allocation
+    /// for either).
+    pub fn into_shell(self) -> Option<(Shell, Data)> {
         if self.shards.is_some() {
             return None;
         }
-        let cell = Arc::try_unwrap(self.host).ok()?;
-        Arc::try_unwrap(cell.into_inner()?).ok()
+        let mut host = self.host;
+        let lit = Arc::get_mut(Arc::get_mut(&mut host)?.get_mut()?)?;
+        let data = std::mem::replace(&mut lit.data, Data::F32(Vec::new()));
+        Some((Shell(host), data))
     }
 
     /// The block of `global` at `at` ((offset, size) per dim, inside it) as a value of its

@@ -17,7 +17,7 @@ use tessera_runtime::ShardSpec;
 use crate::error::Result;
 use crate::pipeline::{Backend, Dump, Options};
 use crate::tensor::Tensor;
-use crate::tree::TreeDef;
+use crate::tree::{Tree, TreeDef};
 
 /// What a compiled program is specialized to: the input tree, each leaf's type, and each
 /// leaf's placement (mesh and per-dim axes) when it lives on devices.
@@ -151,9 +151,38 @@ impl<V> Cache<V> {
     /// placements are part of it), found without allocating; it becomes the most recently
     /// used entry.
     pub(crate) fn last_hit(&self, leaves: &[Tensor], def: &TreeDef, placed: bool) -> Option<Rc<V>> {
+        self.last_hit_where(|d| d == def, leaves, placed)
+    }
+
+    /// [`Cache::last_hit`] for the tree `args`, flattened into `leaves` (emptied first) while
+    /// its structure is compared with the last call's ([`Tree::flatten_if`]): no `TreeDef` is
+    /// built. On `None` the leaves are unspecified.
+    pub(crate) fn last_hit_of<T: Tree>(
+        &self,
+        args: &T,
+        leaves: &mut Vec<Tensor>,
+        placed: bool,
+    ) -> Option<Rc<V>> {
+        leaves.clear();
+        let same_def = {
+            let last = self.last.borrow();
+            let (sig, _) = last.as_ref()?;
+            args.flatten_if(&sig.def, leaves)
+        };
+        self.last_hit_where(|_| same_def, leaves, placed)
+    }
+
+    /// The last call's program when `same_def` accepts its structure and `leaves` have its
+    /// types (and, when `placed`, placements).
+    fn last_hit_where(
+        &self,
+        same_def: impl FnOnce(&TreeDef) -> bool,
+        leaves: &[Tensor],
+        placed: bool,
+    ) -> Option<Rc<V>> {
         let last = self.last.borrow();
         let (sig, v) = last.as_ref()?;
-        let same = sig.def == *def
+        let same = same_def(&sig.def)
             && sig.types.len() == leaves.len()
             && leaves.iter().zip(&sig.types).all(|(t, ty)| t.ty() == ty)
             && (!placed

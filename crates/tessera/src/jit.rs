@@ -5,11 +5,12 @@
 //! for every device when the inputs are placed on a mesh); a hit goes straight to the
 //! executable.
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use tessera_ir::{Graph, Literal, TensorType};
-use tessera_runtime::{Array, ShardSpec};
+use tessera_runtime::{Array, ShardSpec, Shell};
 use tessera_shard::Spec;
 
 pub use crate::pipeline::Lowered;
@@ -31,6 +32,8 @@ enum JitEntry {
         out_def: TreeDef,
         program: BackendProgram,
         checker: Option<Checker>,
+        /// Per input leaf, whether it is donated (`Jitted::donate`).
+        donated: Vec<bool>,
     },
     /// Sharded inputs: the per-device program runs on every device of the mesh.
     Sharded {
@@ -97,7 +100,35 @@ pub struct Jitted<F, In, Out> {
     out_shardings: Option<Shardings>,
     /// `donate_argnums`: top-level arguments whose buffers the outputs may reuse.
     donate: Vec<usize>,
+    /// The vectors a call reuses from the last one.
+    scratch: RefCell<CallScratch>,
     _types: PhantomData<fn(In) -> Out>,
+}
+
+/// What a call keeps for the next (issue 14): with them, a steady-state call of a one-device
+/// program allocates its outputs and nothing else, and with donation not even those. Every
+/// vector is empty between calls but `shells`.
+#[derive(Default)]
+struct CallScratch {
+    /// The argument leaves.
+    leaves: Vec<Tensor>,
+    /// The leaves' host values, as the program reads them (see `relifetime`).
+    inputs: Vec<&'static Literal>,
+    /// The program's outputs.
+    outputs: Vec<Literal>,
+    /// The output tensors, before they become the output tree.
+    tensors: Vec<Tensor>,
+    /// Donated arguments' allocations, emptied, for the next outputs (at most one per output).
+    shells: Vec<Shell>,
+}
+
+/// `v`, emptied, as a vector of references of another lifetime in the same allocation: an
+/// in-place collect of an empty vector (same size and alignment), so a vector of borrowed
+/// inputs is kept between calls without `unsafe`. `tests/allocations.rs` checks that it
+/// allocates nothing.
+fn relifetime<'b>(mut v: Vec<&Literal>) -> Vec<&'b Literal> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("emptied")).collect()
 }
 
 /// Wraps `f` for tracing and compilation, like `jax.jit`. `f` takes one argument tree (a
@@ -122,6 +153,7 @@ pub fn jit<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> Jitted<F, In, Out> {
         in_shardings: None,
         out_shardings: None,
         donate: Vec::new(),
+        scratch: RefCell::default(),
         _types: PhantomData,
     }
 }
@@ -238,6 +270,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// ```
     pub fn donate(mut self, argnums: &[usize]) -> Self {
         self.donate = argnums.to_vec();
+        // Programs compiled before know other donated leaves.
+        self.cache.clear();
         self
     }
 
@@ -285,26 +319,18 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
 
     /// Gives the buffers of the donated top-level arguments' leaves (`donate`) to `program`'s
     /// output pool, those no other tensor shares; drops the other leaves. Allocates nothing.
-    fn recycle_donated(&self, leaves: Vec<Tensor>, def: &TreeDef, program: &BackendProgram) {
-        let recycle = |t: Tensor| {
-            if let Some(data) = t.into_unique_data() {
-                program.recycle(data);
-            }
-        };
-        let mut it = leaves.into_iter();
+    /// Which leaves of a call of structure `def` are donated (`donate`'s top-level
+    /// arguments: the elements of a tuple argument, or the whole argument for `0`).
+    fn donated_leaves(&self, def: &TreeDef) -> Vec<bool> {
         match def {
-            TreeDef::Node { kind, children, .. } if kind == "tuple" => {
-                for (arg, c) in children.iter().enumerate() {
-                    let take = self.donate.contains(&arg);
-                    for t in it.by_ref().take(c.num_leaves()) {
-                        if take {
-                            recycle(t);
-                        }
-                    }
-                }
-            }
-            _ if self.donate.contains(&0) => it.for_each(recycle),
-            _ => {}
+            TreeDef::Node { kind, children, .. } if kind == "tuple" => children
+                .iter()
+                .enumerate()
+                .flat_map(|(arg, c)| {
+                    std::iter::repeat_n(self.donate.contains(&arg), c.num_leaves())
+                })
+                .collect(),
+            _ => vec![self.donate.contains(&0); def.num_leaves()],
         }
     }
 
@@ -436,19 +462,49 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
             let args: In = tree::unflatten(&def, leaves)?;
             return Ok(self.constrain_outputs((self.f)(args)));
         }
-        let (leaves, def) = tree::flatten(&args);
-        // The leaves hold the values now: a donated buffer must have no other owner.
-        drop(args);
-        let leaves = match self.in_shardings {
-            Some(_) => self.place_inputs(leaves, &def, &location())?,
-            None => leaves,
+        let mut scratch = self.scratch.take();
+        let out = self.call_concrete(args, &mut scratch, &location);
+        scratch.leaves.clear();
+        scratch.tensors.clear();
+        *self.scratch.borrow_mut() = scratch;
+        out
+    }
+
+    /// `call` outside any trace, on the vectors `scratch` keeps between calls.
+    fn call_concrete(
+        &self,
+        args: In,
+        scratch: &mut CallScratch,
+        location: &dyn Fn() -> String,
+    ) -> Result<Out> {
+        let leaves = &mut scratch.leaves;
+        // The last call's program, the structure compared while flattening (no `TreeDef`
+        // built); otherwise the full signature.
+        let hit = match self.in_shardings {
+            Some(_) => None,
+            None => self.cache.last_hit_of(&args, leaves, true),
         };
-        let compiled = match self.cache.last_hit(&leaves, &def, true) {
-            Some(hit) => hit,
+        let compiled = match hit {
+            Some(hit) => {
+                // The leaves hold the values now: a donated buffer must have no other owner.
+                drop(args);
+                hit
+            }
             None => {
-                let sig = Signature::placed(&leaves, def.clone());
-                self.cache
-                    .get_or_compile(sig, |sig, dump| self.compile(sig, dump, &location()))?
+                leaves.clear();
+                let def = args.flatten_into(leaves);
+                drop(args);
+                if self.in_shardings.is_some() {
+                    *leaves = self.place_inputs(std::mem::take(leaves), &def, &location())?;
+                }
+                match self.cache.last_hit(leaves, &def, true) {
+                    Some(hit) => hit,
+                    None => {
+                        let sig = Signature::placed(leaves, def);
+                        self.cache
+                            .get_or_compile(sig, |sig, dump| self.compile(sig, dump, &location()))?
+                    }
+                }
             }
         };
         match compiled.as_ref() {
@@ -456,33 +512,47 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 out_def,
                 program,
                 checker,
+                donated,
             } => {
-                let inputs: Vec<&Literal> = leaves
-                    .iter()
-                    .map(|t| {
-                        t.try_array()?.try_literal().map_err(|m| Error::Op {
-                            op: "jit".into(),
-                            message: format!("an input: {m}"),
-                            location: location(),
-                        })
-                    })
-                    .collect::<Result<_>>()?;
-                let outputs = {
+                let mut inputs = relifetime(std::mem::take(&mut scratch.inputs));
+                for t in leaves.iter() {
+                    inputs.push(t.try_array()?.try_literal().map_err(|m| Error::Op {
+                        op: "jit".into(),
+                        message: format!("an input: {m}"),
+                        location: location(),
+                    })?);
+                }
+                let outputs = &mut scratch.outputs;
+                outputs.clear();
+                {
                     let _span =
                         tracing::debug_span!("launch", function = self.cache.options.name.as_str())
                             .entered();
-                    program.run(&inputs)?
-                };
+                    program.run_into(&inputs, outputs)?;
+                }
                 if let Some(checker) = checker {
                     let want = checker.check_ops(&inputs)?;
-                    checker.check_outputs(&outputs, &want)?;
+                    checker.check_outputs(outputs, &want)?;
                 }
-                drop(inputs);
-                if !self.donate.is_empty() {
-                    self.recycle_donated(leaves, &def, program);
+                scratch.inputs = relifetime(inputs);
+                if donated.contains(&true) {
+                    for (t, _) in leaves.drain(..).zip(donated).filter(|(_, d)| **d) {
+                        if let Some((shell, data)) = t.into_shell() {
+                            program.recycle(data);
+                            if scratch.shells.len() < outputs.len() {
+                                scratch.shells.push(shell);
+                            }
+                        }
+                    }
                 }
-                let tensors: Vec<Tensor> = outputs.into_iter().map(Tensor::from_literal).collect();
-                tree::unflatten(out_def, tensors)
+                let tensors = &mut scratch.tensors;
+                for lit in outputs.drain(..) {
+                    tensors.push(match scratch.shells.pop() {
+                        Some(shell) => Tensor::from_array(shell.fill(lit)),
+                        None => Tensor::from_literal(lit),
+                    });
+                }
+                tree::unflatten_drain(out_def, tensors)
             }
             JitEntry::Sharded {
                 out_def,
@@ -622,6 +692,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 program: pipeline.schedule(&lowered, 1, &[])?.remove(0),
                 out_def: lowered.out_def,
                 checker,
+                donated: self.donated_leaves(&sig.def),
             },
             Target::Sharded { mesh, .. } => {
                 let (mesh, devices) = (mesh.mesh.clone(), mesh.devices.clone());

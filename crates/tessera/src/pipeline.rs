@@ -686,14 +686,21 @@ impl BackendProgram {
         }
     }
 
-    pub(crate) fn run(&self, inputs: &[&Literal]) -> Result<Vec<Literal>> {
+    /// `run` that appends the outputs to `out` (the native program allocates no vector for
+    /// them).
+    pub(crate) fn run_into(&self, inputs: &[&Literal], out: &mut Vec<Literal>) -> Result<()> {
         match self {
-            BackendProgram::Interpreted(g) => Ok(tessera_interp::run_with(
-                g,
-                inputs,
-                &tessera_interp::SingleDevice,
-            )?),
-            BackendProgram::Native(e) => Ok(e.run(inputs, &tessera_interp::SingleDevice)?),
+            BackendProgram::Interpreted(g) => {
+                out.extend(tessera_interp::run_with(
+                    g,
+                    inputs,
+                    &tessera_interp::SingleDevice,
+                )?);
+                Ok(())
+            }
+            BackendProgram::Native(e) => {
+                Ok(e.run_into(inputs, &tessera_interp::SingleDevice, out)?)
+            }
         }
     }
 

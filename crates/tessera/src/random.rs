@@ -111,10 +111,11 @@ impl Tree for Key {
         leaves.push(self.0.clone());
         TreeDef::node("key", vec![], vec![TreeDef::Leaf])
     }
-    fn unflatten_from(
-        def: &TreeDef,
-        leaves: &mut std::vec::IntoIter<Tensor>,
-    ) -> crate::Result<Self> {
+    fn flatten_if(&self, def: &TreeDef, leaves: &mut Vec<Tensor>) -> bool {
+        leaves.push(self.0.clone());
+        matches!(crate::tree::unkeyed_node(def, "key"), Some([TreeDef::Leaf]))
+    }
+    fn unflatten_from(def: &TreeDef, leaves: &mut crate::tree::Leaves<'_>) -> crate::Result<Self> {
         let c = def.children_of("key")?;
         Ok(Key(Tensor::unflatten_from(
             c.first().unwrap_or(&TreeDef::Leaf),

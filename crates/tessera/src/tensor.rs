@@ -287,11 +287,12 @@ impl Tensor {
     }
 
     /// The placement of a concrete array that lives on a mesh.
-    /// The elements, moved out, when this tensor is the only holder of an unplaced buffer
-    /// (what donation recycles); `None` for a shared, placed or traced tensor.
-    pub(crate) fn into_unique_data(self) -> Option<tessera_ir::Data> {
+    /// The array's allocations and elements apart, when this tensor is the only holder of an
+    /// unplaced buffer (what donation recycles, [`Array::into_shell`]); `None` for a shared,
+    /// placed or traced tensor.
+    pub(crate) fn into_shell(self) -> Option<(tessera_runtime::Shell, tessera_ir::Data)> {
         match self.repr {
-            Repr::Concrete(a) => a.into_unique_literal().map(|l| l.data),
+            Repr::Concrete(a) => a.into_shell(),
             Repr::Traced(_) => None,
         }
     }

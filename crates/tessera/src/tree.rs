@@ -242,18 +242,98 @@ impl<T: Any + Clone + Eq + Hash + fmt::Debug + Send + Sync> Tree for Static<T> {
     fn flatten_into(&self, _: &mut Vec<Tensor>) -> TreeDef {
         static_def(&self.0)
     }
-    fn unflatten_from(def: &TreeDef, _: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+    fn flatten_if(&self, def: &TreeDef, _: &mut Vec<Tensor>) -> bool {
+        static_is(&self.0, def)
+    }
+    fn unflatten_from(def: &TreeDef, _: &mut Leaves<'_>) -> Result<Self> {
         static_value(def).map(Static)
     }
 }
+
+/// The leaves a tree is rebuilt from, in order: drained from a vector, so a caller that
+/// rebuilds trees in a loop keeps one allocation.
+pub type Leaves<'a> = std::vec::Drain<'a, Tensor>;
 
 /// A value made of tensors. Implemented for `Tensor`, tuples up to 8, arrays, `Vec`, `Option`,
 /// `BTreeMap<String, T>`, and derived for structs with `#[derive(Tree)]`.
 pub trait Tree: Sized {
     /// Appends the leaves in order and returns the structure.
     fn flatten_into(&self, leaves: &mut Vec<Tensor>) -> TreeDef;
+    /// Appends the leaves in order and says whether the structure is `def` (after `false`, the
+    /// leaves appended are unspecified). `jit` checks a call against its last one this way: the
+    /// containers here and `#[derive(Tree)]` compare without building a `TreeDef`, so a cache
+    /// hit allocates nothing for the structure. The default builds it and compares.
+    fn flatten_if(&self, def: &TreeDef, leaves: &mut Vec<Tensor>) -> bool {
+        self.flatten_into(leaves) == *def
+    }
     /// Rebuilds a value of structure `def` from the next leaves.
-    fn unflatten_from(def: &TreeDef, leaves: &mut std::vec::IntoIter<Tensor>) -> Result<Self>;
+    fn unflatten_from(def: &TreeDef, leaves: &mut Leaves<'_>) -> Result<Self>;
+}
+
+/// The children of `def` when it is a node of `kind` keyed exactly by `keys` (a derived
+/// struct's test in [`Tree::flatten_if`]).
+pub fn node_is<'a>(def: &'a TreeDef, kind: &str, keys: &[&str]) -> Option<&'a [TreeDef]> {
+    match def {
+        TreeDef::Node {
+            kind: k,
+            keys: ks,
+            children,
+        } if k == kind
+            && ks.len() == keys.len()
+            && children.len() == keys.len()
+            && ks.iter().zip(keys).all(|(a, b)| a == b) =>
+        {
+            Some(children)
+        }
+        _ => None,
+    }
+}
+
+/// The children of `def` when it is a key-less node of `kind`.
+pub(crate) fn unkeyed_node<'a>(def: &'a TreeDef, kind: &str) -> Option<&'a [TreeDef]> {
+    match def {
+        TreeDef::Node {
+            kind: k,
+            keys,
+            children,
+        } if k == kind && keys.is_empty() => Some(children),
+        _ => None,
+    }
+}
+
+/// Whether `def` is the static node of `value` ([`static_def`]'s), compared without
+/// allocating.
+pub fn static_is<T: Any + Eq>(value: &T, def: &TreeDef) -> bool {
+    matches!(def, TreeDef::Static(v) if v.get::<T>() == Some(value))
+}
+
+/// Whether `def` is the static leaf of `kind` whose value's text is `value`'s `Display`,
+/// compared as it is written (no string is built).
+fn static_text_is(def: &TreeDef, kind: &str, value: impl fmt::Display) -> bool {
+    /// Matches what is written against the front of `rest`.
+    struct Against<'a>(&'a str);
+    impl fmt::Write for Against<'_> {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            match self.0.strip_prefix(s) {
+                Some(rest) => {
+                    self.0 = rest;
+                    Ok(())
+                }
+                None => Err(fmt::Error),
+            }
+        }
+    }
+    match def {
+        TreeDef::Node {
+            kind: k,
+            keys,
+            children,
+        } if k == kind && children.is_empty() && keys.len() == 1 => {
+            let mut w = Against(&keys[0]);
+            fmt::Write::write_fmt(&mut w, format_args!("{value}")).is_ok() && w.0.is_empty()
+        }
+        _ => false,
+    }
 }
 
 /// The leaves and the structure of a tree.
@@ -264,7 +344,12 @@ pub fn flatten<T: Tree>(t: &T) -> (Vec<Tensor>, TreeDef) {
 }
 
 /// Rebuilds a tree from its structure and exactly as many leaves as it has.
-pub fn unflatten<T: Tree>(def: &TreeDef, leaves: Vec<Tensor>) -> Result<T> {
+pub fn unflatten<T: Tree>(def: &TreeDef, mut leaves: Vec<Tensor>) -> Result<T> {
+    unflatten_drain(def, &mut leaves)
+}
+
+/// [`unflatten`] from the leaves of `leaves`, which is left empty (its allocation kept).
+pub(crate) fn unflatten_drain<T: Tree>(def: &TreeDef, leaves: &mut Vec<Tensor>) -> Result<T> {
     let n = leaves.len();
     if n != def.num_leaves() {
         return Err(Error::Tree {
@@ -276,8 +361,7 @@ pub fn unflatten<T: Tree>(def: &TreeDef, leaves: Vec<Tensor>) -> Result<T> {
             location: String::from("tree::unflatten"),
         });
     }
-    let mut it = leaves.into_iter();
-    T::unflatten_from(def, &mut it)
+    T::unflatten_from(def, &mut leaves.drain(..))
 }
 
 /// The leaves of a tree, in order.
@@ -411,7 +495,11 @@ impl Tree for Tensor {
         leaves.push(self.clone());
         TreeDef::Leaf
     }
-    fn unflatten_from(def: &TreeDef, leaves: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+    fn flatten_if(&self, def: &TreeDef, leaves: &mut Vec<Tensor>) -> bool {
+        leaves.push(self.clone());
+        *def == TreeDef::Leaf
+    }
+    fn unflatten_from(def: &TreeDef, leaves: &mut Leaves<'_>) -> Result<Self> {
         match def {
             TreeDef::Leaf => leaves.next().ok_or_else(|| Error::Tree {
                 message: "ran out of leaves".into(),
@@ -429,7 +517,10 @@ impl Tree for () {
     fn flatten_into(&self, _: &mut Vec<Tensor>) -> TreeDef {
         TreeDef::node("tuple", vec![], vec![])
     }
-    fn unflatten_from(def: &TreeDef, _: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+    fn flatten_if(&self, def: &TreeDef, _: &mut Vec<Tensor>) -> bool {
+        unkeyed_node(def, "tuple").is_some_and(<[TreeDef]>::is_empty)
+    }
+    fn unflatten_from(def: &TreeDef, _: &mut Leaves<'_>) -> Result<Self> {
         def.children_of("tuple").map(|_| ())
     }
 }
@@ -460,7 +551,10 @@ macro_rules! static_tree {
             fn flatten_into(&self, _: &mut Vec<Tensor>) -> TreeDef {
                 static_node(concat!("static ", stringify!($t)), self.to_string())
             }
-            fn unflatten_from(def: &TreeDef, _: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+            fn flatten_if(&self, def: &TreeDef, _: &mut Vec<Tensor>) -> bool {
+                static_text_is(def, concat!("static ", stringify!($t)), self)
+            }
+            fn unflatten_from(def: &TreeDef, _: &mut Leaves<'_>) -> Result<Self> {
                 let kind = concat!("static ", stringify!($t));
                 let text = static_text(def, kind)?;
                 text.parse().map_err(|_| Error::Tree {
@@ -483,7 +577,11 @@ macro_rules! static_float_tree {
                 // By its bits: -0.0 and 0.0 (and each NaN) are distinct values for the cache.
                 static_node(concat!("static ", stringify!($t)), format!("{:#x}", self.to_bits()))
             }
-            fn unflatten_from(def: &TreeDef, _: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+            fn flatten_if(&self, def: &TreeDef, _: &mut Vec<Tensor>) -> bool {
+                let bits = format_args!("{:#x}", self.to_bits());
+                static_text_is(def, concat!("static ", stringify!($t)), bits)
+            }
+            fn unflatten_from(def: &TreeDef, _: &mut Leaves<'_>) -> Result<Self> {
                 let kind = concat!("static ", stringify!($t));
                 let text = static_text(def, kind)?;
                 text.strip_prefix("0x")
@@ -507,7 +605,13 @@ macro_rules! tuple_tree {
             fn flatten_into(&self, leaves: &mut Vec<Tensor>) -> TreeDef {
                 TreeDef::node("tuple", vec![], vec![$(self.$idx.flatten_into(leaves)),+])
             }
-            fn unflatten_from(def: &TreeDef, leaves: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+            fn flatten_if(&self, def: &TreeDef, leaves: &mut Vec<Tensor>) -> bool {
+                match unkeyed_node(def, "tuple") {
+                    Some(c) => c.len() == [$($idx),+].len() $(&& self.$idx.flatten_if(&c[$idx], leaves))+,
+                    None => false,
+                }
+            }
+            fn unflatten_from(def: &TreeDef, leaves: &mut Leaves<'_>) -> Result<Self> {
                 let c = def.children_of("tuple")?;
                 let n = [$($idx),+].len();
                 if c.len() != n {
@@ -531,15 +635,23 @@ tuple_tree!(A.0, B.1, C.2, D.3, E.4, F.5);
 tuple_tree!(A.0, B.1, C.2, D.3, E.4, F.5, G.6);
 tuple_tree!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7);
 
-fn seq_unflatten<T: Tree>(
-    def: &TreeDef,
-    kind: &str,
-    leaves: &mut std::vec::IntoIter<Tensor>,
-) -> Result<Vec<T>> {
+fn seq_unflatten<T: Tree>(def: &TreeDef, kind: &str, leaves: &mut Leaves<'_>) -> Result<Vec<T>> {
     def.children_of(kind)?
         .iter()
         .map(|c| T::unflatten_from(c, leaves))
         .collect()
+}
+
+/// Whether `def` is a key-less node of `kind` whose children are `items`' structures.
+fn seq_flatten_if<T: Tree>(
+    items: &[T],
+    def: &TreeDef,
+    kind: &str,
+    leaves: &mut Vec<Tensor>,
+) -> bool {
+    unkeyed_node(def, kind).is_some_and(|c| {
+        c.len() == items.len() && items.iter().zip(c).all(|(x, c)| x.flatten_if(c, leaves))
+    })
 }
 
 impl<T: Tree> Tree for Vec<T> {
@@ -550,7 +662,10 @@ impl<T: Tree> Tree for Vec<T> {
             self.iter().map(|x| x.flatten_into(leaves)).collect(),
         )
     }
-    fn unflatten_from(def: &TreeDef, leaves: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+    fn flatten_if(&self, def: &TreeDef, leaves: &mut Vec<Tensor>) -> bool {
+        seq_flatten_if(self, def, "vec", leaves)
+    }
+    fn unflatten_from(def: &TreeDef, leaves: &mut Leaves<'_>) -> Result<Self> {
         seq_unflatten(def, "vec", leaves)
     }
 }
@@ -563,7 +678,10 @@ impl<T: Tree, const N: usize> Tree for [T; N] {
             self.iter().map(|x| x.flatten_into(leaves)).collect(),
         )
     }
-    fn unflatten_from(def: &TreeDef, leaves: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+    fn flatten_if(&self, def: &TreeDef, leaves: &mut Vec<Tensor>) -> bool {
+        seq_flatten_if(self, def, "array", leaves)
+    }
+    fn unflatten_from(def: &TreeDef, leaves: &mut Leaves<'_>) -> Result<Self> {
         let v: Vec<T> = seq_unflatten(def, "array", leaves)?;
         v.try_into().map_err(|v: Vec<T>| Error::Tree {
             message: format!("expected an array of {N}, found {} items", v.len()),
@@ -579,7 +697,13 @@ impl<T: Tree> Tree for Option<T> {
             Some(x) => TreeDef::node("some", vec![], vec![x.flatten_into(leaves)]),
         }
     }
-    fn unflatten_from(def: &TreeDef, leaves: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+    fn flatten_if(&self, def: &TreeDef, leaves: &mut Vec<Tensor>) -> bool {
+        match self {
+            None => unkeyed_node(def, "none").is_some_and(<[TreeDef]>::is_empty),
+            Some(x) => matches!(unkeyed_node(def, "some"), Some([c]) if x.flatten_if(c, leaves)),
+        }
+    }
+    fn unflatten_from(def: &TreeDef, leaves: &mut Leaves<'_>) -> Result<Self> {
         match def.children_of("some") {
             Ok([c]) => Ok(Some(T::unflatten_from(c, leaves)?)),
             _ => def.children_of("none").map(|_| None),
@@ -595,7 +719,7 @@ impl<T: Tree> Tree for BTreeMap<String, T> {
             self.values().map(|x| x.flatten_into(leaves)).collect(),
         )
     }
-    fn unflatten_from(def: &TreeDef, leaves: &mut std::vec::IntoIter<Tensor>) -> Result<Self> {
+    fn unflatten_from(def: &TreeDef, leaves: &mut Leaves<'_>) -> Result<Self> {
         let children = def.children_of("map")?;
         def.keys()
             .iter()
