@@ -547,8 +547,18 @@ impl Executable {
         collectives: &dyn Collectives,
     ) -> Result<Vec<Option<Literal>>, InterpError> {
         let mut out = Vec::with_capacity(self.schedule.outputs.len());
-        self.run_with(inputs, collectives, |o| out.push(o))?;
+        self.run_partial_into(inputs, collectives, &mut out)?;
         Ok(out)
+    }
+
+    /// `run_partial` that appends the outputs to `out`.
+    pub fn run_partial_into(
+        &self,
+        inputs: &[&Literal],
+        collectives: &dyn Collectives,
+        out: &mut Vec<Option<Literal>>,
+    ) -> Result<(), InterpError> {
+        self.run_with(inputs, collectives, |o| out.push(o))
     }
 
     /// Binds the buffers, runs each step that is not skipped, and hands `each` the outputs in

@@ -42,6 +42,10 @@ impl ShardSpec {
     }
 }
 
+/// An array's shards, one per local mesh position: shared like the layout, so cloning a
+/// placed array allocates nothing.
+type Shards = Arc<[Arc<Literal>]>;
+
 /// A global array: its type, and its elements on the host or as one shard per device of this
 /// process (every device in a one-process run; in a run over several processes, each holds
 /// only the shards of its own devices). Buffers are shared and immutable, so cloning is cheap.
@@ -50,7 +54,7 @@ pub struct Array {
     ty: TensorType,
     host: Arc<OnceLock<Arc<Literal>>>,
     /// The layout is shared: a jitted program's outputs all point at the program's own.
-    shards: Option<(Arc<ShardSpec>, Vec<Arc<Literal>>)>,
+    shards: Option<(Arc<ShardSpec>, Shards)>,
 }
 
 /// The allocations of an array no one else holds, its elements taken out
@@ -143,13 +147,13 @@ impl Array {
     pub fn from_shards(
         ty: TensorType,
         spec: impl Into<Arc<ShardSpec>>,
-        shards: Vec<Arc<Literal>>,
+        shards: impl IntoIterator<Item = Arc<Literal>>,
     ) -> Array {
         let spec = spec.into();
         Array {
             ty,
             host: Arc::new(OnceLock::new()),
-            shards: Some((spec, shards)),
+            shards: Some((spec, shards.into_iter().collect())),
         }
     }
 
@@ -160,7 +164,7 @@ impl Array {
         // no copies, and devices running at once share it in the caches.
         let positions = spec.local_positions();
         if spec.is_replicated() {
-            let shards = vec![self.literal_arc(); positions.len()];
+            let shards = std::iter::repeat_n(self.literal_arc(), positions.len()).collect();
             return Array {
                 ty: self.ty.clone(),
                 host: self.host.clone(),
@@ -205,7 +209,7 @@ impl Array {
     /// The shard of each of this process's mesh positions (`ShardSpec::local_positions`,
     /// every position in a one-process run), in position order.
     pub fn shards(&self) -> Option<&[Arc<Literal>]> {
-        self.shards.as_ref().map(|(_, v)| v.as_slice())
+        self.shards.as_ref().map(|(_, v)| &v[..])
     }
 
     /// Whether this process can read the whole value: it is on the host, replicated with a

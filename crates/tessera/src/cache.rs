@@ -164,11 +164,11 @@ impl<V> Cache<V> {
         placed: bool,
     ) -> Option<Rc<V>> {
         leaves.clear();
-        let same_def = {
-            let last = self.last.borrow();
-            let (sig, _) = last.as_ref()?;
-            args.flatten_if(&sig.def, leaves)
-        };
+        // Taken out while the tree flattens: a hand-written `flatten_into` (what the default
+        // `flatten_if` calls) may call this very jit.
+        let last = self.last.borrow_mut().take()?;
+        let same_def = args.flatten_if(&last.0.def, leaves);
+        *self.last.borrow_mut() = Some(last);
         self.last_hit_where(|_| same_def, leaves, placed)
     }
 

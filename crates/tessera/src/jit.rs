@@ -106,8 +106,9 @@ pub struct Jitted<F, In, Out> {
 }
 
 /// What a call keeps for the next (issue 14): with them, a steady-state call of a one-device
-/// program allocates its outputs and nothing else, and with donation not even those. Every
-/// vector is empty between calls but `shells`.
+/// program allocates its outputs and nothing else, and with donation only the outputs no
+/// donated argument's allocations held. Every vector is emptied at the end of a call (an
+/// error may leave outputs until the next).
 #[derive(Default)]
 struct CallScratch {
     /// The argument leaves.
@@ -116,6 +117,8 @@ struct CallScratch {
     inputs: Vec<&'static Literal>,
     /// The program's outputs.
     outputs: Vec<Literal>,
+    /// A one-device mesh program's outputs.
+    partial: Vec<Option<Literal>>,
     /// The output tensors, before they become the output tree.
     tensors: Vec<Tensor>,
     /// Donated arguments' allocations, emptied, for the next outputs (at most one per output).
@@ -317,8 +320,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self
     }
 
-    /// Gives the buffers of the donated top-level arguments' leaves (`donate`) to `program`'s
-    /// output pool, those no other tensor shares; drops the other leaves. Allocates nothing.
     /// Which leaves of a call of structure `def` are donated (`donate`'s top-level
     /// arguments: the elements of a tuple argument, or the whole argument for `0`).
     fn donated_leaves(&self, def: &TreeDef) -> Vec<bool> {
@@ -494,10 +495,15 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 leaves.clear();
                 let def = args.flatten_into(leaves);
                 drop(args);
-                if self.in_shardings.is_some() {
-                    *leaves = self.place_inputs(std::mem::take(leaves), &def, &location())?;
-                }
-                match self.cache.last_hit(leaves, &def, true) {
+                // Placed as `in_shardings` says, the leaves may be the last call's after all.
+                let placed_hit = match self.in_shardings {
+                    Some(_) => {
+                        *leaves = self.place_inputs(std::mem::take(leaves), &def, &location())?;
+                        self.cache.last_hit(leaves, &def, true)
+                    }
+                    None => None,
+                };
+                match placed_hit {
                     Some(hit) => hit,
                     None => {
                         let sig = Signature::placed(leaves, def);
@@ -548,8 +554,9 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 let tensors = &mut scratch.tensors;
                 for lit in outputs.drain(..) {
                     tensors.push(match scratch.shells.pop() {
-                        Some(shell) => Tensor::from_array(shell.fill(lit)),
-                        None => Tensor::from_literal(lit),
+                        Some(shell) if lit.check().is_ok() => Tensor::from_array(shell.fill(lit)),
+                        // A literal that fails the check gets `from_literal`'s error.
+                        _ => Tensor::from_literal(lit),
                     });
                 }
                 tree::unflatten_drain(out_def, tensors)
@@ -562,6 +569,47 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 out_layouts,
                 checker,
             } => {
+                // One device: its program on the calling thread, on the kept vectors.
+                if checker.is_none() && program.positions.len() == 1 {
+                    let mut inputs = relifetime(std::mem::take(&mut scratch.inputs));
+                    for t in leaves.iter() {
+                        let a = t.try_array()?;
+                        inputs.push(match a.shards() {
+                            Some([s]) => s.as_ref(),
+                            _ => a.try_literal().map_err(|m| Error::Op {
+                                op: "jit".into(),
+                                message: format!("an input: {m}"),
+                                location: location(),
+                            })?,
+                        });
+                    }
+                    let outputs = &mut scratch.partial;
+                    outputs.clear();
+                    let run = {
+                        let _span = tracing::debug_span!(
+                            "launch",
+                            function = self.cache.options.name.as_str()
+                        )
+                        .entered();
+                        program.run_one_into(&inputs, outputs)
+                    };
+                    scratch.inputs = relifetime(inputs);
+                    if let Some(run) = run {
+                        run?;
+                        let tensors = &mut scratch.tensors;
+                        for ((lit, ty), layout) in outputs.drain(..).zip(out_types).zip(out_layouts)
+                        {
+                            let lit = lit.expect("a one-device program computes every output");
+                            let shard = [Arc::new(lit)];
+                            tensors.push(Tensor::from_array(Array::from_shards(
+                                ty.clone(),
+                                layout.clone(),
+                                shard,
+                            )));
+                        }
+                        return tree::unflatten_drain(out_def, tensors);
+                    }
+                }
                 let arrays: Vec<&Array> = leaves
                     .iter()
                     .map(|t| t.try_array())

@@ -704,6 +704,27 @@ impl BackendProgram {
         }
     }
 
+    /// `run_partial` that appends the outputs to `out` (the native program allocates no
+    /// vector for them).
+    pub(crate) fn run_partial_into(
+        &self,
+        inputs: &[&Literal],
+        collectives: &dyn tessera_interp::Collectives,
+        out: &mut Vec<Option<Literal>>,
+    ) -> Result<()> {
+        match self {
+            BackendProgram::Interpreted(g) => {
+                out.extend(
+                    tessera_interp::run_with(g, inputs, collectives)?
+                        .into_iter()
+                        .map(Some),
+                );
+                Ok(())
+            }
+            BackendProgram::Native(e) => Ok(e.run_partial_into(inputs, collectives, out)?),
+        }
+    }
+
     /// Runs with the given transport for the program's collectives, with `None` for the
     /// outputs a native device program was compiled not to compute (`schedule`'s
     /// `first_only`).

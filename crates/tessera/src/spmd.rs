@@ -53,30 +53,12 @@ impl DeviceProgram {
         // hand-off to a device thread and back cost a third of the seed step.
         // As on a device thread: a program still in use is `Busy` (never a wait), and a
         // panic while it runs is a device failure, not an unwind into the caller.
-        if let ([program], [ins], [_]) = (
-            self.programs.as_slice(),
-            inputs.as_slice(),
-            self.devices.as_slice(),
-        ) {
-            let device = self.devices[0];
-            let program = match program.try_lock() {
-                Ok(p) => p,
-                Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(TryLockError::WouldBlock) => {
-                    return Err(launch_error(LaunchError::Busy { device }));
-                }
-            };
+        if let [ins] = inputs.as_slice() {
             let refs: Vec<&Literal> = ins.iter().map(|l| l.as_ref()).collect();
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                program.run_partial(&refs, &tessera_interp::SingleDevice)
-            }));
-            return match run {
-                Ok(outputs) => Ok(vec![outputs?]),
-                Err(payload) => {
-                    let message = tessera_codegen::together::panic_message(payload.as_ref());
-                    Err(launch_error(LaunchError::Panicked { device, message }))
-                }
-            };
+            let mut out = Vec::new();
+            if let Some(run) = self.run_one_into(&refs, &mut out) {
+                return run.map(|()| vec![out]);
+            }
         }
         if let Some(outputs) = self.run_on_this_thread(&inputs) {
             return outputs;
@@ -96,6 +78,43 @@ impl DeviceProgram {
             }),
         )
         .map_err(launch_error)
+    }
+}
+
+impl DeviceProgram {
+    /// Runs a program on one device (of a one-process mesh) on the calling thread, as a
+    /// one-device jit does (its collectives are over groups of one: `SingleDevice`), its
+    /// outputs appended to `out`; `None` for a program on several devices. The hand-off to a
+    /// device thread and back cost a third of the seed step. As on a device thread: a program
+    /// still in use is `Busy` (never a wait), and a panic while it runs is a device failure,
+    /// not an unwind into the caller.
+    pub(crate) fn run_one_into(
+        &self,
+        inputs: &[&Literal],
+        out: &mut Vec<Option<Literal>>,
+    ) -> Option<Result<()>> {
+        let ([program], [device]) = (self.programs.as_slice(), self.devices.as_slice()) else {
+            return None;
+        };
+        let device = *device;
+        let program = match program.try_lock() {
+            Ok(p) => p,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                return Some(Err(launch_error(LaunchError::Busy { device })));
+            }
+        };
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            program.run_partial_into(inputs, &tessera_interp::SingleDevice, out)
+        }));
+        Some(match run {
+            Ok(done) => done,
+            Err(payload) => {
+                out.clear();
+                let message = tessera_codegen::together::panic_message(payload.as_ref());
+                Err(launch_error(LaunchError::Panicked { device, message }))
+            }
+        })
     }
 }
 

@@ -286,7 +286,6 @@ impl Tensor {
         self.ty().numel()
     }
 
-    /// The placement of a concrete array that lives on a mesh.
     /// The array's allocations and elements apart, when this tensor is the only holder of an
     /// unplaced buffer (what donation recycles, [`Array::into_shell`]); `None` for a shared,
     /// placed or traced tensor.

@@ -270,3 +270,83 @@ fn generic_static_fields_need_no_tree_bound() {
     assert_eq!(f.call(g).unwrap().to_vec::<f32>(), [3.0, 3.0]);
     assert!(tree::unflatten::<Never>(&TreeDef::node("x", vec![], vec![]), vec![]).is_err());
 }
+
+#[derive(Tree, Clone)]
+struct Named {
+    a: Tensor,
+    #[tree(static)]
+    k: usize,
+}
+
+/// A tree of some type, behind one type: given a structure, its own structure and whether
+/// `flatten_if` says it is that one (appending its leaves).
+type Shaped = Box<dyn Fn(&mut Vec<Tensor>, &TreeDef) -> (TreeDef, bool)>;
+
+/// Builds a value of one of several structures (every container, static leaves whose texts
+/// are prefixes of each other, enum variants, derived structs) under a common type.
+fn shaped(i: usize) -> Shaped {
+    fn both<T: Tree + 'static>(t: T) -> Shaped {
+        Box::new(move |leaves, def| {
+            let own = t.flatten_into(&mut Vec::new());
+            (own, t.flatten_if(def, leaves))
+        })
+    }
+    let x = || v(&[1.0], &[1]);
+    match i {
+        0 => both(x()),
+        1 => both(()),
+        2 => both((x(),)),
+        3 => both((x(), x())),
+        4 => both(vec![x()]),
+        5 => both(vec![x(), x()]),
+        6 => both(Vec::<Tensor>::new()),
+        7 => both([x(), x()]),
+        8 => both(Some(x())),
+        9 => both(None::<Tensor>),
+        10 => both(1usize),
+        11 => both(12usize),
+        12 => both(-0.0f32),
+        13 => both(0.0f32),
+        14 => both(Static(Act::Tanh)),
+        15 => both(Static(Act::Relu)),
+        16 => both(Named { a: x(), k: 1 }),
+        17 => both(Named { a: x(), k: 12 }),
+        18 => both(Layer::Scale(x())),
+        19 => both(Layer::Identity),
+        20 => both(Pair(x(), x())),
+        21 => both(Unit),
+        22 => both(Key::new(0)),
+        23 => both(std::collections::BTreeMap::from([("w".to_string(), x())])),
+        24 => both(std::collections::BTreeMap::from([("b".to_string(), x())])),
+        25 => both((vec![Some(x())], 3u8)),
+        26 => both((vec![None::<Tensor>], 3u8)),
+        27 => both((vec![Some(x())], 30u8)),
+        28 => both(true),
+        _ => both(String::from("ab")),
+    }
+}
+
+/// `Tree::flatten_if` (how `jit` checks a call against the last one's structure without
+/// building a `TreeDef`) says `true` exactly when `flatten_into` would give an equal
+/// structure, for every pair of a varied set of trees, and then appends the same leaves.
+#[test]
+fn flatten_if_agrees_with_comparing_the_built_structure() {
+    const N: usize = 30;
+    for i in 0..N {
+        let (def_i, _) = shaped(i)(&mut Vec::new(), &TreeDef::Leaf);
+        for j in 0..N {
+            let mut leaves = Vec::new();
+            let (def_j, same) = shaped(j)(&mut leaves, &def_i);
+            assert_eq!(
+                same,
+                def_j == def_i,
+                "{} against {}",
+                def_j.describe(),
+                def_i.describe()
+            );
+            if same {
+                assert_eq!(leaves.len(), def_i.num_leaves());
+            }
+        }
+    }
+}
