@@ -81,6 +81,32 @@ impl Shell {
     }
 }
 
+/// The allocations of a one-shard array no one else holds, its shard's elements taken out
+/// ([`Array::into_placed_shell`]): [`PlacedShell::fill`] makes them a placed array again around
+/// a new shard. Its cell is empty, its list holds one shard, and its `Arc`s are unique.
+#[derive(Debug)]
+pub struct PlacedShell {
+    host: Arc<OnceLock<Arc<Literal>>>,
+    shards: Shards,
+}
+
+impl PlacedShell {
+    /// An array of type `ty` laid out as `spec` on one device, whose shard is `shard`, in these
+    /// allocations.
+    pub fn fill(mut self, ty: TensorType, spec: Arc<ShardSpec>, shard: Literal) -> Array {
+        let held = Arc::get_mut(&mut self.shards)
+            .and_then(|list| list.first_mut())
+            .and_then(Arc::get_mut)
+            .expect("a placed shell's list and shard are unique (into_placed_shell)");
+        *held = shard;
+        Array {
+            ty,
+            host: self.host,
+            shards: Some((spec, self.shards)),
+        }
+    }
+}
+
 /// Copies the elements of a shard between it and the global array: from `src` (the global
 /// array, or with `to_global` the shard) into `dst` (the shard, or the global array of dims
 /// `dst_dims`); `offsets` are the shard's (offset, size) per dim.
@@ -282,6 +308,21 @@ impl Array {
         let lit = Arc::get_mut(Arc::get_mut(&mut host)?.get_mut()?)?;
         let data = std::mem::replace(&mut lit.data, Data::F32(Vec::new()));
         Some((Shell(host), data))
+    }
+
+    /// [`Array::into_shell`] for an array placed on one device: its allocations and its
+    /// shard's elements, apart, when it is their only owner (a host value read from it is
+    /// dropped with it).
+    pub fn into_placed_shell(self) -> Option<(PlacedShell, Data)> {
+        let (_, mut shards) = self.shards?;
+        let mut host = self.host;
+        Arc::get_mut(&mut host)?.take();
+        let [one] = Arc::get_mut(&mut shards)? else {
+            return None;
+        };
+        let lit = Arc::get_mut(one)?;
+        let data = std::mem::replace(&mut lit.data, Data::F32(Vec::new()));
+        Some((PlacedShell { host, shards }, data))
     }
 
     /// The block of `global` at `at` ((offset, size) per dim, inside it) as a value of its

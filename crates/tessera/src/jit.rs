@@ -10,7 +10,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use tessera_ir::{Graph, Literal, TensorType};
-use tessera_runtime::{Array, ShardSpec, Shell};
+use tessera_runtime::{Array, PlacedShell, ShardSpec, Shell};
 use tessera_shard::Spec;
 
 pub use crate::pipeline::Lowered;
@@ -44,6 +44,8 @@ enum JitEntry {
         /// Each output's layout, built once: every call's outputs share it.
         out_layouts: Vec<Arc<ShardSpec>>,
         checker: Option<Checker>,
+        /// Per input leaf, whether it is donated (`Jitted::donate`; honoured on one device).
+        donated: Vec<bool>,
     },
 }
 
@@ -123,6 +125,8 @@ struct CallScratch {
     tensors: Vec<Tensor>,
     /// Donated arguments' allocations, emptied, for the next outputs (at most one per output).
     shells: Vec<Shell>,
+    /// The same for a one-device mesh program's outputs.
+    placed_shells: Vec<PlacedShell>,
 }
 
 /// `v`, emptied, as a vector of references of another lifetime in the same allocation: an
@@ -253,13 +257,15 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// Donates the top-level arguments at `argnums` (JAX's `donate_argnums`; argument 0 of a
     /// lone tensor is the tensor): after a call, the buffers of their leaves go to the
     /// compiled program's output pool, and the next call's outputs of the same dtype and size
-    /// are written into them instead of new allocations, so a training loop that passes the
-    /// parameters back in allocates no parameter buffers in steady state.
+    /// are written into them (and wrapped in the donated tensors' own allocations) instead of
+    /// new allocations, so a training loop that passes the parameters back in allocates
+    /// nothing for them in steady state.
     ///
     /// `call` takes its arguments by value, so using a donated argument after the call is a
     /// compile error (use of a moved value). A leaf whose buffer another tensor still shares
     /// (a clone kept alive) is not reused: that tensor keeps its value. Donation applies to
-    /// one-device programs; arguments placed on a mesh are not reused.
+    /// programs on one device, on the host or on a one-device mesh; on a mesh of several
+    /// devices the arguments are not reused.
     ///
     /// ```
     /// use tessera::prelude::*;
@@ -568,6 +574,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 out_specs,
                 out_layouts,
                 checker,
+                donated,
             } => {
                 // One device: its program on the calling thread, on the kept vectors.
                 if checker.is_none() && program.positions.len() == 1 {
@@ -596,16 +603,26 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     scratch.inputs = relifetime(inputs);
                     if let Some(run) = run {
                         run?;
+                        if donated.contains(&true) {
+                            for (t, _) in leaves.drain(..).zip(donated).filter(|(_, d)| **d) {
+                                if let Some((shell, data)) = t.into_placed_shell() {
+                                    program.recycle_one(data);
+                                    if scratch.placed_shells.len() < outputs.len() {
+                                        scratch.placed_shells.push(shell);
+                                    }
+                                }
+                            }
+                        }
                         let tensors = &mut scratch.tensors;
                         for ((lit, ty), layout) in outputs.drain(..).zip(out_types).zip(out_layouts)
                         {
                             let lit = lit.expect("a one-device program computes every output");
-                            let shard = [Arc::new(lit)];
-                            tensors.push(Tensor::from_array(Array::from_shards(
-                                ty.clone(),
-                                layout.clone(),
-                                shard,
-                            )));
+                            let (ty, layout) = (ty.clone(), layout.clone());
+                            let array = match scratch.placed_shells.pop() {
+                                Some(shell) => shell.fill(ty, layout, lit),
+                                None => Array::from_shards(ty, layout, [Arc::new(lit)]),
+                            };
+                            tensors.push(Tensor::from_array(array));
                         }
                         return tree::unflatten_drain(out_def, tensors);
                     }
@@ -761,6 +778,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     })
                     .collect();
                 JitEntry::Sharded {
+                    donated: self.donated_leaves(&sig.def),
                     out_types: lowered.out_types(),
                     out_layouts,
                     program: DeviceProgram::new(programs, mesh, devices),

@@ -118,6 +118,18 @@ impl DeviceProgram {
     }
 }
 
+impl DeviceProgram {
+    /// Gives a donated input's buffer to a one-device program's output pool (`recycle`);
+    /// dropped on several devices, or while the program runs elsewhere.
+    pub(crate) fn recycle_one(&self, data: tessera_ir::Data) {
+        if let [program] = self.programs.as_slice()
+            && let Ok(p) = program.try_lock()
+        {
+            p.recycle(data);
+        }
+    }
+}
+
 /// Below this many multiply-adds of GEMM per device, a program on more devices than cores
 /// runs on the calling thread (`run_on_this_thread`): its step is launch and meeting costs,
 /// which threads on shared cores multiply. Above it the device threads' arithmetic on every

@@ -296,6 +296,16 @@ impl Tensor {
         }
     }
 
+    /// [`Tensor::into_shell`] for a tensor placed on one device ([`Array::into_placed_shell`]).
+    pub(crate) fn into_placed_shell(
+        self,
+    ) -> Option<(tessera_runtime::PlacedShell, tessera_ir::Data)> {
+        match self.repr {
+            Repr::Concrete(a) => a.into_placed_shell(),
+            Repr::Traced(_) => None,
+        }
+    }
+
     /// Whether the placement is `spec`, without cloning it.
     pub(crate) fn placed_as(&self, spec: Option<&tessera_runtime::ShardSpec>) -> bool {
         match &self.repr {

@@ -89,6 +89,16 @@ fn placeholder(x: &Tensor) -> Mlp {
     }
 }
 
+/// Held by every test from its start: the tests of this file run one at a time, since work
+/// another test puts on the shared rayon pool (Cranelift compiles, GEMMs) changes what this
+/// one's thread allocates (rayon's global job queue allocates its blocks on the thread that
+/// pushes a job).
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Allocations and bytes per call of `f` on the same arguments, over `n` calls.
 fn per_step(n: usize, mut f: impl FnMut()) -> (usize, usize) {
     let (a0, b0) = (
@@ -121,6 +131,7 @@ const PER_OUTPUT: usize = 3;
 /// structure without building it, and shapes went inline; 66 at the start of issue 14).
 #[test]
 fn the_seed_step_allocates_only_its_outputs() {
+    let _alone = alone();
     let mut p = init();
     let x = random::normal(&Key::new(1), [256, 10]);
     let y = random::normal(&Key::new(2), [256, 1]);
@@ -146,6 +157,7 @@ fn the_seed_step_allocates_only_its_outputs() {
 /// nothing: shapes up to rank 4 are inline.
 #[test]
 fn cloning_a_tensor_allocates_nothing() {
+    let _alone = alone();
     let x = Tensor::zeros([2, 3, 4, 5]);
     let (a, _) = per_step(10, || drop(std::hint::black_box(x.clone())));
     assert_eq!(a, 0);
@@ -157,6 +169,7 @@ fn cloning_a_tensor_allocates_nothing() {
 /// argument another tensor still shares is not reused, and that tensor keeps its value.
 #[test]
 fn donated_parameters_are_reused_for_the_outputs() {
+    let _alone = alone();
     let x = random::normal(&Key::new(1), [256, 10]);
     let y = random::normal(&Key::new(2), [256, 1]);
     let plain = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
@@ -208,6 +221,7 @@ fn donated_parameters_are_reused_for_the_outputs() {
 /// vectors (`DeviceProgram::run_one_into`) and placed arrays shared their shard lists.
 #[test]
 fn the_seed_step_on_a_one_device_mesh_allocates_only_its_outputs() {
+    let _alone = alone();
     let mesh = Mesh::new([1], ["dp"]);
     let data = NamedSharding::new(&mesh, P!["dp"]);
     let mut p = device_put(init(), NamedSharding::new(&mesh, P![]));
@@ -231,4 +245,57 @@ fn the_seed_step_on_a_one_device_mesh_allocates_only_its_outputs() {
         "{a} allocations per step"
     );
     assert_eq!(f.trace_count(), 1);
+}
+
+/// Donation on a one-device mesh: the parameters' shards and their allocations hold the
+/// next parameters, so a step allocates only the loss (and the `gemm` crate's own), with the
+/// undonated step's values, bit for bit; a donated parameter whose value the user read (its
+/// host value assembled) is still reused, and one the user still holds is not.
+#[test]
+fn donated_parameters_on_a_one_device_mesh_are_reused() {
+    let _alone = alone();
+    let mesh = Mesh::new([1], ["dp"]);
+    let data = NamedSharding::new(&mesh, P!["dp"]);
+    let replicated = NamedSharding::new(&mesh, P![]);
+    let x = device_put(random::normal(&Key::new(1), [256, 10]), &data);
+    let y = device_put(random::normal(&Key::new(2), [256, 1]), &data);
+    let plain = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
+    let donating = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y)).donate(&[0]);
+    let (mut p, mut q) = (
+        device_put(init(), &replicated),
+        device_put(init(), &replicated),
+    );
+    for _ in 0..3 {
+        p = plain.call((p, x.clone(), y.clone())).unwrap().0;
+        q = donating.call((q, x.clone(), y.clone())).unwrap().0;
+    }
+    let (a_don, _) = per_step(10, || {
+        let old = std::mem::replace(&mut q, placeholder(&x));
+        q = donating.call((old, x.clone(), y.clone())).unwrap().0;
+    });
+    println!("donated on a 1-device mesh: {a_don} allocations");
+    assert_eq!(
+        a_don,
+        PER_OUTPUT + 1 + GEMM_CRATE,
+        "only the loss is allocated"
+    );
+    for _ in 0..10 {
+        p = plain.call((p, x.clone(), y.clone())).unwrap().0;
+    }
+    for (a, b) in tree::leaves(&p).iter().zip(tree::leaves(&q).iter()) {
+        assert_eq!(a.to_vec::<f32>(), b.to_vec::<f32>());
+        assert_eq!(b.sharding().map(|s| s.spec.clone()), Some(P![]));
+    }
+    // The values were read above (host values assembled): still reused.
+    let (again, _) = per_step(1, || {
+        let old = std::mem::replace(&mut q, placeholder(&x));
+        q = donating.call((old, x.clone(), y.clone())).unwrap().0;
+    });
+    assert_eq!(again, a_don);
+    // A parameter the user still holds keeps its value.
+    let kept = q.w1.clone();
+    let before = kept.to_vec::<f32>();
+    let r = donating.call((q, x.clone(), y.clone())).unwrap().0;
+    assert_eq!(kept.to_vec::<f32>(), before);
+    assert_ne!(r.w1.to_vec::<f32>(), before);
 }
