@@ -1112,6 +1112,23 @@ impl Executable {
         if out_ty.numel() == 0 {
             return Ok(());
         }
+        if let Op::Concatenate { .. } = op {
+            // Fusion makes a native step of a concatenate whose operands are whole blocks of
+            // the result, in order (`fusion.rs`): one copy each.
+            let mut at = 0usize;
+            for &b in &step.inputs {
+                let n = bufs[b].ty.byte_size();
+                if n > 0 {
+                    // SAFETY: input `b` holds `n` bytes of its value (its step ran, or it is
+                    // bound); the operands' sizes add up to the output's (the type rule), so
+                    // `at + n` is within the output buffer, which no input overlaps (the plan
+                    // gives a step's output its own room).
+                    unsafe { std::ptr::copy_nonoverlapping(ptrs[b], ptrs[step.output].add(at), n) };
+                }
+                at += n;
+            }
+            return Ok(());
+        }
         // SAFETY: every input buffer holds a value of its type (written by an earlier step, or
         // bound at launch), alive until `run` returns.
         let args: Vec<Literal> = step

@@ -406,6 +406,12 @@ impl Fuser<'_> {
                 let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
                 (StepKind::Native(op.clone()), inputs)
             }
+            // Along the outermost dim that is not 1, each operand (a buffer: row-major, dense)
+            // is one block of the result: block copies, no guarded loads per element.
+            Op::Concatenate { dim } if ty.dims()[..*dim].iter().all(|&d| d == 1) => {
+                let inputs = operands.iter().map(|o| self.materialized_buf(*o)).collect();
+                (StepKind::Native(op.clone()), inputs)
+            }
             Op::Cumulative {
                 kind,
                 axis,

@@ -72,12 +72,46 @@ mod tests {
 
     /// A concatenate of `n` parameters along dim 0.
     fn concat_of(n: usize) -> Graph {
+        concat_along(n, vec![2], 0)
+    }
+
+    /// A concatenate of `n` parameters of dims `dims` along `dim`.
+    fn concat_along(n: usize, dims: Vec<usize>, dim: usize) -> Graph {
         let mut g = Graph::new("wide");
-        let ty = TensorType::new(DType::F32, vec![2]);
+        let ty = TensorType::new(DType::F32, dims);
         let ps: Vec<NodeId> = (0..n).map(|_| g.add_param(ty.clone())).collect();
-        let c = g.add(Op::Concatenate { dim: 0 }, &ps).unwrap();
+        let c = g.add(Op::Concatenate { dim }, &ps).unwrap();
         g.set_outputs(vec![c]);
         g
+    }
+
+    /// A concatenate whose operands are whole blocks of the result (along its outermost dim
+    /// that is not 1) is one native step of block copies, with the interpreter's values; one
+    /// along an inner dim stays a kernel.
+    #[test]
+    fn a_concatenate_of_blocks_is_copied_not_a_kernel() {
+        for (dims, dim, native) in [
+            (vec![2], 0, true),
+            (vec![1, 3], 1, true),
+            (vec![2, 0], 0, true),
+            (vec![2, 3], 1, false),
+        ] {
+            let g = concat_along(5, dims.clone(), dim);
+            let exe = crate::compile(&g).unwrap();
+            let text = exe.describe();
+            assert_eq!(text.contains("native concatenate"), native, "{text}");
+            let inputs: Vec<Literal> = (0..5)
+                .map(|i| {
+                    let n: usize = dims.iter().product();
+                    let v: Vec<f32> = (0..n).map(|j| (10 * i + j) as f32).collect();
+                    Literal::new(dims.clone(), tessera_ir::Data::from_vec(v)).unwrap()
+                })
+                .collect();
+            let refs: Vec<&Literal> = inputs.iter().collect();
+            let want = tessera_interp::run(&g, &inputs).unwrap();
+            let got = exe.run(&refs, &tessera_interp::SingleDevice).unwrap();
+            assert!(want[0].data.bits_eq(&got[0].data), "{dims:?} along {dim}");
+        }
     }
 
     #[test]
@@ -121,7 +155,10 @@ mod tests {
     #[test]
     fn no_kernel_of_a_wide_concatenate_reads_more_than_the_bound() {
         for n in [100, 4000] {
-            let text = crate::compile(&concat_of(n)).unwrap().describe();
+            // Along an inner dim: a kernel (a block concatenate is copies, no kernel at all).
+            let text = crate::compile(&concat_along(n, vec![2, 1], 1))
+                .unwrap()
+                .describe();
             let widest = text
                 .lines()
                 .filter(|l| l.contains("<- kernel"))

@@ -3,7 +3,8 @@
 //! (a stable bottom-up merge sort of each lane's permutation, insertion sort for runs of up to
 //! 8). It reads its operand buffers at their strides along the lane, so every shape is handled,
 //! zero-size ones included (no lane, nothing written). (The cumulative ops are loop nests:
-//! `kernel::Scan`.)
+//! `kernel::Scan`. A concatenate of whole blocks is a native step too, which
+//! `Executable::run_native` copies without coming here.)
 
 use std::cmp::Ordering;
 
@@ -123,7 +124,7 @@ pub(crate) fn run(op: &Op, args: &[Literal], out: &TensorType) -> Result<Data, S
             num_keys,
             output,
         } => sort(args, *dim, *num_keys, *output),
-        // tidy: allow-wildcard(fusion makes native steps of sort only; any other op here is a planner bug reported as an error)
+        // tidy: allow-wildcard(fusion makes native steps of sort and of block concatenates, which exec.rs copies itself; any other op here is a planner bug reported as an error)
         other => return Err(format!("{} is not a native step", other.name())),
     };
     if data.len() != out.numel() || data.dtype() != out.dtype {
