@@ -210,7 +210,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
     pub fn lower(&self, args: &In) -> Result<Lowered> {
         let location = loc_text(Location::caller());
         let (leaves, def) = tree::flatten(args);
-        let (n, _) = self.mapped_size(&leaves, &def, &location)?;
+        let (n, _) = self.mapped_size(&leaves, &def, &|| location.clone())?;
         let sig = Signature::unplaced(&leaves, def);
         let dump = Dump::disabled(&self.cache.options.name);
         let (pipeline, lowered) = self.run_passes(&sig, n, dump, &location, true)?;
@@ -224,12 +224,12 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         &self,
         leaves: &[Tensor],
         def: &TreeDef,
-        location: &str,
+        location: &dyn Fn() -> String,
     ) -> Result<(usize, Vec<Option<usize>>)> {
         let fail = |message: String| Error::Op {
             op: "pmap".into(),
             message,
-            location: location.to_string(),
+            location: location(),
         };
         if crate::trace::any_active() {
             return Err(fail(
@@ -243,7 +243,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .in_axes
             .resolve(def)
             .map_err(|m| fail(format!("in_axes: {m}")))?;
-        let paths = def.leaf_paths();
         let mut size: Option<(usize, usize)> = None;
         for (i, (t, a)) in leaves.iter().zip(&spec).enumerate() {
             let Some(a) = *a else { continue };
@@ -258,6 +257,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             match size {
                 None => size = Some((n, i)),
                 Some((m, j)) if m != n => {
+                    // The paths only for the message: a call builds none.
+                    let paths = def.leaf_paths();
                     return Err(fail(format!(
                         "input {i} ({}) does not have the leading size {m} of input {j} ({}) \
                          along its mapped dim {a} (input paths {} and {})",
@@ -288,13 +289,19 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
     /// Runs `f` on every slice of the mapped axis, one device each.
     #[track_caller]
     pub fn call(&self, args: In) -> Result<Out> {
-        let location = loc_text(Location::caller());
+        // The caller's `file:line` as text only where an error or a compilation needs it.
+        let caller = Location::caller();
+        let location = || loc_text(caller);
         let (leaves, def) = tree::flatten(&args);
         let (n, spec) = self.mapped_size(&leaves, &def, &location)?;
-        let sig = Signature::unplaced(&leaves, def);
-        let compiled = self
-            .cache
-            .get_or_compile(sig, |sig, dump| self.compile(sig, n, dump, &location))?;
+        let compiled = match self.cache.last_hit(&leaves, &def, false) {
+            Some(hit) => hit,
+            None => {
+                let sig = Signature::unplaced(&leaves, def);
+                self.cache
+                    .get_or_compile(sig, |sig, dump| self.compile(sig, n, dump, &location()))?
+            }
+        };
         let hosts: Vec<Arc<Literal>> = leaves
             .iter()
             .map(|t| t.try_array().map(|a| a.literal_arc()))
@@ -333,7 +340,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .map_err(|m| Error::Op {
                 op: "pmap".into(),
                 message: format!("out_axes: {m}"),
-                location: location.clone(),
+                location: location(),
             })?;
         let tensors: Vec<Tensor> = columns
             .into_iter()
@@ -341,7 +348,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .enumerate()
             .map(|(o, (c, a))| match a {
                 Some(a) => move_leading(stack(c)?, *a).map(Tensor::from_literal),
-                None => unmapped(c, o, &location).map(Tensor::from_literal),
+                None => unmapped(c, o, &location()).map(Tensor::from_literal),
             })
             .collect::<Result<_>>()?;
         tree::unflatten(&compiled.out_def, tensors)
