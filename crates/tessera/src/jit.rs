@@ -129,6 +129,28 @@ struct CallScratch {
     placed_shells: Vec<PlacedShell>,
 }
 
+/// Drops the leaves when some are donated (`donated[k]` for leaf `k`), each donated one
+/// through `split`, which gives a buffer no one else holds to the program's pool and returns
+/// its allocations, kept in `shells` for the next outputs (at most `keep`).
+fn take_donated<S>(
+    leaves: &mut Vec<Tensor>,
+    donated: &[bool],
+    keep: usize,
+    shells: &mut Vec<S>,
+    split: impl Fn(Tensor) -> Option<S>,
+) {
+    if !donated.contains(&true) {
+        return;
+    }
+    for (t, _) in leaves.drain(..).zip(donated).filter(|(_, d)| **d) {
+        if let Some(shell) = split(t)
+            && shells.len() < keep
+        {
+            shells.push(shell);
+        }
+    }
+}
+
 /// `v`, emptied, as a vector of references of another lifetime in the same allocation: an
 /// in-place collect of an empty vector (same size and alignment), so a vector of borrowed
 /// inputs is kept between calls without `unsafe`. `tests/allocations.rs` checks that it
@@ -547,16 +569,12 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     checker.check_outputs(outputs, &want)?;
                 }
                 scratch.inputs = relifetime(inputs);
-                if donated.contains(&true) {
-                    for (t, _) in leaves.drain(..).zip(donated).filter(|(_, d)| **d) {
-                        if let Some((shell, data)) = t.into_shell() {
-                            program.recycle(data);
-                            if scratch.shells.len() < outputs.len() {
-                                scratch.shells.push(shell);
-                            }
-                        }
-                    }
-                }
+                let keep = outputs.len();
+                take_donated(leaves, donated, keep, &mut scratch.shells, |t| {
+                    let (shell, data) = t.into_shell()?;
+                    program.recycle(data);
+                    Some(shell)
+                });
                 let tensors = &mut scratch.tensors;
                 for lit in outputs.drain(..) {
                     tensors.push(match scratch.shells.pop() {
@@ -603,16 +621,12 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     scratch.inputs = relifetime(inputs);
                     if let Some(run) = run {
                         run?;
-                        if donated.contains(&true) {
-                            for (t, _) in leaves.drain(..).zip(donated).filter(|(_, d)| **d) {
-                                if let Some((shell, data)) = t.into_placed_shell() {
-                                    program.recycle_one(data);
-                                    if scratch.placed_shells.len() < outputs.len() {
-                                        scratch.placed_shells.push(shell);
-                                    }
-                                }
-                            }
-                        }
+                        let keep = outputs.len();
+                        take_donated(leaves, donated, keep, &mut scratch.placed_shells, |t| {
+                            let (shell, data) = t.into_placed_shell()?;
+                            program.recycle_one(data);
+                            Some(shell)
+                        });
                         let tensors = &mut scratch.tensors;
                         for ((lit, ty), layout) in outputs.drain(..).zip(out_types).zip(out_layouts)
                         {
