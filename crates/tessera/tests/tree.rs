@@ -350,3 +350,57 @@ fn flatten_if_agrees_with_comparing_the_built_structure() {
         }
     }
 }
+
+/// A hand-written tree whose `flatten_into` calls the very jit it is an argument of (once,
+/// when `NEST` is set), with a new shape: the nested call compiles while the outer one is
+/// checking its structure against the last call's (`Cache::last_hit_of` takes that
+/// signature out of its cell while the tree flattens, so the nested compile can replace it).
+struct Reentrant(Tensor);
+
+impl tessera::tree::Tree for Reentrant {
+    fn flatten_into(&self, leaves: &mut Vec<Tensor>) -> TreeDef {
+        if NEST.with(|n| n.replace(false)) {
+            let inner = J.with(|j| j.call(Reentrant(Tensor::ones([3]))).unwrap());
+            assert_eq!(inner.to_vec::<f32>(), [2.0; 3]);
+        }
+        leaves.push(self.0.clone());
+        TreeDef::node("reentrant", vec![], vec![TreeDef::Leaf])
+    }
+    fn unflatten_from(
+        def: &TreeDef,
+        leaves: &mut tessera::tree::Leaves<'_>,
+    ) -> tessera::Result<Self> {
+        let c = def.children_of("reentrant")?;
+        Ok(Reentrant(Tensor::unflatten_from(&c[0], leaves)?))
+    }
+}
+
+fn doubled(r: Reentrant) -> Tensor {
+    &r.0 * 2.0
+}
+
+type ReentrantJit = tessera::jit::Jitted<fn(Reentrant) -> Tensor, Reentrant, Tensor>;
+
+thread_local! {
+    static NEST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static J: ReentrantJit = jit(doubled as fn(Reentrant) -> Tensor);
+}
+
+#[test]
+fn a_tree_may_call_its_own_jit_while_it_flattens() {
+    J.with(|j| {
+        let x = Tensor::full([2], 1.5f32);
+        assert_eq!(
+            j.call(Reentrant(x.clone())).unwrap().to_vec::<f32>(),
+            [3.0; 2]
+        );
+        NEST.with(|n| n.set(true));
+        assert_eq!(
+            j.call(Reentrant(x.clone())).unwrap().to_vec::<f32>(),
+            [3.0; 2]
+        );
+        assert!(!NEST.with(|n| n.get()), "the nested call ran");
+        assert_eq!(j.call(Reentrant(x)).unwrap().to_vec::<f32>(), [3.0; 2]);
+        assert_eq!(j.trace_count(), 2);
+    });
+}
