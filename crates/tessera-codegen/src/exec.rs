@@ -163,12 +163,75 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
 }
 
 /// `out = lhs x rhs` over `(m, n, k)` views: each operand's address and (row, column) strides
-/// in elements. `k == 0` writes zeros.
+/// in elements. `k == 0` writes zeros. A large column-major `rhs` is copied row-major first
+/// (`transpose.rs`: the library's slow layout).
 ///
 /// # Safety
 /// The views must lie inside live buffers of `dtype` (a float type), `out` not overlapping the
 /// operands.
 pub(crate) unsafe fn gemm_view(
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+    (l, ls): (*const u8, [isize; 2]),
+    (r, rs): (*const u8, [isize; 2]),
+    (o, os): (*mut u8, [isize; 2]),
+    par: gemm::Parallelism,
+) {
+    if crate::transpose::worth_copying((m, n, k), rs, os) {
+        let parallel = !matches!(par, gemm::Parallelism::None);
+        let stride = rs[1] as usize;
+        let row_major = [n as isize, 1];
+        // SAFETY: the caller's view of `rhs` is every `(kk, nn)` at `nn * stride + kk` (unit
+        // stride along k), read-only here; the product reads the copy, a dense row-major
+        // `k x n` buffer of the same type, alive during the call.
+        unsafe {
+            match dtype {
+                DType::F32 => crate::transpose::with_row_major(
+                    r as *const f32,
+                    stride,
+                    (k, n),
+                    parallel,
+                    |c| {
+                        gemm_dense(
+                            dtype,
+                            (m, n, k),
+                            (l, ls),
+                            (c as *const u8, row_major),
+                            (o, os),
+                            par,
+                        )
+                    },
+                ),
+                DType::F64 => crate::transpose::with_row_major(
+                    r as *const f64,
+                    stride,
+                    (k, n),
+                    parallel,
+                    |c| {
+                        gemm_dense(
+                            dtype,
+                            (m, n, k),
+                            (l, ls),
+                            (c as *const u8, row_major),
+                            (o, os),
+                            par,
+                        )
+                    },
+                ),
+                _ => unreachable!("fusion sends only float dots to GEMM"),
+            }
+        }
+    } else {
+        // SAFETY: forwarded from the caller.
+        unsafe { gemm_dense(dtype, (m, n, k), (l, ls), (r, rs), (o, os), par) }
+    }
+}
+
+/// `gemm_view`'s product itself, on the views as given.
+///
+/// # Safety
+/// As `gemm_view`'s.
+unsafe fn gemm_dense(
     dtype: DType,
     (m, n, k): (usize, usize, usize),
     (l, ls): (*const u8, [isize; 2]),

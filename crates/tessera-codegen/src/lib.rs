@@ -22,6 +22,7 @@ pub mod narrow;
 mod native;
 pub mod plan;
 pub mod together;
+mod transpose;
 pub mod window;
 
 pub use exec::Executable;

@@ -1,0 +1,247 @@
+//! A GEMM's right operand, when it is column-major (the `W^T` of every dense layer's input
+//! gradient, `dy @ W^T`), copied row-major before the product.
+//!
+//! The `gemm` crate (0.19) multiplies a row-major `lhs` by a column-major `rhs` into a
+//! row-major `out` at a fraction of its row-major speed, and at small `m` it collapses:
+//! 512x1024x1024 155 GFLOP/s against 222 row-major, 64x1024x1024 48 against 215,
+//! 8x1024x1024 9 against 131 (AMD EPYC Zen 4, both cores; docs/PERFORMANCE.md). Copying the
+//! operand costs about 0.45 ns an element on two cores, a tenth of the loss at the big MLP's
+//! shapes, so `gemm_view` copies the operands that are large enough for the loss to show.
+//! The product is the same sum in the same order over the same values: the copy changes where
+//! the library reads `rhs`, not what it computes (`tests` below compare bits).
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// How many operands `with_row_major` has copied since the process started (for tests).
+static COPIES: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether `gemm_view` copies the `k x n` right operand with (row, column) strides `rs` into
+/// a row-major scratch before multiplying into an `out` with strides `os`: a column-major
+/// operand (unit stride along `k`), a row-major result, and a product where the library's
+/// column-major path is measurably slower than the copy (below `m*n*k = 2^20`, or with
+/// `n` or `k` under 64, the two measured within a few percent).
+pub(crate) fn worth_copying(
+    (m, n, k): (usize, usize, usize),
+    rs: [isize; 2],
+    os: [isize; 2],
+) -> bool {
+    rs[0] == 1
+        && rs[1] > 1
+        && os[1] == 1
+        && m >= 2
+        && n >= 64
+        && k >= 64
+        && m.saturating_mul(n).saturating_mul(k) >= 1 << 20
+}
+
+/// Operands with more elements than this are copied on both cores (below, waking the pool
+/// costs more than the copy).
+const PARALLEL_FROM: usize = 1 << 16;
+
+/// The side of the square tiles the copy moves through a local buffer: 16 f32 are one cache
+/// line, so every line read and written is used whole, and the column reads (one element of
+/// each of 16 rows, a row stride apart) never stay in the cache long enough to conflict.
+const TILE: usize = 16;
+
+thread_local! {
+    /// Each thread's scratch for the copied operand, kept between products (it only grows)
+    /// so a steady-state step allocates nothing.
+    static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A column-major operand's base, for the copy's tasks.
+#[derive(Clone, Copy)]
+struct Src<T>(*const T);
+// SAFETY: the tasks only read through the pointer, inside the view the caller of
+// `with_row_major` vouches for, while that call blocks.
+unsafe impl<T: Sync> Send for Src<T> {}
+// SAFETY: as above: shared reads only.
+unsafe impl<T: Sync> Sync for Src<T> {}
+
+impl<T> Src<T> {
+    /// The pointer (a method, so closures capture the `Send` wrapper, not its field).
+    fn get(self) -> *const T {
+        self.0
+    }
+}
+
+/// Calls `f` with the `k x n` view whose element `(kk, nn)` is at `src + nn * stride + kk`,
+/// copied row-major (element `(kk, nn)` at `kk * n + nn`).
+///
+/// # Safety
+/// Every element of the view must be readable: `src` points into a live allocation of `T`
+/// holding offsets up to `(n - 1) * stride + k - 1`, not written while this runs.
+pub(crate) unsafe fn with_row_major<T: Copy + Default + Send + Sync, R>(
+    src: *const T,
+    stride: usize,
+    (k, n): (usize, usize),
+    parallel: bool,
+    f: impl FnOnce(*const T) -> R,
+) -> R {
+    assert!(std::mem::size_of::<T>() <= 8 && std::mem::align_of::<T>() <= 8);
+    COPIES.fetch_add(1, Ordering::Relaxed);
+    let len = k * n;
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    let fill = |scratch: &mut Vec<u64>| {
+        if scratch.len() < words {
+            scratch.resize(words, 0);
+        }
+        // SAFETY: the scratch holds at least `len` values of `T` (its bytes, 8-aligned, and
+        // `T` is at most 8 bytes and 8-aligned); `T` is f32 or f64 here, for which every bit
+        // pattern is a value.
+        let dst = unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut T, len) };
+        // SAFETY: forwarded from the caller.
+        unsafe { copy_row_major(Src(src), stride, n, dst, parallel && len > PARALLEL_FROM) };
+        dst.as_ptr()
+    };
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let p = fill(&mut scratch);
+            f(p)
+        }
+        // Only when a product on this thread ran another one inside it (the library's rayon
+        // tasks steal work): that one copies into a scratch of its own.
+        Err(_) => {
+            let mut own = Vec::new();
+            let p = fill(&mut own);
+            f(p)
+        }
+    })
+}
+
+/// `dst[kk * n + nn] = src[nn * stride + kk]` for the `k = dst.len() / n` rows of `dst`, a
+/// band of `TILE` rows a task.
+///
+/// # Safety
+/// As `with_row_major`'s, `dst` holding `k * n` values.
+unsafe fn copy_row_major<T: Copy + Default + Send + Sync>(
+    src: Src<T>,
+    stride: usize,
+    n: usize,
+    dst: &mut [T],
+    parallel: bool,
+) {
+    if n == 0 {
+        return;
+    }
+    let band = |(b, rows): (usize, &mut [T])| {
+        let k0 = b * TILE;
+        let kn = rows.len() / n;
+        let mut tile = [[T::default(); TILE]; TILE];
+        for n0 in (0..n).step_by(TILE) {
+            let nn = (n - n0).min(TILE);
+            for (j, row) in tile.iter_mut().enumerate().take(nn) {
+                // SAFETY: `(n0 + j) * stride + k0 + i` for `i < kn` is inside the view.
+                let col = unsafe {
+                    std::slice::from_raw_parts(src.get().add((n0 + j) * stride + k0), kn)
+                };
+                row[..kn].copy_from_slice(col);
+            }
+            for i in 0..kn {
+                let out = &mut rows[i * n + n0..][..nn];
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = tile[j][i];
+                }
+            }
+        }
+    };
+    if parallel {
+        use rayon::prelude::*;
+        dst.par_chunks_mut(TILE * n).enumerate().for_each(band);
+    } else {
+        dst.chunks_mut(TILE * n).enumerate().for_each(band);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Copies of a strided view, serial and parallel, at sizes around the tile and the
+    /// parallel threshold: every element lands at its row-major place.
+    #[test]
+    fn copies_every_element_to_its_row_major_place() {
+        for (k, n, pad) in [
+            (1, 1, 0),
+            (17, 5, 3),
+            (16, 16, 0),
+            (64, 300, 7),
+            (300, 257, 1),
+        ] {
+            let stride = k + pad;
+            let src: Vec<f32> = (0..n * stride).map(|i| i as f32).collect();
+            for parallel in [false, true] {
+                let got = unsafe {
+                    with_row_major(src.as_ptr(), stride, (k, n), parallel, |p| {
+                        std::slice::from_raw_parts(p, k * n).to_vec()
+                    })
+                };
+                for kk in 0..k {
+                    for nn in 0..n {
+                        assert_eq!(
+                            got[kk * n + nn],
+                            src[nn * stride + kk],
+                            "{k}x{n} at {kk},{nn}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A product through the copy is bit-identical to the library's own column-major path,
+    /// at a shape the copy is taken for.
+    #[test]
+    fn the_copied_product_is_the_same_bits() {
+        let (m, n, k) = (16, 128, 512);
+        assert!(worth_copying((m, n, k), [1, k as isize], [n as isize, 1]));
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+            .collect();
+        // W is n x k row-major; the operand is W^T, column-major.
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 104_729) % 1000) as f32 / 991.0 - 0.5)
+            .collect();
+        let mut direct = vec![0f32; m * n];
+        let mut copied = vec![0f32; m * n];
+        let before = COPIES.load(Ordering::Relaxed);
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                direct.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr(),
+                1,
+                k as isize,
+                w.as_ptr(),
+                k as isize,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+            crate::exec::gemm_view(
+                tessera_ir::DType::F32,
+                (m, n, k),
+                (a.as_ptr() as *const u8, [k as isize, 1]),
+                (w.as_ptr() as *const u8, [1, k as isize]),
+                (copied.as_mut_ptr() as *mut u8, [n as isize, 1]),
+                gemm::Parallelism::None,
+            );
+        }
+        assert!(
+            COPIES.load(Ordering::Relaxed) > before,
+            "gemm_view took the copy"
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&direct), bits(&copied));
+    }
+}
