@@ -22,7 +22,7 @@
 //! | log | x = m 2^e (subnormals scaled by 2^23 first), m in [sqrt(1/2), sqrt(2)), fdlibm's f - hfsq + s (hfsq + R) | 1 / 1 ulp (0.74 / 0.74; every f32: 0.854) |
 //! | log1p | log(u) + c / u, u = 1 + x rounded, c its exact rounding error (fdlibm); inf at inf | 2 / 2 ulp (1.44 / 1.44; every f32: 1.437) |
 //! | expm1 | fdlibm: x = k ln 2 + r, Taylor expm1(r) to r^9, 2^k (expm1(r) + 1 - 2^-k) or 2^k expm1(r) + (2^k - 1); exp(x) past 20 | 2 / 2 ulp (1.39 / 1.29; every f32: 1.439) |
-//! | tanh | x below 2^-12; x + x^3 g(x^2) (degree-5 Chebyshev g) below 0.625; 1 - 2 / (exp(2x) + 1), computed only for a vector with a lane past 0.625, its exp with one scale factor, no clamp and a degree-6 polynomial in Estrin's scheme (`exp_tanh`); +-1 past 9.1 | 1.5 / 1.5 ulp (1.23 / 1.23; every f32: 1.332) |
+//! | tanh | on abs(x), the sign or-ed in last: x + x^3 g(x^2) (degree-5 Chebyshev g, Estrin's scheme) below 0.625 (x itself below 2^-12, by rounding); 1 - 2 / (exp(2x) + 1), computed only for a vector with a lane past 0.625, its exp with one scale factor, no clamp, a degree-6 polynomial in Estrin's scheme and the 2s folded into the constants (`exp_tanh_plus_one`, whose last rounding is one multiply-add); 1 past 9.1 | 1.5 / 1.5 ulp (1.23 / 1.23; every f32: 1.332) |
 //! | logistic | e = exp(-abs x): 1 / (1 + e) for x >= 0, e / (1 + e) below, one correction step for the roundings of 1 + e and the division | 2 / 2.5 ulp (1.24 / 1.89; every f32: 1.480) |
 //! | sin, cos | abs(x) <= 8192 (FMA hosts; pi/4 without): round(x 2/pi), 3-part Cody-Waite by FMA, Taylor 9/10 per quadrant; else (any lane) a call: Payne-Hanek with 192 bits of 2/pi, f64 | 1.5 / 1.5 ulp (1.38 / 1.04; every f32 up to 16384: 1.486) |
 //! | erf | x + x P(x^2) (degree-6 Chebyshev P) below 0.84375; 1 - exp(-x^2) h(x), h = erfc exp(x^2) a degree-12 Chebyshev fit, below 3.92; +-1 beyond | 1.5 / 1.5 ulp (1.05 / 1.03; every f32: 1.211) |
@@ -388,65 +388,86 @@ const EXP_TANH_G: [f64; 5] = [
     0.001_381_475_837_428_408_6,
 ];
 
-/// `exp(y)` for `y` in `[0, 18.2]`, tanh's exp form: `exp`'s reduction and polynomial, but
-/// no clamp or NaN check (the caller clamps, and restores NaN) and `2^n` (`n` at most 27) one
-/// normal factor, built with `n` from one rounding: `y log2(e) + (1.5 2^23 + 127)`, in
+/// `exp(2 a) + 1` for `a` in `[0, 9.1]`, tanh's exp form: `exp`'s reduction and polynomial,
+/// but no clamp or NaN check (the caller clamps, and restores NaN) and `2^n` (`n` at most 27)
+/// one normal factor, built with `n` from one rounding: `2 a log2(e) + (1.5 2^23 + 127)`, in
 /// `[2^23, 2^24)` where the float's unit is 1, is an integer whose low mantissa bits are
 /// `n + 127`; shifted by 23 they are `2^n`'s exponent field, and subtracting the constant back
 /// gives `n` exactly.
 ///
-/// Its polynomial is `1 + r + r^2 g(r)` with `g` the degree-4 fit `EXP_TANH_G` (3.7e-9
-/// relative in `e^r` on `|r| <= ln2/2`, a sixteenth of an ulp: tanh needs less than `exp`'s
-/// degree-8 Taylor polynomial), evaluated in Estrin's scheme: a chain of four multiply-adds
-/// from `r` instead of Horner's eight, the exp form being latency-bound.
-fn exp_tanh(b: &mut FunctionBuilder, f: Fx, y: Value) -> Value {
-    let log2e = f.c(b, std::f64::consts::LOG2_E);
-    let magic = f.c(b, 12_582_912.0 + 127.0);
-    let s = f.fma(b, y, log2e, magic);
+/// Its polynomial is `e^r = 1 + r + r^2 g(r)` with `g` the degree-4 fit `EXP_TANH_G` (3.7e-9
+/// relative on `|r| <= ln2/2`, a sixteenth of an ulp: tanh needs less than `exp`'s degree-8
+/// Taylor polynomial), evaluated in Estrin's scheme: a chain of four multiply-adds from `r`
+/// instead of Horner's eight, the exp form being latency-bound.
+///
+/// The factors of 2 are in the constants: the reduction works on `h = r / 2` (`a - n ln2/2`),
+/// the polynomial's coefficients are scaled so that it yields `(e^r) / 2` from `h`, and the
+/// scale is `2^(n+1)` (the constant's bias 128), so `2 a`, `r` and `e^r` are never formed and
+/// `e^r 2^n + 1` is one multiply-add. Every scaling is by a power of two, exact in this range,
+/// so each rounding is the one the unscaled form would make, on a value half or twice as large;
+/// the last step, `(1/2 + q) 2^(n+1) + 1`, is one multiply-add of `q` onto `2^n + 1` (exact up
+/// to `n = 23`; above, `2 / (exp(2a) + 1)` is under 2^-23 and the result rounds to 1 or its
+/// neighbour either way).
+fn exp_tanh_plus_one(b: &mut FunctionBuilder, f: Fx, a: Value) -> Value {
+    let two_log2e = f.c(b, 2.0 * std::f64::consts::LOG2_E);
+    let magic = f.c(b, 12_582_912.0 + 128.0);
+    let s = f.fma(b, a, two_log2e, magic);
     let n = b.ins().fsub(s, magic);
-    let ln2_hi = f.c(b, -LN2_HI);
-    let ln2_lo = f.c(b, -LN2_LO);
-    let r = f.fma(b, n, ln2_hi, y);
-    let r = f.fma(b, n, ln2_lo, r);
-    let [c0, c1, c2, c3, c4] = EXP_TANH_G.map(|c| f.c(b, c));
-    let r2 = b.ins().fmul(r, r);
-    let lo = f.fma(b, c1, r, c0);
-    let hi = f.fma(b, c3, r, c2);
-    let hi = f.fma(b, c4, r2, hi);
-    let g = f.fma(b, hi, r2, lo);
-    let q = f.fma(b, g, r2, r);
-    let one = f.c(b, 1.0);
-    let p = b.ins().fadd(q, one);
+    let ln2_hi = f.c(b, -LN2_HI / 2.0);
+    let ln2_lo = f.c(b, -LN2_LO / 2.0);
+    let h = f.fma(b, n, ln2_hi, a);
+    let h = f.fma(b, n, ln2_lo, h);
+    // With r = 2h: g = lo + r^2 hi, lo = c0 + c1 r, hi = c2 + c3 r + c4 r^2; and
+    // e^r / 2 = 1/2 + h + h^2 (2 g), 2 g = (2 c0 + 4 c1 h) + h^2 (8 c2 + 16 c3 h + 32 c4 h^2).
+    let [c0, c1, c2, c3, c4] = EXP_TANH_G;
+    let [c0, c1, c2, c3, c4] =
+        [2.0 * c0, 4.0 * c1, 8.0 * c2, 16.0 * c3, 32.0 * c4].map(|c| f.c(b, c));
+    let h2 = b.ins().fmul(h, h);
+    let lo = f.fma(b, c1, h, c0);
+    let hi = f.fma(b, c3, h, c2);
+    let hi = f.fma(b, c4, h2, hi);
+    let g2 = f.fma(b, hi, h2, lo);
+    let q = f.fma(b, g2, h2, h);
     let bits = f.to_bits(b, s);
     let scale = b.ins().ishl_imm_s(bits, 23);
     let scale = f.bits_to_float(b, scale);
-    b.ins().fmul(p, scale)
+    // (1/2 + q) 2^(n+1) + 1 = q 2^(n+1) + (2^n + 1): the constant term is ready long before
+    // `q`, and the sum is one rounding where `1/2 + q` would add a second.
+    let half = f.c(b, 0.5);
+    let one = f.c(b, 1.0);
+    let k = f.fma(b, scale, half, one);
+    f.fma(b, q, scale, k)
 }
 
-/// `tanh(x)`: `x` itself below 2^-12 (the cubic term is under 2^-25 relative),
-/// `x + x^3 g(x^2)` below 0.625 (`g` a degree-5 Chebyshev fit, 6e-10 relative),
-/// `sign(x) (1 - 2 / (exp(2 abs(x)) + 1))` above (no cancellation: the subtracted term is at
-/// most 0.45), exactly `sign(x)` past 9.1.
+/// `tanh(x)` from `a = abs(x)`, the sign put back last: `a + a^3 g(a^2)` below 0.625 (`g` a
+/// degree-5 Chebyshev fit, 6e-10 relative, in Estrin's scheme), `1 - 2 / (exp(2a) + 1)`
+/// above (no cancellation: the subtracted term is at most 0.45), exactly 1 past 9.1. Below
+/// 2^-12 the polynomial rounds to `a` itself (its cubic term is under a third of a half ulp),
+/// subnormals and zeros included, so `tanh(-0) = -0` comes from the sign alone.
 pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
-    let xc = f.clamp(b, x, -0.625, 0.625);
-    let x2 = b.ins().fmul(xc, xc);
-    let g = f.horner(
-        b,
-        x2,
-        &[
-            0.002_292_744_816_178_142,
-            -0.008_343_945_515_839_153,
-            0.021_768_918_651_028_21,
-            -0.053_959_259_577_204_544,
-            0.133_333_035_569_157_4,
-            -0.333_333_331_721_403_6,
-        ],
-    );
-    let x3 = b.ins().fmul(x2, xc);
-    let small = f.fma(b, x3, g, xc);
-    let ax = b.ins().fabs(x);
+    let a = b.ins().fabs(x);
+    // The polynomial is computed for every lane; the large lanes' values (unbounded for
+    // large `a`, NaN for a NaN) are never selected.
+    let a2 = b.ins().fmul(a, a);
+    let [g5, g4, g3, g2, g1, g0] = [
+        0.002_292_744_816_178_142,
+        -0.008_343_945_515_839_153,
+        0.021_768_918_651_028_21,
+        -0.053_959_259_577_204_544,
+        0.133_333_035_569_157_4,
+        -0.333_333_331_721_403_6,
+    ]
+    .map(|c| f.c(b, c));
+    let p01 = f.fma(b, g1, a2, g0);
+    let p23 = f.fma(b, g3, a2, g2);
+    let p45 = f.fma(b, g5, a2, g4);
+    let a4 = b.ins().fmul(a2, a2);
+    let p25 = f.fma(b, p45, a4, p23);
+    let g = f.fma(b, p25, a4, p01);
+    let a3 = b.ins().fmul(a2, a);
+    let small = f.fma(b, a3, g, a);
     let edge = f.c(b, 0.625);
-    let is_small = f.fcmp(b, FloatCC::LessThan, ax, edge);
+    let is_small = f.fcmp(b, FloatCC::LessThan, a, edge);
     // The exp form (an exp and a division, most of the cost) runs only when some lane needs
     // it; each lane's value is its own branch's either way.
     let all_small = if f.vector() {
@@ -469,24 +490,25 @@ pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     // Past 9.1 the exp form rounds to 1 exactly (2 / (exp(18.2) + 1) is under half an ulp
     // of 1), so clamping there saturates; a NaN lane is clamped too, and restored below.
     let nine = f.c(b, 9.1);
-    let below = f.fcmp(b, FloatCC::LessThan, ax, nine);
-    let axc = f.sel(b, below, ax, nine);
+    let below = f.fcmp(b, FloatCC::LessThan, a, nine);
+    let ac = f.sel(b, below, a, nine);
+    let den = exp_tanh_plus_one(b, f, ac);
     let two = f.c(b, 2.0);
-    let one = f.c(b, 1.0);
-    let ax2 = b.ins().fmul(axc, two);
-    let e = exp_tanh(b, f, ax2);
-    let den = b.ins().fadd(e, one);
     let t = b.ins().fdiv(two, den);
+    let one = f.c(b, 1.0);
     let large = b.ins().fsub(one, t);
-    let large = f.copysign(b, large, x);
     let mixed = f.sel(b, is_small, small, large);
     b.ins().jump(merge, &[BlockArg::Value(mixed)]);
     b.switch_to_block(merge);
     b.seal_block(merge);
+    // Both forms are non-negative: the sign of `x` is or-ed in.
     let r = b.block_params(merge)[0];
-    let tiny_edge = f.c(b, 1.0 / 4096.0);
-    let tiny = f.fcmp(b, FloatCC::LessThan, ax, tiny_edge);
-    let r = f.sel(b, tiny, x, r);
+    let rb = f.to_bits(b, r);
+    let xb = f.to_bits(b, x);
+    let sign = f.ci(b, i32::MIN);
+    let sb = b.ins().band(xb, sign);
+    let r = b.ins().bor(rb, sb);
+    let r = f.bits_to_float(b, r);
     f.keep_nan(b, x, r)
 }
 
