@@ -32,6 +32,24 @@ use tessera_ir::Graph;
 
 use crate::fusion::StepKind;
 
+/// Starts, once per process and in the background, one-time work the first executable would
+/// otherwise wait for: the gemm crate's query of the CPU's caches (its first product reads
+/// the cache sizes from sysfs, 1 ms on the seed step's first call, a quarter of it: perf on
+/// AMD EPYC Zen 4), Cranelift's host ISA (`lower::host_isa`) and, with the task, the rayon
+/// pool that compiles the kernels. `tessera`
+/// calls it when a program starts lowering, so the work overlaps tracing and the IR passes on
+/// the calling thread; a product that comes first waits for the query (a `OnceCell`).
+pub fn prepare() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        rayon::spawn(|| {
+            let _ = *gemm_common::cache::CACHE_INFO;
+            // An error here is the first compile's to report.
+            let _ = lower::host_isa();
+        })
+    });
+}
+
 /// Compiles a graph to native code.
 pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
     tessera_ir::verify(g)?;

@@ -132,18 +132,7 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
 /// (as long bodies do), so a test can hold both forms of one kernel side by side.
 fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, LowerError> {
     let outline_all = outline_all || outlines_all(kernels);
-    // Cranelift's IR verifier costs 15-35% of compile time (CRANELIFT.md); it runs in builds
-    // with debug assertions (the test suite), where it checks every kernel lowering makes.
-    let verify = if cfg!(debug_assertions) {
-        "true"
-    } else {
-        "false"
-    };
-    let mut builder = JITBuilder::with_flags(
-        &[("opt_level", "speed"), ("enable_verifier", verify)],
-        default_libcall_names(),
-    )
-    .map_err(cl)?;
+    let mut builder = JITBuilder::with_isa(host_isa()?, default_libcall_names());
     for (name, f) in UNARY_LIBCALLS {
         builder.symbol(*name, *f as *const u8);
     }
@@ -234,6 +223,41 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
         functions,
         outlined: outlined.len(),
     })
+}
+
+/// The host's ISA with the kernels' flags, built once per process (detecting the CPU's
+/// features and building the flags was 90 us of every compile). The flags are
+/// `JITBuilder::with_flags`'s (no colocated libcalls, not PIC) and ours: `opt_level=speed`,
+/// and Cranelift's IR verifier, which costs 15-35% of compile time (CRANELIFT.md), on in
+/// builds with debug assertions (the test suite), where it checks every kernel lowering makes.
+pub(crate) fn host_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, LowerError> {
+    static ISA: std::sync::OnceLock<Result<cranelift_codegen::isa::OwnedTargetIsa, String>> =
+        std::sync::OnceLock::new();
+    ISA.get_or_init(|| {
+        use cranelift_codegen::settings::{self, Configurable};
+        let verify = if cfg!(debug_assertions) {
+            "true"
+        } else {
+            "false"
+        };
+        let mut flags = settings::builder();
+        for (name, value) in [
+            ("opt_level", "speed"),
+            ("enable_verifier", verify),
+            ("use_colocated_libcalls", "false"),
+            ("is_pic", "false"),
+        ] {
+            flags
+                .set(name, value)
+                .map_err(|e| format!("{name}={value}: {e}"))?;
+        }
+        cranelift_native::builder()
+            .map_err(|e| format!("this host is not supported: {e}"))?
+            .finish(settings::Flags::new(flags))
+            .map_err(|e| e.to_string())
+    })
+    .clone()
+    .map_err(LowerError::Cranelift)
 }
 
 /// Lanes: 1 (scalar) or 4 (f32x4).

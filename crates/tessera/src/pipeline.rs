@@ -375,6 +375,9 @@ impl<'a> Pipeline<'a> {
     ) -> Result<Lowered> {
         let name = self.options.name.as_str();
         self.rec.stages = keep_stages.then(Vec::new);
+        if self.options.backend == Backend::Cranelift {
+            tessera_codegen::prepare();
+        }
         let start = Instant::now();
         let (mut graph, out_def) = {
             let _span = tracing::info_span!("trace", function = name).entered();
