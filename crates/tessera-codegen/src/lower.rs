@@ -148,16 +148,10 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
     let mut module = JITModule::new(builder);
     let ptr = module.target_config().pointer_type();
     let mut ids = Vec::new();
-    let mut ctx = module.make_context();
-    let mut fctx = FunctionBuilderContext::new();
-    let mut outlined = Vec::new();
-    // Building the CLIF needs the module (it declares what a function calls), so it runs here,
-    // in order; Cranelift's compile of the built functions, most of the time, runs on every
-    // core (`compile_all`), and the machine code is defined in the same order.
-    let mut built = Vec::new();
     // Kernels that are the same code over other buffers (the repeated layers of a deep
     // program) share one function: by `Kernel::code_hash`, then `Kernel::same_code`.
     let mut by_hash: std::collections::HashMap<u64, Vec<usize>> = Default::default();
+    let mut unique = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
         let same = by_hash.entry(k.code_hash()).or_default();
         if let Some(&j) = same.iter().find(|&&j| kernels[j].same_code(k)) {
@@ -172,31 +166,30 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
         let id = module
             .declare_function(&format!("k{i}_{}", k.name), Linkage::Local, &sig)
             .map_err(cl)?;
-        ctx.func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
-        build(
-            &mut module,
-            &mut ctx,
-            &mut fctx,
-            &mut outlined,
-            k,
-            outline_all,
-        )?;
-        built.push(Built {
-            id,
-            func: std::mem::replace(&mut ctx.func, Function::new()),
-            kernel: Some(i),
-        });
+        unique.push((i, id, sig));
         ids.push(id);
     }
-    for &(u, lanes, id) in &outlined {
-        built.push(Built {
+    let disasm = std::env::var_os("TESSERA_DISASM").is_some();
+    let isa = host_isa()?;
+    // Each kernel is built and compiled by one task, on every core (`build_and_compile`);
+    // the module's declarations are behind `Decls`'s lock.
+    let decls = Decls {
+        config: module.target_config(),
+        shared: std::sync::Mutex::new((module, Vec::new())),
+    };
+    let mut codes = build_and_compile(&decls, &*isa, kernels, unique, outline_all, disasm)?;
+    let (mut module, outlined) = decls.shared.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut fctx = FunctionBuilderContext::new();
+    let built = outlined
+        .iter()
+        .map(|&(u, lanes, id)| Built {
             id,
             func: build_outlined(&mut module, &mut fctx, u, lanes, id),
             kernel: None,
-        });
-    }
-    let disasm = std::env::var_os("TESSERA_DISASM").is_some();
-    for code in compile_all(module.isa(), built, disasm)? {
+        })
+        .collect();
+    codes.extend(compile_all(&*isa, built, disasm)?);
+    for code in codes {
         if let Some(vcode) = &code.vcode {
             // A debugging aid for kernel performance work: the machine code of every kernel.
             let what = code
@@ -271,11 +264,24 @@ enum Lanes {
 /// function, at which width, and its id in the module.
 type Outlined = Vec<(UnaryOp, Lanes, FuncId)>;
 
+/// The module and the outlined functions declared in it so far (defined after the kernels),
+/// while the kernels are built on several threads at once (`build_and_compile`): a build takes
+/// the lock only to declare what its function calls.
+struct Decls {
+    shared: std::sync::Mutex<(JITModule, Outlined)>,
+    config: cranelift_codegen::isa::TargetFrontendConfig,
+}
+
+impl Decls {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (JITModule, Outlined)> {
+        // A build that panicked left the declarations whole (each is one call).
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 struct Lower<'a, 'b> {
     b: FunctionBuilder<'b>,
-    module: &'a mut JITModule,
-    /// Every outlined function declared so far in this module (defined after the kernels).
-    outlined: &'a mut Outlined,
+    decls: &'a Decls,
     /// The outlined functions declared in this function.
     outlined_refs: Vec<(UnaryOp, Lanes, FuncRef)>,
     bufs: Vec<Value>,
@@ -481,6 +487,58 @@ fn compile_all(
     Ok(compiled.into_iter().map(|(_, c)| c).collect())
 }
 
+thread_local! {
+    /// Each building thread's `FunctionBuilderContext`, reused between functions.
+    static BUILDER: std::cell::RefCell<FunctionBuilderContext> =
+        std::cell::RefCell::new(FunctionBuilderContext::new());
+}
+
+/// Builds and compiles each of the `unique` kernels (index, declared id, signature) on the
+/// rayon pool (every core), one task a kernel, the heaviest first (`Kernel::code_weight`):
+/// the longest (a tanh body is a third of the seed step's compile) starts at once and the
+/// small ones fill in around it. Building was a quarter of the seed step's compile on the
+/// calling thread alone before the compiles started. The result keeps `unique`'s order, so
+/// the module's layout does not depend on the scheduling; the declarations a build makes (its
+/// calls) go through `decls`, in whatever order the tasks run.
+fn build_and_compile(
+    decls: &Decls,
+    isa: &dyn TargetIsa,
+    kernels: &[Kernel],
+    unique: Vec<(usize, FuncId, Signature)>,
+    outline_all: bool,
+    disasm: bool,
+) -> Result<Vec<MachineCode>, LowerError> {
+    use rayon::prelude::*;
+    let mut order: Vec<(usize, (usize, FuncId, Signature))> =
+        unique.into_iter().enumerate().collect();
+    order.sort_by_key(|(at, (i, _, _))| (std::cmp::Reverse(kernels[*i].code_weight()), *at));
+    let mut compiled: Vec<(usize, MachineCode)> = order
+        .into_par_iter()
+        .with_max_len(1)
+        .map(|(at, (i, id, sig))| {
+            let mut func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
+            BUILDER.with(|c| match c.try_borrow_mut() {
+                Ok(mut fctx) => build(decls, &mut func, &mut fctx, &kernels[i], outline_all),
+                // Only if a build ran another task of the pool on this thread.
+                Err(_) => build(
+                    decls,
+                    &mut func,
+                    &mut FunctionBuilderContext::new(),
+                    &kernels[i],
+                    outline_all,
+                ),
+            });
+            let code = CONTEXT.with(|c| match c.try_borrow_mut() {
+                Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, Some(i), disasm),
+                Err(_) => machine_code(&mut Context::new(), isa, id, func, Some(i), disasm),
+            })?;
+            Ok((at, code))
+        })
+        .collect::<Result<_, LowerError>>()?;
+    compiled.sort_by_key(|(at, _)| *at);
+    Ok(compiled.into_iter().map(|(_, c)| c).collect())
+}
+
 /// The f32 slow paths and calls (`approx::Calls`), declared in `func`.
 fn declare_calls(module: &mut JITModule, func: &mut Function) -> approx::Calls {
     approx::Calls {
@@ -528,15 +586,15 @@ fn import_sig(
     module.declare_func_in_func(id, func)
 }
 
+/// Builds the CLIF of kernel `k` into `func`.
 fn build(
-    module: &mut JITModule,
-    ctx: &mut Context,
+    decls: &Decls,
+    func: &mut Function,
     fctx: &mut FunctionBuilderContext,
-    outlined: &mut Outlined,
     k: &Kernel,
     outline_all: bool,
-) -> Result<(), LowerError> {
-    let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
+) {
+    let mut b = FunctionBuilder::new(func, fctx);
     let entry = b.create_block();
     b.append_block_params_for_function_params(entry);
     b.switch_to_block(entry);
@@ -552,8 +610,7 @@ fn build(
     let vars: Vec<Variable> = (0..k.nvars()).map(|_| b.declare_var(I64)).collect();
     let mut l = Lower {
         b,
-        module,
-        outlined,
+        decls,
         outlined_refs: Vec::new(),
         bufs,
         vars,
@@ -566,9 +623,7 @@ fn build(
     };
     l.kernel(k);
     l.b.ins().return_(&[]);
-    let config = l.module.target_config();
-    l.b.finalize(config);
-    Ok(())
+    l.b.finalize(decls.config);
 }
 
 impl Lower<'_, '_> {
@@ -1356,7 +1411,7 @@ impl Lower<'_, '_> {
     }
 
     fn import(&mut self, name: &str, ty: Type, arity: usize) -> FuncRef {
-        import(self.module, self.b.func, name, ty, arity)
+        import(&mut self.decls.lock().0, self.b.func, name, ty, arity)
     }
 
     /// A call of the outlined `u` at `lanes`, declared in the module on first use.
@@ -1365,21 +1420,22 @@ impl Lower<'_, '_> {
         let fref = match declared {
             Some(&(_, _, fref)) => fref,
             None => {
-                let known = self.outlined.iter().find(|r| r.0 == u && r.1 == lanes);
+                let mut shared = self.decls.lock();
+                let (module, outlined) = &mut *shared;
+                let known = outlined.iter().find(|r| r.0 == u && r.1 == lanes);
                 let id = match known {
                     Some(&(_, _, id)) => id,
                     None => {
                         let name = format!("tessera_outlined_{u:?}_{lanes:?}");
                         let sig = outlined_signature(lanes);
-                        let id = self
-                            .module
+                        let id = module
                             .declare_function(&name, Linkage::Local, &sig)
                             .expect("each outlined function is declared once");
-                        self.outlined.push((u, lanes, id));
+                        outlined.push((u, lanes, id));
                         id
                     }
                 };
-                let fref = self.module.declare_func_in_func(id, self.b.func);
+                let fref = module.declare_func_in_func(id, self.b.func);
                 self.outlined_refs.push((u, lanes, fref));
                 fref
             }
@@ -1399,7 +1455,7 @@ impl Lower<'_, '_> {
         if let Some(c) = self.calls {
             return c;
         }
-        let c = declare_calls(self.module, self.b.func);
+        let c = declare_calls(&mut self.decls.lock().0, self.b.func);
         self.calls = Some(c);
         c
     }
@@ -1702,7 +1758,7 @@ impl Lower<'_, '_> {
         // interpreter's `convert`); the conversions themselves are half's, called.
         let narrow_call = |s: &mut Self, name: &str, x: Value, ret: Type| {
             let arg = s.b.func.dfg.value_type(x);
-            let fref = import_sig(s.module, s.b.func, name, &[arg], ret);
+            let fref = import_sig(&mut s.decls.lock().0, s.b.func, name, &[arg], ret);
             let call = s.b.ins().call(fref, &[x]);
             s.b.inst_results(call)[0]
         };
