@@ -330,6 +330,17 @@ pub(crate) fn outlines_all(kernels: &[Kernel]) -> bool {
     kernels.iter().map(Kernel::code_weight).sum::<usize>() > MODULE_INLINE_MAX_WEIGHT
 }
 
+/// The widest innermost result dimension a vectorized reduction keeps in registers
+/// (`Lower::accumulate_in_registers`): 8 f32x4 accumulators, half of x86's vector registers.
+const REGISTER_LANES: usize = 32;
+
+/// Whether reduction kernel `k` accumulates in registers: a result row of at most
+/// `REGISTER_LANES` (its body is emitted once per accumulator) and a body light enough to be
+/// unrolled.
+pub(crate) fn in_registers(k: &Kernel) -> bool {
+    k.out_dims.last().is_some_and(|&w| w <= REGISTER_LANES) && unrolls(k)
+}
+
 /// Whether `k`'s vector loop runs two f32x4 copies of its body an iteration.
 pub(crate) fn unrolls(k: &Kernel) -> bool {
     k.code_weight() <= UNROLL_MAX_WEIGHT
@@ -696,7 +707,11 @@ impl Lower<'_, '_> {
         match &k.reduce {
             None => self.loops(k, 0, &out_strides, vector),
             Some((how, dims)) if vector && *how != Combine::ArgMax => {
-                self.accumulate(k, *how, dims, &out_strides)
+                if in_registers(k) {
+                    self.accumulate_in_registers(k, *how, dims, &out_strides)
+                } else {
+                    self.accumulate(k, *how, dims, &out_strides)
+                }
             }
             Some(_) => self.loops(k, 0, &out_strides, false),
         }
@@ -998,6 +1013,79 @@ impl Lower<'_, '_> {
                 };
                 s.b.ins().store(mem(), next, addr, 0);
             });
+        });
+    }
+
+    /// `accumulate` for a result whose innermost dimension fits in registers (`in_registers`):
+    /// each 4 (then each 1) of its elements is an f32x4 (f32) variable across the reduced
+    /// indices, stored once after them, where `accumulate` loads and stores the result at every
+    /// reduced index (a store-to-load round trip on the result each time: the seed step's
+    /// bias gradient, a sum over 256 rows of [256, 32]). Each element combines its inputs in
+    /// the same order, so the bits are `accumulate`'s.
+    fn accumulate_in_registers(
+        &mut self,
+        k: &Kernel,
+        how: Combine,
+        dims: &[usize],
+        out_strides: &[i64],
+    ) {
+        let nout = k.out_dims.len();
+        let lane = nout - 1;
+        let width = k.out_dims[lane];
+        let identity = match how {
+            Combine::Sum => 0.0,
+            Combine::Max | Combine::ArgMax => f32::NEG_INFINITY,
+            Combine::Min => f32::INFINITY,
+        };
+        // (first element, lanes) of each accumulator.
+        let parts: Vec<(i64, Lanes)> = (0..width / 4)
+            .map(|q| (4 * q as i64, Lanes::Four))
+            .chain((4 * (width / 4)..width).map(|e| (e as i64, Lanes::One)))
+            .collect();
+        let outer: Vec<(usize, i64)> = (0..lane).map(|j| (j, k.out_dims[j] as i64)).collect();
+        let reduced: Vec<(usize, i64)> = dims
+            .iter()
+            .enumerate()
+            .map(|(j, &d)| (nout + j, d as i64))
+            .collect();
+        self.nest(&outer, &mut |s| {
+            let accs: Vec<Variable> = parts
+                .iter()
+                .map(|&(_, lanes)| {
+                    let c = s.b.ins().f32const(identity);
+                    let (acc, c) = match lanes {
+                        Lanes::Four => (s.b.declare_var(F32X4), s.b.ins().splat(F32X4, c)),
+                        Lanes::One => (s.b.declare_var(F32), c),
+                    };
+                    s.b.def_var(acc, c);
+                    acc
+                })
+                .collect();
+            s.nest(&reduced, &mut |s| {
+                for (&(at, lanes), &acc) in parts.iter().zip(&accs) {
+                    let at = s.iconst(at);
+                    s.b.def_var(s.vars[lane], at);
+                    s.lane_var = (lanes == Lanes::Four).then_some(lane);
+                    let v = s.expr(&k.body, lanes);
+                    s.lane_var = None;
+                    let cur = s.b.use_var(acc);
+                    let next = match how {
+                        Combine::Sum => s.b.ins().fadd(cur, v),
+                        Combine::Max | Combine::ArgMax => s.b.ins().fmax(cur, v),
+                        Combine::Min => s.b.ins().fmin(cur, v),
+                    };
+                    s.b.def_var(acc, next);
+                }
+            });
+            for (&(at, _), &acc) in parts.iter().zip(&accs) {
+                let at = s.iconst(at);
+                s.b.def_var(s.vars[lane], at);
+                let off = s.out_offset(out_strides);
+                let out = s.bufs.len() - 1;
+                let addr = s.address(out, off, DType::F32);
+                let v = s.b.use_var(acc);
+                s.b.ins().store(mem(), v, addr, 0);
+            }
         });
     }
 
@@ -1895,6 +1983,33 @@ mod tests {
             }
         }
         ks
+    }
+
+    /// The bias gradient of a dense layer (a sum over the batch of [256, 32]) accumulates in
+    /// registers; a row of 33 and a body too long to unroll do not.
+    #[test]
+    fn narrow_reductions_accumulate_in_registers() {
+        let reduce = |dims: Vec<usize>, chain: usize| {
+            let mut g = Graph::new("r");
+            let mut x = g.add_param(TensorType::new(tessera_ir::DType::F32, dims));
+            for _ in 0..chain {
+                x = g.add(Op::Unary(tessera_ir::UnaryOp::Tanh), &[x]).unwrap();
+            }
+            let y = g
+                .add(
+                    Op::Reduce {
+                        kind: tessera_ir::ReduceKind::Sum,
+                        axes: vec![0],
+                    },
+                    &[x],
+                )
+                .unwrap();
+            g.set_outputs(vec![y]);
+            kernels_of(&g).pop().expect("the reduction's kernel")
+        };
+        assert!(in_registers(&reduce(vec![256, 32], 0)));
+        assert!(!in_registers(&reduce(vec![256, 33], 0)));
+        assert!(!in_registers(&reduce(vec![256, 32], 40)));
     }
 
     /// `u` over `xs` by `k` (a one-op kernel: one input, one output, `xs.len()` long).
