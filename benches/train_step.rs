@@ -1,6 +1,7 @@
 //! Compiled against interpreted, in one process: the seed train step (10-32-1, batch 256), the
 //! big MLP step (784-1024-1024-10 tanh, batch 512, MSE, SGD), and first-call times (trace,
-//! passes, compile, run), and the elementwise kernels alone. Run with `cargo bench --bench
+//! passes, compile, run), the elementwise kernels alone, and one GEMM in both layouts of its
+//! weight. Run with `cargo bench --bench
 //! train_step`; figures are recorded in docs/PERFORMANCE.md.
 
 use std::time::Duration;
@@ -120,5 +121,38 @@ fn elementwise(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, seed_step, big_mlp_step, first_call, elementwise);
+/// The big MLP's 512x1024x1024 product with the weight as given and transposed (`g @ w^T`,
+/// every dense layer's input gradient): the transposed weight is column-major, the gemm
+/// crate's slow layout, which `gemm_view` copies row-major first (`transpose.rs`). The two
+/// should be close; docs/PERFORMANCE.md has the library's own figures for both layouts.
+fn gemm_layouts(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gemm_512x1024x1024");
+    g.sample_size(20);
+    let a = random::normal(&Key::new(1), [512, 1024]);
+    let w = random::normal(&Key::new(2), [1024, 1024]);
+    let (a, w) = (
+        Tensor::from_vec(a.to_vec::<f32>(), [512, 1024]),
+        Tensor::from_vec(w.to_vec::<f32>(), [1024, 1024]),
+    );
+    let plain = jit(|(a, w): (Tensor, Tensor)| a.matmul(&w));
+    let transposed = jit(|(a, w): (Tensor, Tensor)| a.matmul(&w.transpose(&[1, 0])));
+    plain.call((a.clone(), w.clone())).unwrap();
+    g.bench_function("w", |b| {
+        b.iter(|| plain.call((a.clone(), w.clone())).unwrap())
+    });
+    transposed.call((a.clone(), w.clone())).unwrap();
+    g.bench_function("w_transposed", |b| {
+        b.iter(|| transposed.call((a.clone(), w.clone())).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    seed_step,
+    big_mlp_step,
+    first_call,
+    elementwise,
+    gemm_layouts
+);
 criterion_main!(benches);
