@@ -389,11 +389,11 @@ const EXP_TANH_G: [f64; 5] = [
 ];
 
 /// `exp(2 a) + 1` for `a` in `[0, 9.1]`, tanh's exp form: `exp`'s reduction and polynomial,
-/// but no clamp or NaN check (the caller clamps, and restores NaN) and `2^n` (`n` at most 27)
-/// one normal factor, built with `n` from one rounding: `2 a log2(e) + (1.5 2^23 + 127)`, in
-/// `[2^23, 2^24)` where the float's unit is 1, is an integer whose low mantissa bits are
-/// `n + 127`; shifted by 23 they are `2^n`'s exponent field, and subtracting the constant back
-/// gives `n` exactly.
+/// but no clamp or NaN check (the caller clamps, and restores NaN) and the scale one normal
+/// factor (`n` at most 26), built with `n` from one rounding: `2 a log2(e) + (1.5 2^23 + 128)`,
+/// in `[2^23, 2^24)` where the float's unit is 1, is an integer whose low mantissa bits are
+/// `n + 128`; shifted by 23 they are `2^(n+1)`'s exponent field, and subtracting the constant
+/// back gives `n` exactly.
 ///
 /// Its polynomial is `e^r = 1 + r + r^2 g(r)` with `g` the degree-4 fit `EXP_TANH_G` (3.7e-9
 /// relative on `|r| <= ln2/2`, a sixteenth of an ulp: tanh needs less than `exp`'s degree-8

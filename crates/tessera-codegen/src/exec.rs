@@ -182,8 +182,9 @@ pub(crate) unsafe fn gemm_view(
         let stride = rs[1] as usize;
         let row_major = [n as isize, 1];
         // SAFETY: the caller's view of `rhs` is every `(kk, nn)` at `nn * stride + kk` (unit
-        // stride along k), read-only here; the product reads the copy, a dense row-major
-        // `k x n` buffer of the same type, alive during the call.
+        // stride along k, `stride >= k`: `worth_copying`), read-only here, of the arm's type
+        // (f32 or f64); the product reads the copy, a dense row-major `k x n` buffer of the
+        // same type, alive during the call.
         unsafe {
             match dtype {
                 DType::F32 => crate::transpose::with_row_major(

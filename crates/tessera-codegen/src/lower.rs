@@ -335,10 +335,13 @@ pub(crate) fn outlines_all(kernels: &[Kernel]) -> bool {
 const REGISTER_LANES: usize = 32;
 
 /// Whether reduction kernel `k` accumulates in registers: a result row of at most
-/// `REGISTER_LANES` (its body is emitted once per accumulator) and a body light enough to be
-/// unrolled.
+/// `REGISTER_LANES`, and no more code than an unrolled vector loop may emit (its body is
+/// emitted once per accumulator: up to 11 times for a row of 31, where an unrolled loop emits
+/// 4 copies of a body up to `UNROLL_MAX_WEIGHT`).
 pub(crate) fn in_registers(k: &Kernel) -> bool {
-    k.out_dims.last().is_some_and(|&w| w <= REGISTER_LANES) && unrolls(k)
+    k.out_dims.last().is_some_and(|&w| {
+        w <= REGISTER_LANES && (w / 4 + w % 4) * k.code_weight() <= 4 * UNROLL_MAX_WEIGHT
+    })
 }
 
 /// Whether `k`'s vector loop runs two f32x4 copies of its body an iteration.
@@ -500,8 +503,8 @@ fn compile_all(
 
 thread_local! {
     /// Each building thread's `FunctionBuilderContext`, reused between functions.
-    static BUILDER: std::cell::RefCell<FunctionBuilderContext> =
-        std::cell::RefCell::new(FunctionBuilderContext::new());
+    static BUILDER: std::cell::Cell<FunctionBuilderContext> =
+        std::cell::Cell::new(FunctionBuilderContext::new());
 }
 
 /// Builds and compiles each of the `unique` kernels (index, declared id, signature) on the
@@ -509,8 +512,9 @@ thread_local! {
 /// the longest (a tanh body is a third of the seed step's compile) starts at once and the
 /// small ones fill in around it. Building was a quarter of the seed step's compile on the
 /// calling thread alone before the compiles started. The result keeps `unique`'s order, so
-/// the module's layout does not depend on the scheduling; the declarations a build makes (its
-/// calls) go through `decls`, in whatever order the tasks run.
+/// the kernels' place in the module does not depend on the scheduling; the declarations a
+/// build makes (its calls) go through `decls` in whatever order the tasks run, so the outlined
+/// functions' ids and places may differ from run to run (their code does not).
 fn build_and_compile(
     decls: &Decls,
     isa: &dyn TargetIsa,
@@ -528,17 +532,11 @@ fn build_and_compile(
         .with_max_len(1)
         .map(|(at, (i, id, sig))| {
             let mut func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
-            BUILDER.with(|c| match c.try_borrow_mut() {
-                Ok(mut fctx) => build(decls, &mut func, &mut fctx, &kernels[i], outline_all),
-                // Only if a build ran another task of the pool on this thread.
-                Err(_) => build(
-                    decls,
-                    &mut func,
-                    &mut FunctionBuilderContext::new(),
-                    &kernels[i],
-                    outline_all,
-                ),
-            });
+            // Taken out for the build and put back after it: a build that panicked leaves a
+            // fresh context, never one half used (`FunctionBuilder` does not clear it).
+            let mut fctx = BUILDER.with(std::cell::Cell::take);
+            build(decls, &mut func, &mut fctx, &kernels[i], outline_all);
+            BUILDER.with(|c| c.set(fctx));
             let code = CONTEXT.with(|c| match c.try_borrow_mut() {
                 Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, Some(i), disasm),
                 Err(_) => machine_code(&mut Context::new(), isa, id, func, Some(i), disasm),

@@ -7,8 +7,10 @@
 //! 8x1024x1024 9 against 131 (AMD EPYC Zen 4, both cores; docs/PERFORMANCE.md). Copying the
 //! operand costs about 0.45 ns an element on two cores, a tenth of the loss at the big MLP's
 //! shapes, so `gemm_view` copies the operands that are large enough for the loss to show.
-//! The product is the same sum in the same order over the same values: the copy changes where
-//! the library reads `rhs`, not what it computes (`tests` below compare bits).
+//! For the shapes copied the product is the same sum in the same order over the same values:
+//! the copy changes where the library reads `rhs`, not what it computes (`tests` below compare
+//! bits). That needs `m * n > 256`: at or below it, with a unit-stride `rhs` column, the
+//! library takes another kernel (per-lane partial sums over `k`) that the copy would leave.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,7 +22,9 @@ static COPIES: AtomicUsize = AtomicUsize::new(0);
 /// a row-major scratch before multiplying into an `out` with strides `os`: a column-major
 /// operand (unit stride along `k`), a row-major result, and a product where the library's
 /// column-major path is measurably slower than the copy (below `m*n*k = 2^20`, or with
-/// `n` or `k` under 64, the two measured within a few percent).
+/// `n` or `k` under 64, the two measured within a few percent). The columns must not overlap
+/// (a column stride of at least `k`), so the copy's `k * n` elements are no more than the
+/// operand's buffer holds, and `m * n` must exceed 256 (the module doc: the same bits).
 pub(crate) fn worth_copying(
     (m, n, k): (usize, usize, usize),
     rs: [isize; 2],
@@ -28,10 +32,12 @@ pub(crate) fn worth_copying(
 ) -> bool {
     rs[0] == 1
         && rs[1] > 1
+        && rs[1] >= k as isize
         && os[1] == 1
         && m >= 2
         && n >= 64
         && k >= 64
+        && m * n > 256
         && m.saturating_mul(n).saturating_mul(k) >= 1 << 20
 }
 
@@ -46,7 +52,8 @@ const TILE: usize = 16;
 
 thread_local! {
     /// Each thread's scratch for the copied operand, kept between products (it only grows)
-    /// so a steady-state step allocates nothing.
+    /// so a steady-state step allocates nothing. It lives as long as its thread: a device
+    /// thread keeps up to its largest copied operand (4 MB for a 1024 x 1024 f32 weight).
     static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -70,8 +77,10 @@ impl<T> Src<T> {
 /// copied row-major (element `(kk, nn)` at `kk * n + nn`).
 ///
 /// # Safety
-/// Every element of the view must be readable: `src` points into a live allocation of `T`
-/// holding offsets up to `(n - 1) * stride + k - 1`, not written while this runs.
+/// `T` is `f32` or `f64` (every bit pattern a value: the scratch is reused as it is). Every
+/// element of the view must be readable: `src` points into a live allocation of `T` holding
+/// offsets up to `(n - 1) * stride + k - 1`, not written while this runs, with `stride >= k`
+/// (so `k * n` is at most that allocation's length and does not overflow).
 pub(crate) unsafe fn with_row_major<T: Copy + Default + Send + Sync, R>(
     src: *const T,
     stride: usize,
@@ -88,8 +97,8 @@ pub(crate) unsafe fn with_row_major<T: Copy + Default + Send + Sync, R>(
             scratch.resize(words, 0);
         }
         // SAFETY: the scratch holds at least `len` values of `T` (its bytes, 8-aligned, and
-        // `T` is at most 8 bytes and 8-aligned); `T` is f32 or f64 here, for which every bit
-        // pattern is a value.
+        // `T` is at most 8 bytes and 8-aligned); `T` is f32 or f64 (the caller's contract),
+        // for which every bit pattern is a value.
         let dst = unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut T, len) };
         // SAFETY: forwarded from the caller.
         unsafe { copy_row_major(Src(src), stride, n, dst, parallel && len > PARALLEL_FROM) };
@@ -191,57 +200,62 @@ mod tests {
     }
 
     /// A product through the copy is bit-identical to the library's own column-major path,
-    /// at a shape the copy is taken for.
+    /// at shapes the copy is taken for (the smallest `m * n` above 256 among them); at and
+    /// below 256 it is not taken (the library's other kernel would sum in another order).
     #[test]
     fn the_copied_product_is_the_same_bits() {
-        let (m, n, k) = (16, 128, 512);
-        assert!(worth_copying((m, n, k), [1, k as isize], [n as isize, 1]));
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
-            .collect();
-        // W is n x k row-major; the operand is W^T, column-major.
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 104_729) % 1000) as f32 / 991.0 - 0.5)
-            .collect();
-        let mut direct = vec![0f32; m * n];
-        let mut copied = vec![0f32; m * n];
-        let before = COPIES.load(Ordering::Relaxed);
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                direct.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                a.as_ptr(),
-                1,
-                k as isize,
-                w.as_ptr(),
-                k as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
+        assert!(!worth_copying((2, 128, 4096), [1, 4096], [128, 1]));
+        for (m, n, k) in [(16, 128, 512), (3, 128, 4096), (2, 1024, 512)] {
+            assert!(worth_copying((m, n, k), [1, k as isize], [n as isize, 1]));
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+                .collect();
+            // W is n x k row-major; the operand is W^T, column-major.
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 104_729) % 1000) as f32 / 991.0 - 0.5)
+                .collect();
+            let mut direct = vec![0f32; m * n];
+            let mut copied = vec![0f32; m * n];
+            let before = COPIES.load(Ordering::Relaxed);
+            // SAFETY: every view is inside its vector, `m x k`, `k x n` (column-major, stride
+            // k) and `m x n`; the output does not overlap the operands.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    direct.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    w.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+                crate::exec::gemm_view(
+                    tessera_ir::DType::F32,
+                    (m, n, k),
+                    (a.as_ptr() as *const u8, [k as isize, 1]),
+                    (w.as_ptr() as *const u8, [1, k as isize]),
+                    (copied.as_mut_ptr() as *mut u8, [n as isize, 1]),
+                    gemm::Parallelism::None,
+                );
+            }
+            assert!(
+                COPIES.load(Ordering::Relaxed) > before,
+                "gemm_view took the copy"
             );
-            crate::exec::gemm_view(
-                tessera_ir::DType::F32,
-                (m, n, k),
-                (a.as_ptr() as *const u8, [k as isize, 1]),
-                (w.as_ptr() as *const u8, [1, k as isize]),
-                (copied.as_mut_ptr() as *mut u8, [n as isize, 1]),
-                gemm::Parallelism::None,
-            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&direct), bits(&copied), "{m}x{n}x{k}");
         }
-        assert!(
-            COPIES.load(Ordering::Relaxed) > before,
-            "gemm_view took the copy"
-        );
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&direct), bits(&copied));
     }
 }
