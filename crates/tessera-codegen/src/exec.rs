@@ -186,38 +186,22 @@ pub(crate) unsafe fn gemm_view(
         // (f32 or f64); the product reads the copy, a dense row-major `k x n` buffer of the
         // same type, alive during the call.
         unsafe {
+            let product =
+                |c: *const u8| gemm_dense(dtype, (m, n, k), (l, ls), (c, row_major), (o, os), par);
             match dtype {
                 DType::F32 => crate::transpose::with_row_major(
                     r as *const f32,
                     stride,
                     (k, n),
                     parallel,
-                    |c| {
-                        gemm_dense(
-                            dtype,
-                            (m, n, k),
-                            (l, ls),
-                            (c as *const u8, row_major),
-                            (o, os),
-                            par,
-                        )
-                    },
+                    |c| product(c as *const u8),
                 ),
                 DType::F64 => crate::transpose::with_row_major(
                     r as *const f64,
                     stride,
                     (k, n),
                     parallel,
-                    |c| {
-                        gemm_dense(
-                            dtype,
-                            (m, n, k),
-                            (l, ls),
-                            (c as *const u8, row_major),
-                            (o, os),
-                            par,
-                        )
-                    },
+                    |c| product(c as *const u8),
                 ),
                 _ => unreachable!("fusion sends only float dots to GEMM"),
             }
