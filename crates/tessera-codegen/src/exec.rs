@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tessera_interp::InterpError;
 use tessera_ir::{CollectiveOp, DType, Data, Literal, Mesh, Op, RegionOp, TensorType};
+use tessera_transport::stacked::{PartAddr, Stacking};
 use tessera_transport::values::{data_ptr, literal_from_raw};
 use tessera_transport::{Collectives, GemmCall, GemmPart, Group};
 
@@ -55,6 +56,14 @@ pub struct Executable {
     /// Whether the paused run waits for its last pause's result (`finish` refuses then: the
     /// collective's output is not written).
     awaiting: std::cell::Cell<bool>,
+    /// The all-reduce step a paused shared product did along with its GEMM
+    /// (`settle_product`): the next `advance` skips it.
+    fused_pending: std::cell::Cell<Option<usize>>,
+    /// Whether the run is paused at a shared product not yet settled (`advance` refuses).
+    unsettled: std::cell::Cell<bool>,
+    /// Whether a started run (`start`) has the machine to itself: devices run in turn on one
+    /// thread, so its GEMMs and kernels use both cores as a one-device program's do.
+    alone: std::cell::Cell<bool>,
     /// Whether a region body (at any depth) meets other devices: such a program cannot pause
     /// at its collectives (`pauses_at_collectives`).
     meets_in_regions: bool,
@@ -62,19 +71,36 @@ pub struct Executable {
     multiply_adds: usize,
 }
 
-/// Where a paused run (`Executable::advance`) waits: a collective step that meets other
-/// devices, with its operand's and result's buffers. The caller computes the result into
-/// `output` (the devices' operands, in group order, give every member's result), then
-/// advances again.
+/// Where a paused run (`Executable::advance`) waits: a step that meets other devices.
 #[derive(Clone, Debug)]
 pub(crate) struct Pause {
     /// The step's index in the schedule (every device of one program pauses at the same).
     pub(crate) step: usize,
-    pub(crate) op: CollectiveOp,
-    pub(crate) input: *const u8,
-    pub(crate) input_type: TensorType,
-    pub(crate) output: *mut u8,
-    pub(crate) output_type: TensorType,
+    pub(crate) at: Meeting,
+}
+
+/// What a paused run waits for.
+#[derive(Clone, Debug)]
+pub(crate) enum Meeting {
+    /// A collective, with its operand's and result's buffers. The caller computes the result
+    /// into `output` (the devices' operands, in group order, give every member's result), then
+    /// advances again.
+    Collective {
+        op: CollectiveOp,
+        input: *const u8,
+        input_type: TensorType,
+        output: *mut u8,
+        output_type: TensorType,
+    },
+    /// A GEMM the threaded run offers to the transport's shared products: `part` stacked with
+    /// the group's others as `stacking` says (`tessera_transport::stacked`). The caller
+    /// multiplies the stacked product and hands this run its result (`settle_product`), or
+    /// `None` when the parts do not stack, then advances again.
+    Product {
+        stacking: Stacking,
+        group: Group,
+        part: PartAddr,
+    },
 }
 
 // SAFETY: the addresses are of buffers a paused run keeps bound (`Executable::advance`); a
@@ -125,6 +151,13 @@ impl Drop for Executable {
     }
 }
 
+/// GEMMs of at least this many multiply-adds use both cores when the executable runs alone on
+/// the machine (a one-device program, or devices run in turn on one thread).
+const PARALLEL_GEMM_FROM: usize = 64 * 64 * 64;
+
+/// Elementwise kernels of at least this many elements are split over both cores, likewise.
+const PARALLEL_KERNEL_FROM: usize = 1 << 16;
+
 /// GEMMs of at least this many multiply-adds with a replicated right operand are done once for
 /// all devices (`Executable::single_threaded`): below it the meeting costs more than packing
 /// the operand again.
@@ -166,6 +199,26 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
 /// in elements. `k == 0` writes zeros. A large column-major `rhs` is copied row-major first
 /// (`transpose.rs`: the library's slow layout).
 ///
+/// A shared product's one multiply, on every core: the threaded transport's elected member
+/// (`run_gemm`) and devices run in turn on one thread (`together`) both call it, so the two
+/// give the same bits.
+///
+/// # Safety
+/// As `gemm_view`.
+pub(crate) unsafe fn multiply_shared(dtype: DType, c: &GemmCall) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        gemm_view(
+            dtype,
+            (c.m, c.n, c.k),
+            (c.lhs, c.lhs_strides),
+            (c.rhs, c.rhs_strides),
+            (c.out, c.out_strides),
+            gemm::Parallelism::Rayon(0),
+        )
+    }
+}
+
 /// # Safety
 /// The views must lie inside live buffers of `dtype` (a float type), `out` not overlapping the
 /// operands.
@@ -291,6 +344,26 @@ impl SendArgs {
 unsafe impl Send for SendArgs {}
 unsafe impl Sync for SendArgs {}
 
+/// An arena of `words` zeroed words, or `None` when the allocator has no room. Allocated
+/// zeroed (`calloc`), not zeroed by writing: a large block comes as fresh pages the kernel
+/// zeroes on first touch, so pages a run never touches (a device that skips the replicated
+/// updates another computes) are never faulted in. Writing the zeros was 40 ms of the first
+/// step of the big MLP over 8 devices on one thread.
+fn zeroed_words(words: usize) -> Option<Vec<u64>> {
+    if words == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u64>(words).ok()?;
+    // SAFETY: the layout has a non-zero size (`words > 0`).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut u64;
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of `words` u64s (the
+    // one `Vec<u64>` with capacity `words` uses), and zeroed memory is `words` valid u64s.
+    Some(unsafe { Vec::from_raw_parts(p, words, words) })
+}
+
 /// Room for a result of type `ty`, or an error naming the size when the allocator has none.
 fn out_data(ty: &TensorType) -> Result<Data, InterpError> {
     Data::try_with_capacity(ty.dtype, ty.numel()).map_err(|_| InterpError::Op {
@@ -348,8 +421,8 @@ impl Executable {
             _code: Arc::new(code),
             plan,
             mesh,
-            parallel_gemm_from: 64 * 64 * 64,
-            parallel_kernel_from: 1 << 16,
+            parallel_gemm_from: PARALLEL_GEMM_FROM,
+            parallel_kernel_from: PARALLEL_KERNEL_FROM,
             shared_gemm_from: usize::MAX,
             meets_in_regions: regions.iter().flatten().any(body_meets),
             multiply_adds,
@@ -357,6 +430,9 @@ impl Executable {
             profile: profiling().then(RefCell::default),
             cursor: std::cell::Cell::new(0),
             awaiting: std::cell::Cell::new(false),
+            fused_pending: std::cell::Cell::new(None),
+            unsettled: std::cell::Cell::new(false),
+            alone: std::cell::Cell::new(false),
         }
     }
 
@@ -415,6 +491,9 @@ impl Executable {
             profile: profiling().then(RefCell::default),
             cursor: std::cell::Cell::new(0),
             awaiting: std::cell::Cell::new(false),
+            fused_pending: std::cell::Cell::new(None),
+            unsettled: std::cell::Cell::new(false),
+            alone: std::cell::Cell::new(false),
             meets_in_regions: self.meets_in_regions,
             multiply_adds: self.multiply_adds,
         }
@@ -643,27 +722,54 @@ impl Executable {
             p.steps
                 .resize(self.schedule.steps.len(), Default::default());
         }
-        self.steps_from(0, false, ptrs, args, collectives)
+        self.steps_from((0, false), None, ptrs, args, collectives)
             .map(|_| ())
+    }
+
+    /// The smallest GEMM (`m n k`) run on both cores: `parallel_gemm_from`, or a one-device
+    /// program's threshold while the run has the machine to itself (`alone`).
+    fn gemm_threads_from(&self) -> usize {
+        if self.alone.get() {
+            PARALLEL_GEMM_FROM.min(self.parallel_gemm_from)
+        } else {
+            self.parallel_gemm_from
+        }
+    }
+
+    /// The smallest kernel (elements) split over both cores, likewise.
+    fn kernel_threads_from(&self) -> usize {
+        if self.alone.get() {
+            PARALLEL_KERNEL_FROM.min(self.parallel_kernel_from)
+        } else {
+            self.parallel_kernel_from
+        }
     }
 
     /// Runs the steps from `from` on: all of them, or (`pause`) up to the first collective
     /// that meets other devices, whose index it returns.
     fn steps_from(
         &self,
-        from: usize,
-        pause: bool,
+        (from, pause): (usize, bool),
+        mut fused: Option<usize>,
         ptrs: &mut [*mut u8],
         args: &mut Vec<*mut u8>,
         collectives: &dyn Collectives,
     ) -> Result<Option<usize>, InterpError> {
-        // The all-reduce step a shared product did along with its GEMM.
-        let mut fused = None;
+        // `fused`: the all-reduce step a shared product did along with its GEMM.
         for (i, step) in self.schedule.steps.iter().enumerate().skip(from) {
             if fused == Some(i) || self.skipped[i] {
                 continue;
             }
-            if pause && matches!(&step.kind, StepKind::Collective(Op::Collective(c)) if meets(c)) {
+            let meeting = match &step.kind {
+                StepKind::Collective(Op::Collective(c)) => meets(c),
+                StepKind::Gemm(_) => self.meets_others(i),
+                StepKind::Kernel(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_)
+                | StepKind::Native(_) => false,
+            };
+            if pause && meeting {
                 return Ok(Some(i));
             }
             let start = self.profile.as_ref().map(|_| std::time::Instant::now());
@@ -679,7 +785,7 @@ impl Executable {
                     // ran, or it is an input or constant), and the output is this step's own
                     // temporary of the result's type, which no input overlaps (plan.rs).
                     unsafe {
-                        crate::window::run(w, &inputs, ptrs[step.output], self.parallel_gemm_from)
+                        crate::window::run(w, &inputs, ptrs[step.output], self.gemm_threads_from())
                     }?
                 }
                 StepKind::Native(op) => self.run_native(step, op, ptrs)?,
@@ -695,6 +801,23 @@ impl Executable {
     /// counted once: a measure of how much arithmetic a run does.
     pub fn multiply_adds(&self) -> usize {
         self.multiply_adds
+    }
+
+    /// `multiply_adds` less the shared products' (the GEMMs offered to the transport,
+    /// `meets_others`): the arithmetic each device does on its own.
+    pub fn unshared_multiply_adds(&self) -> usize {
+        let shared: usize = (0..self.schedule.steps.len())
+            .filter(|&i| self.meets_others(i))
+            .map(|i| match &self.schedule.steps[i].kind {
+                StepKind::Gemm(g) => g.m.saturating_mul(g.n).saturating_mul(g.k),
+                StepKind::Kernel(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_)
+                | StepKind::Native(_) => 0,
+            })
+            .fold(0, usize::saturating_add);
+        self.multiply_adds.saturating_sub(shared)
     }
 
     fn count_multiply_adds(schedule: &Schedule, regions: &[Vec<Executable>]) -> usize {
@@ -757,6 +880,9 @@ impl Executable {
         }
         self.cursor.set(0);
         self.awaiting.set(false);
+        self.fused_pending.set(None);
+        self.unsettled.set(false);
+        self.alone.set(true);
         if let Some(p) = &self.profile {
             let mut p = p.borrow_mut();
             p.runs += 1;
@@ -775,8 +901,15 @@ impl Executable {
         let Scratch { ptrs, args, .. } = &mut *scratch;
         // The pause before this one (if any) has its result written: the caller advances only
         // then.
+        if self.unsettled.get() {
+            return Err(InterpError::Op {
+                op: "dot_general".into(),
+                message: "advanced past a shared product with no result (settle_product)".into(),
+            });
+        }
         self.awaiting.set(false);
-        let at = self.steps_from(self.cursor.get(), true, ptrs, args, local)?;
+        let fused = self.fused_pending.take();
+        let at = self.steps_from((self.cursor.get(), true), fused, ptrs, args, local)?;
         let Some(i) = at else {
             self.cursor.set(self.schedule.steps.len());
             return Ok(None);
@@ -784,22 +917,123 @@ impl Executable {
         self.cursor.set(i + 1);
         self.awaiting.set(true);
         let step = &self.schedule.steps[i];
-        let StepKind::Collective(Op::Collective(op)) = &step.kind else {
-            unreachable!("a run pauses at collectives only")
-        };
         let bufs = &self.schedule.bufs;
-        let input = step.inputs.first().ok_or_else(|| InterpError::Op {
-            op: op.name().into(),
-            message: "a collective without an operand".into(),
+        let at = match &step.kind {
+            StepKind::Collective(Op::Collective(op)) => {
+                let input = step.inputs.first().ok_or_else(|| InterpError::Op {
+                    op: op.name().into(),
+                    message: "a collective without an operand".into(),
+                })?;
+                Meeting::Collective {
+                    op: op.clone(),
+                    input: ptrs[*input] as *const u8,
+                    input_type: bufs[*input].ty.clone(),
+                    output: ptrs[step.output],
+                    output_type: bufs[step.output].ty.clone(),
+                }
+            }
+            StepKind::Gemm(g) => {
+                let (stacking, group) = self.product_group(i, local.position())?;
+                let part = GemmPart {
+                    dtype: g.dtype,
+                    m: g.m,
+                    n: g.n,
+                    k: g.k,
+                    lhs: ptrs[step.inputs[0]],
+                    lhs_strides: g.lhs,
+                    rhs: ptrs[step.inputs[1]],
+                    rhs_strides: g.rhs,
+                    out: ptrs[step.output],
+                    out_strides: g.out,
+                };
+                self.unsettled.set(true);
+                Meeting::Product {
+                    stacking,
+                    group,
+                    part: PartAddr::of(&part),
+                }
+            }
+            StepKind::Kernel(_)
+            | StepKind::Collective(_)
+            | StepKind::Region(_)
+            | StepKind::Window(_)
+            | StepKind::Native(_) => unreachable!("a run pauses at steps that meet others only"),
+        };
+        Ok(Some(Pause { step: i, at }))
+    }
+
+    /// How shared product step `i` (a GEMM that `meets_others`) stacks, and with which group
+    /// at mesh position `position`: along the contraction with the group of the sum all-reduce
+    /// it is fused with (`reduced_by`), else by rows with every device.
+    fn product_group(&self, i: usize, position: usize) -> Result<(Stacking, Group), InterpError> {
+        let mesh = self.mesh.as_ref().ok_or_else(|| InterpError::Op {
+            op: "dot_general".into(),
+            message: "a shared product in a program without a mesh".into(),
         })?;
-        Ok(Some(Pause {
-            step: i,
-            op: op.clone(),
-            input: ptrs[*input] as *const u8,
-            input_type: bufs[*input].ty.clone(),
-            output: ptrs[step.output],
-            output_type: bufs[step.output].ty.clone(),
-        }))
+        Ok(match self.reduced_by[i] {
+            Some(next) => {
+                let StepKind::Collective(Op::Collective(CollectiveOp::AllReduce { axes, .. })) =
+                    &self.schedule.steps[next].kind
+                else {
+                    unreachable!("reduced_by names an all_reduce step")
+                };
+                (Stacking::Depth, Group::of(mesh, axes, position))
+            }
+            None => (Stacking::Rows, Group::whole(mesh, position)),
+        })
+    }
+
+    /// Completes the shared product a started run is paused at (`Meeting::Product`): `block`
+    /// is its result in the group's stacked product, or `None` when the group's parts did not
+    /// stack (the run then multiplies its own, as the threaded run does). The next `advance`
+    /// goes on after it.
+    ///
+    /// # Safety
+    /// The run must be paused at a product (`advance` returned `Meeting::Product`), and a
+    /// `block` must be that product's result as `Stacking::result` gives it: a dense row-major
+    /// `m x n` block that stays readable and unchanged until the run is finished or
+    /// abandoned.
+    pub(crate) unsafe fn settle_product(
+        &self,
+        block: Option<*const u8>,
+    ) -> Result<(), InterpError> {
+        let not_paused = || InterpError::Op {
+            op: "dot_general".into(),
+            message: "the run is not paused at a shared product".into(),
+        };
+        // `unsettled`: `advance` returned the product at the step before the cursor.
+        let i = self.cursor.get().checked_sub(1).ok_or_else(not_paused)?;
+        let step = &self.schedule.steps[i];
+        let (StepKind::Gemm(g), true) = (&step.kind, self.unsettled.get()) else {
+            return Err(not_paused());
+        };
+        self.unsettled.set(false);
+        let mut scratch = self.scratch.borrow_mut();
+        let ptrs = &mut scratch.ptrs;
+        match block {
+            Some(block) => {
+                let (b, fused) = match self.reduced_by[i] {
+                    Some(next) => (self.schedule.steps[next].output, Some(next)),
+                    None => (step.output, None),
+                };
+                // SAFETY: the caller's contract: `block` is the product, dense row-major
+                // `m x n`, alive until the run ends; buffer `b` has the product's type, laid
+                // out as `g.out` says.
+                unsafe { self.place(ptrs, b, block, g) };
+                self.fused_pending.set(fused);
+            }
+            None => {
+                let (l, r, o) = (
+                    ptrs[step.inputs[0]],
+                    ptrs[step.inputs[1]],
+                    ptrs[step.output],
+                );
+                // SAFETY: the spec's extents and strides describe views inside the bound
+                // operand and result buffers (fusion.rs builds them from the buffer shapes).
+                unsafe { self.gemm(g, l, r, o) };
+            }
+        }
+        Ok(())
     }
 
     /// The outputs of a started run that `advance` completed, as `run_partial` returns them;
@@ -819,6 +1053,7 @@ impl Executable {
         ptrs.clear();
         args.clear();
         outs.clear();
+        self.alone.set(false);
         Ok(out)
     }
 
@@ -826,6 +1061,9 @@ impl Executable {
     pub(crate) fn abandon(&self) {
         self.cursor.set(0);
         self.awaiting.set(false);
+        self.fused_pending.set(None);
+        self.unsettled.set(false);
+        self.alone.set(false);
         let mut scratch = self.scratch.borrow_mut();
         scratch.ptrs.clear();
         scratch.args.clear();
@@ -850,15 +1088,13 @@ impl Executable {
         let mut arena = self.arena.borrow_mut();
         let words = self.plan.arena_bytes.div_ceil(8);
         if arena.len() < words {
-            let more = words - arena.len();
-            arena.try_reserve_exact(more).map_err(|_| InterpError::Op {
+            *arena = zeroed_words(words).ok_or_else(|| InterpError::Op {
                 op: "allocate".into(),
                 message: format!(
                     "cannot allocate the {} bytes of temporaries a region body needs",
                     self.plan.arena_bytes
                 ),
             })?;
-            arena.resize(words, 0);
         }
         let base = arena.as_mut_ptr() as *mut u8;
         let bufs = &self.schedule.bufs;
@@ -925,16 +1161,13 @@ impl Executable {
         outs.clear();
         let words = self.plan.arena_bytes.div_ceil(8);
         if arena.len() < words {
-            arena
-                .try_reserve_exact(words)
-                .map_err(|_| InterpError::Op {
-                    op: "allocate".into(),
-                    message: format!(
-                        "cannot allocate the {} bytes of temporaries this program needs",
-                        self.plan.arena_bytes
-                    ),
-                })?;
-            arena.resize(words, 0);
+            *arena = zeroed_words(words).ok_or_else(|| InterpError::Op {
+                op: "allocate".into(),
+                message: format!(
+                    "cannot allocate the {} bytes of temporaries this program needs",
+                    self.plan.arena_bytes
+                ),
+            })?;
         }
         let base = arena.as_mut_ptr() as *mut u8;
         let bufs = &self.schedule.bufs;
@@ -992,7 +1225,7 @@ impl Executable {
         if k.reduce.is_none()
             && k.scatter.is_none()
             && k.scan.is_none_or(|s| s.axis != 0)
-            && n >= self.parallel_kernel_from
+            && n >= self.kernel_threads_from()
             && outer >= 2
         {
             // A rank-1 split falls on a multiple of 8 so both halves keep whole vector
@@ -1039,20 +1272,9 @@ impl Executable {
             &self.mesh,
             collectives.shared_products(),
         ) {
-            let whole = |c: &GemmCall| {
-                // SAFETY: the transport passes views inside live buffers: stacked copies, or
-                // the devices' own, alive while they wait in the call.
-                unsafe {
-                    gemm_view(
-                        g.dtype,
-                        (c.m, c.n, c.k),
-                        (c.lhs, c.lhs_strides),
-                        (c.rhs, c.rhs_strides),
-                        (c.out, c.out_strides),
-                        gemm::Parallelism::Rayon(0),
-                    )
-                }
-            };
+            // SAFETY: the transport passes views inside live buffers: stacked copies, or the
+            // devices' own, alive while they wait in the call.
+            let whole = |c: &GemmCall| unsafe { multiply_shared(g.dtype, c) };
             let part = GemmPart {
                 dtype: g.dtype,
                 m: g.m,
@@ -1419,7 +1641,7 @@ impl Executable {
     /// # Safety
     /// `l`, `r` and `o` must hold the views `g` describes.
     unsafe fn gemm(&self, g: &GemmSpec, l: *mut u8, r: *mut u8, o: *mut u8) {
-        let par = if g.m * g.n * g.k >= self.parallel_gemm_from {
+        let par = if g.m * g.n * g.k >= self.gemm_threads_from() {
             gemm::Parallelism::Rayon(0)
         } else {
             gemm::Parallelism::None

@@ -9,13 +9,16 @@
 //! the shared-memory transport uses (`tessera_transport::values`), over the members' operands
 //! in group order.
 
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tessera_interp::InterpError;
-use tessera_ir::{CollectiveOp, Literal, Mesh, ReduceKind};
+
+use tessera_ir::{CollectiveOp, Literal, Mesh, ReduceKind, TensorType};
 use tessera_transport::values::{self, data_ptr, literal_from_raw};
 use tessera_transport::{Collectives, Group, TransportError};
 
 use crate::Executable;
-use crate::exec::Pause;
+use crate::exec::{Meeting, Pause};
 
 /// One device's view of a collective whose members' operands were all gathered: `operands`
 /// is indexed by mesh position (empty while the devices run their steps, when only
@@ -242,9 +245,9 @@ fn run_phases(
         .and_then(|p| p.mesh())
         .cloned()
         .unwrap_or(no_mesh);
-    // Indexed by mesh position.
-    let slots = positions.iter().max().map_or(0, |&m| m + 1);
-    let mut operands: Vec<Option<Literal>> = Vec::new();
+    // The stacked operands and results of the run's shared products: the runs read their
+    // results in place until they finish (`settle_product`).
+    let mut stacks: Vec<Box<[MaybeUninit<u64>]>> = Vec::new();
     loop {
         let mut pauses = Vec::with_capacity(programs.len());
         for (k, r) in advance_all(programs, positions, current)
@@ -263,61 +266,24 @@ fn run_phases(
             }
             break;
         };
-        if let Some(k) = pauses
-            .iter()
-            .position(|q| q.as_ref().is_none_or(|q| q.step != first.step))
-        {
-            let e = InterpError::Op {
-                op: first.op.name().into(),
-                message: "the devices' programs paused at different steps".into(),
-            };
-            return Err(fail(k, e));
-        }
-        // Every member's operand, by mesh position (`None` where no device runs: a group
-        // naming one is an error, never a read).
-        operands.clear();
-        operands.resize(slots, None);
-        for (k, q) in pauses.iter().enumerate() {
-            let q = q.as_ref().expect("checked above");
-            // SAFETY: the paused run keeps its buffers bound until `finish` or `abandon`, and
-            // the operand buffer holds a value of its type (the steps before it ran).
-            operands[positions[k]] = Some(unsafe { literal_from_raw(&q.input_type, q.input) });
-        }
-        // An all-reduce's result is the same for every member of a group: computed once.
-        let mut reduced: Vec<(Vec<usize>, Literal)> = Vec::new();
-        for (k, q) in pauses.iter().enumerate() {
-            let q = q.as_ref().expect("checked above");
-            current.set(k);
-            let device = Gathered {
-                position: positions[k],
-                operands: &operands,
-            };
-            let x = operands[positions[k]].as_ref();
-            let shared = match &q.op {
-                CollectiveOp::AllReduce { axes, .. } => {
-                    Some(Group::of(&mesh, axes, positions[k]).members)
+        let mut paused = Vec::with_capacity(pauses.len());
+        for (k, q) in pauses.into_iter().enumerate() {
+            match q {
+                Some(q) if q.step == first.step => paused.push(q),
+                _ => {
+                    let e = InterpError::Op {
+                        op: "run_together".into(),
+                        message: "the devices' programs paused at different steps".into(),
+                    };
+                    return Err(fail(k, e));
                 }
-                CollectiveOp::AllGather { .. }
-                | CollectiveOp::ReduceScatter { .. }
-                | CollectiveOp::AllToAll { .. }
-                | CollectiveOp::CollectivePermute { .. }
-                | CollectiveOp::AxisIndex { .. } => None,
-            };
-            let known = shared
-                .as_ref()
-                .and_then(|m| reduced.iter().position(|(members, _)| members == m));
-            let r = match known {
-                Some(i) => &reduced[i].1,
-                None => {
-                    let r = tessera_transport::run(&device, &q.op, &mesh, x, &q.output_type)
-                        .map_err(|e| fail(k, e.into()))?;
-                    // Only an all-reduce's is looked up again (`shared`: never empty).
-                    reduced.push((shared.unwrap_or_default(), r));
-                    &reduced[reduced.len() - 1].1
-                }
-            };
-            // SAFETY: as `write_result` asks: `run` checked the type, the run is paused.
-            unsafe { write_result(r, q.output, &q.output_type) };
+            }
+        }
+        match first.at {
+            Meeting::Collective { .. } => collectives(&paused, positions, &mesh, current)?,
+            Meeting::Product { .. } => {
+                products(programs, &paused, positions, &mut stacks, current)?
+            }
         }
     }
     programs
@@ -328,4 +294,250 @@ fn run_phases(
             p.finish().map_err(|e| fail(k, e))
         })
         .collect()
+}
+
+/// A collective's operand, result buffer and types, from a run paused at it.
+type AtCollective<'a> = (
+    &'a CollectiveOp,
+    *const u8,
+    &'a TensorType,
+    *mut u8,
+    &'a TensorType,
+);
+
+fn at_collective(k: usize, q: &Pause) -> Result<AtCollective<'_>, Failed> {
+    match &q.at {
+        Meeting::Collective {
+            op,
+            input,
+            input_type,
+            output,
+            output_type,
+        } => Ok((op, *input, input_type, *output, output_type)),
+        Meeting::Product { .. } => Err(Failed::Error {
+            device: k,
+            error: InterpError::Op {
+                op: "run_together".into(),
+                message: "the devices' programs paused at different kinds of step".into(),
+            },
+        }),
+    }
+}
+
+/// Every device's result of the collective they are paused at, written into its run.
+fn collectives(
+    paused: &[Pause],
+    positions: &[usize],
+    mesh: &Mesh,
+    current: &std::cell::Cell<usize>,
+) -> Result<(), Failed> {
+    let fail = |device: usize, error: InterpError| Failed::Error { device, error };
+    // Every member's operand, by mesh position (`None` where no device runs: a group naming
+    // one is an error, never a read).
+    let slots = positions.iter().max().map_or(0, |&m| m + 1);
+    let mut operands: Vec<Option<Literal>> = vec![None; slots];
+    for (k, q) in paused.iter().enumerate() {
+        let (_, input, input_type, _, _) = at_collective(k, q)?;
+        // SAFETY: the paused run keeps its buffers bound until `finish` or `abandon`, and the
+        // operand buffer holds a value of its type (the steps before it ran).
+        operands[positions[k]] = Some(unsafe { literal_from_raw(input_type, input) });
+    }
+    // An all-reduce's result is the same for every member of a group: computed once.
+    let mut reduced: Vec<(Vec<usize>, Literal)> = Vec::new();
+    for (k, q) in paused.iter().enumerate() {
+        let (op, _, _, output, output_type) = at_collective(k, q)?;
+        current.set(k);
+        let device = Gathered {
+            position: positions[k],
+            operands: &operands,
+        };
+        let x = operands[positions[k]].as_ref();
+        let shared = match op {
+            CollectiveOp::AllReduce { axes, .. } => {
+                Some(Group::of(mesh, axes, positions[k]).members)
+            }
+            CollectiveOp::AllGather { .. }
+            | CollectiveOp::ReduceScatter { .. }
+            | CollectiveOp::AllToAll { .. }
+            | CollectiveOp::CollectivePermute { .. }
+            | CollectiveOp::AxisIndex { .. } => None,
+        };
+        let known = shared
+            .as_ref()
+            .and_then(|m| reduced.iter().position(|(members, _)| members == m));
+        let r = match known {
+            Some(i) => &reduced[i].1,
+            None => {
+                let r = tessera_transport::run(&device, op, mesh, x, output_type)
+                    .map_err(|e| fail(k, e.into()))?;
+                // Only an all-reduce's is looked up again (`shared`: never empty).
+                reduced.push((shared.unwrap_or_default(), r));
+                &reduced[reduced.len() - 1].1
+            }
+        };
+        // SAFETY: as `write_result` asks: `run` checked the type, the run is paused.
+        unsafe { write_result(r, output, output_type) };
+    }
+    Ok(())
+}
+
+/// How many shared products devices run on one thread have multiplied once for their group,
+/// since the process started: for tests and benchmarks.
+pub fn products_together() -> usize {
+    PRODUCTS.load(Ordering::Relaxed)
+}
+
+static PRODUCTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Stacked operands of at least this many bytes are filled on every core (the big MLP's are
+/// 2-4 MB: 170-430 us on one).
+const PARALLEL_FILL_FROM: usize = 1 << 18;
+
+/// Every group's shared product the devices are paused at, stacked and multiplied once as the
+/// threaded transport does (`tessera_transport::stacked`, `exec::multiply_shared`: the same
+/// bits), each member handed its result; a group whose parts do not stack (or of one member)
+/// has every member multiply its own.
+fn products(
+    programs: &[&mut Executable],
+    paused: &[Pause],
+    positions: &[usize],
+    stacks: &mut Vec<Box<[MaybeUninit<u64>]>>,
+    current: &std::cell::Cell<usize>,
+) -> Result<(), Failed> {
+    let fail = |device: usize, message: String| Failed::Error {
+        device,
+        error: InterpError::Op {
+            op: "dot_general".into(),
+            message,
+        },
+    };
+    let mut settled = vec![false; paused.len()];
+    for k in 0..paused.len() {
+        if settled[k] {
+            continue;
+        }
+        let Meeting::Product {
+            stacking, group, ..
+        } = &paused[k].at
+        else {
+            return Err(fail(
+                k,
+                "the devices paused at different kinds of step".into(),
+            ));
+        };
+        // The members' device indices and parts, in group order.
+        let mut members = Vec::with_capacity(group.members.len());
+        let mut parts = Vec::with_capacity(group.members.len());
+        for &p in &group.members {
+            let d = positions
+                .iter()
+                .position(|&q| q == p)
+                .ok_or_else(|| fail(k, format!("mesh position {p} of the group does not run")))?;
+            match &paused[d].at {
+                Meeting::Product {
+                    stacking: s, part, ..
+                } if s == stacking => parts.push(*part),
+                _ => return Err(fail(d, "the group's members paused differently".into())),
+            }
+            members.push(d);
+        }
+        let layout = if members.len() < 2 {
+            None
+        } else {
+            stacking.layout(&parts)
+        };
+        let Some(bytes) = layout else {
+            for &d in &members {
+                current.set(d);
+                // SAFETY: paused at this product; no block.
+                unsafe { programs[d].settle_product(None) }.map_err(|e| Failed::Error {
+                    device: d,
+                    error: e,
+                })?;
+                settled[d] = true;
+            }
+            continue;
+        };
+        let at = bytes.map(|b| {
+            let mut buf = Box::<[u64]>::new_uninit_slice(b.div_ceil(8).max(1));
+            let at = buf.as_mut_ptr() as usize;
+            // Moving the box keeps its elements where they are.
+            stacks.push(buf);
+            at
+        });
+        // SAFETY: the members' views are inside their paused runs' bound buffers, which
+        // nothing writes meanwhile (this thread runs them, and waits for the fills); `at`
+        // holds buffers of `layout`'s sizes, and each member's blocks are written by its own
+        // fill alone, so the fills may run at once.
+        let fill = |me: usize| unsafe { stacking.fill(&parts, me, at) };
+        if bytes[0] + bytes[1] >= PARALLEL_FILL_FROM {
+            use rayon::prelude::*;
+            (0..members.len()).into_par_iter().for_each(fill);
+        } else {
+            (0..members.len()).for_each(fill);
+        }
+        current.set(members[0]);
+        let call = stacking.call(&parts, at);
+        // SAFETY: the call's views lie inside the filled stacks and (`Rows`) the members'
+        // shared right operand, a bound input of every paused run; the result is its own
+        // stacked buffer.
+        unsafe { crate::exec::multiply_shared(parts[0].dtype, &call) };
+        PRODUCTS.fetch_add(1, Ordering::Relaxed);
+        for (me, &d) in members.iter().enumerate() {
+            current.set(d);
+            let block = stacking.result(&parts, me, at);
+            // SAFETY: paused at this product; `block` is its result in `stacks`, which
+            // `run_phases` keeps until every run has finished (or is abandoned).
+            unsafe { programs[d].settle_product(Some(block)) }.map_err(|e| Failed::Error {
+                device: d,
+                error: e,
+            })?;
+            settled[d] = true;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::{Data, parse};
+    use tessera_transport::SingleDevice;
+
+    /// A run paused at a shared product goes on only once the product has a result, and only
+    /// a run paused at one takes a result.
+    #[test]
+    fn a_paused_product_must_be_settled_once() {
+        let g = parse(
+            r#"mesh @mesh = <"dp"=2>
+func @f(%0: f32[64,256], %1: f32[256,256]) {
+  %2 = dot_general %0, %1 contracting=[1]x[0] : f32[64,256]
+  return %2
+}"#,
+        )
+        .unwrap();
+        let exe = crate::compile(&g).unwrap().single_threaded();
+        let x = Literal::new([64, 256], Data::F32(vec![0.5; 64 * 256])).unwrap();
+        let w = Literal::new([256, 256], Data::F32(vec![0.25; 256 * 256])).unwrap();
+        exe.start(&[&x, &w]).unwrap();
+        // SAFETY: no block.
+        assert!(
+            unsafe { exe.settle_product(None) }.is_err(),
+            "not paused yet"
+        );
+        let pause = exe.advance(&SingleDevice).unwrap().unwrap();
+        assert!(matches!(pause.at, Meeting::Product { .. }), "{pause:?}");
+        assert!(exe.advance(&SingleDevice).is_err(), "no result yet");
+        // SAFETY: paused at the product; no block (it multiplies its own).
+        unsafe { exe.settle_product(None) }.unwrap();
+        // SAFETY: as above.
+        assert!(
+            unsafe { exe.settle_product(None) }.is_err(),
+            "settled already"
+        );
+        assert!(exe.advance(&SingleDevice).unwrap().is_none());
+        let out = exe.finish().unwrap();
+        let out = out[0].as_ref().unwrap();
+        assert_eq!(out.data.get_f64(0), 256.0 * 0.125);
+    }
 }

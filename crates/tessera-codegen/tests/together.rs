@@ -127,3 +127,99 @@ fn a_failure_names_the_device_and_the_programs_run_again() {
     let ok = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
     assert_eq!(ok.len(), 4);
 }
+
+/// A replicated weight times each device's rows (stacked by rows), and a weight gradient
+/// summed over the devices (stacked along the contraction), both large enough to be offered
+/// to the transport's shared products (`Executable::single_threaded`).
+const PRODUCTS: &str = r#"mesh @mesh = <"dp"=4>
+func @f(%0: f32[64,256], %1: f32[256,256]) {
+  %2 = dot_general %0, %1 contracting=[1]x[0] : f32[64,256]
+  %3 = tanh %2 : f32[64,256]
+  %4 = dot_general %0, %3 contracting=[0]x[0] : f32[256,256]
+  %5 = all_reduce %4 sum axes=["dp"] : f32[256,256]
+  return %3, %5
+}"#;
+
+fn matrix(rows: usize, cols: usize, seed: usize) -> Literal {
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 31 + seed * 17) % 101) as f32 * 0.01 - 0.5)
+        .collect();
+    Literal::new([rows, cols], Data::F32(v)).unwrap()
+}
+
+/// Runs `exe`'s forks on threads meeting through the shared-memory transport; `refs[p]` are
+/// device `p`'s inputs.
+fn threaded(
+    exe: &tessera_codegen::Executable,
+    refs: &[Vec<&Literal>],
+) -> Vec<Vec<Option<Literal>>> {
+    let r = Rendezvous::with_timeout(Duration::from_secs(10));
+    let ids = [0, 1, 2, 3];
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|p| {
+                let (r, ids, f) = (&r, &ids, exe.fork());
+                let ins = &refs[p];
+                s.spawn(move || {
+                    let c = SharedCollectives::new(r, 0, p, ids);
+                    f.run_partial(ins, &c).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn shared_products_on_one_thread_give_the_bits_of_the_threaded_transport() {
+    let exe = tessera_codegen::compile(&parse(PRODUCTS).unwrap())
+        .unwrap()
+        .single_threaded();
+    assert_eq!(exe.unshared_multiply_adds(), 0, "both products are shared");
+    let xs: Vec<Literal> = (0..4).map(|p| matrix(64, 256, p)).collect();
+    let w = matrix(256, 256, 9);
+    // One weight buffer for every device (a replicated parameter): both products stack.
+    let refs: Vec<Vec<&Literal>> = xs.iter().map(|x| vec![x, &w]).collect();
+    let before = tessera_runtime::shared_gemm_count();
+    let want = threaded(&exe, &refs);
+    assert!(tessera_runtime::shared_gemm_count() >= before + 2);
+    let mut forks: Vec<_> = (0..4).map(|_| exe.fork()).collect();
+    let mut programs: Vec<&mut tessera_codegen::Executable> = forks.iter_mut().collect();
+    for round in 0..2 {
+        let before = tessera_codegen::together::products_together();
+        let got = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
+        assert_eq!(
+            tessera_codegen::together::products_together(),
+            before + 2,
+            "one product per group, not per device"
+        );
+        for p in 0..4 {
+            assert_eq!(bits(&got[p]), bits(&want[p]), "device {p}, round {round}");
+        }
+    }
+    // Every device its own copy of the weight: the row-stacked product is declined (each
+    // multiplies its own), the summed one still stacks; the same bits as threads again.
+    let ws: Vec<Literal> = (0..4).map(|_| matrix(256, 256, 9)).collect();
+    let refs: Vec<Vec<&Literal>> = xs.iter().zip(&ws).map(|(x, w)| vec![x, w]).collect();
+    let want = threaded(&exe, &refs);
+    let before = tessera_codegen::together::products_together();
+    let got = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
+    assert_eq!(tessera_codegen::together::products_together(), before + 1);
+    for p in 0..4 {
+        assert_eq!(bits(&got[p]), bits(&want[p]), "own weights, device {p}");
+    }
+    // And the sum is the devices' products summed (to f32 rounding), each `x_p^T tanh(x_p w)`.
+    let sum = got[0][1].as_ref().unwrap();
+    let mut want00 = 0f64;
+    for (p, x) in xs.iter().enumerate() {
+        let t = got[p][0].as_ref().unwrap();
+        want00 += (0..64)
+            .map(|i| x.data.get_f64(i * 256) * t.data.get_f64(i * 256))
+            .sum::<f64>();
+    }
+    assert!(
+        (sum.data.get_f64(0) - want00).abs() < 1e-3,
+        "{} {want00}",
+        sum.data.get_f64(0)
+    );
+}

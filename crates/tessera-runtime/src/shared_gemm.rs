@@ -10,7 +10,8 @@
 //!   gradient, `dot` then `all_reduce`): the operands are stacked along the contraction, so the
 //!   sum is the product itself, with a contraction of all the devices' rows.
 //!
-//! Both go the same way, with no member waiting for another to wake up: the members meet and
+//! How the parts stack is `tessera_transport::stacked`'s rule (which several devices run on
+//! one thread follow too, `tessera_codegen::together`). Both go the same way, with no member waiting for another to wake up: the members meet and
 //! publish their operands' views, and the last to arrive allocates the stacked operands and the
 //! result in buffers the launch owns (freed when it ends); every member copies its own block in
 //! (on both cores at once); the last to finish copying multiplies, on both cores, while the
@@ -25,40 +26,11 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tessera_ir::DType;
 use tessera_transport::rendezvous::{Barrier, Seat};
-use tessera_transport::values::copy_view;
+use tessera_transport::stacked::{PartAddr, Stacking};
 use tessera_transport::{GemmCall, GemmPart, Group, SharedProducts, TransportError};
 
 use crate::collectives::SharedCollectives;
-
-/// A `GemmPart` as plain numbers, to sit in a slot shared between threads.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct PartAddr {
-    dtype: DType,
-    m: usize,
-    n: usize,
-    k: usize,
-    lhs: usize,
-    lhs_strides: [isize; 2],
-    rhs: usize,
-    rhs_strides: [isize; 2],
-}
-
-impl PartAddr {
-    fn of(p: &GemmPart) -> PartAddr {
-        PartAddr {
-            dtype: p.dtype,
-            m: p.m,
-            n: p.n,
-            k: p.k,
-            lhs: p.lhs as usize,
-            lhs_strides: p.lhs_strides,
-            rhs: p.rhs as usize,
-            rhs_strides: p.rhs_strides,
-        }
-    }
-}
 
 /// How many products were done once for a group, since the process started: for tests and
 /// benchmarks.
@@ -67,17 +39,6 @@ pub fn shared_gemm_count() -> usize {
 }
 
 static SHARED_GEMMS: AtomicUsize = AtomicUsize::new(0);
-
-/// Row-major strides of a `rows x cols` block when the views copied into it have unit column
-/// stride (or are scalar-strided anyway), column-major ones when they have unit row stride: so
-/// that `copy_view` moves whole lines.
-fn stacked_strides(rows: usize, cols: usize, unit_row_stride: bool) -> [isize; 2] {
-    if unit_row_stride {
-        [1, rows as isize]
-    } else {
-        [cols as isize, 1]
-    }
-}
 
 /// The addresses of the stacked left and right operands and of the result, in buffers the
 /// launch owns; every member's seat gets the same (or `None`: not shared).
@@ -92,7 +53,7 @@ type Meeting<'r> = (ProductSeat<'r>, Vec<PartAddr>, [usize; 3]);
 
 /// From every member's part: the bytes of the stacked left and right operands and of the
 /// result, or `None` when the members do not agree on a product to share.
-type Layout = fn(&[PartAddr]) -> Option<[usize; 3]>;
+type Layout<'a> = &'a dyn Fn(&[PartAddr]) -> Option<[usize; 3]>;
 
 /// The meeting: every member publishes its part; the last to arrive, still holding the lock,
 /// decides with `layout` whether the product is shared and allocates its buffers, so every
@@ -103,7 +64,7 @@ fn meet<'r>(
     group: &Group,
     (op, label): (&'static str, String),
     part: &GemmPart,
-    layout: Layout,
+    layout: Layout<'_>,
 ) -> Result<Option<Meeting<'r>>, TransportError> {
     let r = c.rendezvous;
     let mut seat: ProductSeat<'r> = c.seat(group, op, label);
@@ -142,41 +103,39 @@ fn fill_and_multiply(
     Ok(())
 }
 
-/// `shared_rhs`'s agreement: one right operand (the same buffer, strides and sizes).
-fn stacked_rows(parts: &[PartAddr]) -> Option<[usize; 3]> {
-    let first = parts[0];
-    let same = |p: &PartAddr| {
-        (p.rhs, p.rhs_strides, p.n, p.k, p.dtype)
-            == (first.rhs, first.rhs_strides, first.n, first.k, first.dtype)
-    };
-    let size = first.dtype.byte_width();
-    let rows: usize = parts.iter().map(|p| p.m).sum();
-    parts
-        .iter()
-        .all(same)
-        .then_some([rows * first.k * size, 0, rows * first.n * size])
-}
-
-/// `all_reduce`'s agreement: one result shape, and views that stack the same way.
-fn stacked_depth(parts: &[PartAddr]) -> Option<[usize; 3]> {
-    let first = parts[0];
-    let (m, n) = (first.m, first.n);
-    let depth: usize = parts.iter().map(|p| p.k).sum();
-    let lay = |p: &PartAddr| {
-        (
-            p.m,
-            p.n,
-            p.dtype,
-            stacked_strides(m, depth, p.lhs_strides[0] == 1),
-            stacked_strides(depth, n, p.rhs_strides[0] == 1),
-        )
-    };
-    let size = first.dtype.byte_width();
-    parts.iter().all(|p| lay(p) == lay(&first)).then_some([
-        m * depth * size,
-        depth * n * size,
-        m * n * size,
-    ])
+impl SharedCollectives<'_> {
+    /// A shared product stacked as `stacking` says (`tessera_transport::stacked`): the members
+    /// meet, each copies its blocks in, the last to finish multiplies, and each gets its
+    /// result in the stacked one (`Stacking::result`).
+    ///
+    /// # Safety
+    /// As `SharedProducts::gemm_shared_rhs`.
+    unsafe fn stacked(
+        &self,
+        stacking: Stacking,
+        group: &Group,
+        label: (&'static str, String),
+        part: &GemmPart,
+        gemm: &(dyn Fn(&GemmCall) + Sync),
+    ) -> Result<Option<*const u8>, TransportError> {
+        if group.len() < 2 {
+            return Ok(None);
+        }
+        let layout = |parts: &[PartAddr]| stacking.layout(parts);
+        let Some((seat, parts, stacks)) = meet(self, group, label, part, &layout)? else {
+            return Ok(None);
+        };
+        fill_and_multiply(
+            seat,
+            // SAFETY: this member's views are live (the caller's contract) and its blocks of
+            // the stacked operands are written by it alone (`Stacking::fill`); the buffers have
+            // `layout`'s sizes.
+            || unsafe { stacking.fill(&parts, group.me, stacks) },
+            // Every member's operands: the members wait in the call, so they live.
+            || gemm(&stacking.call(&parts, stacks)),
+        )?;
+        Ok(Some(stacking.result(&parts, group.me, stacks)))
+    }
 }
 
 impl SharedProducts for SharedCollectives<'_> {
@@ -187,48 +146,9 @@ impl SharedProducts for SharedCollectives<'_> {
         part: &GemmPart,
         gemm: &(dyn Fn(&GemmCall) + Sync),
     ) -> Result<Option<*const u8>, TransportError> {
-        if group.len() < 2 {
-            return Ok(None);
-        }
         let label = ("dot_general", "the devices' shared product".to_string());
-        let Some((seat, parts, [lhs, _, out])) = meet(self, group, label, part, stacked_rows)?
-        else {
-            return Ok(None);
-        };
-        let first = parts[0];
-        let (size, k, nn) = (first.dtype.byte_width(), first.k, first.n);
-        let rows: usize = parts.iter().map(|p| p.m).sum();
-        let row0: usize = parts[..group.me].iter().map(|p| p.m).sum();
-        fill_and_multiply(
-            seat,
-            || {
-                // SAFETY: this member's left operand is a live `m x k` view (its own); its
-                // block of the stacked operand, rows `row0..row0 + m`, is written by it alone.
-                unsafe {
-                    copy_view(
-                        (part.lhs, part.lhs_strides),
-                        ((lhs as *mut u8).add(row0 * k * size), [k as isize, 1]),
-                        (part.m, k, size),
-                    )
-                }
-            },
-            || {
-                gemm(&GemmCall {
-                    m: rows,
-                    n: nn,
-                    k,
-                    lhs: lhs as *const u8,
-                    lhs_strides: [k as isize, 1],
-                    // Every member's right operand: the members wait in the call, so it lives.
-                    rhs: first.rhs as *const u8,
-                    rhs_strides: first.rhs_strides,
-                    out: out as *mut u8,
-                    out_strides: [nn as isize, 1],
-                })
-            },
-        )?;
-        // SAFETY: rows `row0..row0 + m` lie inside the stacked result.
-        Ok(Some(unsafe { (out as *const u8).add(row0 * nn * size) }))
+        // SAFETY: the caller's contract.
+        unsafe { self.stacked(Stacking::Rows, group, label, part, gemm) }
     }
 
     /// The sum, a dense row-major `m x n` buffer the launch owns, is read by every member in
@@ -239,62 +159,16 @@ impl SharedProducts for SharedCollectives<'_> {
         part: &GemmPart,
         gemm: &(dyn Fn(&GemmCall) + Sync),
     ) -> Result<Option<*const u8>, TransportError> {
-        if group.len() < 2 {
-            return Ok(None);
-        }
         let label = ("all_reduce", group.describe());
-        let Some((seat, parts, [lhs, rhs, out])) = meet(self, group, label, part, stacked_depth)?
-        else {
-            return Ok(None);
-        };
-        let (size, m, nn) = (part.dtype.byte_width(), part.m, part.n);
-        let depth: usize = parts.iter().map(|p| p.k).sum();
-        let at: usize = parts[..group.me].iter().map(|p| p.k).sum();
-        // Stacked so that each member's view moves as whole lines (the same for all: `meet`).
-        let ls = stacked_strides(m, depth, part.lhs_strides[0] == 1);
-        let rs = stacked_strides(depth, nn, part.rhs_strides[0] == 1);
-        fill_and_multiply(
-            seat,
-            || {
-                let (z, at) = (size as isize, at as isize);
-                // SAFETY: this member's operands are live views (its own); its blocks of the
-                // stacked operands, columns (rows) `at..at + k`, are written by it alone.
-                unsafe {
-                    copy_view(
-                        (part.lhs, part.lhs_strides),
-                        ((lhs as *mut u8).offset(at * ls[1] * z), ls),
-                        (m, part.k, size),
-                    );
-                    copy_view(
-                        (part.rhs, part.rhs_strides),
-                        ((rhs as *mut u8).offset(at * rs[0] * z), rs),
-                        (part.k, nn, size),
-                    );
-                }
-            },
-            // The sum over the group is one product over all the members' rows.
-            || {
-                gemm(&GemmCall {
-                    m,
-                    n: nn,
-                    k: depth,
-                    lhs: lhs as *const u8,
-                    lhs_strides: ls,
-                    rhs: rhs as *const u8,
-                    rhs_strides: rs,
-                    out: out as *mut u8,
-                    out_strides: [nn as isize, 1],
-                })
-            },
-        )?;
-        Ok(Some(out as *const u8))
+        // SAFETY: the caller's contract.
+        unsafe { self.stacked(Stacking::Depth, group, label, part, gemm) }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_ir::Mesh;
+    use tessera_ir::{DType, Mesh};
     use tessera_transport::rendezvous::Rendezvous;
 
     /// `out = lhs x rhs` over f32 views, element by element (the test's GEMM).

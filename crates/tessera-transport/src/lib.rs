@@ -20,6 +20,7 @@
 
 pub mod process;
 pub mod rendezvous;
+pub mod stacked;
 pub mod values;
 
 use std::time::Duration;

@@ -78,8 +78,16 @@ pub use tensor::{Element, Tensor};
 pub use tessera_derive::Tree;
 pub use tessera_ir as ir;
 pub use tessera_ir::{DType, DotDims};
-pub use tessera_runtime::shared_gemm_count;
 pub use vmap::{Axes, Vmapped, vmap};
+
+/// How many matrix products were done once for a group of devices (a replicated weight's
+/// product stacked by rows, or a weight gradient with its all-reduce stacked along the
+/// contraction) since the process started, whether the devices ran on threads of their own
+/// (`tessera_runtime::shared_gemm_count`) or in turn on one thread
+/// (`tessera_codegen::together::products_together`): for tests and benchmarks.
+pub fn shared_gemm_count() -> usize {
+    tessera_runtime::shared_gemm_count() + tessera_codegen::together::products_together()
+}
 
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {

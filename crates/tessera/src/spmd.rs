@@ -130,10 +130,12 @@ impl DeviceProgram {
     }
 }
 
-/// Below this many multiply-adds of GEMM per device, a program on more devices than cores
-/// runs on the calling thread (`run_on_this_thread`): its step is launch and meeting costs,
-/// which threads on shared cores multiply. Above it the device threads' arithmetic on every
-/// core pays for their switches (the big MLP over 8 devices: 51 M a device).
+/// Below this many multiply-adds of GEMM per device, not counting the shared products (done
+/// once for all devices on every core either way), a program on more devices than cores runs
+/// on the calling thread (`run_on_this_thread`): its step is launch and meeting costs, which
+/// threads on shared cores multiply. Above it the device threads' own arithmetic on every
+/// core pays for their switches. (The big MLP over 8 devices: 51 M a device, all but 2 M of
+/// it in shared products.)
 const ON_ONE_THREAD_BELOW: usize = 1 << 22;
 
 /// Whether `devices` devices' programs (`all_local`: every one in this process) run cheaper in
@@ -145,8 +147,9 @@ fn one_thread_pays(devices: usize, cores: usize, all_local: bool) -> bool {
 impl DeviceProgram {
     /// Runs every device's program in turn on the calling thread, pausing each at its
     /// collectives (`tessera_codegen::together`), when that is the cheaper way: all devices
-    /// are this process's, there are more of them than cores, the programs are native, small
-    /// (`ON_ONE_THREAD_BELOW`) and meet only outside region bodies. `None`: launch them on the
+    /// are this process's, there are more of them than cores, the programs are native, do
+    /// little arithmetic outside their shared products (`ON_ONE_THREAD_BELOW`) and meet only
+    /// outside region bodies. `None`: launch them on the
     /// device threads instead. The results are the threaded launch's bits.
     fn run_on_this_thread(
         &self,
@@ -180,7 +183,8 @@ impl DeviceProgram {
         for g in &mut guards {
             match &mut **g {
                 BackendProgram::Native(e)
-                    if e.pauses_at_collectives() && e.multiply_adds() < ON_ONE_THREAD_BELOW =>
+                    if e.pauses_at_collectives()
+                        && e.unshared_multiply_adds() < ON_ONE_THREAD_BELOW =>
                 {
                     exes.push(&mut **e)
                 }
