@@ -64,11 +64,13 @@ pub struct Executable {
     /// Whether a started run (`start`) has the machine to itself: devices run in turn on one
     /// thread, so its GEMMs and kernels use both cores as a one-device program's do.
     alone: std::cell::Cell<bool>,
-    /// Whether a region body (at any depth) meets other devices: such a program cannot pause
-    /// at its collectives (`pauses_at_collectives`).
+    /// Whether a region body (at any depth) meets other devices (a collective, or a shared
+    /// product): such a program cannot pause where it meets them (`pauses_at_collectives`).
     meets_in_regions: bool,
     /// `multiply_adds`, counted once.
     multiply_adds: usize,
+    /// `unshared_multiply_adds`, counted again whenever what is shared changes.
+    unshared_multiply_adds: usize,
 }
 
 /// Where a paused run (`Executable::advance`) waits: a step that meets other devices.
@@ -105,7 +107,8 @@ pub(crate) enum Meeting {
 
 // SAFETY: the addresses are of buffers a paused run keeps bound (`Executable::advance`); a
 // pause only travels from the thread that advanced the run to the one that computes the
-// collective while the run stays paused, and only that thread dereferences them.
+// collective's result or the shared product while the run stays paused, and only that thread
+// dereferences them.
 unsafe impl Send for Pause {}
 
 /// Whether `op` exchanges values with other devices (`axis_index` does not).
@@ -122,11 +125,7 @@ fn meets(op: &CollectiveOp) -> bool {
 
 /// Whether a step of `schedule`, or of a region body inside `regions`, meets other devices.
 fn body_meets(e: &Executable) -> bool {
-    e.schedule
-        .steps
-        .iter()
-        .any(|s| matches!(&s.kind, StepKind::Collective(Op::Collective(c)) if meets(c)))
-        || e.meets_in_regions
+    (0..e.schedule.steps.len()).any(|i| e.pauses_at(i)) || e.meets_in_regions
 }
 
 /// A step profile (`TESSERA_PROFILE=1`): for each step, the time spent in it over every run.
@@ -195,10 +194,6 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// `out = lhs x rhs` over `(m, n, k)` views: each operand's address and (row, column) strides
-/// in elements. `k == 0` writes zeros. A large column-major `rhs` is copied row-major first
-/// (`transpose.rs`: the library's slow layout).
-///
 /// A shared product's one multiply, on every core: the threaded transport's elected member
 /// (`run_gemm`) and devices run in turn on one thread (`together`) both call it, so the two
 /// give the same bits.
@@ -219,6 +214,10 @@ pub(crate) unsafe fn multiply_shared(dtype: DType, c: &GemmCall) {
     }
 }
 
+/// `out = lhs x rhs` over `(m, n, k)` views: each operand's address and (row, column) strides
+/// in elements. `k == 0` writes zeros. A large column-major `rhs` is copied row-major first
+/// (`transpose.rs`: the library's slow layout).
+///
 /// # Safety
 /// The views must lie inside live buffers of `dtype` (a float type), `out` not overlapping the
 /// operands.
@@ -426,6 +425,7 @@ impl Executable {
             shared_gemm_from: usize::MAX,
             meets_in_regions: regions.iter().flatten().any(body_meets),
             multiply_adds,
+            unshared_multiply_adds: multiply_adds,
             regions,
             profile: profiling().then(RefCell::default),
             cursor: std::cell::Cell::new(0),
@@ -496,11 +496,13 @@ impl Executable {
             alone: std::cell::Cell::new(false),
             meets_in_regions: self.meets_in_regions,
             multiply_adds: self.multiply_adds,
+            unshared_multiply_adds: self.unshared_multiply_adds,
         }
     }
 
     /// Never split a GEMM or a kernel over threads (each device thread of the sharded runtime
-    /// runs its own executable).
+    /// runs its own executable), except in a run that has the machine to itself (`start`:
+    /// devices run in turn on one thread).
     ///
     /// Large GEMMs with a right operand from the program's inputs are offered to the
     /// transport: when every device passes the same buffer (a replicated weight), one thread
@@ -518,7 +520,24 @@ impl Executable {
                     .collect()
             })
             .collect();
+        // A body's large GEMMs now meet the other devices too (shared products).
+        self.meets_in_regions = self.regions.iter().flatten().any(body_meets);
+        self.unshared_multiply_adds = self.count_unshared_multiply_adds();
         self
+    }
+
+    /// Whether a paused run (`advance`) stops at step `i`: a collective that meets other
+    /// devices, or a GEMM the threaded run offers to the transport's shared products.
+    fn pauses_at(&self, i: usize) -> bool {
+        match &self.schedule.steps[i].kind {
+            StepKind::Collective(Op::Collective(c)) => meets(c),
+            StepKind::Gemm(_) => self.meets_others(i),
+            StepKind::Kernel(_)
+            | StepKind::Collective(_)
+            | StepKind::Region(_)
+            | StepKind::Window(_)
+            | StepKind::Native(_) => false,
+        }
     }
 
     /// Whether step `i` waits for the other devices: a collective, or a GEMM offered to the
@@ -745,8 +764,9 @@ impl Executable {
         }
     }
 
-    /// Runs the steps from `from` on: all of them, or (`pause`) up to the first collective
-    /// that meets other devices, whose index it returns.
+    /// Runs the steps from `from` on: all of them, or (`pause`) up to the first step that
+    /// meets other devices (`pauses_at`), whose index it returns. `fused` is an all-reduce
+    /// step already done with the shared product before it.
     fn steps_from(
         &self,
         (from, pause): (usize, bool),
@@ -760,16 +780,7 @@ impl Executable {
             if fused == Some(i) || self.skipped[i] {
                 continue;
             }
-            let meeting = match &step.kind {
-                StepKind::Collective(Op::Collective(c)) => meets(c),
-                StepKind::Gemm(_) => self.meets_others(i),
-                StepKind::Kernel(_)
-                | StepKind::Collective(_)
-                | StepKind::Region(_)
-                | StepKind::Window(_)
-                | StepKind::Native(_) => false,
-            };
-            if pause && meeting {
+            if pause && self.pauses_at(i) {
                 return Ok(Some(i));
             }
             let start = self.profile.as_ref().map(|_| std::time::Instant::now());
@@ -806,6 +817,10 @@ impl Executable {
     /// `multiply_adds` less the shared products' (the GEMMs offered to the transport,
     /// `meets_others`): the arithmetic each device does on its own.
     pub fn unshared_multiply_adds(&self) -> usize {
+        self.unshared_multiply_adds
+    }
+
+    fn count_unshared_multiply_adds(&self) -> usize {
         let shared: usize = (0..self.schedule.steps.len())
             .filter(|&i| self.meets_others(i))
             .map(|i| match &self.schedule.steps[i].kind {
@@ -850,19 +865,22 @@ impl Executable {
         self.mesh.as_ref()
     }
 
-    /// Whether a run can pause at every collective that meets other devices (`start`): false
-    /// when a region body meets them (it runs inside its region's step).
+    /// Whether a run can pause at every step that meets other devices (`start`): a collective
+    /// or a shared product. False when a region body meets them (it runs inside its region's
+    /// step).
     pub fn pauses_at_collectives(&self) -> bool {
         !self.meets_in_regions
     }
 
-    /// Starts a run that pauses at its collectives, so that one thread can run several
-    /// devices' programs in turn: binds `inputs` and the outputs as `run_partial` does, then
-    /// `advance` runs up to each collective that meets other devices and `finish` collects the
-    /// outputs. Until `finish` (or `abandon`), the executable holds the run's buffers and
-    /// pointers into `inputs`, so the caller keeps the inputs alive and unchanged and runs
-    /// nothing else on it, and writes every pause's result before advancing again: crate-
-    /// private, `together::run_together` is the one caller and keeps that contract.
+    /// Starts a run that pauses where it meets other devices, so that one thread can run
+    /// several devices' programs in turn: binds `inputs` and the outputs as `run_partial`
+    /// does, then `advance` runs up to each collective that meets other devices or shared
+    /// product, and `finish` collects the outputs. Until `finish` (or `abandon`), the
+    /// executable holds the run's buffers and pointers into `inputs`, so the caller keeps the
+    /// inputs alive and unchanged and runs nothing else on it, and gives every pause its
+    /// result (a collective's written into its output buffer, a product's by
+    /// `settle_product`) before advancing again: crate-private, `together::run_together` is the
+    /// one caller and keeps that contract. The run uses both cores (`alone`).
     pub(crate) fn start(&self, inputs: &[&Literal]) -> Result<(), InterpError> {
         if !self.pauses_at_collectives() {
             return Err(InterpError::Op {
@@ -882,7 +900,7 @@ impl Executable {
         self.awaiting.set(false);
         self.fused_pending.set(None);
         self.unsettled.set(false);
-        self.alone.set(true);
+        self.alone.set(bound.is_ok());
         if let Some(p) = &self.profile {
             let mut p = p.borrow_mut();
             p.runs += 1;
@@ -892,10 +910,11 @@ impl Executable {
         bound
     }
 
-    /// Runs the started run's steps up to its next collective that meets other devices, and
-    /// returns it (`None`: the run is complete). `local` serves what needs no other device (a
-    /// one-member group, `axis_index` at its position). Call again once the pause's result
-    /// is in its output buffer.
+    /// Runs the started run's steps up to its next step that meets other devices (a
+    /// collective or a shared product), and returns it (`None`: the run is complete). `local`
+    /// serves what needs no other device (a one-member group, `axis_index` at its position).
+    /// Call again once the pause has its result: a collective's in its output buffer, a
+    /// product's given by `settle_product` (else this refuses).
     pub(crate) fn advance(&self, local: &dyn Collectives) -> Result<Option<Pause>, InterpError> {
         let mut scratch = self.scratch.borrow_mut();
         let Scratch { ptrs, args, .. } = &mut *scratch;

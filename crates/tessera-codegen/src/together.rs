@@ -5,15 +5,22 @@
 //! (`perf`: a quarter of the samples in the scheduler's task switch, a tenth in `sched_yield`);
 //! here nothing waits and nothing switches.
 //!
+//! The runs also pause at the GEMMs the threaded launch offers to the transport's shared
+//! products (a replicated weight's product, a weight gradient with its all-reduce): the
+//! thread stacks every member's part as the transport does (`tessera_transport::stacked`),
+//! multiplies once on every core, and hands each member its result. Between meetings a run
+//! has the machine to itself, so its own large GEMMs and kernels use every core too.
+//!
 //! Results are the threaded run's bits: each collective's result is computed by the functions
 //! the shared-memory transport uses (`tessera_transport::values`), over the members' operands
-//! in group order.
+//! in group order, and each shared product by the same stacking and the same multiply.
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tessera_interp::InterpError;
 
 use tessera_ir::{CollectiveOp, Literal, Mesh, ReduceKind, TensorType};
+use tessera_transport::rendezvous::uninit_words;
 use tessera_transport::values::{self, data_ptr, literal_from_raw};
 use tessera_transport::{Collectives, Group, TransportError};
 
@@ -159,7 +166,8 @@ pub enum Failed {
 /// Runs `programs[k]` (the same program compiled for every device: forks of one executable)
 /// on `inputs[k]` at mesh position `positions[k]` of the programs' mesh, and returns each
 /// device's outputs as `run_partial` does, all on the calling thread. Every mesh position a
-/// collective's group names must be among `positions` (one process holds them all). Each
+/// collective's or a shared product's group names must be among `positions` (one process
+/// holds them all; a shared product's group stacking by rows is the whole mesh). Each
 /// program must `pauses_at_collectives`. On an error or a panic every started run is dropped
 /// (`abandon`) before this returns, so the programs hold no pointer into `inputs` and are fit
 /// for the next call.
@@ -187,8 +195,11 @@ pub fn run_together(
     }
     // The device whose program runs, for a panic's report.
     let current = std::cell::Cell::new(0);
+    // The results of the run's shared products: the runs read them in place until they
+    // finish or are abandoned (`settle_product`), so they are dropped last.
+    let mut stacks: Vec<Vec<MaybeUninit<u64>>> = Vec::new();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_phases(programs, inputs, positions, &current)
+        run_phases(programs, inputs, positions, &mut stacks, &current)
     }));
     let result = match run {
         Ok(r) => r,
@@ -202,6 +213,7 @@ pub fn run_together(
             p.abandon();
         }
     }
+    drop(stacks);
     result
 }
 
@@ -232,6 +244,7 @@ fn run_phases(
     programs: &mut [&mut Executable],
     inputs: &[Vec<&Literal>],
     positions: &[usize],
+    stacks: &mut Vec<Vec<MaybeUninit<u64>>>,
     current: &std::cell::Cell<usize>,
 ) -> Result<Vec<Vec<Option<Literal>>>, Failed> {
     let fail = |device: usize, error: InterpError| Failed::Error { device, error };
@@ -245,9 +258,8 @@ fn run_phases(
         .and_then(|p| p.mesh())
         .cloned()
         .unwrap_or(no_mesh);
-    // The stacked operands and results of the run's shared products: the runs read their
-    // results in place until they finish (`settle_product`).
-    let mut stacks: Vec<Box<[MaybeUninit<u64>]>> = Vec::new();
+    // Every member's operand of a collective, by mesh position, kept between rounds.
+    let mut operands: Vec<Option<Literal>> = Vec::new();
     loop {
         let mut pauses = Vec::with_capacity(programs.len());
         for (k, r) in advance_all(programs, positions, current)
@@ -280,10 +292,10 @@ fn run_phases(
             }
         }
         match first.at {
-            Meeting::Collective { .. } => collectives(&paused, positions, &mesh, current)?,
-            Meeting::Product { .. } => {
-                products(programs, &paused, positions, &mut stacks, current)?
+            Meeting::Collective { .. } => {
+                collectives(&paused, positions, &mesh, &mut operands, current)?
             }
+            Meeting::Product { .. } => products(programs, &paused, positions, stacks, current)?,
         }
     }
     programs
@@ -329,13 +341,15 @@ fn collectives(
     paused: &[Pause],
     positions: &[usize],
     mesh: &Mesh,
+    operands: &mut Vec<Option<Literal>>,
     current: &std::cell::Cell<usize>,
 ) -> Result<(), Failed> {
     let fail = |device: usize, error: InterpError| Failed::Error { device, error };
     // Every member's operand, by mesh position (`None` where no device runs: a group naming
     // one is an error, never a read).
     let slots = positions.iter().max().map_or(0, |&m| m + 1);
-    let mut operands: Vec<Option<Literal>> = vec![None; slots];
+    operands.clear();
+    operands.resize(slots, None);
     for (k, q) in paused.iter().enumerate() {
         let (_, input, input_type, _, _) = at_collective(k, q)?;
         // SAFETY: the paused run keeps its buffers bound until `finish` or `abandon`, and the
@@ -349,7 +363,7 @@ fn collectives(
         current.set(k);
         let device = Gathered {
             position: positions[k],
-            operands: &operands,
+            operands,
         };
         let x = operands[positions[k]].as_ref();
         let shared = match op {
@@ -401,7 +415,7 @@ fn products(
     programs: &[&mut Executable],
     paused: &[Pause],
     positions: &[usize],
-    stacks: &mut Vec<Box<[MaybeUninit<u64>]>>,
+    stacks: &mut Vec<Vec<MaybeUninit<u64>>>,
     current: &std::cell::Cell<usize>,
 ) -> Result<(), Failed> {
     let fail = |device: usize, message: String| Failed::Error {
@@ -458,13 +472,11 @@ fn products(
             }
             continue;
         };
-        let at = bytes.map(|b| {
-            let mut buf = Box::<[u64]>::new_uninit_slice(b.div_ceil(8).max(1));
-            let at = buf.as_mut_ptr() as usize;
-            // Moving the box keeps its elements where they are.
-            stacks.push(buf);
-            at
-        });
+        // The stacked operands, dropped after the product; its result, kept in `stacks`.
+        let [mut lhs, mut rhs, out] = bytes.map(uninit_words);
+        stacks.push(out);
+        let out = stacks.last_mut().map_or(0, |o| o.as_mut_ptr() as usize);
+        let at = [lhs.as_mut_ptr() as usize, rhs.as_mut_ptr() as usize, out];
         // SAFETY: the members' views are inside their paused runs' bound buffers, which
         // nothing writes meanwhile (this thread runs them, and waits for the fills); `at`
         // holds buffers of `layout`'s sizes, and each member's blocks are written by its own
@@ -482,12 +494,13 @@ fn products(
         // shared right operand, a bound input of every paused run; the result is its own
         // stacked buffer.
         unsafe { crate::exec::multiply_shared(parts[0].dtype, &call) };
+        drop((lhs, rhs));
         PRODUCTS.fetch_add(1, Ordering::Relaxed);
         for (me, &d) in members.iter().enumerate() {
             current.set(d);
             let block = stacking.result(&parts, me, at);
             // SAFETY: paused at this product; `block` is its result in `stacks`, which
-            // `run_phases` keeps until every run has finished (or is abandoned).
+            // `run_together` keeps until every run has finished or is abandoned.
             unsafe { programs[d].settle_product(Some(block)) }.map_err(|e| Failed::Error {
                 device: d,
                 error: e,

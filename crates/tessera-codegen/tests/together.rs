@@ -130,14 +130,18 @@ fn a_failure_names_the_device_and_the_programs_run_again() {
 
 /// A replicated weight times each device's rows (stacked by rows), and a weight gradient
 /// summed over the devices (stacked along the contraction), both large enough to be offered
-/// to the transport's shared products (`Executable::single_threaded`).
+/// to the transport's shared products (`Executable::single_threaded`); and a GEMM and a
+/// kernel of each device's own, large enough for both cores when the devices run in turn
+/// (64 x 64 x 256 multiply-adds; 65,536 elements).
 const PRODUCTS: &str = r#"mesh @mesh = <"dp"=4>
 func @f(%0: f32[64,256], %1: f32[256,256]) {
   %2 = dot_general %0, %1 contracting=[1]x[0] : f32[64,256]
   %3 = tanh %2 : f32[64,256]
   %4 = dot_general %0, %3 contracting=[0]x[0] : f32[256,256]
   %5 = all_reduce %4 sum axes=["dp"] : f32[256,256]
-  return %3, %5
+  %6 = tanh %5 : f32[256,256]
+  %7 = dot_general %3, %3 contracting=[1]x[1] : f32[64,64]
+  return %3, %6, %7
 }"#;
 
 fn matrix(rows: usize, cols: usize, seed: usize) -> Literal {
@@ -175,7 +179,11 @@ fn shared_products_on_one_thread_give_the_bits_of_the_threaded_transport() {
     let exe = tessera_codegen::compile(&parse(PRODUCTS).unwrap())
         .unwrap()
         .single_threaded();
-    assert_eq!(exe.unshared_multiply_adds(), 0, "both products are shared");
+    assert_eq!(
+        exe.unshared_multiply_adds(),
+        64 * 64 * 256,
+        "both large products are shared, the third is each device's"
+    );
     let xs: Vec<Literal> = (0..4).map(|p| matrix(64, 256, p)).collect();
     let w = matrix(256, 256, 9);
     // One weight buffer for every device (a replicated parameter): both products stack.
@@ -209,7 +217,7 @@ fn shared_products_on_one_thread_give_the_bits_of_the_threaded_transport() {
         assert_eq!(bits(&got[p]), bits(&want[p]), "own weights, device {p}");
     }
     // And the sum is the devices' products summed (to f32 rounding), each `x_p^T tanh(x_p w)`.
-    let sum = got[0][1].as_ref().unwrap();
+    let tanh_sum = got[0][1].as_ref().unwrap();
     let mut want00 = 0f64;
     for (p, x) in xs.iter().enumerate() {
         let t = got[p][0].as_ref().unwrap();
@@ -217,9 +225,10 @@ fn shared_products_on_one_thread_give_the_bits_of_the_threaded_transport() {
             .map(|i| x.data.get_f64(i * 256) * t.data.get_f64(i * 256))
             .sum::<f64>();
     }
+    let got00 = tanh_sum.data.get_f64(0);
     assert!(
-        (sum.data.get_f64(0) - want00).abs() < 1e-3,
-        "{} {want00}",
-        sum.data.get_f64(0)
+        (got00 - want00.tanh()).abs() < 1e-5,
+        "{got00} {}",
+        want00.tanh()
     );
 }

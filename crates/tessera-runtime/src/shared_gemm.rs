@@ -11,7 +11,9 @@
 //!   sum is the product itself, with a contraction of all the devices' rows.
 //!
 //! How the parts stack is `tessera_transport::stacked`'s rule (which several devices run on
-//! one thread follow too, `tessera_codegen::together`). Both go the same way, with no member waiting for another to wake up: the members meet and
+//! one thread follow too, `tessera_codegen::together`).
+//!
+//! Both go the same way, with no member waiting for another to wake up: the members meet and
 //! publish their operands' views, and the last to arrive allocates the stacked operands and the
 //! result in buffers the launch owns (freed when it ends); every member copies its own block in
 //! (on both cores at once); the last to finish copying multiplies, on both cores, while the

@@ -161,7 +161,7 @@ pub struct Rendezvous {
     changed: Condvar,
     timeout: Duration,
     /// Buffers the launch's members read until it ends (`launch_buffer`).
-    kept: Mutex<Vec<Box<[MaybeUninit<u64>]>>>,
+    kept: Mutex<Vec<Vec<MaybeUninit<u64>>>>,
 }
 
 impl Default for Rendezvous {
@@ -169,6 +169,14 @@ impl Default for Rendezvous {
     fn default() -> Self {
         Rendezvous::with_timeout(Duration::from_secs(60))
     }
+}
+
+/// Room for `bytes` bytes, 8-aligned, uninitialized (at least one word).
+pub fn uninit_words(bytes: usize) -> Vec<MaybeUninit<u64>> {
+    let words = bytes.div_ceil(8).max(1);
+    let mut v = Vec::with_capacity(words);
+    v.resize_with(words, MaybeUninit::uninit);
+    v
 }
 
 impl Rendezvous {
@@ -194,12 +202,12 @@ impl Rendezvous {
     /// Room for `bytes` bytes (8-aligned) that stays until the rendezvous (the launch) ends.
     /// Its contents are uninitialized: write before reading.
     pub fn launch_buffer(&self, bytes: usize) -> *mut u8 {
-        let mut b = Box::<[u64]>::new_uninit_slice(bytes.div_ceil(8).max(1));
-        let at = b.as_mut_ptr() as *mut u8;
-        // Moving the box keeps its elements where they are. (A push: consistent whatever
-        // panicked.)
-        self.kept.lock().unwrap_or_else(|e| e.into_inner()).push(b);
-        at
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        // (A push: consistent whatever panicked.) The address is taken from the vector where
+        // it stays: moving a vector keeps its elements where they are.
+        kept.push(uninit_words(bytes));
+        kept.last_mut()
+            .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr() as *mut u8)
     }
 
     /// Records that `device` gave up on the launch: every wait of the launch, now or later,

@@ -472,8 +472,8 @@ impl<'a> Pipeline<'a> {
 
     /// schedule: consumes the last stage's graph; produces a program for each of `devices`
     /// devices (one for a single-device target). Native code is compiled once: a program on
-    /// devices gets no kernel split over threads (every core runs a device), and each device
-    /// its own arena. Outputs marked in `first_only` are computed by the first device only
+    /// devices gets no kernel split over threads (every core runs a device) unless its devices
+    /// run in turn on one thread, and each device its own arena. Outputs marked in `first_only` are computed by the first device only
     /// with the native backend (the others return `None` for them); the interpreter computes
     /// everything.
     pub(crate) fn schedule(
