@@ -22,7 +22,7 @@
 //! | log | x = m 2^e (subnormals scaled by 2^23 first), m in [sqrt(1/2), sqrt(2)), fdlibm's f - hfsq + s (hfsq + R) | 1 / 1 ulp (0.74 / 0.74; every f32: 0.854) |
 //! | log1p | log(u) + c / u, u = 1 + x rounded, c its exact rounding error (fdlibm); inf at inf | 2 / 2 ulp (1.44 / 1.44; every f32: 1.437) |
 //! | expm1 | fdlibm: x = k ln 2 + r, Taylor expm1(r) to r^9, 2^k (expm1(r) + 1 - 2^-k) or 2^k expm1(r) + (2^k - 1); exp(x) past 20 | 2 / 2 ulp (1.39 / 1.29; every f32: 1.439) |
-//! | tanh | on abs(x), the sign or-ed in last: x + x^3 g(x^2) (degree-5 Chebyshev g, Estrin's scheme) below 0.625 (x itself below 2^-12, by rounding); 1 - 2 / (exp(2x) + 1), computed only for a vector with a lane past 0.625, its exp with one scale factor, no clamp, a degree-6 polynomial in Estrin's scheme and the 2s folded into the constants (`exp_tanh_plus_one`, whose last rounding is one multiply-add); 1 past 9.1 | 1.5 / 1.5 ulp (1.08 / 1.08; every f32: 1.198) |
+//! | tanh | x + x^3 g(x^2) on x itself (degree-5 Chebyshev g, Estrin's scheme) where x^2 < 0.625^2 or NaN (x itself below 2^-12, by rounding); on abs(x) 1 - 2 / (exp(2x) + 1), computed only for a vector with a lane past 0.625, its exp with one scale factor, no clamp, a degree-6 polynomial in Estrin's scheme and the 2s folded into the constants (`exp_tanh_plus_one`, whose last rounding is one multiply-add); 1 past 9.1; the sign of x or-ed in last | 1.5 / 1.5 ulp (1.08 / 1.08; every f32: 1.198) |
 //! | logistic | e = exp(-abs x): 1 / (1 + e) for x >= 0, e / (1 + e) below, one correction step for the roundings of 1 + e and the division | 2 / 2.5 ulp (1.24 / 1.89; every f32: 1.480) |
 //! | sin, cos | abs(x) <= 8192 (FMA hosts; pi/4 without): round(x 2/pi), 3-part Cody-Waite by FMA, Taylor 9/10 per quadrant; else (any lane) a call: Payne-Hanek with 192 bits of 2/pi, f64 | 1.5 / 1.5 ulp (1.38 / 1.04; every f32 up to 16384: 1.486) |
 //! | erf | x + x P(x^2) (degree-6 Chebyshev P) below 0.84375; 1 - exp(-x^2) h(x), h = erfc exp(x^2) a degree-12 Chebyshev fit, below 3.92; +-1 beyond | 1.5 / 1.5 ulp (1.05 / 1.03; every f32: 1.211) |
@@ -439,16 +439,21 @@ fn exp_tanh_plus_one(b: &mut FunctionBuilder, f: Fx, a: Value) -> Value {
     f.fma(b, q, scale, k)
 }
 
-/// `tanh(x)` from `a = abs(x)`, the sign put back last: `a + a^3 g(a^2)` below 0.625 (`g` a
-/// degree-5 Chebyshev fit, 6e-10 relative, in Estrin's scheme), `1 - 2 / (exp(2a) + 1)`
-/// above (no cancellation: the subtracted term is at most 0.45), exactly 1 past 9.1. Below
-/// 2^-12 the polynomial rounds to `a` itself (its cubic term is under a third of a half ulp),
-/// subnormals and zeros included, so `tanh(-0) = -0` comes from the sign alone.
+/// `tanh(x)`: `x + x^3 g(x^2)` where `x^2` is below `0.625^2` (`g` a degree-5 Chebyshev fit,
+/// 6e-10 relative, in Estrin's scheme), `1 - 2 / (exp(2a) + 1)` on `a = abs(x)` above (no
+/// cancellation: the subtracted term is at most 0.45), exactly 1 past 9.1; the sign of `x`
+/// or-ed in last.
+///
+/// The polynomial runs on `x` itself: round-to-nearest is symmetric, so its value for `-x` is
+/// the negation of its value for `x` bit for bit, and a vector of small lanes (most of them,
+/// on a layer's pre-activations) needs no `abs` and no NaN check: `x^2 < 0.390625`
+/// (exactly `0.625^2`, and true for `abs(x) < 0.625` exactly: the largest float below 0.625
+/// squares to below it) is taken unordered, so a NaN lane takes the polynomial, which carries
+/// the NaN. The one value the polynomial gets wrong is `-0` (`-0 + (+0)` is `+0`), which the
+/// or-ed sign puts right. Below 2^-12 it rounds to `x` itself (its cubic term is under a
+/// third of a half ulp), subnormals included.
 pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
-    let a = b.ins().fabs(x);
-    // The polynomial is computed for every lane; the large lanes' values (unbounded for
-    // large `a`, NaN for a NaN) are never selected.
-    let a2 = b.ins().fmul(a, a);
+    let x2 = b.ins().fmul(x, x);
     let [g5, g4, g3, g2, g1, g0] = [
         0.002_292_744_816_178_142,
         -0.008_343_945_515_839_153,
@@ -458,16 +463,16 @@ pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
         -0.333_333_331_721_403_6,
     ]
     .map(|c| f.c(b, c));
-    let p01 = f.fma(b, g1, a2, g0);
-    let p23 = f.fma(b, g3, a2, g2);
-    let p45 = f.fma(b, g5, a2, g4);
-    let a4 = b.ins().fmul(a2, a2);
-    let p25 = f.fma(b, p45, a4, p23);
-    let g = f.fma(b, p25, a4, p01);
-    let a3 = b.ins().fmul(a2, a);
-    let small = f.fma(b, a3, g, a);
-    let edge = f.c(b, 0.625);
-    let is_small = f.fcmp(b, FloatCC::LessThan, a, edge);
+    let p01 = f.fma(b, g1, x2, g0);
+    let p23 = f.fma(b, g3, x2, g2);
+    let p45 = f.fma(b, g5, x2, g4);
+    let x4 = b.ins().fmul(x2, x2);
+    let p25 = f.fma(b, p45, x4, p23);
+    let g = f.fma(b, p25, x4, p01);
+    let x3 = b.ins().fmul(x2, x);
+    let small = f.fma(b, x3, g, x);
+    let edge = f.c(b, 0.390_625);
+    let is_small = f.fcmp(b, FloatCC::UnorderedOrLessThan, x2, edge);
     // The exp form (an exp and a division, most of the cost) runs only when some lane needs
     // it; each lane's value is its own branch's either way.
     let all_small = if f.vector() {
@@ -488,7 +493,8 @@ pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     b.switch_to_block(large_block);
     b.seal_block(large_block);
     // Past 9.1 the exp form rounds to 1 exactly (2 / (exp(18.2) + 1) is under half an ulp
-    // of 1), so clamping there saturates; a NaN lane is clamped too, and restored below.
+    // of 1), so clamping there saturates (a NaN lane, clamped or not, is not selected).
+    let a = b.ins().fabs(x);
     let nine = f.c(b, 9.1);
     let below = f.fcmp(b, FloatCC::LessThan, a, nine);
     let ac = f.sel(b, below, a, nine);
@@ -501,15 +507,15 @@ pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     b.ins().jump(merge, &[BlockArg::Value(mixed)]);
     b.switch_to_block(merge);
     b.seal_block(merge);
-    // Both forms are non-negative: the sign of `x` is or-ed in.
+    // The exp form is non-negative and the polynomial has the sign of `x` but at `-0`: the
+    // sign of `x` is or-ed in.
     let r = b.block_params(merge)[0];
     let rb = f.to_bits(b, r);
     let xb = f.to_bits(b, x);
     let sign = f.ci(b, i32::MIN);
     let sb = b.ins().band(xb, sign);
     let r = b.ins().bor(rb, sb);
-    let r = f.bits_to_float(b, r);
-    f.keep_nan(b, x, r)
+    f.bits_to_float(b, r)
 }
 
 /// `logistic(x)`: with `e = exp(-abs(x))`, `1 / (1 + e)` for `x >= 0` and `e / (1 + e)`
