@@ -19,7 +19,8 @@ use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{self, F32, F32X4, F64, I8, I16, I32, I32X4, I64};
 use cranelift_codegen::ir::{
-    AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName, Value,
+    AbiParam, FuncRef, Function, InstBuilder, InstructionData, MemFlagsData, Opcode, Signature,
+    Type, UserFuncName, Value,
 };
 use cranelift_codegen::isa::{CallConv, TargetIsa};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
@@ -935,6 +936,9 @@ impl Lower<'_, '_> {
         end: Value,
         body: &mut dyn FnMut(&mut Self, Lanes),
     ) {
+        if let (Some(lo), Some(hi)) = (self.known_int(start), self.known_int(end)) {
+            return self.vector_loop_of(var, (lo, hi), body);
+        }
         let start = if self.unroll {
             self.unrolled_vector_loop(var, start, end, body)
         } else {
@@ -947,6 +951,50 @@ impl Lower<'_, '_> {
         });
         let at = self.b.use_var(self.vars[var]);
         self.for_loop(var, at, end, 1, &mut |s| body(s, Lanes::One));
+    }
+
+    /// `vector_loop` over bounds known when the kernel is built (an inner dimension): only the
+    /// loops that run are emitted, so a row of 32 gets the unrolled loop alone, not the body
+    /// four times (compile time is linear in the code: the seed step's tanh kernel was the
+    /// longest compile of its first call). The same iterations run in the same order.
+    fn vector_loop_of(
+        &mut self,
+        var: usize,
+        (lo, hi): (i64, i64),
+        body: &mut dyn FnMut(&mut Self, Lanes),
+    ) {
+        let end = self.iconst(hi);
+        let mut at = lo;
+        if self.unroll && hi - at >= 8 {
+            let start = self.iconst(at);
+            self.unrolled_vector_loop(var, start, end, body);
+            at += (hi - at) / 8 * 8;
+        }
+        if hi - at >= 4 {
+            let start = self.iconst(at);
+            self.for_loop(var, start, end, 4, &mut |s| {
+                s.lane_var = Some(var);
+                body(s, Lanes::Four);
+                s.lane_var = None;
+            });
+            at += (hi - at) / 4 * 4;
+        }
+        if hi > at {
+            let start = self.iconst(at);
+            self.for_loop(var, start, end, 1, &mut |s| body(s, Lanes::One));
+        }
+    }
+
+    /// The value of `v` when it is an integer constant of the function being built.
+    fn known_int(&self, v: Value) -> Option<i64> {
+        let inst = self.b.func.dfg.value_def(v).inst()?;
+        match self.b.func.dfg.insts[inst] {
+            InstructionData::UnaryImm {
+                opcode: Opcode::Iconst,
+                imm,
+            } => Some(imm.bits()),
+            _ => None,
+        }
     }
 
     /// `for var in start..end step 8` with two f32x4 copies of `body`; returns where it stopped.
@@ -1981,6 +2029,61 @@ mod tests {
             }
         }
         ks
+    }
+
+    /// How many instructions of kernel `k`'s CLIF have opcode `op`.
+    fn clif_count(k: &Kernel, op: Opcode) -> usize {
+        let module = JITModule::new(JITBuilder::with_isa(
+            host_isa().unwrap(),
+            default_libcall_names(),
+        ));
+        let mut sig = Signature::new(CallConv::SystemV);
+        sig.params
+            .push(AbiParam::new(module.target_config().pointer_type()));
+        sig.params.push(AbiParam::new(I64));
+        sig.params.push(AbiParam::new(I64));
+        let decls = Decls {
+            config: module.target_config(),
+            shared: std::sync::Mutex::new((module, Vec::new())),
+        };
+        let mut func = Function::with_name_signature(UserFuncName::user(0, 0), sig);
+        build(
+            &decls,
+            &mut func,
+            &mut FunctionBuilderContext::new(),
+            k,
+            false,
+        );
+        func.layout
+            .blocks()
+            .flat_map(|b| func.layout.block_insts(b))
+            .filter(|&i| func.dfg.insts[i].opcode() == op)
+            .count()
+    }
+
+    /// A loop over an inner dimension (bounds known when the kernel is built) emits only the
+    /// copies of its body that run: tanh's one division per copy counts them. A row of 32 is
+    /// four unrolled iterations (2 copies); 36 adds one f32x4 step (3); 30 also a scalar
+    /// remainder (4); the outer range of a rank-1 kernel is the caller's (all 4).
+    #[test]
+    fn inner_loops_emit_only_the_copies_that_run() {
+        let tanh_of = |dims: Vec<usize>| {
+            let mut g = Graph::new("t");
+            let x = g.add_param(TensorType::new(tessera_ir::DType::F32, dims));
+            let y = g.add(Op::Unary(tessera_ir::UnaryOp::Tanh), &[x]).unwrap();
+            g.set_outputs(vec![y]);
+            let k = kernels_of(&g).pop().expect("the tanh kernel");
+            clif_count(&k, Opcode::Fdiv)
+        };
+        assert_eq!(tanh_of(vec![256, 32]), 2);
+        assert_eq!(tanh_of(vec![256, 36]), 3);
+        assert_eq!(tanh_of(vec![256, 30]), 4);
+        assert_eq!(tanh_of(vec![8192]), 4);
+        assert_eq!(
+            tanh_of(vec![256, 3]),
+            1,
+            "a row of 3: the scalar loop alone"
+        );
     }
 
     /// The bias gradient of a dense layer (a sum over the batch of [256, 32]) accumulates in
