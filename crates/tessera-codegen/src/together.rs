@@ -345,6 +345,9 @@ fn collectives(
     current: &std::cell::Cell<usize>,
 ) -> Result<(), Failed> {
     let fail = |device: usize, error: InterpError| Failed::Error { device, error };
+    if all_reduce_in_place(paused, positions, mesh)? {
+        return Ok(());
+    }
     // Every member's operand, by mesh position (`None` where no device runs: a group naming
     // one is an error, never a read).
     let slots = positions.iter().max().map_or(0, |&m| m + 1);
@@ -393,6 +396,80 @@ fn collectives(
         unsafe { write_result(r, output, output_type) };
     }
     Ok(())
+}
+
+/// An all-reduce the devices are paused at, reduced from their operand buffers straight into
+/// their result buffers (`values::reduce_raw`, in member order: the bits of `reduce_widened`,
+/// which the threaded transport uses), with no operand copied and no result allocated (the
+/// pmap step's gradients). `false`, touching nothing, when it is not that simple (another
+/// collective, types that differ, a group naming a position no device runs, bool): the
+/// general path then computes it, or names the error.
+fn all_reduce_in_place(paused: &[Pause], positions: &[usize], mesh: &Mesh) -> Result<bool, Failed> {
+    let Some(Pause {
+        at:
+            Meeting::Collective {
+                op: CollectiveOp::AllReduce { kind, axes },
+                input_type: ty,
+                ..
+            },
+        ..
+    }) = paused.first()
+    else {
+        return Ok(false);
+    };
+    // Every device's operand and result buffer, if all are of one type.
+    let mut bufs = Vec::with_capacity(paused.len());
+    for (k, q) in paused.iter().enumerate() {
+        let (op, input, input_type, output, output_type) = at_collective(k, q)?;
+        let same = matches!(op, CollectiveOp::AllReduce { kind: k2, axes: a2 } if k2 == kind && a2 == axes);
+        if !same || input_type != ty || output_type != ty || ty.dtype == tessera_ir::DType::Bool {
+            return Ok(false);
+        }
+        bufs.push((input, output));
+    }
+    let device_at = |p: usize| positions.iter().position(|&q| q == p);
+    let mut groups = Vec::new();
+    let mut covered = vec![false; paused.len()];
+    for k in 0..paused.len() {
+        if covered[k] {
+            continue;
+        }
+        let group = Group::of(mesh, axes, positions[k]);
+        let mut members = Vec::with_capacity(group.members.len());
+        for &p in &group.members {
+            let Some(d) = device_at(p) else {
+                return Ok(false);
+            };
+            covered[d] = true;
+            members.push(d);
+        }
+        groups.push(members);
+    }
+    let n = ty.numel();
+    let size = ty.byte_size();
+    for members in &groups {
+        if let [d] = members.as_slice() {
+            // A group of one: its operand itself, as `Gathered::all_reduce` gives it.
+            // SAFETY: as below; `copy` allows the two buffers to be the same.
+            unsafe { std::ptr::copy(bufs[*d].0, bufs[*d].1, size) };
+            continue;
+        }
+        let srcs: Vec<*const u8> = members.iter().map(|&d| bufs[d].0).collect();
+        let first = bufs[members[0]].1;
+        // SAFETY: every paused run keeps its buffers bound until `finish` or `abandon`; each
+        // operand holds `n` elements of `ty.dtype` (the steps before it ran, one type checked
+        // above), each result buffer has room for as many, and `reduce_raw` reads every
+        // operand's chunk before it writes that chunk of `first` (which may be its own
+        // device's operand); the devices' buffers are distinct, so `first` aliases no other
+        // member's. Not bool (checked), so it reduces.
+        unsafe { values::reduce_raw(*kind, ty.dtype, &srcs, first, n) };
+        for &d in &members[1..] {
+            // SAFETY: `first` holds the group's result (`size` bytes); `d`'s result buffer has
+            // room for it and is its own device's (the operand it may share was read above).
+            unsafe { std::ptr::copy_nonoverlapping(first, bufs[d].1, size) };
+        }
+    }
+    Ok(true)
 }
 
 /// How many shared products devices run on one thread have multiplied once for their group,
