@@ -333,7 +333,7 @@ pub(crate) fn outlines_all(kernels: &[Kernel]) -> bool {
 
 /// The widest innermost result dimension a vectorized reduction keeps in registers
 /// (`Lower::accumulate_in_registers`): 8 f32x4 accumulators, half of x86's vector registers.
-const REGISTER_LANES: usize = 32;
+pub(crate) const REGISTER_LANES: usize = 32;
 
 /// Whether reduction kernel `k` accumulates in registers: a result row of at most
 /// `REGISTER_LANES`, and no more code than an unrolled vector loop may emit (its body is

@@ -399,6 +399,67 @@ fn narrow_rows_reduce_in_the_interpreters_order() {
     }
 }
 
+/// A one-output layer's weight gradient `h^T g` (`[k, m]^T x [k, 1]`, compiled as a
+/// reduction kernel: `fusion::column_product`) gives the interpreter's bits: the same sum over
+/// the rows in order, with NaN, infinities, signed zeros and overflow among the values, at
+/// result widths through the register limit (32), and a rank-1 vector; one past it is a GEMM.
+#[test]
+fn column_products_sum_in_the_interpreters_order() {
+    let specials = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        -0.0,
+        0.0,
+        1e30,
+        -1e30,
+    ];
+    let value = |i: usize, salt: usize| {
+        if i % 13 == salt {
+            specials[(i / 13) % specials.len()]
+        } else {
+            ((i * 7919 + salt * 31) % 1000) as f64 / 37.0 - 13.0
+        }
+    };
+    for (m, k, rank1) in [
+        (1, 5, false),
+        (3, 9, false),
+        (8, 256, false),
+        (31, 7, true),
+        (32, 256, false),
+        (33, 40, false),
+    ] {
+        let mut g = Graph::new("column");
+        let h = g.add_param(TensorType::new(DType::F32, vec![k, m]));
+        let vdims = if rank1 { vec![k] } else { vec![k, 1] };
+        let v = g.add_param(TensorType::new(DType::F32, vdims.clone()));
+        let dd = tessera_ir::DotDims {
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+            lhs_contract: vec![0],
+            rhs_contract: vec![0],
+        };
+        let y = g.add(Op::DotGeneral(dd), &[h, v]).unwrap();
+        g.set_outputs(vec![y]);
+        let exe = tessera_codegen::compile(&g).unwrap();
+        let kernel = exe.describe().contains("reduce Sum over");
+        assert_eq!(kernel, m <= 32, "m={m}: {}", exe.describe());
+        let hv: Vec<f64> = (0..k * m).map(|i| value(i, 3)).collect();
+        let vv: Vec<f64> = (0..k).map(|i| value(i, 5)).collect();
+        let inputs = [lit(DType::F32, &[k, m], &hv), lit(DType::F32, &vdims, &vv)];
+        let (want, got) = both(&g, &exe, &inputs);
+        for (j, (w, o)) in want.iter().zip(&got).enumerate() {
+            let same = (w.is_nan() && o.is_nan()) || w.to_bits() == o.to_bits();
+            if m <= 32 {
+                assert!(
+                    same,
+                    "m={m} k={k}: element {j}: interpreter {w}, compiled {o}"
+                );
+            }
+        }
+    }
+}
+
 /// The domain edges of the libm-computed functions, compiled (f32 and f64, scalar and vector
 /// code), against the values C99 Annex F fixes: `asin(+-1) = +-pi/2`, `acos(1) = +0`,
 /// `acos(-1) = pi`, `acosh(1) = +0`, `atanh(+-1) = +-inf`, NaN just outside the domains,
