@@ -1196,10 +1196,15 @@ fn is_outer_product(dd: &DotDims, lhs: &TensorType) -> bool {
     dd.lhs_contract.iter().all(|&d| lhs.dims()[d] == 1)
 }
 
+/// The multiply-adds below which `column_product` applies: the size below which a GEMM runs
+/// on one core anyway (`exec`'s `PARALLEL_GEMM_FROM`); a reduction kernel is one core's.
+const COLUMN_PRODUCT_BELOW: usize = 64 * 64 * 64;
+
 /// `(m, k)` when an f32 `dot_general` is a matrix-vector product summed down the rows of a
 /// `[k, m]` lhs (`out[j] = sum_i lhs[i, j] v[i]`, the rhs's other dims all 1: a one-output
 /// layer's weight gradient `h^T g`) with `m` small enough for the result to stay in
-/// registers (`lower::REGISTER_LANES`): a reduction kernel over contiguous rows then beats
+/// registers (`lower::REGISTER_LANES`) and the product small (`COLUMN_PRODUCT_BELOW`): a
+/// reduction kernel over contiguous rows then beats
 /// the GEMM library, whose packing and dispatch dominate such a product (the seed step's
 /// `h^T g`, 32 x 1 x 256: 1.2 us through the gemm crate).
 fn column_product(dd: &DotDims, lt: &TensorType, rt: &TensorType) -> Option<(usize, usize)> {
@@ -1212,7 +1217,8 @@ fn column_product(dd: &DotDims, lt: &TensorType, rt: &TensorType) -> Option<(usi
         && dd.lhs_contract == [0]
         && dd.rhs_contract.len() == 1
         && rhs_vector
-        && ld[1] <= crate::lower::REGISTER_LANES;
+        && ld[1] <= crate::lower::REGISTER_LANES
+        && ld[0].saturating_mul(ld[1]) < COLUMN_PRODUCT_BELOW;
     fits.then_some((ld[1], ld[0]))
 }
 
