@@ -69,6 +69,8 @@ pub struct Executable {
     meets_in_regions: bool,
     /// `multiply_adds`, counted once.
     multiply_adds: usize,
+    /// `kernel_elements`, counted once.
+    kernel_elements: usize,
     /// `unshared_multiply_adds`, counted again whenever what is shared changes.
     unshared_multiply_adds: usize,
 }
@@ -407,6 +409,18 @@ impl Executable {
         let plan = Plan::new(&schedule);
         let reduced_by = reduced_by(&schedule);
         let multiply_adds = Executable::count_multiply_adds(&schedule, &regions);
+        let kernel_elements = schedule
+            .steps
+            .iter()
+            .map(|s| match &s.kind {
+                StepKind::Kernel(k) => k.out_dims.iter().product::<usize>(),
+                StepKind::Gemm(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_)
+                | StepKind::Native(_) => 0,
+            })
+            .fold(0, usize::saturating_add);
         Executable {
             reduced_by,
             skipped: vec![false; schedule.steps.len()],
@@ -425,6 +439,7 @@ impl Executable {
             shared_gemm_from: usize::MAX,
             meets_in_regions: regions.iter().flatten().any(body_meets),
             multiply_adds,
+            kernel_elements,
             unshared_multiply_adds: multiply_adds,
             regions,
             profile: profiling().then(RefCell::default),
@@ -496,6 +511,7 @@ impl Executable {
             alone: std::cell::Cell::new(false),
             meets_in_regions: self.meets_in_regions,
             multiply_adds: self.multiply_adds,
+            kernel_elements: self.kernel_elements,
             unshared_multiply_adds: self.unshared_multiply_adds,
         }
     }
@@ -806,6 +822,12 @@ impl Executable {
             }
         }
         Ok(None)
+    }
+
+    /// The elements the program's kernels write (outside region bodies): a measure of its
+    /// elementwise work.
+    pub fn kernel_elements(&self) -> usize {
+        self.kernel_elements
     }
 
     /// The multiply-adds of the program's GEMMs (`m n k`, times their batch), region bodies

@@ -217,28 +217,74 @@ pub fn run_together(
     result
 }
 
-/// Each device's `advance`, in turn. (Two threads sharing the devices between collectives,
-/// with `rayon::join` from this thread or from inside the pool, measured slower on the seed
-/// step over 8 devices: 77-104 us against 51-54 us, the workers' wake-ups costing more than a
-/// phase's few microseconds of work.)
+/// Each device's `advance` up to its next meeting: in turn on this thread, or, when the
+/// devices' own work between meetings is large (`PHASES_ON_TWO_THREADS_FROM`), the first half
+/// of the devices on this thread and the second on the pool's (a run only touches its own
+/// buffers and the inputs, which both halves only read). A device that fails or panics is
+/// named. (Two threads for small programs measured slower on the seed step over 8 devices:
+/// 77-104 us against 51-54 us, the workers' wake-ups costing more than a phase's few
+/// microseconds of work.)
 fn advance_all(
     programs: &mut [&mut Executable],
     positions: &[usize],
     current: &std::cell::Cell<usize>,
-) -> Vec<Result<Option<Pause>, InterpError>> {
+) -> Result<Vec<Option<Pause>>, Failed> {
+    let local = |position| Gathered {
+        position,
+        operands: &[],
+    };
+    let work: usize = programs.iter().map(|p| p.kernel_elements()).sum();
+    if programs.len() >= 2 && work >= PHASES_ON_TWO_THREADS_FROM {
+        // Each device's panic caught on its own thread, to name it.
+        let advance = |k: usize, p: &Executable| {
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                p.advance(&local(positions[k]))
+            }));
+            match run {
+                Ok(r) => r.map_err(|error| Failed::Error { device: k, error }),
+                Err(payload) => Err(Failed::Panicked {
+                    device: k,
+                    message: panic_message(payload.as_ref()),
+                }),
+            }
+        };
+        let mid = programs.len().div_ceil(2);
+        let (first, second) = programs.split_at_mut(mid);
+        let half = |devices: &mut [&mut Executable], at: usize| {
+            devices
+                .iter()
+                .enumerate()
+                .map(|(j, p)| advance(at + j, p))
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = rayon::join(|| half(first, 0), || half(second, mid));
+        TWO_THREAD_PHASES.fetch_add(1, Ordering::Relaxed);
+        return a.into_iter().chain(b).collect();
+    }
     programs
         .iter()
         .zip(positions)
         .enumerate()
         .map(|(k, (p, &position))| {
             current.set(k);
-            p.advance(&Gathered {
-                position,
-                operands: &[],
-            })
+            p.advance(&local(position))
+                .map_err(|error| Failed::Error { device: k, error })
         })
         .collect()
 }
+
+/// The elements the devices' kernels write, summed over the devices, from which their runs
+/// between meetings go on two threads (`advance_all`): the big MLP over 8 devices (about
+/// 2.6 M), not the seed step (about 60 K), whose phases are shorter than a wake-up.
+const PHASES_ON_TWO_THREADS_FROM: usize = 1 << 20;
+
+/// How many times devices run together have advanced on two threads (`advance_all`), since
+/// the process started: for tests.
+pub fn phases_on_two_threads() -> usize {
+    TWO_THREAD_PHASES.load(Ordering::Relaxed)
+}
+
+static TWO_THREAD_PHASES: AtomicUsize = AtomicUsize::new(0);
 
 fn run_phases(
     programs: &mut [&mut Executable],
@@ -261,13 +307,7 @@ fn run_phases(
     // Every member's operand of a collective, by mesh position, kept between rounds.
     let mut operands: Vec<Option<Literal>> = Vec::new();
     loop {
-        let mut pauses = Vec::with_capacity(programs.len());
-        for (k, r) in advance_all(programs, positions, current)
-            .into_iter()
-            .enumerate()
-        {
-            pauses.push(r.map_err(|e| fail(k, e))?);
-        }
+        let pauses = advance_all(programs, positions, current)?;
         let Some(first) = pauses[0].clone() else {
             if let Some(k) = pauses.iter().position(Option::is_some) {
                 let e = InterpError::Op {

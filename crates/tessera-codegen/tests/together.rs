@@ -232,3 +232,30 @@ fn shared_products_on_one_thread_give_the_bits_of_the_threaded_transport() {
         want00.tanh()
     );
 }
+
+/// Devices whose own work between meetings is large (here 4 x 2 x 262,144 kernel elements)
+/// advance on two threads, half the devices each, with the bits of a thread per device.
+#[test]
+fn large_phases_on_two_threads_give_the_bits_of_a_thread_per_device() {
+    let program = r#"mesh @mesh = <"dp"=4>
+func @f(%0: f32[512,512]) {
+  %1 = tanh %0 : f32[512,512]
+  %2 = all_reduce %1 sum axes=["dp"] : f32[512,512]
+  %3 = exp %2 : f32[512,512]
+  return %3
+}"#;
+    let exe = tessera_codegen::compile(&parse(program).unwrap())
+        .unwrap()
+        .single_threaded();
+    let xs: Vec<Literal> = (0..4).map(|p| matrix(512, 512, p)).collect();
+    let refs: Vec<Vec<&Literal>> = xs.iter().map(|x| vec![x]).collect();
+    let want = threaded(&exe, &refs);
+    let mut forks: Vec<_> = (0..4).map(|_| exe.fork()).collect();
+    let mut programs: Vec<&mut tessera_codegen::Executable> = forks.iter_mut().collect();
+    let before = tessera_codegen::together::phases_on_two_threads();
+    let got = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
+    assert!(tessera_codegen::together::phases_on_two_threads() > before);
+    for p in 0..4 {
+        assert_eq!(bits(&got[p]), bits(&want[p]), "device {p}");
+    }
+}
