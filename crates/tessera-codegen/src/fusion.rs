@@ -1219,7 +1219,7 @@ fn column_product(dd: &DotDims, lt: &TensorType, rt: &TensorType) -> Option<(usi
         && rhs_vector
         && ld[1] <= crate::lower::REGISTER_LANES
         && ld[0].saturating_mul(ld[1]) < COLUMN_PRODUCT_BELOW;
-    fits.then_some((ld[1], ld[0]))
+    fits.then(|| (ld[1], ld[0]))
 }
 
 /// Ops whose inline code is long (polynomial approximations or calls): never duplicated.

@@ -463,6 +463,32 @@ fn column_products_sum_in_the_interpreters_order() {
     }
 }
 
+/// Dots that are not column products stay GEMMs or dot kernels, whatever the operands' ranks
+/// (a vector times a vector, a vector times a matrix: a rank-1 lhs).
+#[test]
+fn rank_one_dots_are_not_column_products() {
+    for (ldims, rdims) in [(vec![7], vec![7]), (vec![7], vec![7, 3])] {
+        let mut g = Graph::new("dot");
+        let l = g.add_param(TensorType::new(DType::F32, ldims.clone()));
+        let r = g.add_param(TensorType::new(DType::F32, rdims.clone()));
+        let dd = tessera_ir::DotDims {
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+            lhs_contract: vec![0],
+            rhs_contract: vec![0],
+        };
+        let y = g.add(Op::DotGeneral(dd), &[l, r]).unwrap();
+        g.set_outputs(vec![y]);
+        let exe = tessera_codegen::compile(&g).unwrap();
+        let n = |d: &[usize]| d.iter().product::<usize>();
+        let lv: Vec<f64> = (0..n(&ldims)).map(|i| i as f64 * 0.5 - 1.0).collect();
+        let rv: Vec<f64> = (0..n(&rdims)).map(|i| 2.0 - i as f64 * 0.25).collect();
+        let inputs = [lit(DType::F32, &ldims, &lv), lit(DType::F32, &rdims, &rv)];
+        let (want, got) = both(&g, &exe, &inputs);
+        assert_eq!(want, got, "{ldims:?} x {rdims:?}");
+    }
+}
+
 /// The domain edges of the libm-computed functions, compiled (f32 and f64, scalar and vector
 /// code), against the values C99 Annex F fixes: `asin(+-1) = +-pi/2`, `acos(1) = +0`,
 /// `acos(-1) = pi`, `acosh(1) = +0`, `atanh(+-1) = +-inf`, NaN just outside the domains,
