@@ -218,10 +218,11 @@ pub fn run_together(
 }
 
 /// Each device's `advance` up to its next meeting: in turn on this thread, or, when the
-/// devices' own work between meetings is large (`PHASES_ON_TWO_THREADS_FROM`), the first half
-/// of the devices on this thread and the second on the pool's (a run only touches its own
-/// buffers and the inputs, which both halves only read). A device that fails or panics is
-/// named. (Two threads for small programs measured slower on the seed step over 8 devices:
+/// devices' own work between meetings is large (`PHASES_ON_TWO_THREADS_FROM`), the two halves
+/// of the devices as the two sides of a `rayon::join` (on the pool's threads when this thread
+/// is not one of them; a run only touches its own buffers and the inputs, which both halves
+/// only read). Each run still splits its own large kernels and GEMMs over the pool (`alone`):
+/// the pool's work stealing balances the two. A device that fails or panics is named. (Two threads for small programs measured slower on the seed step over 8 devices:
 /// 77-104 us against 51-54 us, the workers' wake-ups costing more than a phase's few
 /// microseconds of work.)
 fn advance_all(
@@ -294,16 +295,31 @@ fn run_phases(
     current: &std::cell::Cell<usize>,
 ) -> Result<Vec<Vec<Option<Literal>>>, Failed> {
     let fail = |device: usize, error: InterpError| Failed::Error { device, error };
-    for (k, p) in programs.iter().enumerate() {
-        current.set(k);
-        p.start(&inputs[k]).map_err(|e| fail(k, e))?;
-    }
     let no_mesh = Mesh::new("", Vec::new());
     let mesh = programs
         .first()
         .and_then(|p| p.mesh())
         .cloned()
         .unwrap_or(no_mesh);
+    // Each device at a mesh position of its own (a collective's group is found by position).
+    for (k, &p) in positions.iter().enumerate() {
+        let off_mesh = !mesh.axes.is_empty() && p >= mesh.device_count();
+        if off_mesh || positions[..k].contains(&p) {
+            let message = match off_mesh {
+                true => format!(
+                    "device {k} at mesh position {p}, off a mesh of {}",
+                    mesh.device_count()
+                ),
+                false => format!("two devices at mesh position {p}"),
+            };
+            let op = "run_together".into();
+            return Err(fail(k, InterpError::Op { op, message }));
+        }
+    }
+    for (k, p) in programs.iter().enumerate() {
+        current.set(k);
+        p.start(&inputs[k]).map_err(|e| fail(k, e))?;
+    }
     // Every member's operand of a collective, by mesh position, kept between rounds.
     let mut operands: Vec<Option<Literal>> = Vec::new();
     loop {
@@ -442,8 +458,8 @@ fn collectives(
 /// their result buffers (`values::reduce_raw`, in member order: the bits of `reduce_widened`,
 /// which the threaded transport uses), with no operand copied and no result allocated (the
 /// pmap step's gradients). `false`, touching nothing, when it is not that simple (another
-/// collective, types that differ, a group naming a position no device runs, bool): the
-/// general path then computes it, or names the error.
+/// collective, types that differ, a group naming a position no device runs, a device in no
+/// group, bool): the general path then computes it, or names the error.
 fn all_reduce_in_place(paused: &[Pause], positions: &[usize], mesh: &Mesh) -> Result<bool, Failed> {
     let Some(Pause {
         at:
@@ -484,6 +500,11 @@ fn all_reduce_in_place(paused: &[Pause], positions: &[usize], mesh: &Mesh) -> Re
             members.push(d);
         }
         groups.push(members);
+    }
+    // Every device in a group (`run_phases` checked each has a position of its own), or its
+    // result would never be written.
+    if covered.contains(&false) {
+        return Ok(false);
     }
     let n = ty.numel();
     let size = ty.byte_size();

@@ -120,6 +120,18 @@ fn a_failure_names_the_device_and_the_programs_run_again() {
         matches!(&missing, Failed::Error { error, .. } if error.to_string().contains("mesh position 3")),
         "{missing:?}"
     );
+    // Two devices at one position, or one off the mesh, are errors (an in-place all-reduce
+    // would otherwise leave a device out of every group, its result never written).
+    let twice = run_together(&mut programs, &refs, &[0, 1, 0, 1]).unwrap_err();
+    assert!(
+        matches!(&twice, Failed::Error { device: 2, error } if error.to_string().contains("two devices at mesh position 0")),
+        "{twice:?}"
+    );
+    let off = run_together(&mut programs, &refs, &[0, 1, 2, 4]).unwrap_err();
+    assert!(
+        matches!(&off, Failed::Error { device: 3, error } if error.to_string().contains("off a mesh of 4")),
+        "{off:?}"
+    );
     // Mismatched lists and no devices at all are answers, not panics.
     assert!(run_together(&mut programs[..2], &refs[..3], &[0, 1]).is_err());
     assert!(run_together(&mut [], &[], &[]).unwrap().is_empty());
