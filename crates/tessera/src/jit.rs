@@ -646,7 +646,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     .map(|t| t.try_array())
                     .collect::<Result<_>>()?;
                 let local = program.positions.len();
-                let inputs: Vec<Vec<Arc<Literal>>> = (0..local)
+                let mut inputs: Vec<Vec<Arc<Literal>>> = (0..local)
                     .map(|k| {
                         arrays
                             .iter()
@@ -667,7 +667,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     let _span =
                         tracing::debug_span!("launch", function = self.cache.options.name.as_str())
                             .entered();
-                    program.run(inputs)?
+                    program.run(&mut inputs)?
                 };
                 // Each device's outputs, taken in order, output by output.
                 let mut per_device: Vec<_> = per_device.into_iter().map(Vec::into_iter).collect();

@@ -10,7 +10,7 @@
 
 use std::marker::PhantomData;
 use std::panic::Location;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tessera_interp::eval_op;
 use tessera_ir::{CollectiveOp, Data, Literal, Mesh, Op, ReduceKind, Shape, TensorType};
@@ -38,6 +38,11 @@ pub struct Pmapped<F, In, Out> {
     in_axes: Axes,
     out_axes: Axes,
     cache: Cache<PmapEntry>,
+    /// The last call's per-device slices of the mapped inputs (`None` for an unmapped one),
+    /// refilled in place by the next call when no one else holds them: a step with its
+    /// parameters chained allocates no slice. (They keep one copy of the mapped inputs alive
+    /// between calls.)
+    scratch: Mutex<Vec<Vec<Option<Arc<Literal>>>>>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -62,6 +67,7 @@ pub fn pmap<In: Tree, Out: Tree, F: Fn(In) -> Out>(axis: &str, f: F) -> Pmapped<
         in_axes: Axes::Leaf(Some(0)),
         out_axes: Axes::Leaf(Some(0)),
         cache: Cache::new("pmap".into()),
+        scratch: Mutex::new(Vec::new()),
         _types: PhantomData,
     }
 }
@@ -107,6 +113,37 @@ fn axis_slice(lit: &Literal, axis: usize, p: usize) -> Result<Literal> {
     )?)
 }
 
+/// `axis_slice` into `prev`'s elements when no one else holds them and the slice has its
+/// type (the last call's slice of the same input), else into a new literal.
+fn axis_slice_reusing(
+    prev: Option<Arc<Literal>>,
+    lit: &Literal,
+    axis: usize,
+    p: usize,
+) -> Result<Arc<Literal>> {
+    if axis == 0
+        && let Some(mut prev) = prev
+    {
+        let refilled = match Arc::get_mut(&mut prev) {
+            Some(into)
+                if into.ty.dtype == lit.ty.dtype && into.ty.dims() == &lit.ty.dims()[1..] =>
+            {
+                let m = into.ty.numel();
+                let (from, to) = (p * m, (p + 1) * m);
+                into.data
+                    .copy_block(0, &lit.data, from..to)
+                    .map_err(|e| Error::Device(format!("pmap: slicing an input: {e}")))?;
+                true
+            }
+            _ => false,
+        };
+        if refilled {
+            return Ok(prev);
+        }
+    }
+    axis_slice(lit, axis, p).map(Arc::new)
+}
+
 /// The stacked value (devices along dim 0) with the devices' dim moved to `axis`.
 fn move_leading(lit: Literal, axis: usize) -> Result<Literal> {
     if axis == 0 {
@@ -125,7 +162,7 @@ fn move_leading(lit: Literal, axis: usize) -> Result<Literal> {
 
 /// Stacks equal-typed values along a new leading axis (every device's output of one program,
 /// so one type; a device whose output differs is an error, not a silent gap).
-fn stack(parts: Vec<Literal>) -> Result<Literal> {
+fn stack(parts: &[Literal]) -> Result<Literal> {
     let n = parts.len();
     let ty = parts[0].ty.clone();
     let mut dims = vec![n];
@@ -306,27 +343,46 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .iter()
             .map(|t| t.try_array().map(|a| a.literal_arc()))
             .collect::<Result<_>>()?;
-        let inputs: Vec<Vec<Arc<Literal>>> = compiled
-            .program
-            .positions
-            .iter()
-            .map(|&p| {
-                hosts
-                    .iter()
-                    .zip(&spec)
-                    .map(|(h, a)| match a {
-                        Some(a) => axis_slice(h, *a, p).map(Arc::new),
-                        None => Ok(h.clone()),
-                    })
-                    .collect::<Result<_>>()
-            })
-            .collect::<Result<_>>()?;
+        let positions = &compiled.program.positions;
+        let mut kept = match self.scratch.try_lock() {
+            Ok(mut k) => std::mem::take(&mut *k),
+            Err(_) => Vec::new(),
+        };
+        let mut inputs: Vec<Vec<Arc<Literal>>> = Vec::with_capacity(positions.len());
+        for (k, &p) in positions.iter().enumerate() {
+            let mut prev = kept
+                .get_mut(k)
+                .map(std::mem::take)
+                .unwrap_or_default()
+                .into_iter();
+            let mut ins = Vec::with_capacity(hosts.len());
+            for (h, a) in hosts.iter().zip(&spec) {
+                let prev = prev.next().flatten();
+                ins.push(match a {
+                    Some(a) => axis_slice_reusing(prev, h, *a, p)?,
+                    None => h.clone(),
+                });
+            }
+            inputs.push(ins);
+        }
         let per_device = {
             let _span = tracing::debug_span!("launch", function = self.cache.options.name.as_str())
                 .entered();
-            let local = compiled.program.run(inputs)?;
+            let local = compiled.program.run(&mut inputs)?;
             crate::distributed::gather_positions(&compiled.program.devices, local)?
         };
+        // The mapped slices kept for the next call (the unmapped inputs are the caller's).
+        if let Ok(mut k) = self.scratch.try_lock() {
+            *k = inputs
+                .into_iter()
+                .map(|ins| {
+                    ins.into_iter()
+                        .zip(&spec)
+                        .map(|(l, a)| a.map(|_| l))
+                        .collect()
+                })
+                .collect();
+        }
         let n_out = per_device[0].len();
         let mut columns: Vec<Vec<Literal>> = (0..n_out).map(|_| Vec::with_capacity(n)).collect();
         for outs in per_device {
@@ -334,6 +390,15 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                 columns[o].push(l.expect("pmap drops no output"));
             }
         }
+        // A device's outputs, once stacked, go back to its program's output pool (this
+        // process's devices' own; the others' were gathered from other processes).
+        let recycle = |parts: Vec<Literal>| {
+            for (p, part) in parts.into_iter().enumerate() {
+                if let Ok(k) = positions.binary_search(&p) {
+                    compiled.program.recycle(k, part.data);
+                }
+            }
+        };
         let out_spec = self
             .out_axes
             .resolve(&compiled.out_def)
@@ -347,7 +412,11 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .zip(&out_spec)
             .enumerate()
             .map(|(o, (c, a))| match a {
-                Some(a) => move_leading(stack(c)?, *a).map(Tensor::from_literal),
+                Some(a) => {
+                    let stacked = stack(&c)?;
+                    recycle(c);
+                    move_leading(stacked, *a).map(Tensor::from_literal)
+                }
                 None => unmapped(c, o, &location()).map(Tensor::from_literal),
             })
             .collect::<Result<_>>()?;

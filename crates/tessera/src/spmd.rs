@@ -46,8 +46,13 @@ impl DeviceProgram {
     /// Runs the program on this process's devices; `inputs[k]` are the inputs of mesh
     /// position `positions[k]`. Returns their outputs, or the error of the device that failed
     /// first (a timeout, a panic, a bad `TESSERA_COLLECTIVE_TIMEOUT`, another process's
-    /// failure); the program stays fit for the next call.
-    pub(crate) fn run(&self, inputs: Vec<Vec<Arc<Literal>>>) -> Result<Vec<Vec<Option<Literal>>>> {
+    /// failure); the program stays fit for the next call. `inputs` holds the inputs again
+    /// afterwards (for the caller to refill, as `pmap` does), or is empty when the device
+    /// threads kept a hold on them.
+    pub(crate) fn run(
+        &self,
+        inputs: &mut Vec<Vec<Arc<Literal>>>,
+    ) -> Result<Vec<Vec<Option<Literal>>>> {
         // One device: no other device to meet, so the program runs on the calling thread, as a
         // one-device jit does (its collectives are over groups of one: `SingleDevice`). The
         // hand-off to a device thread and back cost a third of the seed step.
@@ -60,12 +65,13 @@ impl DeviceProgram {
                 return run.map(|()| vec![out]);
             }
         }
-        if let Some(outputs) = self.run_on_this_thread(&inputs) {
+        if let Some(outputs) = self.run_on_this_thread(inputs) {
             return outputs;
         }
-        let inputs = Arc::new(inputs);
+        let shared = Arc::new(std::mem::take(inputs));
         let positions = Arc::new(self.positions.clone());
-        launch_spanning(
+        let held = shared.clone();
+        let outputs = launch_spanning(
             &self.mesh,
             &self.devices,
             self.programs.clone(),
@@ -73,11 +79,26 @@ impl DeviceProgram {
                 let k = positions.binary_search(&pos).map_err(|_| {
                     Error::Device(format!("mesh position {pos} is not this process's"))
                 })?;
-                let refs: Vec<&Literal> = inputs[k].iter().map(|l| l.as_ref()).collect();
+                let refs: Vec<&Literal> = held[k].iter().map(|l| l.as_ref()).collect();
                 program.run_partial(&refs, coll)
             }),
         )
-        .map_err(launch_error)
+        .map_err(launch_error);
+        if let Ok(back) = Arc::try_unwrap(shared) {
+            *inputs = back;
+        }
+        outputs
+    }
+
+    /// Gives an output's buffer, which no one else holds, to the output pool of the program
+    /// of this process's `k`-th device (`Executable::recycle`): its next run writes an output
+    /// of that dtype and size there instead of allocating. Dropped while that program runs.
+    pub(crate) fn recycle(&self, k: usize, data: tessera_ir::Data) {
+        if let Some(program) = self.programs.get(k)
+            && let Ok(p) = program.try_lock()
+        {
+            p.recycle(data);
+        }
     }
 }
 
@@ -122,10 +143,8 @@ impl DeviceProgram {
     /// Gives a donated input's buffer to a one-device program's output pool (`recycle`);
     /// dropped on several devices, or while the program runs elsewhere.
     pub(crate) fn recycle_one(&self, data: tessera_ir::Data) {
-        if let [program] = self.programs.as_slice()
-            && let Ok(p) = program.try_lock()
-        {
-            p.recycle(data);
+        if self.programs.len() == 1 {
+            self.recycle(0, data);
         }
     }
 }
