@@ -1,7 +1,7 @@
 //! Compiled against interpreted, in one process: the seed train step (10-32-1, batch 256), the
 //! big MLP step (784-1024-1024-10 tanh, batch 512, MSE, SGD), and first-call times (trace,
-//! passes, compile, run), the elementwise kernels alone, and one GEMM in both layouts of its
-//! weight. Run with `cargo bench --bench
+//! passes, compile, run), the elementwise kernels alone, one GEMM in both layouts of its
+//! weight, and an eager `random::normal`. Run with `cargo bench --bench
 //! train_step`; figures are recorded in docs/PERFORMANCE.md.
 
 use std::time::Duration;
@@ -147,12 +147,25 @@ fn gemm_layouts(c: &mut Criterion) {
     g.finish();
 }
 
+/// Eager (interpreted, op by op) `random::normal` of the big MLP's first weight, 784 x 1024:
+/// threefry's rounds, the uniform floats and `erf_inv` on the host, as a user's parameter
+/// initialization runs them.
+fn eager_random(c: &mut Criterion) {
+    let mut g = c.benchmark_group("eager_random");
+    g.sample_size(10);
+    g.bench_function("normal_784x1024", |b| {
+        b.iter(|| random::normal(&Key::new(0), [784, 1024]).to_vec::<f32>())
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     seed_step,
     big_mlp_step,
     first_call,
     elementwise,
-    gemm_layouts
+    gemm_layouts,
+    eager_random
 );
 criterion_main!(benches);

@@ -421,6 +421,63 @@ impl Data {
         })
     }
 
+    /// The elements of a strided view of these: element `idx` (row-major over `dims`) of the
+    /// result is `self[sum(idx[d] * strides[d])]` (a stride of 0 repeats an element: a
+    /// broadcast; permuted strides: a transpose). Copied a row at a time, no index vector per
+    /// element; an error when the view reaches past the elements or its size overflows.
+    pub fn strided(&self, dims: &[usize], strides: &[usize]) -> Result<Data, DataError> {
+        let (dt, len) = (self.dtype(), self.len());
+        let fail = || {
+            DataError(format!(
+                "strided view {dims:?} by {strides:?} of {len} {dt} elements"
+            ))
+        };
+        if dims.len() != strides.len() {
+            return Err(fail());
+        }
+        let n = dims
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(fail)?;
+        if n > 0 {
+            let last = dims.iter().zip(strides).try_fold(0usize, |a, (&d, &s)| {
+                (d - 1).checked_mul(s).and_then(|x| a.checked_add(x))
+            });
+            if last.is_none_or(|l| l >= len) {
+                return Err(fail());
+            }
+        }
+        let rank = dims.len();
+        let (inner, inner_stride) = match rank {
+            0 => (1, 0),
+            _ => (dims[rank - 1], strides[rank - 1]),
+        };
+        let rows = n.checked_div(inner).unwrap_or(0);
+        with_slice!(self, v: T => {
+            let mut out: Vec<T> = Vec::with_capacity(n);
+            let outer = rank.saturating_sub(1);
+            let mut at = vec![0usize; outer];
+            let mut off = 0usize;
+            for _ in 0..rows {
+                match inner_stride {
+                    0 => out.extend(std::iter::repeat_n(v[off], inner)),
+                    1 => out.extend_from_slice(&v[off..off + inner]),
+                    s => out.extend((0..inner).map(|j| v[off + j * s])),
+                }
+                for d in (0..outer).rev() {
+                    at[d] += 1;
+                    off += strides[d];
+                    if at[d] < dims[d] {
+                        break;
+                    }
+                    off -= strides[d] * dims[d];
+                    at[d] = 0;
+                }
+            }
+            Ok(Data::from_vec::<T>(out))
+        })
+    }
+
     /// The elements' bytes in memory (native endianness; a bool is one byte, 0 or 1).
     pub fn as_bytes(&self) -> &[u8] {
         with_slice!(self, v: T => {
@@ -646,6 +703,55 @@ mod tests {
             Data::F16(vec![f16::from_f32(1.5), f16::NEG_ZERO, f16::INFINITY]),
             Data::BF16(vec![bf16::from_f32(-2.5), bf16::MIN_POSITIVE, bf16::NAN]),
         ]
+    }
+
+    /// `strided` against the per-element definition (each index unravelled, its offset
+    /// summed), for broadcasts (zero strides), transposes, every inner stride kind, rank 0 and
+    /// zero-size views; views past the elements or overflowing are errors.
+    #[test]
+    fn strided_views_are_the_per_element_gathers() {
+        let src = Data::from_vec((0..24u32).collect::<Vec<_>>());
+        let cases: [(&[usize], &[usize]); 9] = [
+            (&[2, 3, 4], &[12, 4, 1]),
+            (&[4, 3, 2], &[1, 4, 12]),
+            (&[3, 5], &[4, 0]),
+            (&[5, 3], &[0, 4]),
+            (&[2, 2, 3], &[0, 12, 1]),
+            (&[7], &[0]),
+            (&[], &[]),
+            (&[3, 0, 2], &[8, 1, 1]),
+            (&[0], &[5]),
+        ];
+        for (dims, strides) in cases {
+            let got = src.strided(dims, strides).unwrap();
+            let n: usize = dims.iter().product();
+            let want: Vec<u32> = (0..n)
+                .map(|mut f| {
+                    let mut off = 0;
+                    for d in (0..dims.len()).rev() {
+                        off += (f % dims[d]) * strides[d];
+                        f /= dims[d];
+                    }
+                    off as u32
+                })
+                .collect();
+            assert_eq!(got.as_u32(), Some(&want[..]), "{dims:?} by {strides:?}");
+        }
+        assert!(src.strided(&[2, 13], &[12, 1]).is_err());
+        assert!(src.strided(&[2], &[24]).is_err());
+        assert!(src.strided(&[usize::MAX, 2], &[0, 0]).is_err());
+        assert!(src.strided(&[2, 2], &[usize::MAX, 1]).is_err());
+        assert!(src.strided(&[2], &[1, 1]).is_err());
+        let f = Data::F32(vec![1.5, -0.0, f32::NAN]);
+        let bits = |d: &Data| {
+            d.as_f32()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>()
+        };
+        let back = f.strided(&[2, 3], &[0, 1]).unwrap();
+        assert_eq!(bits(&back)[3..], bits(&f)[..]);
     }
 
     #[test]
