@@ -731,13 +731,17 @@ fn reduce(kind: ReduceKind, axes: &[usize], x: &Literal, ty: &TensorType) -> Dat
     let in_dims = x.ty.dims();
     let kept: Vec<usize> = (0..in_dims.len()).filter(|d| !axes.contains(d)).collect();
     let out_strides = ty.shape.strides();
-    let target = |f: usize| -> usize {
-        let idx = unravel(f, in_dims);
-        kept.iter()
-            .enumerate()
-            .map(|(j, &d)| idx[d] * out_strides[j])
-            .sum()
-    };
+    // Each input element's place in the result, found in one odometer pass.
+    let mut targets: Vec<usize> = Vec::with_capacity(x.ty.numel());
+    for_each_index(in_dims, |idx| {
+        targets.push(
+            kept.iter()
+                .enumerate()
+                .map(|(j, &d)| idx[d] * out_strides[j])
+                .sum(),
+        )
+    });
+    let target = |f: usize| -> usize { targets[f] };
     let n_out = ty.numel();
     fn fold<T: Copy>(
         v: &[T],

@@ -454,7 +454,8 @@ impl Data {
         };
         let rows = n.checked_div(inner).unwrap_or(0);
         with_slice!(self, v: T => {
-            let mut out: Vec<T> = Vec::with_capacity(n);
+            let mut out: Vec<T> = Vec::new();
+            out.try_reserve_exact(n).map_err(|_| fail())?;
             let outer = rank.saturating_sub(1);
             let mut at = vec![0usize; outer];
             let mut off = 0usize;
@@ -464,13 +465,15 @@ impl Data {
                     1 => out.extend_from_slice(&v[off..off + inner]),
                     s => out.extend((0..inner).map(|j| v[off + j * s])),
                 }
+                // Modular steps: a dim of extent 1 may carry any stride, so `off` may pass
+                // through values past the view before it is reset; every offset read is in it.
                 for d in (0..outer).rev() {
                     at[d] += 1;
-                    off += strides[d];
+                    off = off.wrapping_add(strides[d]);
                     if at[d] < dims[d] {
                         break;
                     }
-                    off -= strides[d] * dims[d];
+                    off = off.wrapping_sub(strides[d].wrapping_mul(dims[d]));
                     at[d] = 0;
                 }
             }
@@ -742,6 +745,10 @@ mod tests {
         assert!(src.strided(&[usize::MAX, 2], &[0, 0]).is_err());
         assert!(src.strided(&[2, 2], &[usize::MAX, 1]).is_err());
         assert!(src.strided(&[2], &[1, 1]).is_err());
+        // Extent-1 dims with any stride; a view too large to allocate is an error.
+        let one = src.strided(&[2, 1, 3], &[1, usize::MAX, 2]).unwrap();
+        assert_eq!(one.as_u32(), Some(&[0, 2, 4, 1, 3, 5][..]));
+        assert!(src.strided(&[1 << 62], &[0]).is_err());
         let f = Data::F32(vec![1.5, -0.0, f32::NAN]);
         let bits = |d: &Data| {
             d.as_f32()

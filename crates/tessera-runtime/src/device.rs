@@ -340,6 +340,10 @@ pub(crate) fn launch_positions<X: Send + 'static, T: Send + 'static, E: Send + '
             if !matches!(answer, Answer::Done(_)) {
                 coll.give_up();
             }
+            // The launch's closure and programs let go of before the answer: once the caller
+            // has every answer, it holds the only reference to what the closure captured
+            // (`DeviceProgram::run` takes its inputs back).
+            drop((run, exes));
             let _ = tx.send((k, answer));
         });
         let sent = d.senders[thread]

@@ -212,9 +212,22 @@ pub fn settle(
     operands: &[&Spec],
     result: &Spec,
 ) -> Assignment {
+    settle_on(g, mesh, rule, id, &g.operands(id), operands, result)
+}
+
+/// `settle` with `id`'s operands given (`g.operands(id)`, which allocates, found once).
+fn settle_on(
+    g: &Graph,
+    mesh: &Mesh,
+    rule: &FactorRule,
+    id: NodeId,
+    operand_ids: &[NodeId],
+    operands: &[&Spec],
+    result: &Spec,
+) -> Assignment {
     let mut views: Vec<View> = operands
         .iter()
-        .zip(g.operands(id))
+        .zip(operand_ids.iter().copied())
         .enumerate()
         .map(|(k, (spec, o))| View {
             tensor: Some(k),
@@ -406,10 +419,11 @@ fn fixed_point(
         };
         specs.of.insert(id, spec);
     }
-    let rules: HashMap<NodeId, FactorRule> = order
+    // Each node's factor rule and operands, found once for every visit of the loop below.
+    let rules: HashMap<NodeId, (FactorRule, Vec<NodeId>)> = order
         .iter()
         .filter(|&&id| priority(g.op(id)).is_some() && !matches!(g.op(id), Op::Region(_)))
-        .map(|&id| (id, rule_of(g, id)))
+        .map(|&id| (id, (rule_of(g, id), g.operands(id))))
         .collect();
     let mut regions: HashMap<NodeId, Settled> = HashMap::new();
     for level in 0..=1 {
@@ -422,7 +436,8 @@ fn fixed_point(
                 changed |= if let Op::Region(r) = g.op(id) {
                     region_step(g, mesh, r, id, &mut specs, &closed, &mut regions)?
                 } else {
-                    step(g, mesh, &rules[&id], id, &mut specs, &closed, level)
+                    let (rule, operands) = &rules[&id];
+                    step(g, mesh, rule, operands, id, &mut specs, &closed, level)
                 };
             }
             if !changed {
@@ -573,29 +588,30 @@ fn settle_region(
 
 /// One op's turn: settle its factors, write them to its open tensors, and say why in each
 /// tensor it changed (`level`: 0 for the ops that move dims, 1 once dots and reductions join).
+#[allow(clippy::too_many_arguments)] // one visit's node, its rule, operands and the state
 fn step(
     g: &Graph,
     mesh: &Mesh,
     rule: &FactorRule,
+    operands: &[NodeId],
     id: NodeId,
     all: &mut Specs,
     closed: &[NodeId],
     level: u8,
 ) -> bool {
     let specs = &mut all.of;
-    let operands = g.operands(id);
     let assignment = {
         let op_specs: Vec<&Spec> = operands.iter().map(|o| &specs[o]).collect();
-        settle(g, mesh, rule, id, &op_specs, &specs[&id])
+        settle_on(g, mesh, rule, id, operands, &op_specs, &specs[&id])
     };
-    let at = match &g.node(id).loc {
+    // The reasons' text, written only when a spec changes (most visits change nothing).
+    let at = || match &g.node(id).loc {
         Some(loc) => format!(" at {}", loc.split(" (").next().unwrap_or(loc)),
         None => String::new(),
     };
-    let settled = if assignment.conflicts.is_empty() {
-        String::new()
-    } else {
-        format!(", settling: {}", assignment.conflicts.join("; "))
+    let settled = || match assignment.conflicts.is_empty() {
+        true => String::new(),
+        false => format!(", settling: {}", assignment.conflicts.join("; ")),
     };
     let stage = if level == 0 {
         "movement pass"
@@ -613,12 +629,12 @@ fn step(
             continue;
         }
         let new = project(mesh, rule, rule.dims_of(tensor), &assignment.axes);
-        let before = specs[&node].clone();
+        let open: Vec<bool> = specs[&node].iter().map(Vec::is_empty).collect();
         if absorb(specs.get_mut(&node).expect("every value has a spec"), &new) {
             changed = true;
             let after = &specs[&node];
             let gained: Vec<String> = (0..after.len())
-                .filter(|&d| before[d].is_empty() && !after[d].is_empty())
+                .filter(|&d| open[d] && !after[d].is_empty())
                 .map(|d| format!("dim {d} over {}", axes_text(&after[d])))
                 .collect();
             let how = match tensor {
@@ -632,14 +648,16 @@ fn step(
                     format!("forward from {}", from.join(" and "))
                 }
                 Some(k) => format!(
-                    "backward from its user {}{at} (operand {k})",
-                    g.op(id).name()
+                    "backward from its user {}{} (operand {k})",
+                    g.op(id).name(),
+                    at()
                 ),
             };
-            all.why
-                .entry(node)
-                .or_default()
-                .push(format!("{} {how}, {stage}{settled}", gained.join(", ")));
+            all.why.entry(node).or_default().push(format!(
+                "{} {how}, {stage}{}",
+                gained.join(", "),
+                settled()
+            ));
         }
     }
     changed

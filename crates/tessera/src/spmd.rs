@@ -2,6 +2,7 @@
 //! program per device (`Pipeline::schedule`), launched together on the device threads
 //! (`tessera_runtime::launch`), with the shared-memory collectives connecting them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 
 use tessera_ir::{Literal, Mesh};
@@ -19,6 +20,10 @@ pub(crate) struct DeviceProgram {
     /// The mesh positions this process runs (`local_positions`), ascending.
     pub(crate) positions: Vec<usize>,
     programs: Arc<Vec<Mutex<BackendProgram>>>,
+    /// Whether the last run was on the calling thread (`recycle` then gives buffers back;
+    /// after a launch on the device threads it does not, as taking a program's lock then
+    /// could make another thread's launch find it `Busy`).
+    ran_here: AtomicBool,
 }
 
 impl DeviceProgram {
@@ -40,6 +45,7 @@ impl DeviceProgram {
             devices,
             positions,
             programs: Arc::new(programs.into_iter().map(Mutex::new).collect()),
+            ran_here: AtomicBool::new(false),
         }
     }
 
@@ -62,12 +68,15 @@ impl DeviceProgram {
             let refs: Vec<&Literal> = ins.iter().map(|l| l.as_ref()).collect();
             let mut out = Vec::new();
             if let Some(run) = self.run_one_into(&refs, &mut out) {
+                self.ran_here.store(true, Ordering::Relaxed);
                 return run.map(|()| vec![out]);
             }
         }
         if let Some(outputs) = self.run_on_this_thread(inputs) {
+            self.ran_here.store(true, Ordering::Relaxed);
             return outputs;
         }
+        self.ran_here.store(false, Ordering::Relaxed);
         let shared = Arc::new(std::mem::take(inputs));
         let positions = Arc::new(self.positions.clone());
         let held = shared.clone();
@@ -92,8 +101,16 @@ impl DeviceProgram {
 
     /// Gives an output's buffer, which no one else holds, to the output pool of the program
     /// of this process's `k`-th device (`Executable::recycle`): its next run writes an output
-    /// of that dtype and size there instead of allocating. Dropped while that program runs.
+    /// of that dtype and size there instead of allocating. Dropped while that program runs,
+    /// and after a launch on the device threads (`ran_here`).
     pub(crate) fn recycle(&self, k: usize, data: tessera_ir::Data) {
+        if self.ran_here.load(Ordering::Relaxed) {
+            self.give(k, data);
+        }
+    }
+
+    /// `data` to program `k`'s pool, unless that program is running.
+    fn give(&self, k: usize, data: tessera_ir::Data) {
         if let Some(program) = self.programs.get(k)
             && let Ok(p) = program.try_lock()
         {
@@ -143,8 +160,9 @@ impl DeviceProgram {
     /// Gives a donated input's buffer to a one-device program's output pool (`recycle`);
     /// dropped on several devices, or while the program runs elsewhere.
     pub(crate) fn recycle_one(&self, data: tessera_ir::Data) {
+        // One device always runs on the calling thread (`run_one_into`).
         if self.programs.len() == 1 {
-            self.recycle(0, data);
+            self.give(0, data);
         }
     }
 }
