@@ -61,13 +61,39 @@ struct Mlp {
     b2: Tensor,
 }
 
-fn step(p: Mlp, x: Tensor, y: Tensor) -> (Mlp, Tensor) {
-    let (l, g) = value_and_grad(|p: &Mlp| {
-        ((x.matmul(&p.w1) + &p.b1).tanh().matmul(&p.w2) + &p.b2 - &y)
+/// The seed model's loss and gradients.
+fn value_and_grads(p: &Mlp, x: &Tensor, y: &Tensor) -> (Tensor, Mlp) {
+    value_and_grad(|p: &Mlp| {
+        ((x.matmul(&p.w1) + &p.b1).tanh().matmul(&p.w2) + &p.b2 - y)
             .square()
             .mean()
-    })(&p);
+    })(p)
+}
+
+fn step(p: Mlp, x: Tensor, y: Tensor) -> (Mlp, Tensor) {
+    let (l, g) = value_and_grads(&p, &x, &y);
     (tree::map2(&p, &g, |p, g| p - g * 0.01), l)
+}
+
+/// Three steps of `call` with the parameters chained, then two windows of 10 steps: the
+/// allocations per step of each window and the bytes per step of the first.
+fn steady(
+    p: &mut Mlp,
+    x: &Tensor,
+    y: &Tensor,
+    call: impl Fn(Mlp, Tensor, Tensor) -> Mlp,
+) -> (usize, usize, usize) {
+    for _ in 0..3 {
+        let q = std::mem::replace(p, placeholder(x));
+        *p = call(q, x.clone(), y.clone());
+    }
+    let mut run = || {
+        let q = std::mem::replace(p, placeholder(x));
+        *p = call(q, x.clone(), y.clone());
+    };
+    let (a, bytes) = per_step(10, &mut run);
+    let (again, _) = per_step(10, &mut run);
+    (a, again, bytes)
 }
 
 /// The seed model's parameters.
@@ -147,15 +173,7 @@ fn the_seed_step_allocates_only_its_outputs() {
     let x = random::normal(&Key::new(1), [256, 10]);
     let y = random::normal(&Key::new(2), [256, 1]);
     let f = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
-    for _ in 0..3 {
-        p = f.call((p, x.clone(), y.clone())).unwrap().0;
-    }
-    let mut run = || {
-        let q = std::mem::replace(&mut p, placeholder(&x));
-        p = f.call((q, x.clone(), y.clone())).unwrap().0;
-    };
-    let (a, bytes) = per_step(10, &mut run);
-    let (again, _) = per_step(10, &mut run);
+    let (a, again, bytes) = steady(&mut p, &x, &y, |p, x, y| f.call((p, x, y)).unwrap().0);
     println!("per step: {a} allocations, {bytes} bytes");
     assert_eq!(a, again, "the count is the same in every window");
     assert_eq!(a, 5 * PER_OUTPUT + GEMM_CRATE, "{a} allocations per step");
@@ -239,15 +257,7 @@ fn the_seed_step_on_a_one_device_mesh_allocates_only_its_outputs() {
     let x = device_put(random::normal(&Key::new(1), [256, 10]), &data);
     let y = device_put(random::normal(&Key::new(2), [256, 1]), &data);
     let f = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
-    for _ in 0..3 {
-        p = f.call((p, x.clone(), y.clone())).unwrap().0;
-    }
-    let mut run = || {
-        let q = std::mem::replace(&mut p, placeholder(&x));
-        p = f.call((q, x.clone(), y.clone())).unwrap().0;
-    };
-    let (a, _) = per_step(10, &mut run);
-    let (again, _) = per_step(10, &mut run);
+    let (a, again, _) = steady(&mut p, &x, &y, |p, x, y| f.call((p, x, y)).unwrap().0);
     println!("per step on a 1-device mesh: {a} allocations");
     assert_eq!(a, again, "the count is the same in every window");
     assert_eq!(
@@ -332,23 +342,11 @@ fn the_pmap_step_allocates_no_slice_or_output_per_device() {
     let x = random::normal(&Key::new(1), [n * 32, 10]).reshape([n, 32, 10]);
     let y = random::normal(&Key::new(2), [n * 32, 1]).reshape([n, 32, 1]);
     let f = pmap("i", |(p, x, y): (Mlp, Tensor, Tensor)| {
-        let (l, g) = value_and_grad(|p: &Mlp| {
-            ((x.matmul(&p.w1) + &p.b1).tanh().matmul(&p.w2) + &p.b2 - &y)
-                .square()
-                .mean()
-        })(&p);
+        let (l, g) = value_and_grads(&p, &x, &y);
         let g = tree::map(&g, |g| pmean(g, "i"));
         (tree::map2(&p, &g, |p, g| p - g * 0.01), pmean(&l, "i"))
     });
-    for _ in 0..3 {
-        p = f.call((p, x.clone(), y.clone())).unwrap().0;
-    }
-    let mut run = || {
-        let q = std::mem::replace(&mut p, placeholder(&x));
-        p = f.call((q, x.clone(), y.clone())).unwrap().0;
-    };
-    let (a, bytes) = per_step(10, &mut run);
-    let (again, _) = per_step(10, &mut run);
+    let (a, again, bytes) = steady(&mut p, &x, &y, |p, x, y| f.call((p, x, y)).unwrap().0);
     println!("pmap over {n} devices: {a} allocations, {bytes} bytes per step");
     assert_eq!(a, again, "the count is the same in every window");
     assert!(a < 20 * n, "{a} allocations per step");
