@@ -197,7 +197,7 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
                 .with_node_limit(limits.nodes)
                 // Limits are counts only: a wall clock would make the output depend on load.
                 .with_time_limit(Duration::from_secs(u64::MAX / 4))
-                .run(&rules::rules());
+                .run(rules::all());
         let stop = runner
             .stop_reason
             .as_ref()

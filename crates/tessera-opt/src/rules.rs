@@ -98,6 +98,14 @@ impl Applier<Node, TensorAnalysis> for Custom {
     }
 }
 
+/// `rules()`, built once per process: building them parses every pattern and compiles its
+/// matcher, 6% of lowering the seed step (`perf`, warm process), on every `simplify`.
+pub(crate) fn all() -> &'static [Rewrite<Node, TensorAnalysis>] {
+    static RULES: std::sync::OnceLock<Vec<Rewrite<Node, TensorAnalysis>>> =
+        std::sync::OnceLock::new();
+    RULES.get_or_init(rules)
+}
+
 /// Every rule, by topic.
 pub fn rules() -> Vec<Rewrite<Node, TensorAnalysis>> {
     vec![
