@@ -391,6 +391,12 @@ struct Scratch {
 // `together::run_together` does (`finish` or `abandon`, on every path, unwinding included) for
 // the paused runs it holds within one call: between runs they hold no pointer a thread could
 // use, and moving the executable moves plain capacity.
+// Within one call of `run_together`, a paused run's executable is also lent to another
+// thread for a phase (`together::advance_all`, the two sides of a `rayon::join`) while its
+// `ptrs` point into the caller's inputs, the call's stacked operands and products
+// (`together::products`) and the arenas: sound because during a phase no step writes any of
+// those but the run's own arena and outputs (the inputs and the stacked blocks are only
+// read), and every one of them outlives the join, which returns before the call goes on.
 // The `Data` in `outs` is `Send` on its own.
 unsafe impl Send for Scratch {}
 
@@ -731,8 +737,20 @@ impl Executable {
         collectives: &dyn Collectives,
         each: impl FnMut(Option<Literal>),
     ) -> Result<(), InterpError> {
-        let mut arena = self.arena.borrow_mut();
-        let mut scratch = self.scratch.borrow_mut();
+        // A run entered again on its own thread while it waits (a rayon task its split
+        // kernels or GEMMs stole that calls the same function, or a collective that does) is
+        // an error, not a panic: runs of one executable do not nest.
+        let (Ok(mut arena), Ok(mut scratch)) =
+            (self.arena.try_borrow_mut(), self.scratch.try_borrow_mut())
+        else {
+            return Err(InterpError::Op {
+                op: "run".into(),
+                message: "this program is already running on this thread (called again while \
+                          its run waited, from a task or a collective that run started): \
+                          runs of one compiled program do not nest"
+                    .into(),
+            });
+        };
         let Scratch { ptrs, args, outs } = &mut *scratch;
         let result = self
             .bind(&mut arena, inputs, ptrs, outs)

@@ -20,6 +20,11 @@
 //! others wait parked; every member then reads its rows of the result (or the whole sum) in
 //! place, until the launch ends.
 //!
+//! The multiply runs on the runtime's own pool (`on_product_pool`), not on rayon's global
+//! pool: a caller may be one of that pool's workers, waiting for the device threads, and with
+//! every worker so waiting, nothing would run a multiply queued there
+//! (`tests/rayon_callers.rs` of `tessera`).
+//!
 //! The meetings are the transport's rendezvous (`tessera_transport::rendezvous`, where the
 //! safety argument is): the shared right operand of `shared_rhs` is read only by the elected
 //! multiplier, one of the slot's readers, and a member that gives up (every wait times out)
@@ -105,6 +110,44 @@ fn fill_and_multiply(
     Ok(())
 }
 
+/// A product's views, sent to the pool's thread that multiplies.
+struct CallRef<'a>(&'a GemmCall);
+
+// SAFETY: the views' buffers are the members' and the launch's, alive while every member
+// waits in the product (`stacked`), and `install` returns only after the pool's thread is
+// done with them; the elected member is their one writer meanwhile (the result's).
+unsafe impl Send for CallRef<'_> {}
+
+impl CallRef<'_> {
+    /// The call (a method, so that a closure captures the `Send` wrapper, not its field).
+    fn get(&self) -> &GemmCall {
+        self.0
+    }
+}
+
+/// `gemm(call)` on the runtime's pool for products: as many threads as cores, which run
+/// nothing but these multiplies and so never wait for a caller. The elected member, a device
+/// thread, waits for it there. If the pool cannot be built (no thread could be spawned), the
+/// member multiplies on the pool the GEMM library finds.
+fn on_product_pool(gemm: &(dyn Fn(&GemmCall) + Sync), call: &GemmCall) {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(cores)
+            .thread_name(|i| format!("tessera-product-{i}"))
+            .build()
+            .ok()
+    });
+    match pool {
+        Some(pool) => {
+            let call = CallRef(call);
+            pool.install(move || gemm(call.get()));
+        }
+        None => gemm(call),
+    }
+}
+
 impl SharedCollectives<'_> {
     /// A shared product stacked as `stacking` says (`tessera_transport::stacked`): the members
     /// meet, each copies its blocks in, the last to finish multiplies, and each gets its
@@ -134,7 +177,7 @@ impl SharedCollectives<'_> {
             // `layout`'s sizes.
             || unsafe { stacking.fill(&parts, group.me, stacks) },
             // Every member's operands: the members wait in the call, so they live.
-            || gemm(&stacking.call(&parts, stacks)),
+            || on_product_pool(gemm, &stacking.call(&parts, stacks)),
         )?;
         Ok(Some(stacking.result(&parts, group.me, stacks)))
     }
