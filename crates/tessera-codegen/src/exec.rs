@@ -69,7 +69,7 @@ pub struct Executable {
     meets_in_regions: bool,
     /// `multiply_adds`, counted once.
     multiply_adds: usize,
-    /// `kernel_elements`, counted once.
+    /// `kernel_elements`, counted again when steps are skipped (`dropping_outputs`).
     kernel_elements: usize,
     /// `unshared_multiply_adds`, counted again whenever what is shared changes.
     unshared_multiply_adds: usize,
@@ -163,6 +163,25 @@ const PARALLEL_KERNEL_FROM: usize = 1 << 16;
 /// all devices (`Executable::single_threaded`): below it the meeting costs more than packing
 /// the operand again.
 const SHARED_GEMM_FROM: usize = 1 << 22;
+
+/// The elements written by the kernels of `schedule`'s steps, but for those `skipped` marks
+/// (none when it is empty).
+fn count_kernel_elements(schedule: &Schedule, skipped: &[bool]) -> usize {
+    schedule
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !skipped.get(i).copied().unwrap_or(false))
+        .map(|(_, s)| match &s.kind {
+            StepKind::Kernel(k) => k.out_dims.iter().product::<usize>(),
+            StepKind::Gemm(_)
+            | StepKind::Collective(_)
+            | StepKind::Region(_)
+            | StepKind::Window(_)
+            | StepKind::Native(_) => 0,
+        })
+        .fold(0, usize::saturating_add)
+}
 
 /// For each step, when it is a GEMM whose result is read only by a sum `all_reduce` that comes
 /// next: the all-reduce's step.
@@ -415,18 +434,7 @@ impl Executable {
         let plan = Plan::new(&schedule);
         let reduced_by = reduced_by(&schedule);
         let multiply_adds = Executable::count_multiply_adds(&schedule, &regions);
-        let kernel_elements = schedule
-            .steps
-            .iter()
-            .map(|s| match &s.kind {
-                StepKind::Kernel(k) => k.out_dims.iter().product::<usize>(),
-                StepKind::Gemm(_)
-                | StepKind::Collective(_)
-                | StepKind::Region(_)
-                | StepKind::Window(_)
-                | StepKind::Native(_) => 0,
-            })
-            .fold(0, usize::saturating_add);
+        let kernel_elements = count_kernel_elements(&schedule, &[]);
         Executable {
             reduced_by,
             skipped: vec![false; schedule.steps.len()],
@@ -611,6 +619,7 @@ impl Executable {
                 }
             }
         }
+        self.kernel_elements = count_kernel_elements(&self.schedule, &skipped);
         self.skipped = skipped;
         self.dropped = dropped;
         self
@@ -842,10 +851,47 @@ impl Executable {
         Ok(None)
     }
 
-    /// The elements the program's kernels write (outside region bodies): a measure of its
-    /// elementwise work.
+    /// The elements the program's kernels write (outside region bodies), but for the steps
+    /// it skips (`dropping_outputs`): a measure of its elementwise work.
     pub fn kernel_elements(&self) -> usize {
         self.kernel_elements
+    }
+
+    /// The work of a paused run's next `advance`, up to the next step that meets the other
+    /// devices: the elements its kernels write plus a tenth of its own GEMMs' multiply-adds
+    /// (a kernel element costs about ten: the big MLP over 8 devices on one thread, a 1 M
+    /// element weight update 650 us, a 1024 x 10 x 64 product 65 us). `together::advance_all`
+    /// balances its threads by it.
+    pub(crate) fn phase_work(&self) -> usize {
+        let fused = self.fused_pending.get();
+        let mut work = 0usize;
+        for (i, step) in self
+            .schedule
+            .steps
+            .iter()
+            .enumerate()
+            .skip(self.cursor.get())
+        {
+            if fused == Some(i) || self.skipped[i] {
+                continue;
+            }
+            if self.pauses_at(i) {
+                break;
+            }
+            let w = match &step.kind {
+                StepKind::Kernel(k) => k.out_dims.iter().product::<usize>(),
+                StepKind::Gemm(g) => {
+                    let batch = g.batch.iter().map(|(e, _)| *e).product::<usize>();
+                    batch.saturating_mul(g.m.saturating_mul(g.n).saturating_mul(g.k)) / 10
+                }
+                StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_)
+                | StepKind::Native(_) => 0,
+            };
+            work = work.saturating_add(w);
+        }
+        work
     }
 
     /// The multiply-adds of the program's GEMMs (`m n k`, times their batch), region bodies

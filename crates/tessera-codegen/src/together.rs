@@ -249,18 +249,37 @@ fn advance_all(
                 }),
             }
         };
-        let mid = programs.len().div_ceil(2);
-        let (first, second) = programs.split_at_mut(mid);
-        let half = |devices: &mut [&mut Executable], at: usize| {
+        let mut results: Vec<Option<Result<Option<Pause>, Failed>>> =
+            programs.iter().map(|_| None).collect();
+        let mut devices: Vec<(usize, &mut Executable)> =
+            programs.iter_mut().map(|p| &mut **p).enumerate().collect();
+        // A device with more than half of this phase's work (the first, computing the
+        // replicated outputs for all, `dropping_outputs`, in the phase of the big MLP's
+        // weight updates) goes first, alone: its large kernels and GEMMs then have both cores
+        // (`alone`), where on one side of the join they had one, the other thread busy with
+        // the other devices.
+        let loads: Vec<usize> = devices.iter().map(|(_, p)| p.phase_work()).collect();
+        let (heavy, mid) = phase_plan(&loads);
+        if let Some(h) = heavy {
+            let (k, p) = devices.remove(h);
+            results[k] = Some(advance(k, p));
+        }
+        let (first, second) = devices.split_at_mut(mid);
+        let half = |devices: &mut [(usize, &mut Executable)]| {
             devices
                 .iter()
-                .enumerate()
-                .map(|(j, p)| advance(at + j, p))
+                .map(|(k, p)| (*k, advance(*k, p)))
                 .collect::<Vec<_>>()
         };
-        let (a, b) = rayon::join(|| half(first, 0), || half(second, mid));
+        let (a, b) = rayon::join(|| half(first), || half(second));
+        for (k, r) in a.into_iter().chain(b) {
+            results[k] = Some(r);
+        }
         TWO_THREAD_PHASES.fetch_add(1, Ordering::Relaxed);
-        return a.into_iter().chain(b).collect();
+        return results
+            .into_iter()
+            .map(|r| r.expect("every device advanced"))
+            .collect();
     }
     programs
         .iter()
@@ -272,6 +291,44 @@ fn advance_all(
                 .map_err(|error| Failed::Error { device: k, error })
         })
         .collect()
+}
+
+/// How a phase's devices of these loads (`Executable::phase_work`) advance: the device with
+/// more than half the work, if any, first and alone; then the others (that one taken out)
+/// split at the returned place into the two threads' runs (`even_split`).
+fn phase_plan(loads: &[usize]) -> (Option<usize>, usize) {
+    let total = loads.iter().fold(0usize, |a, &l| a.saturating_add(l));
+    match (0..loads.len()).find(|&k| loads[k] > total / 2) {
+        Some(h) => {
+            let mut rest = loads.to_vec();
+            rest.remove(h);
+            (Some(h), even_split(&rest))
+        }
+        None => (None, even_split(loads)),
+    }
+}
+
+/// Where to split devices of these loads into two runs of consecutive devices for the two
+/// threads (`advance_all`): the split whose heavier side is lightest, each side keeping at
+/// least one device. The first device computes the replicated outputs for all (a program's
+/// `dropping_outputs`): with the big MLP's weight updates it carries most of the work (about
+/// 2.1 M elements against 0.3 M for each other device), and halving by count left it, with
+/// three others, on one thread while the other thread idled.
+fn even_split(loads: &[usize]) -> usize {
+    let total: usize = loads.iter().sum();
+    // The halves by count, unless a split is strictly better.
+    let half = loads.len().div_ceil(2);
+    let first: usize = loads[..half.min(loads.len())].iter().sum();
+    let mut best = (first.max(total - first), half);
+    let mut before = 0;
+    for (mid, &load) in loads.iter().enumerate().take(loads.len().saturating_sub(1)) {
+        before += load;
+        let heavier = before.max(total - before);
+        if heavier < best.0 {
+            best = (heavier, mid + 1);
+        }
+    }
+    best.1
 }
 
 /// The elements the devices' kernels write, summed over the devices, from which their runs
@@ -654,6 +711,80 @@ mod tests {
     use super::*;
     use tessera_ir::{Data, parse};
     use tessera_transport::SingleDevice;
+
+    /// The two threads' runs of devices split where the heavier side is lightest: a first
+    /// device carrying the replicated outputs' work gets a thread to itself.
+    #[test]
+    fn devices_split_where_the_work_evens_out() {
+        assert_eq!(even_split(&[1, 1, 1, 1]), 2);
+        assert_eq!(even_split(&[2100, 300, 300, 300, 300, 300, 300, 300]), 1);
+        assert_eq!(even_split(&[5, 5, 5, 1, 1, 1, 1, 1]), 2);
+        assert_eq!(even_split(&[0, 0, 0]), 2, "no work: the halves by count");
+        assert_eq!(even_split(&[7, 9]), 1);
+    }
+
+    /// A device with more than half of a phase's work advances first and alone (the first
+    /// device's weight updates in the big MLP over 8 devices); the others split evenly.
+    #[test]
+    fn the_device_with_most_of_a_phase_goes_alone() {
+        assert_eq!(
+            phase_plan(&[1070, 66, 66, 66, 66, 66, 66, 66]),
+            (Some(0), 4)
+        );
+        assert_eq!(phase_plan(&[66, 66, 1070, 66]), (Some(2), 2));
+        assert_eq!(phase_plan(&[5, 5, 5, 5]), (None, 2));
+        assert_eq!(phase_plan(&[500, 400, 100]), (None, 1));
+        assert_eq!(phase_plan(&[0, 0]), (None, 1));
+    }
+
+    /// A paused run's next phase counts its kernels up to its next meeting, and none of the
+    /// steps it skips.
+    #[test]
+    fn a_phase_counts_its_kernels_up_to_the_next_meeting() {
+        let g = parse(
+            r#"mesh @mesh = <"dp"=2>
+func @f(%0: f32[64,256], %1: f32[64]) {
+  %2 = exp %0 : f32[64,256]
+  %3 = all_reduce %2 sum axes=["dp"] : f32[64,256]
+  %4 = neg %3 : f32[64,256]
+  %5 = tanh %1 : f32[64]
+  return %4, %5
+}"#,
+        )
+        .unwrap();
+        let x = Literal::new([64, 256], Data::F32(vec![0.5; 64 * 256])).unwrap();
+        let y = Literal::new([64], Data::F32(vec![0.5; 64])).unwrap();
+        for (drop, second) in [([false, false], 64 * 256 + 64), ([false, true], 64 * 256)] {
+            let exe = crate::compile(&g)
+                .unwrap()
+                .single_threaded()
+                .dropping_outputs(&drop);
+            exe.start(&[&x, &y]).unwrap();
+            assert_eq!(exe.phase_work(), 64 * 256, "{drop:?}: up to the all-reduce");
+            let pause = exe.advance(&SingleDevice).unwrap();
+            assert!(pause.is_some());
+            assert_eq!(exe.phase_work(), second, "{drop:?}: after it");
+            exe.abandon();
+        }
+    }
+
+    /// A device that skips the steps of outputs another device returns counts only the work
+    /// it does.
+    #[test]
+    fn a_device_dropping_outputs_counts_only_its_own_kernels() {
+        let g = parse(
+            r#"func @f(%0: f32[64,256]) {
+  %1 = exp %0 : f32[64,256]
+  %2 = neg %0 : f32[64,256]
+  return %1, %2
+}"#,
+        )
+        .unwrap();
+        let exe = crate::compile(&g).unwrap();
+        assert_eq!(exe.kernel_elements(), 2 * 64 * 256);
+        let fork = exe.fork().dropping_outputs(&[true, false]);
+        assert_eq!(fork.kernel_elements(), 64 * 256);
+    }
 
     /// A run paused at a shared product goes on only once the product has a result, and only
     /// a run paused at one takes a result.
