@@ -285,7 +285,45 @@ pub(crate) unsafe fn gemm_view(
     }
 }
 
-/// `gemm_view`'s product itself, on the views as given.
+/// A thin product's views, shared by its row parts (`gemm_dense`).
+#[derive(Clone, Copy)]
+struct RowViews {
+    l: *const u8,
+    r: *const u8,
+    o: *mut u8,
+}
+
+// SAFETY: the parts only read `l` and `r` and write disjoint rows of `o`, all inside the views
+// `gemm_dense`'s caller vouches for, and `gemm_dense` returns only once every part is done.
+unsafe impl Send for RowViews {}
+// SAFETY: as above.
+unsafe impl Sync for RowViews {}
+
+impl RowViews {
+    /// The views (a method, so that a closure captures the wrapper, not its fields).
+    fn get(self) -> (*const u8, *const u8, *mut u8) {
+        (self.l, self.r, self.o)
+    }
+}
+
+/// How many parts by rows, one thread each, a product to be run on every core goes in: the
+/// gemm library's own split of a product with a short contraction (at most 16) is slower than
+/// one thread. Measured alone on the Xeon of docs/PERFORMANCE.md, both cores: the big MLP's
+/// `g @ w^T`, 512 x 1024 x 10, 134-143 us split by the library, 99 on one thread, 49-52 in
+/// two parts. The left operand must be row-major and each part at least 64 rows. Such a
+/// contraction is one block of the library's (no partial sums carried between blocks), and
+/// every element is then the same sum in the same order either way (`tests`); a narrow
+/// product with a long contraction (`h @ w`, 512 x 10 x 1024, 166 against 122-147 us) is not
+/// split: at 129 x 16 x 700, two parts changed some elements' last bits.
+fn row_parts((m, _n, k): (usize, usize, usize), ls: [isize; 2], par: gemm::Parallelism) -> usize {
+    if matches!(par, gemm::Parallelism::None) || k > 16 || ls[1] != 1 {
+        return 1;
+    }
+    rayon::current_num_threads().min(m / 64).max(1)
+}
+
+/// `gemm_view`'s product itself, on the views as given: in row parts on every core when
+/// `row_parts` says so.
 ///
 /// # Safety
 /// As `gemm_view`'s.
@@ -297,6 +335,33 @@ unsafe fn gemm_dense(
     (o, os): (*mut u8, [isize; 2]),
     par: gemm::Parallelism,
 ) {
+    let parts = row_parts((m, n, k), ls, par);
+    if parts >= 2 {
+        use rayon::prelude::*;
+        let size = dtype.byte_width() as isize;
+        let rows = m.div_ceil(parts);
+        let views = RowViews { l, r, o };
+        (0..parts).into_par_iter().for_each(|p| {
+            let (l, r, o) = views.get();
+            let (m0, m1) = (p * rows, ((p + 1) * rows).min(m));
+            if m0 < m1 {
+                let at = m0 as isize;
+                // SAFETY: rows `m0..m1` of the caller's views: the same strides, offset by
+                // whole rows inside them; the parts write disjoint rows of `o`.
+                unsafe {
+                    gemm_dense(
+                        dtype,
+                        (m1 - m0, n, k),
+                        (l.offset(at * ls[0] * size), ls),
+                        (r, rs),
+                        (o.offset(at * os[0] * size), os),
+                        gemm::Parallelism::None,
+                    )
+                }
+            }
+        });
+        return;
+    }
     // SAFETY: forwarded from the caller.
     unsafe {
         match dtype {
@@ -1785,6 +1850,63 @@ unsafe fn zero_view<T: Default>(o: *mut T, m: usize, n: usize, s: [isize; 2]) {
         for j in 0..n as isize {
             // SAFETY: inside the view (the caller's contract).
             unsafe { *o.offset(i * s[0] + j * s[1]) = T::default() };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A product with a short contraction split by rows over the cores gives the bits of the
+    /// same product on one thread (the threaded devices multiply on one thread, devices run
+    /// together on every core: both must agree), at the big MLP's shapes and at row counts
+    /// that end parts mid-tile.
+    #[test]
+    fn thin_products_in_row_parts_have_one_thread_bits() {
+        for (m, n, k) in [
+            (512, 1024, 10),
+            (64, 1024, 10),
+            (129, 1000, 16),
+            (300, 77, 7),
+            (130, 33, 3),
+            (128, 3, 1),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7919) % 1013) as f32 * 0.001 - 0.5)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 104729) % 1009) as f32 * 0.001 - 0.5)
+                .collect();
+            let run = |par| {
+                let mut c = vec![f32::NAN; m * n];
+                // SAFETY: dense row-major views of the three vectors, `c` apart from both.
+                unsafe {
+                    gemm_view(
+                        DType::F32,
+                        (m, n, k),
+                        (a.as_ptr() as *const u8, [k as isize, 1]),
+                        (b.as_ptr() as *const u8, [n as isize, 1]),
+                        (c.as_mut_ptr() as *mut u8, [n as isize, 1]),
+                        par,
+                    )
+                };
+                c
+            };
+            let parts = row_parts((m, n, k), [k as isize, 1], gemm::Parallelism::Rayon(0));
+            assert_eq!(
+                parts,
+                rayon::current_num_threads().min(m / 64).max(1),
+                "{m}x{n}x{k}"
+            );
+            let one = run(gemm::Parallelism::None);
+            let split = run(gemm::Parallelism::Rayon(0));
+            assert!(one.iter().all(|v| v.is_finite()), "{m}x{n}x{k}");
+            let same = one
+                .iter()
+                .zip(&split)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{m}x{n}x{k} in {parts} parts");
         }
     }
 }
