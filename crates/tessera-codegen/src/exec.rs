@@ -925,8 +925,9 @@ impl Executable {
     /// The work of a paused run's next `advance`, up to the next step that meets the other
     /// devices: the elements its kernels write plus a tenth of its own GEMMs' multiply-adds
     /// (a kernel element costs about ten: the big MLP over 8 devices on one thread, a 1 M
-    /// element weight update 650 us, a 1024 x 10 x 64 product 65 us). `together::advance_all`
-    /// balances its threads by it.
+    /// element weight update 650 us, a 1024 x 10 x 64 product 65 us). Windows, regions and
+    /// native steps count nothing (an estimate for balancing, not a bound).
+    /// `together::advance_all` balances its threads by it.
     pub(crate) fn phase_work(&self) -> usize {
         let fused = self.fused_pending.get();
         let mut work = 0usize;

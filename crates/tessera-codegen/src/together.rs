@@ -315,14 +315,15 @@ fn phase_plan(loads: &[usize]) -> (Option<usize>, usize) {
 /// 2.1 M elements against 0.3 M for each other device), and halving by count left it, with
 /// three others, on one thread while the other thread idled.
 fn even_split(loads: &[usize]) -> usize {
-    let total: usize = loads.iter().sum();
+    let sum = |l: &[usize]| l.iter().fold(0usize, |a, &b| a.saturating_add(b));
+    let total = sum(loads);
     // The halves by count, unless a split is strictly better.
     let half = loads.len().div_ceil(2);
-    let first: usize = loads[..half.min(loads.len())].iter().sum();
+    let first = sum(&loads[..half.min(loads.len())]);
     let mut best = (first.max(total - first), half);
-    let mut before = 0;
+    let mut before = 0usize;
     for (mid, &load) in loads.iter().enumerate().take(loads.len().saturating_sub(1)) {
-        before += load;
+        before = before.saturating_add(load);
         let heavier = before.max(total - before);
         if heavier < best.0 {
             best = (heavier, mid + 1);

@@ -114,8 +114,11 @@ fn fill_and_multiply(
 struct CallRef<'a>(&'a GemmCall);
 
 // SAFETY: the views' buffers are the members' and the launch's, alive while every member
-// waits in the product (`stacked`), and `install` returns only after the pool's thread is
-// done with them; the elected member is their one writer meanwhile (the result's).
+// waits in the product (`stacked`). `install` blocks the elected member until the job has
+// finished on the pool, a panic included (caught there and raised again on the member's
+// thread only after the wait), so no pool thread uses the views after the borrow ends; while
+// it runs, the pool's threads are the result's only writers and the operands' only readers
+// besides the members, who only read.
 unsafe impl Send for CallRef<'_> {}
 
 impl CallRef<'_> {
@@ -125,19 +128,25 @@ impl CallRef<'_> {
     }
 }
 
-/// `gemm(call)` on the runtime's pool for products: as many threads as cores, which run
-/// nothing but these multiplies and so never wait for a caller. The elected member, a device
-/// thread, waits for it there. If the pool cannot be built (no thread could be spawned), the
-/// member multiplies on the pool the GEMM library finds.
+/// `gemm(call)` on the runtime's pool for products: as many threads as rayon's global pool
+/// has (`RAYON_NUM_THREADS` is heeded), which run nothing but these multiplies and so never
+/// wait for a caller. The elected member, a device thread, waits for it there. If the pool
+/// cannot be built (no thread could be spawned), that is said once on stderr and the member
+/// multiplies on the pool the GEMM library finds, as before the pool existed.
 fn on_product_pool(gemm: &(dyn Fn(&GemmCall) + Sync), call: &GemmCall) {
     static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
     let pool = POOL.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(cores)
+        let built = rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
             .thread_name(|i| format!("tessera-product-{i}"))
-            .build()
-            .ok()
+            .build();
+        if let Err(e) = &built {
+            eprintln!(
+                "tessera: no pool for the devices' shared products ({e}): they multiply on \
+                 rayon's global pool, which a call from one of its workers can starve"
+            );
+        }
+        built.ok()
     });
     match pool {
         Some(pool) => {

@@ -251,8 +251,10 @@ pub trait Collectives {
 
 /// Products done once for a group of devices that share memory. A transport offers them
 /// through `Collectives::shared_products`; every member of the group calls the same method at
-/// the same step. `gemm` multiplies the views it is given (on all cores). `Ok(None)`: not done
-/// here (the members do not agree on one product): multiply locally.
+/// the same step. `gemm` multiplies the views it is given (on all cores), on whichever thread
+/// the transport picks (the shared-memory one calls it on a pool of its own, not on the
+/// member's thread: hence `Sync`). `Ok(None)`: not done here (the members do not agree on one
+/// product): multiply locally.
 pub trait SharedProducts {
     /// A product whose right operand is the same buffer on every member (a replicated
     /// weight): the members' left operands are stacked and multiplied once. Returns this

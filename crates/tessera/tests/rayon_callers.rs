@@ -19,6 +19,7 @@ fn every_pool_worker_runs_a_sharded_product_at_once() {
     // SAFETY: the first thing this test binary does (it has no other test), before any
     // device or pool thread starts.
     unsafe { std::env::set_var("TESSERA_DEVICES", "2") };
+    let shared_before = tessera_runtime::shared_gemm_count();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let workers = rayon::current_num_threads();
@@ -40,6 +41,16 @@ fn every_pool_worker_runs_a_sharded_product_at_once() {
     let results = rx
         .recv_timeout(Duration::from_secs(120))
         .expect("the calls from the pool's workers finished within 120 s");
+    // With a core per device the devices ran on their threads and shared the products: the
+    // path the fix is on. (With one core they run in turn on the caller's thread instead,
+    // `spmd::one_thread_pays`, and the shared-memory products are not used.)
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let shared = tessera_runtime::shared_gemm_count() - shared_before;
+    if cores >= 2 {
+        assert!(shared >= 2, "{shared} shared products on {cores} cores");
+    } else {
+        eprintln!("one core: the devices ran on the calling thread, {shared} shared products");
+    }
     for r in results {
         let (got, want) = r.expect("each call succeeds");
         assert_eq!(got.len(), want.len());
