@@ -734,6 +734,42 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         keep_stages: bool,
     ) -> Result<(Pipeline<'a>, Lowered)> {
         let target = target_of(sig, location)?;
+        let single = matches!(target, Target::Single);
+        crate::sharding::take_wanted_mesh();
+        match self.run_passes_for(target, sig, dump.clone(), location, keep_stages) {
+            // Every input a host value, and a sharding constraint (or `out_shardings`) on a
+            // mesh: compiled for that mesh, the inputs replicated on it, as JAX does.
+            Err(e) if single => match crate::sharding::take_wanted_mesh() {
+                Some(mesh) => {
+                    let target = Target::Sharded {
+                        mesh: ShardSpec {
+                            mesh: mesh.ir.clone(),
+                            devices: mesh.devices.clone(),
+                            dims: Vec::new(),
+                        },
+                        specs: sig
+                            .types
+                            .iter()
+                            .map(|t| vec![Vec::new(); t.rank()])
+                            .collect(),
+                    };
+                    self.run_passes_for(target, sig, dump, location, keep_stages)
+                }
+                None => Err(e),
+            },
+            other => other,
+        }
+    }
+
+    /// `run_passes` for `target`.
+    fn run_passes_for<'a>(
+        &'a self,
+        target: Target,
+        sig: &Signature,
+        dump: Dump,
+        location: &'a str,
+        keep_stages: bool,
+    ) -> Result<(Pipeline<'a>, Lowered)> {
         // The trace knows the inputs' mesh from the start, so that sharding constraints
         // type-check in it and in the traces nested in it (a `grad` inside the function).
         let (mesh, specs) = match &target {

@@ -612,6 +612,7 @@ impl Recorder {
 }
 
 /// Where (and whether) to dump the IR after each pass.
+#[derive(Clone)]
 pub(crate) struct Dump {
     dir: Option<PathBuf>,
     prefix: String,

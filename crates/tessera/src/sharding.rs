@@ -446,9 +446,24 @@ pub fn device_get<T: Tree>(value: &T) -> T {
     tree::unflatten(&def, host).unwrap_or_else(|e| raise(e))
 }
 
+thread_local! {
+    /// The mesh a sharding constraint asked for in a trace on no mesh (`with_sharding_constraint`),
+    /// for the jit that traced it to compile for (`take_wanted_mesh`).
+    static WANTED_MESH: std::cell::RefCell<Option<Mesh>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The mesh a sharding constraint asked for since the last call, in a trace on no mesh.
+pub(crate) fn take_wanted_mesh() -> Option<Mesh> {
+    WANTED_MESH.with(|w| w.borrow_mut().take())
+}
+
 /// `jax.lax.with_sharding_constraint`: inside `jit`, a hint that propagation must respect (the
 /// value is resharded to it; on an Explicit mesh, `reshard`); on concrete tensors,
 /// `device_put`. `x` is any tree, `sharding` one sharding for every leaf or a tree of specs.
+/// In a jit whose inputs are all host values the program is compiled for the constraint's
+/// mesh, the inputs replicated on it (JAX's uncommitted arrays; `out_shardings` likewise); a
+/// constraint on another mesh than the inputs', or under `grad`/`vmap` of host values outside
+/// any jit, is an error.
 #[track_caller]
 pub fn with_sharding_constraint<T: Tree>(x: &T, sharding: impl Into<Shardings>) -> T {
     let location = loc_text(Location::caller());
@@ -467,6 +482,27 @@ pub fn with_sharding_constraint<T: Tree>(x: &T, sharding: impl Into<Shardings>) 
         .map(|(t, s)| {
             if !t.is_tracer() {
                 return device_put(t.clone(), s);
+            }
+            match crate::trace::mesh_of(t) {
+                // Traced on no mesh (every input a host value): a jit traces again on this one
+                // (`take_wanted_mesh`, `Jitted::run_passes`), as JAX compiles for the mesh a
+                // constraint names; elsewhere (grad, vmap) this error is the answer.
+                None => {
+                    WANTED_MESH.with(|w| *w.borrow_mut() = Some(s.mesh.clone()));
+                    fail(format!(
+                        "the value is traced on no mesh (its inputs are host values) and the \
+                         sharding is on mesh {:?}: inside jit the program is then compiled \
+                         for that mesh; under grad or vmap alone, jit the computation or \
+                         device_put an input on the mesh",
+                        s.mesh.ir.axes
+                    ))
+                }
+                Some(m) if m.axes != s.mesh.ir.axes => fail(format!(
+                    "the sharding is on mesh {:?}, the value on mesh {:?} (its inputs'): \
+                     device_put the inputs on the sharding's mesh",
+                    s.mesh.ir.axes, m.axes
+                )),
+                Some(_) => {}
             }
             let dims = s.dims(t.rank()).unwrap_or_else(|m| fail(m));
             crate::trace::apply_at(

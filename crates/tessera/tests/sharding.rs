@@ -408,6 +408,58 @@ fn sharding_constraints_reshard_and_conflicts_are_errors() {
     );
 }
 
+/// A jit whose inputs are all host values compiles for the mesh its sharding constraints or
+/// `out_shardings` name, the inputs replicated on it (JAX's uncommitted arrays); a grad of
+/// such a constraint outside any jit, and a constraint on another mesh than the inputs', are
+/// clear errors at the caller's line.
+#[test]
+fn host_inputs_compile_for_the_mesh_a_constraint_names() {
+    eight_devices();
+    let mesh = Mesh::new([4, 2], ["dp", "mp"]);
+    let x = Tensor::from_vec((0..32).map(|i| i as f32).collect::<Vec<_>>(), [8, 4]);
+    let twice: Vec<f32> = (0..32).map(|i| i as f32 * 2.0).collect();
+    let split = NamedSharding::new(&mesh, P!["dp"]);
+
+    let f = jit(|x: Tensor| x * 2.0).out_shardings(&split);
+    let y = f.call(x.clone()).unwrap();
+    assert_eq!(y.sharding().unwrap().spec, P!["dp"]);
+    assert_eq!(y.to_vec::<f32>(), twice);
+    // The next call hits the compiled program.
+    assert_eq!(f.call(x.clone()).unwrap().to_vec::<f32>(), twice);
+    assert_eq!(f.trace_count(), 1);
+
+    let cols = NamedSharding::new(&mesh, P![None, "mp"]);
+    let g = jit(|x: Tensor| with_sharding_constraint(&(x * 2.0), &cols).sum_axes(keepdims(0)));
+    let y = g.call(x.clone()).unwrap();
+    assert!(y.sharding().is_some(), "compiled for the mesh");
+    let eager = (&x * 2.0).sum_axes(keepdims(0));
+    assert_eq!(y.to_vec::<f32>(), eager.to_vec::<f32>());
+
+    // A grad traced inside the jit: the constraint is on its values.
+    let h =
+        jit(|x: Tensor| grad(|x: &Tensor| with_sharding_constraint(&(x * x), &split).sum())(&x));
+    assert_eq!(h.call(x.clone()).unwrap().to_vec::<f32>(), twice);
+
+    // Outside any jit there is no program to compile for the mesh.
+    let message = panic_message(|| {
+        let _ = grad(|x: &Tensor| with_sharding_constraint(&(x * x), &split).sum())(&x);
+    });
+    assert!(
+        message.contains("traced on no mesh") && message.contains(file!()),
+        "{message}"
+    );
+
+    // Inputs on one mesh, the outputs asked on another.
+    let other = Mesh::new([8], ["mp"]);
+    let placed = device_put(x, &split);
+    let k = jit(|x: Tensor| x * 2.0).out_shardings(NamedSharding::new(&other, P!["mp"]));
+    let e = k.call(placed).unwrap_err().to_string();
+    assert!(
+        e.contains("the sharding is on mesh") && e.contains("the value on mesh"),
+        "{e}"
+    );
+}
+
 #[test]
 fn many_steps_back_to_back_never_deadlock() {
     eight_devices();
