@@ -4,70 +4,12 @@
 
 use std::cell::Cell;
 
-use tessera_ir::{Literal, ReduceKind, parse};
-use tessera_transport::{Collectives, Group, SingleDevice, TransportError};
+use tessera_ir::{Literal, parse};
+use tessera_transport::SingleDevice;
 
-/// One device alone, counting the collectives it is asked to run.
-struct Counting(Cell<usize>);
-
-impl Counting {
-    fn count(&self) -> &SingleDevice {
-        self.0.set(self.0.get() + 1);
-        &SingleDevice
-    }
-}
-
-impl Collectives for Counting {
-    fn position(&self) -> usize {
-        0
-    }
-
-    fn all_reduce(
-        &self,
-        g: &Group,
-        kind: ReduceKind,
-        x: &Literal,
-    ) -> Result<Literal, TransportError> {
-        self.count().all_reduce(g, kind, x)
-    }
-
-    fn all_gather(&self, g: &Group, dim: usize, x: &Literal) -> Result<Literal, TransportError> {
-        self.count().all_gather(g, dim, x)
-    }
-
-    fn reduce_scatter(
-        &self,
-        g: &Group,
-        kind: ReduceKind,
-        dim: usize,
-        x: &Literal,
-    ) -> Result<Literal, TransportError> {
-        self.count().reduce_scatter(g, kind, dim, x)
-    }
-
-    fn all_to_all(
-        &self,
-        g: &Group,
-        split: usize,
-        concat: usize,
-        x: &Literal,
-    ) -> Result<Literal, TransportError> {
-        self.count().all_to_all(g, split, concat, x)
-    }
-
-    fn collective_permute(
-        &self,
-        g: &Group,
-        pairs: &[(usize, usize)],
-        x: &Literal,
-    ) -> Result<Literal, TransportError> {
-        self.count().collective_permute(g, pairs, x)
-    }
-
-    fn axis_index(&self, g: &Group) -> Result<usize, TransportError> {
-        self.count().axis_index(g)
-    }
-}
+#[path = "support/hooked.rs"]
+mod support;
+use support::Hooked;
 
 #[test]
 fn dropped_outputs_skip_their_steps_but_not_the_collectives() {
@@ -89,10 +31,11 @@ fn dropped_outputs_skip_their_steps_but_not_the_collectives() {
             .unwrap()
             .single_threaded()
             .dropping_outputs(&drop);
-        let met = Counting(Cell::new(0));
+        let count = Cell::new(0);
+        let met = Hooked(|| count.set(count.get() + 1));
         let outs = exe.run_partial(&[&x], &met).unwrap();
         // The all-reduce runs whatever is dropped: the other devices wait for it.
-        assert_eq!(met.0.get(), 1, "{drop:?}");
+        assert_eq!(count.get(), 1, "{drop:?}");
         for (i, o) in outs.iter().enumerate() {
             match (drop[i], o) {
                 (true, None) => {}

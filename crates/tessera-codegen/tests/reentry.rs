@@ -6,69 +6,12 @@
 use std::cell::RefCell;
 
 use tessera_codegen::compile;
-use tessera_interp::InterpError;
-use tessera_ir::{Literal, ReduceKind, parse};
-use tessera_transport::{Collectives, Group, SingleDevice, TransportError};
+use tessera_ir::{Literal, parse};
+use tessera_transport::SingleDevice;
 
-/// One device alone, whose all-reduce first runs `exe` again on `input`.
-struct Reentering<'a> {
-    exe: &'a tessera_codegen::Executable,
-    input: &'a Literal,
-    inner: RefCell<Option<Result<Vec<Literal>, InterpError>>>,
-}
-
-impl Collectives for Reentering<'_> {
-    fn position(&self) -> usize {
-        0
-    }
-
-    fn all_reduce(
-        &self,
-        g: &Group,
-        kind: ReduceKind,
-        x: &Literal,
-    ) -> Result<Literal, TransportError> {
-        *self.inner.borrow_mut() = Some(self.exe.run(&[self.input], &SingleDevice));
-        SingleDevice.all_reduce(g, kind, x)
-    }
-
-    fn all_gather(&self, g: &Group, dim: usize, x: &Literal) -> Result<Literal, TransportError> {
-        SingleDevice.all_gather(g, dim, x)
-    }
-
-    fn reduce_scatter(
-        &self,
-        g: &Group,
-        kind: ReduceKind,
-        dim: usize,
-        x: &Literal,
-    ) -> Result<Literal, TransportError> {
-        SingleDevice.reduce_scatter(g, kind, dim, x)
-    }
-
-    fn all_to_all(
-        &self,
-        g: &Group,
-        split: usize,
-        concat: usize,
-        x: &Literal,
-    ) -> Result<Literal, TransportError> {
-        SingleDevice.all_to_all(g, split, concat, x)
-    }
-
-    fn collective_permute(
-        &self,
-        g: &Group,
-        pairs: &[(usize, usize)],
-        x: &Literal,
-    ) -> Result<Literal, TransportError> {
-        SingleDevice.collective_permute(g, pairs, x)
-    }
-
-    fn axis_index(&self, g: &Group) -> Result<usize, TransportError> {
-        SingleDevice.axis_index(g)
-    }
-}
+#[path = "support/hooked.rs"]
+mod support;
+use support::Hooked;
 
 #[test]
 fn a_run_entered_again_on_its_thread_is_an_error_and_the_first_run_goes_on() {
@@ -85,15 +28,13 @@ fn a_run_entered_again_on_its_thread_is_an_error_and_the_first_run_goes_on() {
     let exe = compile(&g).unwrap();
     let x = Literal::new([4], tessera_ir::Data::F32(vec![0.0, 1.0, -1.0, 2.0])).unwrap();
     let want = exe.run(&[&x], &SingleDevice).unwrap();
-    let reentering = Reentering {
-        exe: &exe,
-        input: &x,
-        inner: RefCell::new(None),
-    };
+    // The all-reduce (its one collective) first runs the executable again, on this thread.
+    let inner = RefCell::new(None);
+    let reentering = Hooked(|| *inner.borrow_mut() = Some(exe.run(&[&x], &SingleDevice)));
     let out = exe
         .run(&[&x], &reentering)
         .expect("the outer run completes");
-    let inner = reentering.inner.into_inner().expect("the collective ran");
+    let inner = inner.into_inner().expect("the collective ran");
     let err = inner.expect_err("the inner run is refused").to_string();
     assert!(err.contains("already running on this thread"), "{err}");
     assert_eq!(out, want);
