@@ -240,7 +240,23 @@ impl<In: Tree + 'static, Out: Tree + 'static, F: Fn(In) -> Out + 'static> ShardM
     pub fn call(&self, args: In) -> Result<Out> {
         let location = loc_text(Location::caller());
         let (leaves, def) = tree::flatten(&args);
-        if leaves.iter().any(Tensor::is_tracer) {
+        if let Some(t) = leaves.iter().find(|t| t.is_tracer()) {
+            // Traced on no mesh (host inputs): unwinds to the trace like a traced op's error
+            // (not an `Err` the closure would unwrap), so that a jit compiles for this mesh
+            // (`sharding::want_mesh`) and grad or vmap alone report it.
+            if crate::trace::mesh_of(t).is_none() {
+                crate::sharding::want_mesh(&self.inner.mesh);
+                self.inner.fail(
+                    &location,
+                    format!(
+                        "the arguments are traced on no mesh (their inputs are host values) \
+                         and this shard_map is on mesh {:?}: inside jit the program is then \
+                         compiled for that mesh; under grad or vmap alone, jit the \
+                         computation or device_put an input on the mesh",
+                        self.inner.mesh.ir.axes
+                    ),
+                );
+            }
             return catch(|| self.inner.apply(args, location.clone()));
         }
         let placed = self.place(&leaves, &def, &location)?;

@@ -457,6 +457,11 @@ pub(crate) fn take_wanted_mesh() -> Option<Mesh> {
     WANTED_MESH.with(|w| w.borrow_mut().take())
 }
 
+/// Notes `mesh` for the jit tracing on no mesh (`take_wanted_mesh`): a `shard_map`'s.
+pub(crate) fn want_mesh(mesh: &Mesh) {
+    WANTED_MESH.with(|w| *w.borrow_mut() = Some(mesh.clone()));
+}
+
 /// `jax.lax.with_sharding_constraint`: inside `jit`, a hint that propagation must respect (the
 /// value is resharded to it; on an Explicit mesh, `reshard`); on concrete tensors,
 /// `device_put`. `x` is any tree, `sharding` one sharding for every leaf or a tree of specs.
@@ -488,7 +493,7 @@ pub fn with_sharding_constraint<T: Tree>(x: &T, sharding: impl Into<Shardings>) 
                 // (`take_wanted_mesh`, `Jitted::run_passes`), as JAX compiles for the mesh a
                 // constraint names; elsewhere (grad, vmap) this error is the answer.
                 None => {
-                    WANTED_MESH.with(|w| *w.borrow_mut() = Some(s.mesh.clone()));
+                    want_mesh(&s.mesh);
                     fail(format!(
                         "the value is traced on no mesh (its inputs are host values) and the \
                          sharding is on mesh {:?}: inside jit the program is then compiled \

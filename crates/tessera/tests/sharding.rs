@@ -440,6 +440,16 @@ fn host_inputs_compile_for_the_mesh_a_constraint_names() {
         jit(|x: Tensor| grad(|x: &Tensor| with_sharding_constraint(&(x * x), &split).sum())(&x));
     assert_eq!(h.call(x.clone()).unwrap().to_vec::<f32>(), twice);
 
+    // A shard_map on host inputs inside a jit: compiled for its mesh.
+    let line = Mesh::new([8], ["dp"]);
+    let sm = shard_map(|x: Tensor| psum(&x, "dp"), &line, P!["dp"], P![]);
+    let eager = sm.call(x.clone()).unwrap() * 2.0;
+    let j = jit(|x: Tensor| sm.call(x).expect("traced") * 2.0);
+    assert_eq!(
+        j.call(x.clone()).unwrap().to_vec::<f32>(),
+        eager.to_vec::<f32>()
+    );
+
     // Outside any jit there is no program to compile for the mesh.
     let message = panic_message(|| {
         let _ = grad(|x: &Tensor| with_sharding_constraint(&(x * x), &split).sum())(&x);
