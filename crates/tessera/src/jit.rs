@@ -19,7 +19,7 @@ use crate::cache::{Cache, Signature};
 use crate::check::Checker;
 use crate::error::{Error, Result, catch, catch_eager};
 use crate::pipeline::{Backend, BackendProgram, Dump, Pipeline, Target};
-use crate::sharding::{Shardings, device_put, with_sharding_constraint};
+use crate::sharding::{Shardings, device_put};
 use crate::spmd::DeviceProgram;
 use crate::tensor::Tensor;
 use crate::trace;
@@ -386,7 +386,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
             .zip(paths)
             .map(|((t, w), path)| {
                 if t.is_tracer() {
-                    return Ok(with_sharding_constraint(&t, &w));
+                    let at = format!("{location} (in_shardings)");
+                    return Ok(crate::sharding::constrain_at(&t, Shardings::from(&w), at));
                 }
                 match t.sharding() {
                     None => catch_eager(|| device_put(t.clone(), &w)),
@@ -410,7 +411,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     }
 
     /// The outputs constrained to `out_shardings`.
-    fn constrain_outputs(&self, out: Out) -> Out {
+    fn constrain_outputs(&self, out: Out, location: &str) -> Out {
         let Some(shardings) = &self.out_shardings else {
             return out;
         };
@@ -419,13 +420,16 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
             crate::error::raise(Error::Op {
                 op: "jit".into(),
                 message: format!("out_shardings: {m}"),
-                location: self.cache.options.name.clone(),
+                location: location.into(),
             })
         });
         let constrained: Vec<Tensor> = leaves
             .iter()
             .zip(&want)
-            .map(|(t, w)| with_sharding_constraint(t, w))
+            .map(|(t, w)| {
+                let at = format!("{location} (out_shardings)");
+                crate::sharding::constrain_at(t, Shardings::from(w), at)
+            })
             .collect();
         tree::unflatten(&def, constrained).unwrap_or_else(|e| crate::error::raise(e))
     }
@@ -489,7 +493,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
             let (leaves, def) = tree::flatten(&args);
             let leaves = self.place_inputs(leaves, &def, &location())?;
             let args: In = tree::unflatten(&def, leaves)?;
-            return Ok(self.constrain_outputs((self.f)(args)));
+            return Ok(self.constrain_outputs((self.f)(args), &location()));
         }
         let mut scratch = self.scratch.take();
         let out = self.call_concrete(args, &mut scratch, &location);
@@ -778,7 +782,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         };
         let options = &self.cache.options;
         let mut pipeline = Pipeline::new(target, options, location, dump);
-        let f = |args: In| self.constrain_outputs((self.f)(args));
+        let f = |args: In| self.constrain_outputs((self.f)(args), location);
         let trace = || {
             trace_fn_on(
                 &options.name,

@@ -466,12 +466,18 @@ pub(crate) fn want_mesh(mesh: &Mesh) {
 /// value is resharded to it; on an Explicit mesh, `reshard`); on concrete tensors,
 /// `device_put`. `x` is any tree, `sharding` one sharding for every leaf or a tree of specs.
 /// In a jit whose inputs are all host values the program is compiled for the constraint's
-/// mesh, the inputs replicated on it (JAX's uncommitted arrays; `out_shardings` likewise); a
-/// constraint on another mesh than the inputs', or under `grad`/`vmap` of host values outside
-/// any jit, is an error.
+/// mesh, the inputs replicated on it (JAX's uncommitted arrays; `out_shardings` and
+/// `shard_map` likewise; the closure is traced twice on that first compile); a constraint on
+/// another mesh than the inputs', on a dim its axes do not divide, or under `grad`/`vmap` of
+/// host values outside any jit, is an error.
 #[track_caller]
 pub fn with_sharding_constraint<T: Tree>(x: &T, sharding: impl Into<Shardings>) -> T {
-    let location = loc_text(Location::caller());
+    constrain_at(x, sharding.into(), loc_text(Location::caller()))
+}
+
+/// `with_sharding_constraint` with its errors at `location` (a jit's `out_shardings` name the
+/// call's line).
+pub(crate) fn constrain_at<T: Tree>(x: &T, sharding: Shardings, location: String) -> T {
     let (leaves, def) = tree::flatten(x);
     let fail = |message: String| -> ! {
         raise(Error::Op {
@@ -480,7 +486,7 @@ pub fn with_sharding_constraint<T: Tree>(x: &T, sharding: impl Into<Shardings>) 
             location: location.clone(),
         })
     };
-    let shardings = sharding.into().resolve(&def).unwrap_or_else(|m| fail(m));
+    let shardings = sharding.resolve(&def).unwrap_or_else(|m| fail(m));
     let out: Vec<Tensor> = leaves
         .iter()
         .zip(&shardings)
@@ -503,13 +509,23 @@ pub fn with_sharding_constraint<T: Tree>(x: &T, sharding: impl Into<Shardings>) 
                     ))
                 }
                 Some(m) if m.axes != s.mesh.ir.axes => fail(format!(
-                    "the sharding is on mesh {:?}, the value on mesh {:?} (its inputs'): \
-                     device_put the inputs on the sharding's mesh",
+                    "the sharding is on mesh {:?}, the value on mesh {:?} (its trace's: its \
+                     inputs' or an earlier constraint's): one program runs on one mesh",
                     s.mesh.ir.axes, m.axes
                 )),
                 Some(_) => {}
             }
             let dims = s.dims(t.rank()).unwrap_or_else(|m| fail(m));
+            for (d, axes) in dims.iter().enumerate() {
+                let (size, parts) = (t.shape()[d], s.mesh.ir.group_size(axes));
+                if parts > 1 && size % parts != 0 {
+                    fail(format!(
+                        "dim {d} of {} (size {size}) does not split evenly over {axes:?} \
+                         ({parts} devices)",
+                        t.ty()
+                    ));
+                }
+            }
             crate::trace::apply_at(
                 tessera_ir::Op::ShardingConstraint(tessera_ir::Sharding::closed(&s.mesh.ir, &dims)),
                 &[t],

@@ -459,6 +459,17 @@ fn host_inputs_compile_for_the_mesh_a_constraint_names() {
         "{message}"
     );
 
+    // The errors of out_shardings name the call's line.
+    let scalar = jit(|x: Tensor| x.sum()).out_shardings(&split);
+    let e = scalar.call(x.clone()).unwrap_err().to_string();
+    assert!(e.contains(file!()) && e.contains("out_shardings"), "{e}");
+    let uneven = jit(|x: Tensor| x.slice(&[0, 0], &[3, 4])).out_shardings(&split);
+    let e = uneven.call(x.clone()).unwrap_err().to_string();
+    assert!(
+        e.contains("does not split evenly") && e.contains(file!()),
+        "{e}"
+    );
+
     // Inputs on one mesh, the outputs asked on another.
     let other = Mesh::new([8], ["mp"]);
     let placed = device_put(x, &split);
