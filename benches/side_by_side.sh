@@ -18,8 +18,8 @@ fi
 # Program, devices, steps: the issue's workloads (the 8-device ones need NPROC=16 for XLA's
 # rendezvous on 2 cores, shared/anchors/jax/README.md). Both sides run as many warm-up steps
 # as timed ones (up to 50): the big MLP takes 20 of each, since over 8 devices Tessera's
-# steps 2-10 ran 23-32 ms where the later ones settle at 21.5-22.5 (the first touches of its
-# devices' buffers), and 5 timed steps after 5 warm-up ones measured that.
+# steps 2-10 ran 23-32 ms where the later ones settle at 21.5-22.5 (why was not measured),
+# and 5 timed steps after 5 warm-up ones measured that.
 workloads=("big 1 20" "big 8 20" "seed 1 2000" "host 1 2000" "seed 8 1000" "pmap 8 1000")
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

@@ -311,9 +311,9 @@ fn phase_plan(loads: &[usize]) -> (Option<usize>, usize) {
 /// Where to split devices of these loads into two runs of consecutive devices for the two
 /// threads (`advance_all`): the split whose heavier side is lightest, each side keeping at
 /// least one device. The first device computes the replicated outputs for all (a program's
-/// `dropping_outputs`): with the big MLP's weight updates it carries most of the work (about
-/// 2.1 M elements against 0.3 M for each other device), and halving by count left it, with
-/// three others, on one thread while the other thread idled.
+/// `dropping_outputs`): with the big MLP's weight updates (784 x 1024 and 1024 x 1024
+/// elements) it carries most of the work, and halving by count left it, with three others, on
+/// one thread while the other thread idled.
 fn even_split(loads: &[usize]) -> usize {
     let sum = |l: &[usize]| l.iter().fold(0usize, |a, &b| a.saturating_add(b));
     let total = sum(loads);
