@@ -73,6 +73,31 @@ pub struct Executable {
     kernel_elements: usize,
     /// `unshared_multiply_adds`, counted again whenever what is shared changes.
     unshared_multiply_adds: usize,
+    /// The buffers laid out in a group region when devices run together (`GroupPlace`): the
+    /// operands of the shared products that are temporaries, each at this offset in one
+    /// device's share of the region (bytes), so a group's parts are one stacked operand.
+    grouped: Vec<Option<usize>>,
+    /// One device's share of a group region: the bytes of the `grouped` buffers.
+    grouped_bytes: usize,
+    /// The group region this executable keeps for the devices it runs with, as the first of
+    /// them (`together::run_together`), kept between runs so a step allocates nothing.
+    group_region: RefCell<Vec<u64>>,
+    /// The start and length in bytes of the group region a started run's grouped buffers
+    /// lie in, or `(0, 0)` (`start`): `advance` tags the shared products' parts that lie in
+    /// it with its start (`PartAddr::regions`).
+    group_base: std::cell::Cell<(usize, usize)>,
+}
+
+/// Where a run started together with others lays out its `grouped` buffers: the `devices`
+/// runs' shares of one region of `devices * grouped_bytes` bytes from `base`, each grouped
+/// buffer's block (`devices` copies, one a run, in order) at `devices` times its offset, this
+/// run's copy the `index`th. The copies of one buffer are then one stacked operand by rows, in
+/// run order, and no two buffers' blocks overlap, whatever step each run is at.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupPlace {
+    pub(crate) base: usize,
+    pub(crate) devices: usize,
+    pub(crate) index: usize,
 }
 
 /// Where a paused run (`Executable::advance`) waits: a step that meets other devices.
@@ -478,9 +503,11 @@ struct Scratch {
 // Within one call of `run_together`, a paused run's executable is also lent to another
 // thread for a phase (`together::advance_all`, the two sides of a `rayon::join`) while its
 // `ptrs` point into the caller's inputs, the call's stacked operands and products
-// (`together::products`) and the arenas: sound because during a phase no step writes any of
-// those but the run's own arena and outputs (the inputs and the stacked blocks are only
-// read), and every one of them outlives the join, which returns before the call goes on.
+// (`together::products`), the arenas and the first program's group region: sound because
+// during a phase no step writes any of those but the run's own arena, its own copies in the
+// group region (`GroupPlace`: disjoint from every other run's, so the two sides of the join
+// write different bytes) and its outputs (the inputs and the stacked blocks are only read),
+// and every one of them outlives the join, which returns before the call goes on.
 // The `Data` in `outs` is `Send` on its own.
 unsafe impl Send for Scratch {}
 
@@ -520,6 +547,10 @@ impl Executable {
             multiply_adds,
             kernel_elements,
             unshared_multiply_adds: multiply_adds,
+            grouped: Vec::new(),
+            grouped_bytes: 0,
+            group_region: RefCell::new(Vec::new()),
+            group_base: std::cell::Cell::new((0, 0)),
             regions,
             profile: profiling().then(RefCell::default),
             cursor: std::cell::Cell::new(0),
@@ -592,6 +623,10 @@ impl Executable {
             multiply_adds: self.multiply_adds,
             kernel_elements: self.kernel_elements,
             unshared_multiply_adds: self.unshared_multiply_adds,
+            grouped: self.grouped.clone(),
+            grouped_bytes: self.grouped_bytes,
+            group_region: RefCell::new(Vec::new()),
+            group_base: std::cell::Cell::new((0, 0)),
         }
     }
 
@@ -618,7 +653,72 @@ impl Executable {
         // A body's large GEMMs now meet the other devices too (shared products).
         self.meets_in_regions = self.regions.iter().flatten().any(body_meets);
         self.unshared_multiply_adds = self.count_unshared_multiply_adds();
+        (self.grouped, self.grouped_bytes) = self.group_slots();
         self
+    }
+
+    /// The `grouped` buffers and their bytes: every temporary (not an output, not another
+    /// shared product's result) that is an operand of a shared product, whose size is a whole
+    /// number of 64-byte lines (so every run's copy starts on a line, as the arena's buffers
+    /// do, and no two runs' copies share one).
+    fn group_slots(&self) -> (Vec<Option<usize>>, usize) {
+        let bufs = &self.schedule.bufs;
+        let steps = &self.schedule.steps;
+        let shared = |i: usize| matches!(steps[i].kind, StepKind::Gemm(_)) && self.meets_others(i);
+        // A shared product's result is read where the product put it (`place`): its own
+        // buffer is not used.
+        let mut placed = vec![false; bufs.len()];
+        for i in (0..steps.len()).filter(|&i| shared(i)) {
+            placed[steps[i].output] = true;
+            if let Some(next) = self.reduced_by[i] {
+                placed[steps[next].output] = true;
+            }
+        }
+        let mut slots = vec![None; bufs.len()];
+        let mut total = 0usize;
+        for (i, step) in steps.iter().enumerate() {
+            if !shared(i) {
+                continue;
+            }
+            for &b in step.inputs.iter().take(2) {
+                let bytes = bufs[b].ty.byte_size();
+                if matches!(bufs[b].kind, BufKind::Temp)
+                    && !placed[b]
+                    && !self.schedule.outputs.contains(&b)
+                    && slots[b].is_none()
+                    && bytes > 0
+                    && bytes.is_multiple_of(64)
+                {
+                    slots[b] = Some(total);
+                    total = total.saturating_add(bytes);
+                }
+            }
+        }
+        (slots, total)
+    }
+
+    /// The group region for `devices` runs of this program started together (`GroupPlace`),
+    /// sized and kept by this executable, or `None` when it has nothing to group or the
+    /// region cannot be allocated (the runs then copy their parts, as before).
+    pub(crate) fn group_region(&self, devices: usize) -> Option<usize> {
+        let bytes = self.grouped_bytes.checked_mul(devices)?;
+        if bytes == 0 || devices < 2 {
+            return None;
+        }
+        let mut region = self.group_region.try_borrow_mut().ok()?;
+        let words = bytes.div_ceil(8);
+        if region.len() != words {
+            *region = zeroed_words(words)?;
+        }
+        Some(region.as_mut_ptr() as usize)
+    }
+
+    /// Whether `other` lays out its grouped buffers as this executable does: forks of one
+    /// compilation, made single-threaded alike.
+    pub(crate) fn groups_as(&self, other: &Executable) -> bool {
+        Arc::ptr_eq(&self._code, &other._code)
+            && self.grouped_bytes == other.grouped_bytes
+            && self.grouped == other.grouped
     }
 
     /// Whether a paused run (`advance`) stops at step `i`: a collective that meets other
@@ -745,6 +845,9 @@ impl Executable {
     /// Gives back the arena (and the bodies' arenas): the next run allocates it again.
     fn release(&self) {
         *self.arena.borrow_mut() = Vec::new();
+        if let Ok(mut region) = self.group_region.try_borrow_mut() {
+            *region = Vec::new();
+        }
         for bodies in &self.regions {
             for b in bodies {
                 b.release();
@@ -827,7 +930,7 @@ impl Executable {
         };
         let Scratch { ptrs, args, outs } = &mut *scratch;
         let result = self
-            .bind(&mut arena, inputs, ptrs, outs)
+            .bind(&mut arena, inputs, ptrs, outs, None)
             .and_then(|()| self.run_steps(ptrs, args, collectives))
             .map(|()| self.collect(ptrs, outs, each));
         ptrs.clear();
@@ -1033,7 +1136,18 @@ impl Executable {
     /// result (a collective's written into its output buffer, a product's by
     /// `settle_product`) before advancing again: crate-private, `together::run_together` is the
     /// one caller and keeps that contract. The run uses both cores (`alone`).
-    pub(crate) fn start(&self, inputs: &[&Literal]) -> Result<(), InterpError> {
+    ///
+    /// # Safety
+    /// `group`, when given, must be this run's place among runs of programs that lay out
+    /// their buffers as this one (`groups_as`) in the region `group_region(devices)` of one of
+    /// them, which stays allocated and is not sized again until every such run is finished
+    /// or abandoned, with `index < devices` and no two of the runs at one index (`bind`).
+    pub(crate) unsafe fn start(
+        &self,
+        inputs: &[&Literal],
+        group: Option<GroupPlace>,
+    ) -> Result<(), InterpError> {
+        debug_assert!(group.is_none_or(|g| g.index < g.devices));
         if !self.pauses_at_collectives() {
             return Err(InterpError::Op {
                 op: "start".into(),
@@ -1043,7 +1157,11 @@ impl Executable {
         let mut arena = self.arena.borrow_mut();
         let mut scratch = self.scratch.borrow_mut();
         let Scratch { ptrs, outs, .. } = &mut *scratch;
-        let bound = self.bind(&mut arena, inputs, ptrs, outs);
+        let bound = self.bind(&mut arena, inputs, ptrs, outs, group);
+        self.group_base.set(match (&bound, group) {
+            (Ok(()), Some(g)) => (g.base, g.devices.saturating_mul(self.grouped_bytes)),
+            _ => (0, 0),
+        });
         if bound.is_err() {
             drop(scratch);
             self.abandon();
@@ -1118,10 +1236,23 @@ impl Executable {
                     out_strides: g.out,
                 };
                 self.unsettled.set(true);
+                // An operand bound in the group region (`bind`) lies in that one allocation,
+                // with the other runs' copies of it: its address says so (a buffer may be
+                // placed elsewhere since, `place`).
+                let (base, len) = self.group_base.get();
+                let region = |b: usize| {
+                    let at = ptrs[b] as usize;
+                    match base != 0 && at >= base && at - base < len {
+                        true => base,
+                        false => 0,
+                    }
+                };
+                let mut part = PartAddr::of(&part);
+                part.regions = [region(step.inputs[0]), region(step.inputs[1])];
                 Meeting::Product {
                     stacking,
                     group,
-                    part: PartAddr::of(&part),
+                    part,
                 }
             }
             StepKind::Kernel(_)
@@ -1225,6 +1356,7 @@ impl Executable {
         args.clear();
         outs.clear();
         self.alone.set(false);
+        self.group_base.set((0, 0));
         Ok(out)
     }
 
@@ -1235,6 +1367,7 @@ impl Executable {
         self.fused_pending.set(None);
         self.unsettled.set(false);
         self.alone.set(false);
+        self.group_base.set((0, 0));
         let mut scratch = self.scratch.borrow_mut();
         scratch.ptrs.clear();
         scratch.args.clear();
@@ -1320,13 +1453,19 @@ impl Executable {
 
     /// Sizes the arena and gives every buffer its address: an input's or constant's own
     /// elements, a fresh vector for a program output, a place in the arena for a temporary
-    /// (none for one no step that runs touches).
+    /// (none for one no step that runs touches), or, in a run started with others in a
+    /// group region (`group`), this run's copy in it for a `grouped` one.
+    ///
+    /// `group` must describe a region of `devices * grouped_bytes` writable bytes from `base`
+    /// (8-aligned) that only the group's runs use while this run is bound, `index <
+    /// devices`, each run with its own index.
     fn bind(
         &self,
         arena: &mut Vec<u64>,
         inputs: &[&Literal],
         ptrs: &mut Vec<*mut u8>,
         outs: &mut Vec<(usize, Option<Data>)>,
+        group: Option<GroupPlace>,
     ) -> Result<(), InterpError> {
         ptrs.clear();
         outs.clear();
@@ -1372,9 +1511,19 @@ impl Executable {
                     outs.push((i, Some(v)));
                     p
                 }
-                // SAFETY: the plan places every temporary inside the arena, which holds
-                // `arena_bytes` bytes.
-                BufKind::Temp => unsafe { base.add(self.plan.offsets[i]) },
+                BufKind::Temp => match (group, self.grouped.get(i).copied().flatten()) {
+                    // The run's copy: `index * bytes` into the buffer's block of `devices *
+                    // bytes` at `devices * offset`, where `offset + bytes <= grouped_bytes`
+                    // (`group_slots`), so it ends by `devices * grouped_bytes`, inside the
+                    // region (`bind`'s contract), and overlaps no other run's copy or buffer.
+                    (Some(g), Some(offset)) => {
+                        let at = g.devices * offset + g.index * b.ty.byte_size();
+                        (g.base + at) as *mut u8
+                    }
+                    // SAFETY: the plan places every temporary inside the arena, which holds
+                    // `arena_bytes` bytes.
+                    _ => unsafe { base.add(self.plan.offsets[i]) },
+                },
             };
             ptrs.push(p);
         }

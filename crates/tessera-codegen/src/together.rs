@@ -25,7 +25,7 @@ use tessera_transport::values::{self, data_ptr, literal_from_raw};
 use tessera_transport::{Collectives, Group, TransportError};
 
 use crate::Executable;
-use crate::exec::{Meeting, Pause};
+use crate::exec::{GroupPlace, Meeting, Pause};
 
 /// One device's view of a collective whose members' operands were all gathered: `operands`
 /// is indexed by mesh position (empty while the devices run their steps, when only
@@ -220,8 +220,8 @@ pub fn run_together(
 /// Each device's `advance` up to its next meeting: in turn on this thread, or, when the
 /// devices' own work between meetings is large (`PHASES_ON_TWO_THREADS_FROM`), the two halves
 /// of the devices as the two sides of a `rayon::join` (on the pool's threads when this thread
-/// is not one of them; a run only touches its own buffers and the inputs, which both halves
-/// only read). Each run still splits its own large kernels and GEMMs over the pool (`alone`):
+/// is not one of them; a run only touches its own buffers, its own copies in the group region
+/// and the inputs, which both halves only read). Each run still splits its own large kernels and GEMMs over the pool (`alone`):
 /// the pool's work stealing balances the two. A device that fails or panics is named. (Two threads for small programs measured slower on the seed step over 8 devices:
 /// 77-104 us against 51-54 us, the workers' wake-ups costing more than a phase's few
 /// microseconds of work.)
@@ -374,9 +374,33 @@ fn run_phases(
             return Err(fail(k, InterpError::Op { op, message }));
         }
     }
+    // The shared products' operands laid out in one group region kept by the first program,
+    // each device's copy of an operand at its mesh position's place, so a product's parts
+    // stacked by rows (every device) are the stacked operand already
+    // (`tessera_transport::stacked::Stacking::in_place`): when every program is a fork of the
+    // first and the devices are the whole mesh, each at a position of its own (checked above).
+    let devices = programs.len();
+    let grouped =
+        devices == mesh.device_count() && programs.iter().all(|p| p.groups_as(&*programs[0]));
+    let base = if grouped {
+        programs[0].group_region(devices)
+    } else {
+        None
+    };
     for (k, p) in programs.iter().enumerate() {
         current.set(k);
-        p.start(&inputs[k]).map_err(|e| fail(k, e))?;
+        // The region holds `devices` shares; the positions are distinct and below
+        // `devices`, the mesh's device count: each run's index its own.
+        let group = base.map(|base| GroupPlace {
+            base,
+            devices,
+            index: positions[k],
+        });
+        // SAFETY: every program groups as the first (`groups_as`), whose region this is,
+        // sized for `devices` runs and not sized again before this call returns, when every
+        // run is finished or abandoned (`run_together`); the indices, the devices' mesh
+        // positions, are distinct and below `devices`.
+        unsafe { p.start(&inputs[k], group) }.map_err(|e| fail(k, e))?;
     }
     // Every member's operand of a collective, by mesh position, kept between rounds.
     let mut operands: Vec<Option<Literal>> = Vec::new();
@@ -669,7 +693,11 @@ fn products(
             continue;
         };
         // The stacked operands, dropped after the product; its result, kept in `stacks`.
-        let [mut lhs, mut rhs, out] = bytes.map(uninit_words);
+        // (An operand in place needs no stack: `layout` gives it no bytes.)
+        let [mut lhs, mut rhs, out] = bytes.map(|b| match b {
+            0 => Vec::new(),
+            _ => uninit_words(b),
+        });
         stacks.push(out);
         let out = stacks.last_mut().map_or(0, |o| o.as_mut_ptr() as usize);
         let at = [lhs.as_mut_ptr() as usize, rhs.as_mut_ptr() as usize, out];
@@ -686,9 +714,11 @@ fn products(
         }
         current.set(members[0]);
         let call = stacking.call(&parts, at);
-        // SAFETY: the call's views lie inside the filled stacks and (`Rows`) the members'
-        // shared right operand, a bound input of every paused run; the result is its own
-        // stacked buffer.
+        // SAFETY: the call's views lie inside the filled stacks, or, for an operand in place
+        // (`Stacking::in_place`), inside the one allocation every member's view is in (the
+        // group region, where the paused runs keep them), and (`Rows`) the members' shared
+        // right operand, a bound input of every paused run; the result is its own stacked
+        // buffer.
         unsafe { crate::exec::multiply_shared(parts[0].dtype, &call) };
         drop((lhs, rhs));
         PRODUCTS.fetch_add(1, Ordering::Relaxed);
@@ -760,7 +790,8 @@ func @f(%0: f32[64,256], %1: f32[64]) {
                 .unwrap()
                 .single_threaded()
                 .dropping_outputs(&drop);
-            exe.start(&[&x, &y]).unwrap();
+            // SAFETY: no group.
+            unsafe { exe.start(&[&x, &y], None) }.unwrap();
             assert_eq!(exe.phase_work(), 64 * 256, "{drop:?}: up to the all-reduce");
             let pause = exe.advance(&SingleDevice).unwrap();
             assert!(pause.is_some());
@@ -802,7 +833,8 @@ func @f(%0: f32[64,256], %1: f32[256,256]) {
         let exe = crate::compile(&g).unwrap().single_threaded();
         let x = Literal::new([64, 256], Data::F32(vec![0.5; 64 * 256])).unwrap();
         let w = Literal::new([256, 256], Data::F32(vec![0.25; 256 * 256])).unwrap();
-        exe.start(&[&x, &w]).unwrap();
+        // SAFETY: no group.
+        unsafe { exe.start(&[&x, &w], None) }.unwrap();
         // SAFETY: no block.
         assert!(
             unsafe { exe.settle_product(None) }.is_err(),

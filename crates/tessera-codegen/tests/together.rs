@@ -186,8 +186,12 @@ fn threaded(
     })
 }
 
+/// The tests that count products (process-wide counters) one at a time.
+static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn shared_products_on_one_thread_give_the_bits_of_the_threaded_transport() {
+    let _one = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let exe = tessera_codegen::compile(&parse(PRODUCTS).unwrap())
         .unwrap()
         .single_threaded();
@@ -269,5 +273,48 @@ func @f(%0: f32[512,512]) {
     assert!(tessera_codegen::together::phases_on_two_threads() > before);
     for p in 0..4 {
         assert_eq!(bits(&got[p]), bits(&want[p]), "device {p}");
+    }
+}
+
+/// Shared products whose operands are temporaries (a `tanh` of the input, a `tanh` of the
+/// product): run together, each device's copy lies in the first program's group region at its
+/// mesh position's place, so the parts are read in place, not copied (`stacked_in_place`),
+/// with the threaded transport's bits, whichever device runs at which position.
+const IN_PLACE: &str = r#"mesh @mesh = <"dp"=4>
+func @f(%0: f32[64,256], %1: f32[256,256]) {
+  %2 = tanh %0 : f32[64,256]
+  %3 = dot_general %2, %1 contracting=[1]x[0] : f32[64,256]
+  %4 = tanh %3 : f32[64,256]
+  %5 = dot_general %2, %4 contracting=[0]x[0] : f32[256,256]
+  %6 = all_reduce %5 sum axes=["dp"] : f32[256,256]
+  %7 = exp %4 : f32[64,256]
+  return %6, %7
+}"#;
+
+#[test]
+fn temporaries_of_shared_products_are_stacked_where_they_lie() {
+    let _one = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = tessera_codegen::compile(&parse(IN_PLACE).unwrap())
+        .unwrap()
+        .single_threaded();
+    let xs: Vec<Literal> = (0..4).map(|p| matrix(64, 256, p)).collect();
+    let w = matrix(256, 256, 9);
+    let refs: Vec<Vec<&Literal>> = xs.iter().map(|x| vec![x, &w]).collect();
+    let want = threaded(&exe, &refs);
+    let mut forks: Vec<_> = (0..4).map(|_| exe.fork()).collect();
+    let mut programs: Vec<&mut tessera_codegen::Executable> = forks.iter_mut().collect();
+    for positions in [[0, 1, 2, 3], [2, 0, 3, 1]] {
+        let ins: Vec<Vec<&Literal>> = positions.iter().map(|&p| refs[p].clone()).collect();
+        let before = tessera_transport::stacked::stacked_in_place();
+        let got = run_together(&mut programs, &ins, &positions).unwrap();
+        // The row-stacked left operand, and both operands of the contraction.
+        assert_eq!(
+            tessera_transport::stacked::stacked_in_place(),
+            before + 3,
+            "positions {positions:?}"
+        );
+        for (k, &p) in positions.iter().enumerate() {
+            assert_eq!(bits(&got[k]), bits(&want[p]), "position {p}");
+        }
     }
 }

@@ -9,6 +9,12 @@
 //!   operands are stacked along the contraction (in group order), so the sum is one product
 //!   over every member's rows. Each stacked operand is laid out so a member's view moves as
 //!   whole lines (`stacked_strides`).
+//!
+//! Parts that already are the stacked operand are not copied (`Stacking::in_place`): when every
+//! member's view lies in one allocation the members share (`PartAddr::regions`, a group
+//! region several devices run on one thread lay their operands out in), with the stacked
+//! operand's strides, each at its block's place. The product is then the same call on the same
+//! values, only read where they are: the same bits.
 
 use tessera_ir::DType;
 
@@ -27,9 +33,14 @@ pub struct PartAddr {
     pub lhs_strides: [isize; 2],
     pub rhs: usize,
     pub rhs_strides: [isize; 2],
+    /// For the left and right operand: the start of one allocation that holds this view and
+    /// the same operand's view of every other member, or 0 when there is none (each
+    /// member's buffers its own). Only parts in one region can be stacked in place.
+    pub regions: [usize; 2],
 }
 
 impl PartAddr {
+    /// The part's addresses, in no shared region.
     pub fn of(p: &GemmPart) -> PartAddr {
         PartAddr {
             dtype: p.dtype,
@@ -40,9 +51,17 @@ impl PartAddr {
             lhs_strides: p.lhs_strides,
             rhs: p.rhs as usize,
             rhs_strides: p.rhs_strides,
+            regions: [0, 0],
         }
     }
 }
+
+/// How many stacked operands were found in place since the process started (for tests).
+pub fn stacked_in_place() -> usize {
+    IN_PLACE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static IN_PLACE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Row-major strides of a `rows x cols` block when the views copied into it have unit column
 /// stride (or are scalar-strided anyway), column-major ones when they have unit row stride: so
@@ -67,9 +86,69 @@ pub enum Stacking {
 pub type Stacks = [usize; 3];
 
 impl Stacking {
+    /// The stacked operand's strides and member `me`'s block's offset in it, in elements, for
+    /// the left (`0`) or right (`1`) operand (`Rows` stacks only the left one). Parts `layout`
+    /// accepted, so the members agree on every extent but the stacked one.
+    fn block(self, parts: &[PartAddr], me: usize, operand: usize) -> ([isize; 2], isize) {
+        let first = parts[0];
+        match self {
+            Stacking::Rows => {
+                let row0: usize = parts[..me].iter().map(|p| p.m).sum();
+                ([first.k as isize, 1], (row0 * first.k) as isize)
+            }
+            Stacking::Depth => {
+                let depth: usize = parts.iter().map(|p| p.k).sum();
+                let at = parts[..me].iter().map(|p| p.k).sum::<usize>() as isize;
+                if operand == 0 {
+                    let s = stacked_strides(first.m, depth, first.lhs_strides[0] == 1);
+                    (s, at * s[1])
+                } else {
+                    let s = stacked_strides(depth, first.n, first.rhs_strides[0] == 1);
+                    (s, at * s[0])
+                }
+            }
+        }
+    }
+
+    /// For the left and right operand: whether the members' views already are the stacked
+    /// operand, in one shared region (`PartAddr::regions`), each with the stacked strides at
+    /// its block's place (`fill` would copy every element onto itself). The stacked view is
+    /// then the union of the members' views: its every element is one member's, inside the
+    /// one region. `Rows` has no stacked right operand (`false`).
+    pub fn in_place(self, parts: &[PartAddr]) -> [bool; 2] {
+        let Some(first) = parts.first() else {
+            return [false, false];
+        };
+        let size = first.dtype.byte_width() as isize;
+        let operand = |j: usize| {
+            let (region, base) = match j {
+                0 => (first.regions[0], first.lhs),
+                _ => (first.regions[1], first.rhs),
+            };
+            region != 0
+                && parts.iter().enumerate().all(|(me, p)| {
+                    let (addr, strides) = match j {
+                        0 => (p.lhs, p.lhs_strides),
+                        _ => (p.rhs, p.rhs_strides),
+                    };
+                    let (want, offset) = self.block(parts, me, j);
+                    p.regions[j] == region
+                        && strides == want
+                        && offset
+                            .checked_mul(size)
+                            .and_then(|o| (base as isize).checked_add(o))
+                            == Some(addr as isize)
+                })
+        };
+        match self {
+            Stacking::Rows => [operand(0), false],
+            Stacking::Depth => [operand(0), operand(1)],
+        }
+    }
+
     /// From every member's part (in group order): the bytes of the stacked left and right
     /// operands and of the result, or `None` when the parts do not stack this way (then every
-    /// member multiplies its own).
+    /// member multiplies its own). An operand in place (`in_place`) needs no bytes.
     pub fn layout(self, parts: &[PartAddr]) -> Option<[usize; 3]> {
         let first = *parts.first()?;
         let size = first.dtype.byte_width();
@@ -80,10 +159,15 @@ impl Stacking {
                         == (first.rhs, first.rhs_strides, first.n, first.k, first.dtype)
                 };
                 let rows: usize = parts.iter().map(|p| p.m).sum();
+                let lhs = if self.in_place(parts)[0] {
+                    0
+                } else {
+                    rows * first.k * size
+                };
                 parts
                     .iter()
                     .all(same)
-                    .then_some([rows * first.k * size, 0, rows * first.n * size])
+                    .then_some([lhs, 0, rows * first.n * size])
             }
             Stacking::Depth => {
                 let (m, n) = (first.m, first.n);
@@ -97,9 +181,10 @@ impl Stacking {
                         stacked_strides(depth, n, p.rhs_strides[0] == 1),
                     )
                 };
+                let [l, r] = self.in_place(parts);
                 parts.iter().all(|p| lay(p) == lay(&first)).then_some([
-                    m * depth * size,
-                    depth * n * size,
+                    if l { 0 } else { m * depth * size },
+                    if r { 0 } else { depth * n * size },
                     m * n * size,
                 ])
             }
@@ -115,7 +200,9 @@ impl Stacking {
     pub unsafe fn fill(self, parts: &[PartAddr], me: usize, stacks: Stacks) {
         let part = parts[me];
         let size = part.dtype.byte_width();
+        let [lhs_in_place, rhs_in_place] = self.in_place(parts);
         match self {
+            Stacking::Rows if lhs_in_place => {}
             Stacking::Rows => {
                 let k = part.k;
                 let row0: usize = parts[..me].iter().map(|p| p.m).sum();
@@ -137,18 +224,23 @@ impl Stacking {
                 let rs = stacked_strides(depth, n, part.rhs_strides[0] == 1);
                 let z = size as isize;
                 // SAFETY: the member's operands are live views; columns (rows) `at..at + k` of
-                // the stacked `m x depth` (`depth x n`) operands are its blocks.
+                // the stacked `m x depth` (`depth x n`) operands are its blocks (an operand in
+                // place has no stacked buffer, and nothing to copy).
                 unsafe {
-                    copy_view(
-                        (part.lhs as *const u8, part.lhs_strides),
-                        ((stacks[0] as *mut u8).offset(at * ls[1] * z), ls),
-                        (m, part.k, size),
-                    );
-                    copy_view(
-                        (part.rhs as *const u8, part.rhs_strides),
-                        ((stacks[1] as *mut u8).offset(at * rs[0] * z), rs),
-                        (part.k, n, size),
-                    );
+                    if !lhs_in_place {
+                        copy_view(
+                            (part.lhs as *const u8, part.lhs_strides),
+                            ((stacks[0] as *mut u8).offset(at * ls[1] * z), ls),
+                            (m, part.k, size),
+                        );
+                    }
+                    if !rhs_in_place {
+                        copy_view(
+                            (part.rhs as *const u8, part.rhs_strides),
+                            ((stacks[1] as *mut u8).offset(at * rs[0] * z), rs),
+                            (part.k, n, size),
+                        );
+                    }
                 }
             }
         }
@@ -158,6 +250,16 @@ impl Stacking {
     /// block). `Rows` reads the members' shared right operand itself.
     pub fn call(self, parts: &[PartAddr], stacks: Stacks) -> GemmCall {
         let first = parts[0];
+        let in_place = self.in_place(parts);
+        let found = in_place.iter().filter(|&&b| b).count();
+        IN_PLACE.fetch_add(found, std::sync::atomic::Ordering::Relaxed);
+        // An operand in place is read where the members' views are: the first member's is
+        // the stacked operand's start (`in_place`).
+        let stacks = [
+            if in_place[0] { first.lhs } else { stacks[0] },
+            if in_place[1] { first.rhs } else { stacks[1] },
+            stacks[2],
+        ];
         match self {
             Stacking::Rows => {
                 let rows: usize = parts.iter().map(|p| p.m).sum();
@@ -203,5 +305,108 @@ impl Stacking {
             }
             Stacking::Depth => stacks[2] as *const u8,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Member `p`'s part of a product stacked by rows: `rows[p] x 3` left operands, one
+    /// `3 x 2` right operand, laid out from `lhs[p]` with strides `s`.
+    fn rows_parts(lhs: &[usize], rows: &[usize], s: [isize; 2], region: usize) -> Vec<PartAddr> {
+        lhs.iter()
+            .zip(rows)
+            .map(|(&lhs, &m)| PartAddr {
+                dtype: DType::F32,
+                m,
+                n: 2,
+                k: 3,
+                lhs,
+                lhs_strides: s,
+                rhs: 4096,
+                rhs_strides: [2, 1],
+                regions: [region, 0],
+            })
+            .collect()
+    }
+
+    /// Parts that lie one after another in one region, row-major, are the stacked operand:
+    /// no bytes, no copy, and the call reads the first member's view. Any other arrangement
+    /// copies.
+    #[test]
+    fn parts_already_stacked_in_one_region_are_read_in_place() {
+        let mut region = [0f32; 18];
+        let base = region.as_mut_ptr() as usize;
+        // Rows 2, 3 and 1, each 3 floats wide: at 0, 6 and 15 floats.
+        let lhs = [base, base + 24, base + 60];
+        let parts = rows_parts(&lhs, &[2, 3, 1], [3, 1], base);
+        assert_eq!(Stacking::Rows.in_place(&parts), [true, false]);
+        assert_eq!(Stacking::Rows.layout(&parts), Some([0, 0, 6 * 2 * 4]));
+        let mut out = [0f32; 12];
+        let stacks = [0, 0, out.as_mut_ptr() as usize];
+        for me in 0..3 {
+            // SAFETY: the operand is in place: `fill` copies nothing.
+            unsafe { Stacking::Rows.fill(&parts, me, stacks) };
+        }
+        let before = stacked_in_place();
+        let call = Stacking::Rows.call(&parts, stacks);
+        assert_eq!(call.lhs as usize, base);
+        assert_eq!((call.m, call.lhs_strides), (6, [3, 1]));
+        assert!(stacked_in_place() > before);
+
+        // Not in one region, out of group order, another stride, a gap: copied.
+        let copied = |parts: &[PartAddr]| {
+            Stacking::Rows.in_place(parts) == [false, false]
+                && Stacking::Rows.layout(parts) == Some([6 * 3 * 4, 0, 6 * 2 * 4])
+        };
+        assert!(copied(&rows_parts(&lhs, &[2, 3, 1], [3, 1], 0)));
+        let swapped = [lhs[1], lhs[0], lhs[2]];
+        assert!(copied(&rows_parts(&swapped, &[2, 3, 1], [3, 1], base)));
+        assert!(copied(&rows_parts(&lhs, &[2, 3, 1], [1, 2], base)));
+        let gap = [base, base + 28, base + 64];
+        assert!(copied(&rows_parts(&gap, &[2, 3, 1], [3, 1], base)));
+        let mut other = rows_parts(&lhs, &[2, 3, 1], [3, 1], base);
+        other[2].regions[0] = base + 4;
+        assert!(copied(&other));
+    }
+
+    /// Stacked along the contraction: a transposed left operand (`x_p^T`, unit row stride)
+    /// and a row-major right one, each member's rows after the last's in one region, are both
+    /// in place; the right operand alone in place keeps the left one's copy.
+    #[test]
+    fn a_contraction_stacks_in_place_operand_by_operand() {
+        let (m, n) = (4usize, 5usize);
+        let depth = [2usize, 3];
+        let (xs, gs) = (0x10000usize, 0x20000usize);
+        let part = |me: usize, lhs_region: usize| {
+            let at: usize = depth[..me].iter().sum();
+            PartAddr {
+                dtype: DType::F32,
+                m,
+                n,
+                k: depth[me],
+                lhs: xs + at * m * 4,
+                lhs_strides: [1, m as isize],
+                rhs: gs + at * n * 4,
+                rhs_strides: [n as isize, 1],
+                regions: [lhs_region, xs],
+            }
+        };
+        let both = [part(0, xs), part(1, xs)];
+        assert_eq!(Stacking::Depth.in_place(&both), [true, true]);
+        assert_eq!(Stacking::Depth.layout(&both), Some([0, 0, m * n * 4]));
+        let call = Stacking::Depth.call(&both, [0, 0, 64]);
+        assert_eq!((call.lhs as usize, call.rhs as usize), (xs, gs));
+        assert_eq!(
+            (call.k, call.lhs_strides, call.rhs_strides),
+            (5, [1, 4], [5, 1])
+        );
+        let right = [part(0, 0), part(1, 0)];
+        assert_eq!(Stacking::Depth.in_place(&right), [false, true]);
+        assert_eq!(
+            Stacking::Depth.layout(&right),
+            Some([m * 5 * 4, 0, m * n * 4])
+        );
     }
 }
