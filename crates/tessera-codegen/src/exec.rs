@@ -261,8 +261,9 @@ pub(crate) unsafe fn multiply_shared(dtype: DType, c: &GemmCall) {
 }
 
 /// `out = lhs x rhs` over `(m, n, k)` views: each operand's address and (row, column) strides
-/// in elements. `k == 0` writes zeros. A large column-major `rhs` is copied row-major first
-/// (`transpose.rs`: the library's slow layout).
+/// in elements. `k == 0` writes zeros. A large column-major `rhs` is copied row-major first,
+/// and a narrow row-major result of a column-major `lhs` is computed column-major and copied
+/// out (`transpose.rs`: the library's slow layouts).
 ///
 /// # Safety
 /// The views must lie inside live buffers of `dtype` (a float type), `out` not overlapping the
@@ -275,7 +276,36 @@ pub(crate) unsafe fn gemm_view(
     (o, os): (*mut u8, [isize; 2]),
     par: gemm::Parallelism,
 ) {
-    if crate::transpose::worth_copying((m, n, k), rs, os) {
+    if crate::transpose::narrow_column_result((m, n, k), ls, os) {
+        // Below this many multiply-adds the library's split over the cores was slower than
+        // one core on the column-major result (1024 x 10 x 512: 134 against 118 us; 1024 x
+        // 16 x 1024: 275 against 469 us, Xeon, docs/PERFORMANCE.md).
+        let par = match m.saturating_mul(n).saturating_mul(k) >= 1 << 23 {
+            true => par,
+            false => gemm::Parallelism::None,
+        };
+        let column = [1, m as isize];
+        // SAFETY: the caller's views; the product writes the scratch, an `m x n`
+        // column-major buffer of the same type alive during the call, apart from the
+        // operands, and the copy reads it back into the caller's `out` view.
+        unsafe {
+            let product =
+                |c: *mut u8| gemm_dense(dtype, (m, n, k), (l, ls), (r, rs), (c, column), par);
+            match dtype {
+                DType::F32 => {
+                    crate::transpose::with_column_major_out(o as *mut f32, os, (m, n), |c| {
+                        product(c as *mut u8)
+                    })
+                }
+                DType::F64 => {
+                    crate::transpose::with_column_major_out(o as *mut f64, os, (m, n), |c| {
+                        product(c as *mut u8)
+                    })
+                }
+                _ => unreachable!("fusion sends only float dots to GEMM"),
+            }
+        }
+    } else if crate::transpose::worth_copying((m, n, k), rs, os) {
         let parallel = !matches!(par, gemm::Parallelism::None);
         let stride = rs[1] as usize;
         let row_major = [n as isize, 1];
@@ -345,6 +375,23 @@ fn row_parts((m, _n, k): (usize, usize, usize), ls: [isize; 2], par: gemm::Paral
         return 1;
     }
     rayon::current_num_threads().min(m / 64).max(1)
+}
+
+/// `gemm_dense`, for the tests of `gemm_view`'s layouts (`transpose.rs`).
+///
+/// # Safety
+/// As `gemm_view`'s.
+#[cfg(test)]
+pub(crate) unsafe fn gemm_dense_for_tests(
+    dtype: DType,
+    mnk: (usize, usize, usize),
+    l: (*const u8, [isize; 2]),
+    r: (*const u8, [isize; 2]),
+    o: (*mut u8, [isize; 2]),
+    par: gemm::Parallelism,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { gemm_dense(dtype, mnk, l, r, o, par) }
 }
 
 /// `gemm_view`'s product itself, on the views as given: in row parts on every core when

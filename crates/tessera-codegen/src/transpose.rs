@@ -1,6 +1,11 @@
-//! A GEMM's right operand, when it is column-major (the `W^T` of every dense layer's input
-//! gradient, `dy @ W^T`), copied row-major before the product.
+//! Two layouts the `gemm` crate is slow at, worked around by copies:
+//! - a GEMM's right operand, when it is column-major (the `W^T` of every dense layer's input
+//!   gradient, `dy @ W^T`), copied row-major before the product (`with_row_major`);
+//! - a narrow row-major result of a column-major left operand (a few-output layer's weight
+//!   gradient, `h^T @ dy`, 1024 x 10 x 512), computed column-major into a scratch and copied
+//!   out (`with_column_major_out`).
 //!
+//! The first:
 //! The `gemm` crate (0.19) multiplies a row-major `lhs` by a column-major `rhs` into a
 //! row-major `out` at a fraction of its row-major speed, and at small `m` it collapses:
 //! 512x1024x1024 155 GFLOP/s against 222 row-major, 64x1024x1024 48 against 215,
@@ -39,6 +44,74 @@ pub(crate) fn worth_copying(
         && k >= 64
         && m * n > 256
         && m.saturating_mul(n).saturating_mul(k) >= 1 << 20
+}
+
+/// Whether `gemm_view` computes the `m x n` product of a left operand with (row, column)
+/// strides `ls` into a column-major scratch and copies it into the row-major `out` (strides
+/// `os`) instead of multiplying into `out` itself: a left operand with unit row stride (a
+/// transposed view, `h^T`) and a narrow result (`2 <= n <= 16`, at least 64 rows). The library
+/// transposes a row-major product into one of `n` rows, which its kernels, tiled for many
+/// rows, waste: column-major, one core, 1024 x 10 x 512 took 118 against 329 us, 1024 x 10 x
+/// 64 8.6 against 28, 2048 x 2 x 2048 710 against 2843 (Xeon, every shape tried faster,
+/// docs/PERFORMANCE.md). Both give the same sums in the same order (the same bits at every
+/// shape tried, `tests` below): the library's inner loop runs over `k` either way.
+pub(crate) fn narrow_column_result(
+    (m, n, _k): (usize, usize, usize),
+    ls: [isize; 2],
+    os: [isize; 2],
+) -> bool {
+    ls[0] == 1 && os[1] == 1 && (2..=16).contains(&n) && m >= 64
+}
+
+/// How many products `with_column_major_out` has computed since the process started (for
+/// tests).
+static NARROW: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Each thread's scratch for a narrow product's column-major result (at most 16 columns),
+    /// kept between products as `SCRATCH` is.
+    static COLUMNS: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with a column-major `m x n` scratch (element `(i, j)` at `j * m + i`) for it to
+/// fill with values of `T`, then copies the scratch into the `m x n` view at `out` with
+/// strides `os`.
+///
+/// # Safety
+/// `T` is `f32` or `f64`; `f` writes every element of the scratch (a product does) and
+/// nothing outside it; `out` holds the view (every `(i, j)` at `i * os[0] + j * os[1]`
+/// writable, overlapping nothing `f` reads).
+pub(crate) unsafe fn with_column_major_out<T: Copy>(
+    out: *mut T,
+    os: [isize; 2],
+    (m, n): (usize, usize),
+    f: impl FnOnce(*mut T),
+) {
+    assert!(std::mem::size_of::<T>() <= 8 && std::mem::align_of::<T>() <= 8);
+    NARROW.fetch_add(1, Ordering::Relaxed);
+    let len = m * n;
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    let run = |scratch: &mut Vec<u64>| {
+        if scratch.len() < words {
+            scratch.resize(words, 0);
+        }
+        let col = scratch.as_mut_ptr() as *mut T;
+        f(col);
+        for j in 0..n {
+            // SAFETY: column `j` of the scratch, written by `f` (the caller's contract), holds
+            // `m` values of `T` from `j * m` (the scratch holds `len`, 8-aligned).
+            let column = unsafe { std::slice::from_raw_parts(col.add(j * m), m) };
+            for (i, &v) in column.iter().enumerate() {
+                // SAFETY: element `(i, j)` of the caller's `out` view.
+                unsafe { *out.offset(i as isize * os[0] + j as isize * os[1]) = v };
+            }
+        }
+    };
+    COLUMNS.with(|s| match s.try_borrow_mut() {
+        Ok(mut scratch) => run(&mut scratch),
+        // A product on this thread inside another (work stealing): a scratch of its own.
+        Err(_) => run(&mut Vec::new()),
+    })
 }
 
 /// Operands with more elements than this are copied on both cores (below, waking the pool
@@ -334,6 +407,83 @@ mod tests {
             );
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&direct), bits(&copied), "{m}x{n}x{k}");
+        }
+    }
+
+    /// A narrow row-major product of a transposed left operand, computed column-major and
+    /// copied out, has the bits of the library's own row-major path (which transposes the
+    /// product), in f32 and f64, on one core and on every core, at the big MLP's shapes and
+    /// at odd ones; a row-major left operand or a wide result keeps the direct path.
+    #[test]
+    fn a_narrow_product_through_a_column_major_result_is_the_same_bits() {
+        assert!(!narrow_column_result((1024, 10, 512), [512, 1], [10, 1]));
+        assert!(!narrow_column_result((1024, 17, 512), [1, 1024], [17, 1]));
+        assert!(!narrow_column_result((1024, 1, 512), [1, 1024], [1, 1]));
+        assert!(!narrow_column_result((63, 10, 512), [1, 63], [10, 1]));
+        for (m, n, k) in [
+            (1024, 10, 512),
+            (1024, 10, 64),
+            (2048, 16, 1024),
+            (784, 2, 512),
+            (100, 3, 50),
+            (65, 7, 1),
+        ] {
+            assert!(narrow_column_result(
+                (m, n, k),
+                [1, m as isize],
+                [n as isize, 1]
+            ));
+            // The left operand is `h^T` for a row-major `k x m` h; the right is row-major.
+            let h: Vec<f64> = (0..k * m)
+                .map(|i| ((i * 7919) % 1013) as f64 * 0.001 - 0.5)
+                .collect();
+            let g: Vec<f64> = (0..k * n)
+                .map(|i| ((i * 104_729) % 1009) as f64 * 0.001 - 0.5)
+                .collect();
+            for par in [gemm::Parallelism::None, gemm::Parallelism::Rayon(0)] {
+                fn both<T: Copy + Default + PartialEq + std::fmt::Debug + 'static>(
+                    (m, n, k): (usize, usize, usize),
+                    (h, g): (&[T], &[T]),
+                    dtype: tessera_ir::DType,
+                    par: gemm::Parallelism,
+                ) {
+                    let mut direct = vec![T::default(); m * n];
+                    let mut narrow = vec![T::default(); m * n];
+                    let before = NARROW.load(Ordering::Relaxed);
+                    let ls = [1, m as isize];
+                    let (rs, os) = ([n as isize, 1], [n as isize, 1]);
+                    // SAFETY: `h^T` (m x k, strides [1, m]), `g` (k x n) and the results
+                    // (m x n row-major) lie inside their vectors; the results overlap neither
+                    // operand.
+                    unsafe {
+                        crate::exec::gemm_dense_for_tests(
+                            dtype,
+                            (m, n, k),
+                            (h.as_ptr() as *const u8, ls),
+                            (g.as_ptr() as *const u8, rs),
+                            (direct.as_mut_ptr() as *mut u8, os),
+                            par,
+                        );
+                        crate::exec::gemm_view(
+                            dtype,
+                            (m, n, k),
+                            (h.as_ptr() as *const u8, ls),
+                            (g.as_ptr() as *const u8, rs),
+                            (narrow.as_mut_ptr() as *mut u8, os),
+                            par,
+                        );
+                    }
+                    assert!(
+                        NARROW.load(Ordering::Relaxed) > before,
+                        "the narrow path taken"
+                    );
+                    assert_eq!(direct, narrow, "{m}x{n}x{k} {dtype:?}");
+                }
+                let h32: Vec<f32> = h.iter().map(|&x| x as f32).collect();
+                let g32: Vec<f32> = g.iter().map(|&x| x as f32).collect();
+                both((m, n, k), (&h32, &g32), tessera_ir::DType::F32, par);
+                both((m, n, k), (&h, &g), tessera_ir::DType::F64, par);
+            }
         }
     }
 }
