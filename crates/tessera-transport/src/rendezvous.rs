@@ -171,6 +171,40 @@ impl Default for Rendezvous {
     }
 }
 
+/// Launch buffers given back by ended launches (`Rendezvous`'s `Drop`), for the next ones
+/// (`launch_buffer`): the threaded devices' shared products asked for about 10 MB of fresh
+/// pages a step of the big MLP over 2 devices (2,700 page faults a step, `perf stat`), which
+/// the allocator handed back to the system between launches. At most `SPARE_BYTES` kept.
+static SPARE: Mutex<Vec<Vec<MaybeUninit<u64>>>> = Mutex::new(Vec::new());
+
+/// The most bytes `SPARE` keeps.
+const SPARE_BYTES: usize = 256 << 20;
+
+/// How many launch buffers were allocated rather than taken from `SPARE` (for tests).
+static FRESH_BUFFERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many launch buffers were allocated rather than reused, since the process started.
+pub fn fresh_launch_buffers() -> usize {
+    FRESH_BUFFERS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Drop for Rendezvous {
+    /// The launch has ended: every member has returned (each holds the rendezvous until then)
+    /// and no run holds an address into its buffers (`run_partial` clears them), so they go to
+    /// `SPARE` for the next launch, up to `SPARE_BYTES`, the largest kept first.
+    fn drop(&mut self) {
+        let kept = std::mem::take(self.kept.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+        spare.extend(kept);
+        spare.sort_unstable_by_key(|b| std::cmp::Reverse(b.len()));
+        let mut total = 0usize;
+        spare.retain(|b| {
+            total = total.saturating_add(b.len() * 8);
+            total <= SPARE_BYTES
+        });
+    }
+}
+
 /// Room for `bytes` bytes, 8-aligned, uninitialized (at least one word).
 pub fn uninit_words(bytes: usize) -> Vec<MaybeUninit<u64>> {
     let words = bytes.div_ceil(8).max(1);
@@ -200,12 +234,27 @@ impl Rendezvous {
     }
 
     /// Room for `bytes` bytes (8-aligned) that stays until the rendezvous (the launch) ends.
-    /// Its contents are uninitialized: write before reading.
+    /// Its contents are uninitialized: write before reading. It is an earlier launch's buffer
+    /// when one large enough was given back (`SPARE`), so a step that repeats a launch's
+    /// shared products allocates (and faults in) nothing for them.
     pub fn launch_buffer(&self, bytes: usize) -> *mut u8 {
+        let words = bytes.div_ceil(8).max(1);
+        let spare = {
+            let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+            // The smallest that holds `words`, if it is at most twice as large.
+            let best = (0..spare.len())
+                .filter(|&i| (words..=words.saturating_mul(2)).contains(&spare[i].len()))
+                .min_by_key(|&i| spare[i].len());
+            best.map(|i| spare.swap_remove(i))
+        };
+        let buffer = spare.unwrap_or_else(|| {
+            FRESH_BUFFERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            uninit_words(bytes)
+        });
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         // (A push: consistent whatever panicked.) The address is taken from the vector where
         // it stays: moving a vector keeps its elements where they are.
-        kept.push(uninit_words(bytes));
+        kept.push(buffer);
         kept.last_mut()
             .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr() as *mut u8)
     }
@@ -588,6 +637,30 @@ fn board_of<T: 'static, D: 'static>(slot: &mut Slot) -> &mut Board<T, D> {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A launch's buffers serve the next launch's requests of the same sizes: nothing is
+    /// allocated again (sizes no other test asks for, so a test running meanwhile does not
+    /// take them, nor allocate: the fresh count is this test's).
+    #[test]
+    fn the_next_launch_reuses_the_last_ones_buffers() {
+        let sizes = [3_000_017usize, 1_000_003];
+        let first = Rendezvous::with_timeout(Duration::from_secs(1));
+        let mut addrs: Vec<usize> = sizes
+            .iter()
+            .map(|&b| first.launch_buffer(b) as usize)
+            .collect();
+        drop(first);
+        let fresh = fresh_launch_buffers();
+        let next = Rendezvous::with_timeout(Duration::from_secs(1));
+        let mut again: Vec<usize> = sizes
+            .iter()
+            .map(|&b| next.launch_buffer(b) as usize)
+            .collect();
+        addrs.sort_unstable();
+        again.sort_unstable();
+        assert_eq!(again, addrs, "the same buffers");
+        assert_eq!(fresh_launch_buffers(), fresh, "nothing allocated");
+    }
 
     const IDS: [usize; 3] = [10, 11, 12];
 
