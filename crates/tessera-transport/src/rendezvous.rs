@@ -197,10 +197,12 @@ impl Drop for Rendezvous {
         let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
         spare.extend(kept);
         spare.sort_unstable_by_key(|b| std::cmp::Reverse(b.len()));
+        // Largest first, each kept while the total stays within the bound (one too large
+        // for it is dropped, the smaller ones after it still kept).
         let mut total = 0usize;
         spare.retain(|b| {
-            total = total.saturating_add(b.len() * 8);
-            total <= SPARE_BYTES
+            let kept = total.saturating_add(b.len() * 8);
+            (kept <= SPARE_BYTES).then(|| total = kept).is_some()
         });
     }
 }
