@@ -86,10 +86,15 @@ extern "C" fn finalize() {
     if BROKEN.load(Ordering::SeqCst) {
         if let Some(comm) = &state.comm {
             // The abort's own deadline: should Open MPI's abort not end this process (a CI run
-            // once sat in a failed job's teardown until its 180 s deadline), SIGALRM's default
-            // action ends it, and `mpirun` ends the job as for a killed process.
-            // SAFETY: `alarm` only schedules a signal; nothing here handles SIGALRM.
-            unsafe { alarm(ABORT_WITHIN_SECONDS) };
+            // once sat in a failed job's teardown until its 180 s deadline, maybe here, maybe
+            // in `mpirun`: not found), a watchdog thread ends it, and `mpirun` ends the job as
+            // for a killed process. (Not covered: a process that finalizes, or that another
+            // thread's exchange keeps from both, above.)
+            std::thread::spawn(|| {
+                std::thread::sleep(ABORT_WITHIN);
+                // SAFETY: `_exit` ends the process at once, running no handler.
+                unsafe { _exit(1) }
+            });
             // SAFETY: a valid communicator; MPI_Abort ends every process of the job.
             unsafe { ffi::MPI_Abort(comm.as_raw(), 1) };
         }
@@ -101,11 +106,11 @@ extern "C" fn finalize() {
 }
 
 /// How long a process that aborts the job waits for `MPI_Abort` to end it.
-const ABORT_WITHIN_SECONDS: std::ffi::c_uint = 10;
+const ABORT_WITHIN: Duration = Duration::from_secs(10);
 
 unsafe extern "C" {
     fn atexit(f: extern "C" fn()) -> c_int;
-    fn alarm(seconds: std::ffi::c_uint) -> std::ffi::c_uint;
+    fn _exit(status: c_int) -> !;
 }
 
 /// Initializes MPI and returns the link to the other processes, after checking that every

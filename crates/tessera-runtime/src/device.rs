@@ -342,8 +342,9 @@ pub(crate) fn launch_positions<X: Send + 'static, T: Send + 'static, E: Send + '
             }
             // The launch's closure and programs let go of before the answer: once the caller
             // has every answer, it holds the only reference to what the closure captured
-            // (`DeviceProgram::run` takes its inputs back).
-            drop((run, exes));
+            // (`DeviceProgram::run` takes its inputs back), and to the rendezvous, which it
+            // drops before the next launch may start, giving its buffers back for that one.
+            drop((run, exes, shared));
             let _ = tx.send((k, answer));
         });
         let sent = d.senders[thread]

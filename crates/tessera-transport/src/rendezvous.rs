@@ -174,7 +174,8 @@ impl Default for Rendezvous {
 /// Launch buffers given back by ended launches (`Rendezvous`'s `Drop`), for the next ones
 /// (`launch_buffer`): the threaded devices' shared products asked for about 10 MB of fresh
 /// pages a step of the big MLP over 2 devices (2,700 page faults a step, `perf stat`), which
-/// the allocator handed back to the system between launches. At most `SPARE_BYTES` kept.
+/// the allocator handed back to the system between launches. At most `SPARE_BYTES` kept, for
+/// the life of the process (the largest buffers of the launches so far).
 static SPARE: Mutex<Vec<Vec<MaybeUninit<u64>>>> = Mutex::new(Vec::new());
 
 /// The most bytes `SPARE` keeps.
@@ -189,22 +190,32 @@ pub fn fresh_launch_buffers() -> usize {
 }
 
 impl Drop for Rendezvous {
-    /// The launch has ended: every member has returned (each holds the rendezvous until then)
-    /// and no run holds an address into its buffers (`run_partial` clears them), so they go to
-    /// `SPARE` for the next launch, up to `SPARE_BYTES`, the largest kept first.
+    /// The launch has ended: every member's job holds the rendezvous until its run has
+    /// returned (an error, a timeout or a caught panic included), and a run reads a launch
+    /// buffer only while it runs (a pointer left in its scratch by an unwinding run is
+    /// replaced before any use, `bind`), so they go to `SPARE` for the next launch.
     fn drop(&mut self) {
         let kept = std::mem::take(self.kept.get_mut().unwrap_or_else(|e| e.into_inner()));
         let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
         spare.extend(kept);
-        spare.sort_unstable_by_key(|b| std::cmp::Reverse(b.len()));
-        // Largest first, each kept while the total stays within the bound (one too large
-        // for it is dropped, the smaller ones after it still kept).
-        let mut total = 0usize;
-        spare.retain(|b| {
-            let kept = total.saturating_add(b.len() * 8);
-            (kept <= SPARE_BYTES).then(|| total = kept).is_some()
-        });
+        trim(&mut spare, SPARE_BYTES);
     }
+}
+
+/// Keeps the largest buffers of `spare` whose bytes total at most `bound`: largest first, each
+/// kept if it still fits (one too large is dropped, the smaller ones after it still kept).
+fn trim(spare: &mut Vec<Vec<MaybeUninit<u64>>>, bound: usize) {
+    spare.sort_unstable_by_key(|b| std::cmp::Reverse(b.len()));
+    let mut total = 0usize;
+    spare.retain(|b| {
+        let bytes = b.len() * 8;
+        if total.saturating_add(bytes) <= bound {
+            total += bytes;
+            true
+        } else {
+            false
+        }
+    });
 }
 
 /// Room for `bytes` bytes, 8-aligned, uninitialized (at least one word).
@@ -641,8 +652,9 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A launch's buffers serve the next launch's requests of the same sizes: nothing is
-    /// allocated again (sizes no other test asks for, so a test running meanwhile does not
-    /// take them, nor allocate: the fresh count is this test's).
+    /// allocated again. No other test of this crate asks for launch buffers, so none takes
+    /// these (a request takes any spare of 1 to 2 times its size) or moves the global count
+    /// meanwhile.
     #[test]
     fn the_next_launch_reuses_the_last_ones_buffers() {
         let sizes = [3_000_017usize, 1_000_003];
@@ -662,6 +674,16 @@ mod tests {
         again.sort_unstable();
         assert_eq!(again, addrs, "the same buffers");
         assert_eq!(fresh_launch_buffers(), fresh, "nothing allocated");
+    }
+
+    /// The spare list keeps the largest buffers within its bound, skipping one too large.
+    #[test]
+    fn the_spare_list_keeps_the_largest_that_fit() {
+        let words = |w: usize| uninit_words(w * 8);
+        let mut spare = vec![words(10), words(300), words(200), words(100)];
+        trim(&mut spare, 250 * 8);
+        let kept: Vec<usize> = spare.iter().map(Vec::len).collect();
+        assert_eq!(kept, [200, 10]);
     }
 
     const IDS: [usize; 3] = [10, 11, 12];
