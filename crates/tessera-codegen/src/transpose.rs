@@ -87,30 +87,41 @@ pub(crate) unsafe fn with_column_major_out<T: Copy>(
     (m, n): (usize, usize),
     f: impl FnOnce(*mut T),
 ) {
-    assert!(std::mem::size_of::<T>() <= 8 && std::mem::align_of::<T>() <= 8);
     NARROW.fetch_add(1, Ordering::Relaxed);
-    let len = m * n;
-    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
-    let run = |scratch: &mut Vec<u64>| {
-        if scratch.len() < words {
-            scratch.resize(words, 0);
-        }
+    with_scratch::<T, _>(&COLUMNS, m * n, |scratch| {
         let col = scratch.as_mut_ptr() as *mut T;
         f(col);
         for j in 0..n {
             // SAFETY: column `j` of the scratch, written by `f` (the caller's contract), holds
-            // `m` values of `T` from `j * m` (the scratch holds `len`, 8-aligned).
+            // `m` values of `T` from `j * m` (the scratch holds `m * n`, 8-aligned).
             let column = unsafe { std::slice::from_raw_parts(col.add(j * m), m) };
             for (i, &v) in column.iter().enumerate() {
                 // SAFETY: element `(i, j)` of the caller's `out` view.
                 unsafe { *out.offset(i as isize * os[0] + j as isize * os[1]) = v };
             }
         }
-    };
-    COLUMNS.with(|s| match s.try_borrow_mut() {
-        Ok(mut scratch) => run(&mut scratch),
-        // A product on this thread inside another (work stealing): a scratch of its own.
-        Err(_) => run(&mut Vec::new()),
+    })
+}
+
+/// Calls `f` with this thread's scratch `key`, grown to hold at least `len` values of `T` (a
+/// type of at most 8 bytes and 8-aligned: its words are 8-aligned); zeroed when grown, else
+/// as the last product left it. A product on this thread inside another (the library's
+/// rayon tasks steal work) finds the scratch taken and gets one of its own.
+fn with_scratch<T, R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<u64>>>,
+    len: usize,
+    f: impl FnOnce(&mut [u64]) -> R,
+) -> R {
+    assert!(std::mem::size_of::<T>() <= 8 && std::mem::align_of::<T>() <= 8);
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    key.with(|s| match s.try_borrow_mut() {
+        Ok(mut scratch) => {
+            if scratch.len() < words {
+                scratch.resize(words, 0);
+            }
+            f(&mut scratch[..words])
+        }
+        Err(_) => f(&mut vec![0; words]),
     })
 }
 
@@ -161,34 +172,16 @@ pub(crate) unsafe fn with_row_major<T: Copy + Default + Send + Sync, R>(
     parallel: bool,
     f: impl FnOnce(*const T) -> R,
 ) -> R {
-    assert!(std::mem::size_of::<T>() <= 8 && std::mem::align_of::<T>() <= 8);
     COPIES.fetch_add(1, Ordering::Relaxed);
     let len = k * n;
-    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
-    let fill = |scratch: &mut Vec<u64>| {
-        if scratch.len() < words {
-            scratch.resize(words, 0);
-        }
+    with_scratch::<T, _>(&SCRATCH, len, |scratch| {
         // SAFETY: the scratch holds at least `len` values of `T` (its bytes, 8-aligned, and
         // `T` is at most 8 bytes and 8-aligned); `T` is f32 or f64 (the caller's contract),
         // for which every bit pattern is a value.
         let dst = unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut T, len) };
         // SAFETY: forwarded from the caller.
         unsafe { copy_row_major(Src(src), stride, n, dst, parallel && len > PARALLEL_FROM) };
-        dst.as_ptr()
-    };
-    SCRATCH.with(|s| match s.try_borrow_mut() {
-        Ok(mut scratch) => {
-            let p = fill(&mut scratch);
-            f(p)
-        }
-        // Only when a product on this thread ran another one inside it (the library's rayon
-        // tasks steal work): that one copies into a scratch of its own.
-        Err(_) => {
-            let mut own = Vec::new();
-            let p = fill(&mut own);
-            f(p)
-        }
+        f(dst.as_ptr())
     })
 }
 
