@@ -86,25 +86,22 @@ pub enum Stacking {
 pub type Stacks = [usize; 3];
 
 impl Stacking {
-    /// The stacked operand's strides and member `me`'s block's offset in it, in elements, for
-    /// the left (`0`) or right (`1`) operand (`Rows` stacks only the left one). Parts `layout`
-    /// accepted, so the members agree on every extent but the stacked one.
-    fn block(self, parts: &[PartAddr], me: usize, operand: usize) -> ([isize; 2], isize) {
+    /// The stacked left (`0`) or right (`1`) operand's strides, and how many elements its
+    /// blocks advance by a row of `Rows` or a contraction index of `Depth` (`Rows` stacks only
+    /// the left one). For parts `layout` accepted: the members agree on every extent but the
+    /// stacked one.
+    fn stacked(self, parts: &[PartAddr], operand: usize) -> ([isize; 2], isize) {
         let first = parts[0];
         match self {
-            Stacking::Rows => {
-                let row0: usize = parts[..me].iter().map(|p| p.m).sum();
-                ([first.k as isize, 1], (row0 * first.k) as isize)
-            }
+            Stacking::Rows => ([first.k as isize, 1], first.k as isize),
             Stacking::Depth => {
                 let depth: usize = parts.iter().map(|p| p.k).sum();
-                let at = parts[..me].iter().map(|p| p.k).sum::<usize>() as isize;
                 if operand == 0 {
                     let s = stacked_strides(first.m, depth, first.lhs_strides[0] == 1);
-                    (s, at * s[1])
+                    (s, s[1])
                 } else {
                     let s = stacked_strides(depth, first.n, first.rhs_strides[0] == 1);
-                    (s, at * s[0])
+                    (s, s[0])
                 }
             }
         }
@@ -114,7 +111,7 @@ impl Stacking {
     /// operand, in one shared region (`PartAddr::regions`), each with the stacked strides at
     /// its block's place (`fill` would copy every element onto itself). The stacked view is
     /// then the union of the members' views: its every element is one member's, inside the
-    /// one region. `Rows` has no stacked right operand (`false`).
+    /// one region. `Rows` has no stacked right operand (`false`). One pass over the members.
     pub fn in_place(self, parts: &[PartAddr]) -> [bool; 2] {
         let Some(first) = parts.first() else {
             return [false, false];
@@ -125,20 +122,27 @@ impl Stacking {
                 0 => (first.regions[0], first.lhs),
                 _ => (first.regions[1], first.rhs),
             };
-            region != 0
-                && parts.iter().enumerate().all(|(me, p)| {
-                    let (addr, strides) = match j {
-                        0 => (p.lhs, p.lhs_strides),
-                        _ => (p.rhs, p.rhs_strides),
-                    };
-                    let (want, offset) = self.block(parts, me, j);
-                    p.regions[j] == region
-                        && strides == want
-                        && offset
-                            .checked_mul(size)
-                            .and_then(|o| (base as isize).checked_add(o))
-                            == Some(addr as isize)
-                })
+            if region == 0 {
+                return false;
+            }
+            let (want, step) = self.stacked(parts, j);
+            // Member `me`'s block starts `at` rows (contraction indices) into the stack.
+            let mut at = 0isize;
+            parts.iter().all(|p| {
+                let (addr, strides) = match j {
+                    0 => (p.lhs, p.lhs_strides),
+                    _ => (p.rhs, p.rhs_strides),
+                };
+                let here = at
+                    .checked_mul(step)
+                    .and_then(|e| e.checked_mul(size))
+                    .and_then(|o| (base as isize).checked_add(o));
+                at += match self {
+                    Stacking::Rows => p.m,
+                    Stacking::Depth => p.k,
+                } as isize;
+                p.regions[j] == region && strides == want && here == Some(addr as isize)
+            })
         };
         match self {
             Stacking::Rows => [operand(0), false],
