@@ -12,6 +12,7 @@
 //! what `tessera-interp` computes, within the approximation bounds stated in `approx.rs`.
 
 pub mod approx;
+pub mod cache;
 pub mod elem;
 pub mod exec;
 pub mod fusion;

@@ -178,7 +178,10 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
         config: module.target_config(),
         shared: std::sync::Mutex::new((module, Vec::new())),
     };
-    let mut codes = build_and_compile(&decls, &*isa, kernels, unique, outline_all, disasm)?;
+    // The persistent cache's directory, one for the whole compile (`cache.rs`).
+    let cache = crate::cache::dir();
+    let cache = cache.as_deref();
+    let mut codes = build_and_compile(&decls, &*isa, kernels, unique, outline_all, disasm, cache)?;
     let (mut module, outlined) = decls.shared.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut fctx = FunctionBuilderContext::new();
     let built = outlined
@@ -189,7 +192,7 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
             kernel: None,
         })
         .collect();
-    codes.extend(compile_all(&*isa, built, disasm)?);
+    codes.extend(compile_all(&*isa, built, disasm, cache)?);
     for code in codes {
         if let Some(vcode) = &code.vcode {
             // A debugging aid for kernel performance work: the machine code of every kernel.
@@ -224,6 +227,9 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
 /// `JITBuilder::with_flags`'s (no colocated libcalls, not PIC) and ours: `opt_level=speed`,
 /// and Cranelift's IR verifier, which costs 15-35% of compile time (CRANELIFT.md), on in
 /// builds with debug assertions (the test suite), where it checks every kernel lowering makes.
+/// There too, every hit of the persistent cache (`cache.rs`) is compiled again and compared
+/// with the entry (Cranelift's `enable_incremental_compilation_cache_checks`: a mismatch
+/// panics), so the suite checks that an entry is exactly the code it stands for.
 pub(crate) fn host_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, LowerError> {
     static ISA: std::sync::OnceLock<Result<cranelift_codegen::isa::OwnedTargetIsa, String>> =
         std::sync::OnceLock::new();
@@ -238,6 +244,7 @@ pub(crate) fn host_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, Lower
         for (name, value) in [
             ("opt_level", "speed"),
             ("enable_verifier", verify),
+            ("enable_incremental_compilation_cache_checks", verify),
             ("use_colocated_libcalls", "false"),
             ("is_pic", "false"),
         ] {
@@ -447,12 +454,25 @@ fn machine_code(
     func: Function,
     kernel: Option<usize>,
     disasm: bool,
+    cache: Option<&std::path::Path>,
 ) -> Result<MachineCode, LowerError> {
     ctx.clear();
     ctx.func = func;
     ctx.set_disasm(disasm);
-    ctx.compile(isa, &mut ControlPlane::default())
-        .map_err(|e| cl(format!("{:?}", e.inner)))?;
+    match cache.filter(|_| !disasm) {
+        // A hit has no disassembly: `TESSERA_DISASM` compiles.
+        Some(dir) => {
+            let mut store = crate::cache::DirStore { dir };
+            let (_, hit) = ctx
+                .compile_with_cache(isa, &mut store, &mut ControlPlane::default())
+                .map_err(|e| cl(format!("{:?}", e.inner)))?;
+            crate::cache::count(hit);
+        }
+        None => {
+            ctx.compile(isa, &mut ControlPlane::default())
+                .map_err(|e| cl(format!("{:?}", e.inner)))?;
+        }
+    }
     let code = ctx
         .compiled_code()
         .ok_or_else(|| cl("compiled without code"))?;
@@ -480,6 +500,7 @@ fn compile_all(
     isa: &dyn TargetIsa,
     built: Vec<Built>,
     disasm: bool,
+    cache: Option<&std::path::Path>,
 ) -> Result<Vec<MachineCode>, LowerError> {
     use rayon::prelude::*;
     // Largest first, one function a task: the longest (a tanh body is a third of the seed
@@ -491,9 +512,9 @@ fn compile_all(
         .with_max_len(1)
         .map(|(i, Built { id, func, kernel })| {
             let code = CONTEXT.with(|c| match c.try_borrow_mut() {
-                Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, kernel, disasm),
+                Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, kernel, disasm, cache),
                 // Only if Cranelift itself ran another task of the pool on this thread.
-                Err(_) => machine_code(&mut Context::new(), isa, id, func, kernel, disasm),
+                Err(_) => machine_code(&mut Context::new(), isa, id, func, kernel, disasm, cache),
             })?;
             Ok((i, code))
         })
@@ -523,6 +544,7 @@ fn build_and_compile(
     unique: Vec<(usize, FuncId, Signature)>,
     outline_all: bool,
     disasm: bool,
+    cache: Option<&std::path::Path>,
 ) -> Result<Vec<MachineCode>, LowerError> {
     use rayon::prelude::*;
     let mut order: Vec<(usize, (usize, FuncId, Signature))> =
@@ -539,8 +561,8 @@ fn build_and_compile(
             build(decls, &mut func, &mut fctx, &kernels[i], outline_all);
             BUILDER.with(|c| c.set(fctx));
             let code = CONTEXT.with(|c| match c.try_borrow_mut() {
-                Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, Some(i), disasm),
-                Err(_) => machine_code(&mut Context::new(), isa, id, func, Some(i), disasm),
+                Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, Some(i), disasm, cache),
+                Err(_) => machine_code(&mut Context::new(), isa, id, func, Some(i), disasm, cache),
             })?;
             Ok((at, code))
         })

@@ -89,6 +89,34 @@ pub fn shared_gemm_count() -> usize {
     tessera_runtime::shared_gemm_count() + tessera_codegen::together::products_together()
 }
 
+/// Keeps every compiled kernel's machine code in `dir` and reuses it in later processes, as
+/// JAX's `jax_compilation_cache_dir` does (`None` turns the cache off). Without a call, the
+/// directory is `TESSERA_CACHE_DIR` if that is set and not empty, else there is no cache.
+/// An entry is keyed by the kernel's Cranelift IR, the CPU's features and the compiler's
+/// version, so it is found only where the same code would be compiled; a damaged entry is a
+/// miss. The directory must be as trusted as the program's binary: its entries are code this
+/// process runs. See `tessera_codegen::cache`.
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("tessera-doc-cache-{}", std::process::id()));
+/// tessera::set_compilation_cache_dir(Some(dir.clone()));
+/// let f = tessera::jit(|x: tessera::Tensor| (x * 2.0).tanh());
+/// let y = f.call(tessera::Tensor::ones([8])).unwrap();
+/// assert!(tessera::compilation_cache_stats().misses > 0);
+/// tessera::set_compilation_cache_dir(None);
+/// # let _ = std::fs::remove_dir_all(dir);
+/// # let _ = y;
+/// ```
+pub fn set_compilation_cache_dir(dir: Option<std::path::PathBuf>) {
+    tessera_codegen::cache::set_dir(dir);
+}
+
+/// What the persistent compilation cache did in this process: kernels whose code it held,
+/// kernels compiled and stored, entries rejected as damaged, stores that failed.
+pub fn compilation_cache_stats() -> tessera_codegen::cache::Stats {
+    tessera_codegen::cache::stats()
+}
+
 /// What a user program imports: `use tessera::prelude::*;`.
 pub mod prelude {
     pub use crate::axis::{Axis, AxisList, keepdims};

@@ -566,6 +566,19 @@ impl<'a> Pipeline<'a> {
         }
         let total: Duration = self.rec.timings.iter().map(|t| t.time + t.verify).sum();
         writeln!(s, "{:<12} {:>10.3}", "total", ms(total)).expect("writing to a String");
+        if let Some(dir) = tessera_codegen::cache::dir() {
+            let c = tessera_codegen::cache::stats();
+            writeln!(
+                s,
+                "compilation cache {}: {} hits, {} misses, {} rejected, {} write errors (process)",
+                dir.display(),
+                c.hits,
+                c.misses,
+                c.rejected,
+                c.write_errors
+            )
+            .expect("writing to a String");
+        }
         s
     }
 }

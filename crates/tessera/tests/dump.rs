@@ -77,6 +77,7 @@ fn timing_child_output(value: &str) -> (String, String) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([TIMING_CHILD, "--exact", "--ignored", "--nocapture"])
         .env("TESSERA_TIMING", value)
+        .env_remove("TESSERA_CACHE_DIR")
         .env_remove("TESSERA_DUMP")
         .output()
         .unwrap();
