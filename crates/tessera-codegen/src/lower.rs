@@ -132,6 +132,17 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
 /// `compile`; with `outline_all`, every kernel calls its transcendental functions out of line
 /// (as long bodies do), so a test can hold both forms of one kernel side by side.
 fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, LowerError> {
+    // The persistent cache's entries, one directory for the whole compile (`cache.rs`).
+    let cache = crate::cache::dir().map(|d| crate::cache::entries_dir(&d));
+    compile_in(kernels, outline_all, cache.as_deref())
+}
+
+/// `compile_with`, through the persistent cache's entries in `cache` if given.
+fn compile_in(
+    kernels: &[Kernel],
+    outline_all: bool,
+    cache: Option<&std::path::Path>,
+) -> Result<Compiled, LowerError> {
     let outline_all = outline_all || outlines_all(kernels);
     let mut builder = JITBuilder::with_isa(host_isa()?, default_libcall_names());
     for (name, f) in UNARY_LIBCALLS {
@@ -178,9 +189,6 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
         config: module.target_config(),
         shared: std::sync::Mutex::new((module, Vec::new())),
     };
-    // The persistent cache's directory, one for the whole compile (`cache.rs`).
-    let cache = crate::cache::dir();
-    let cache = cache.as_deref();
     let mut codes = build_and_compile(&decls, &*isa, kernels, unique, outline_all, disasm, cache)?;
     let (mut module, outlined) = decls.shared.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut fctx = FunctionBuilderContext::new();
@@ -227,9 +235,6 @@ fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, Lower
 /// `JITBuilder::with_flags`'s (no colocated libcalls, not PIC) and ours: `opt_level=speed`,
 /// and Cranelift's IR verifier, which costs 15-35% of compile time (CRANELIFT.md), on in
 /// builds with debug assertions (the test suite), where it checks every kernel lowering makes.
-/// There too, every hit of the persistent cache (`cache.rs`) is compiled again and compared
-/// with the entry (Cranelift's `enable_incremental_compilation_cache_checks`: a mismatch
-/// panics), so the suite checks that an entry is exactly the code it stands for.
 pub(crate) fn host_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, LowerError> {
     static ISA: std::sync::OnceLock<Result<cranelift_codegen::isa::OwnedTargetIsa, String>> =
         std::sync::OnceLock::new();
@@ -244,7 +249,6 @@ pub(crate) fn host_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, Lower
         for (name, value) in [
             ("opt_level", "speed"),
             ("enable_verifier", verify),
-            ("enable_incremental_compilation_cache_checks", verify),
             ("use_colocated_libcalls", "false"),
             ("is_pic", "false"),
         ] {
@@ -461,13 +465,7 @@ fn machine_code(
     ctx.set_disasm(disasm);
     match cache.filter(|_| !disasm) {
         // A hit has no disassembly: `TESSERA_DISASM` compiles.
-        Some(dir) => {
-            let mut store = crate::cache::DirStore { dir };
-            let (_, hit) = ctx
-                .compile_with_cache(isa, &mut store, &mut ControlPlane::default())
-                .map_err(|e| cl(format!("{:?}", e.inner)))?;
-            crate::cache::count(hit);
-        }
+        Some(dir) => cached_compile(ctx, isa, dir)?,
         None => {
             ctx.compile(isa, &mut ControlPlane::default())
                 .map_err(|e| cl(format!("{:?}", e.inner)))?;
@@ -490,6 +488,45 @@ fn machine_code(
         relocs,
         vcode: code.vcode.clone().filter(|_| disasm),
     })
+}
+
+/// Compiles `ctx.func` through the persistent cache's entries in `dir` (`cache.rs`), leaving
+/// the code in `ctx` as `Context::compile` does: Cranelift's incremental cache looks the
+/// function up by its key and stores it on a miss. An entry found but not usable (written by
+/// another Cranelift) is counted rejected. When verifying (`cache::verifying`), a hit is
+/// compiled again and, if the code differs, the entry is removed and the fresh code kept.
+fn cached_compile(
+    ctx: &mut Context,
+    isa: &dyn TargetIsa,
+    dir: &std::path::Path,
+) -> Result<(), LowerError> {
+    use crate::cache::{self, DirStore, Outcome};
+    let mut store = DirStore::new(dir);
+    let (code, hit) = ctx
+        .compile_with_cache(isa, &mut store, &mut ControlPlane::default())
+        .map_err(|e| cl(format!("{:?}", e.inner)))?;
+    if !hit {
+        if store.found() {
+            cache::count_rejected();
+        }
+        cache::count(Outcome::Miss);
+        return Ok(());
+    }
+    if !cache::verifying() {
+        cache::count(Outcome::Hit);
+        return Ok(());
+    }
+    let entry = code.clone();
+    let fresh = ctx
+        .compile(isa, &mut ControlPlane::default())
+        .map_err(|e| cl(format!("{:?}", e.inner)))?;
+    if *fresh == entry {
+        cache::count(Outcome::Hit);
+    } else {
+        store.remove_found();
+        cache::count(Outcome::Mismatch);
+    }
+    Ok(())
 }
 
 /// Compiles `built` with `isa`, on the rayon pool (every core): each function is independent
@@ -2208,6 +2245,49 @@ mod tests {
             checked += 1;
         }
         assert!(checked >= 10, "{checked} functions");
+    }
+
+    /// The persistent cache: a second compile of a kernel takes its entry and runs the same
+    /// bits; an entry that is another kernel's code under this one's key (a valid checksum, so
+    /// only verification can tell) is caught when verifying, removed, and the fresh code used.
+    #[test]
+    fn cache_entries_are_used_and_a_wrong_one_is_caught_when_verifying() {
+        let dir = std::env::temp_dir().join(format!("tessera-cache-lower-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let xs: Vec<f32> = (0..11).map(|i| i as f32 * 0.37 - 2.0).collect();
+        let one = |u: UnaryOp| {
+            let mut g = Graph::new("one");
+            let x = g.add_param(TensorType::new(DType::F32, vec![xs.len()]));
+            let y = g.add(Op::Unary(u), &[x]).unwrap();
+            g.set_outputs(vec![y]);
+            kernels_of(&g)
+        };
+        let (tanh, exp) = (one(UnaryOp::Tanh), one(UnaryOp::Exp));
+        let want = run(&compile_in(&tanh, false, None).unwrap(), &xs);
+        let before = crate::cache::stats();
+        compile_in(&tanh, false, Some(&dir)).unwrap();
+        let tanh_entries = crate::cache::entries(&dir);
+        assert_eq!(tanh_entries.len(), 1);
+        let hit = compile_in(&tanh, false, Some(&dir)).unwrap();
+        assert!(crate::cache::stats().hits > before.hits);
+        assert_eq!(
+            run(&hit, &xs),
+            want,
+            "the entry's code computes the same bits"
+        );
+        compile_in(&exp, false, Some(&dir)).unwrap();
+        let all = crate::cache::entries(&dir);
+        let exp_payload = &all.iter().find(|e| **e != tanh_entries[0]).unwrap().1;
+        crate::cache::plant(&dir, &tanh_entries[0].0, exp_payload);
+        crate::cache::set_verify(true);
+        let mismatched = crate::cache::stats().mismatched;
+        let verified = compile_in(&tanh, false, Some(&dir));
+        crate::cache::set_verify(false);
+        assert!(crate::cache::stats().mismatched > mismatched);
+        assert_eq!(run(&verified.unwrap(), &xs), want);
+        // Removed: only exp's entry is left, until tanh is compiled again.
+        assert_eq!(crate::cache::entries(&dir).len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Kernels that are the same code share a function; a constant of other bits (`-0.0` for

@@ -92,19 +92,23 @@ pub fn shared_gemm_count() -> usize {
 /// Keeps every compiled kernel's machine code in `dir` and reuses it in later processes, as
 /// JAX's `jax_compilation_cache_dir` does (`None` turns the cache off). Without a call, the
 /// directory is `TESSERA_CACHE_DIR` if that is set and not empty, else there is no cache.
-/// An entry is keyed by the kernel's Cranelift IR, the CPU's features and the compiler's
-/// version, so it is found only where the same code would be compiled; a damaged entry is a
-/// miss. The directory must be as trusted as the program's binary: its entries are code this
-/// process runs. See `tessera_codegen::cache`.
+/// An entry is keyed by the kernel's Cranelift IR and the CPU's features, under a
+/// subdirectory of the compiler's exact dependency versions, so it is found only where the
+/// same code would be compiled; a damaged entry is a miss. `TESSERA_CACHE_VERIFY=1` compiles
+/// every hit again and compares. The directory must be as trusted as the program's binary:
+/// its entries are code this process runs. See `tessera_codegen::cache`.
 ///
 /// ```
+/// // A directory this process creates (`create_dir` fails on one already there).
 /// let dir = std::env::temp_dir().join(format!("tessera-doc-cache-{}", std::process::id()));
+/// std::fs::create_dir(&dir).unwrap();
 /// tessera::set_compilation_cache_dir(Some(dir.clone()));
 /// let f = tessera::jit(|x: tessera::Tensor| (x * 2.0).tanh());
 /// let y = f.call(tessera::Tensor::ones([8])).unwrap();
-/// assert!(tessera::compilation_cache_stats().misses > 0);
+/// let s = tessera::compilation_cache_stats();
+/// assert!(s.hits + s.misses > 0);
 /// tessera::set_compilation_cache_dir(None);
-/// # let _ = std::fs::remove_dir_all(dir);
+/// std::fs::remove_dir_all(&dir).unwrap();
 /// # let _ = y;
 /// ```
 pub fn set_compilation_cache_dir(dir: Option<std::path::PathBuf>) {
@@ -112,7 +116,8 @@ pub fn set_compilation_cache_dir(dir: Option<std::path::PathBuf>) {
 }
 
 /// What the persistent compilation cache did in this process: kernels whose code it held,
-/// kernels compiled and stored, entries rejected as damaged, stores that failed.
+/// kernels compiled, entries rejected (damaged, another compiler's), hits that failed
+/// verification, stores that failed.
 pub fn compilation_cache_stats() -> tessera_codegen::cache::Stats {
     tessera_codegen::cache::stats()
 }

@@ -570,11 +570,13 @@ impl<'a> Pipeline<'a> {
             let c = tessera_codegen::cache::stats();
             writeln!(
                 s,
-                "compilation cache {}: {} hits, {} misses, {} rejected, {} write errors (process)",
+                "compilation cache {}: {} hits, {} misses, {} rejected, {} mismatched, {} write \
+                 errors (process)",
                 dir.display(),
                 c.hits,
                 c.misses,
                 c.rejected,
+                c.mismatched,
                 c.write_errors
             )
             .expect("writing to a String");

@@ -31,8 +31,24 @@ fn step_result() -> Vec<f32> {
     out
 }
 
+/// The entry files under the cache directory `dir` (in its one subdirectory, of this build's
+/// dependencies).
 fn entries(dir: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+    let subdirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(subdirs.len(), 1, "{subdirs:?}");
+    assert!(
+        subdirs[0]
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("cranelift-"),
+        "{subdirs:?}"
+    );
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&subdirs[0])
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
@@ -147,6 +163,8 @@ fn child(dir: &Path) -> (String, u64, u64) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([CHILD, "--exact", "--ignored", "--nocapture"])
         .env("TESSERA_CACHE_DIR", dir)
+        .env_remove("TESSERA_DISASM")
+        .env_remove("TESSERA_CACHE_VERIFY")
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
