@@ -426,6 +426,7 @@ fn fixed_point(
         .map(|&id| (id, (rule_of(g, id), g.operands(id))))
         .collect();
     let mut regions: HashMap<NodeId, Settled> = HashMap::new();
+    let mut turns = Turns::default();
     for level in 0..=1 {
         loop {
             let mut changed = false;
@@ -434,10 +435,28 @@ fn fixed_point(
                     continue;
                 }
                 changed |= if let Op::Region(r) = g.op(id) {
-                    region_step(g, mesh, r, id, &mut specs, &closed, &mut regions)?
+                    let c = region_step(g, mesh, r, id, &mut specs, &closed, &mut regions)?;
+                    if c {
+                        turns.region_changed();
+                    }
+                    c
                 } else {
                     let (rule, operands) = &rules[&id];
-                    step(g, mesh, rule, operands, id, &mut specs, &closed, level)
+                    match turns.take(id, operands) {
+                        Some(stamp) => step(
+                            g,
+                            mesh,
+                            rule,
+                            operands,
+                            id,
+                            &mut specs,
+                            &closed,
+                            level,
+                            &mut turns.changed,
+                            stamp,
+                        ),
+                        None => false,
+                    }
                 };
             }
             if !changed {
@@ -446,6 +465,56 @@ fn fixed_point(
         }
     }
     Ok(specs)
+}
+
+thread_local! {
+    static TURNS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many op turns (`step`s) propagation has taken on this thread: for tests of the walk's
+/// cost (a count, not a time).
+pub fn turns_taken() -> u64 {
+    TURNS.with(std::cell::Cell::get)
+}
+
+/// When each value's sharding last changed and when each op last took its turn, on one clock.
+/// An op's turn (`step`) is a function of its tensors' shardings that writes only what it
+/// changes; so an op none of whose tensors changed since its last turn would change nothing,
+/// and its turn is skipped. The walk visits the ops in the same order and every turn taken
+/// sees the same shardings as without skipping, so the result is the same, in fewer turns
+/// (the seed step: most of a walk's turns are the last sweeps', which change nothing).
+#[derive(Default)]
+struct Turns {
+    clock: u64,
+    /// When each value's sharding last changed (absent: never).
+    changed: HashMap<NodeId, u64>,
+    /// When each op last took its turn (absent: never).
+    took: HashMap<NodeId, u64>,
+    /// When a region's turn last changed a value (its writes are not stamped one by one).
+    region: u64,
+}
+
+impl Turns {
+    /// Whether op `id` (of `operands`) takes its turn now: `Some` of the stamp for what its
+    /// turn changes (later than the turn, so its own writes bring it back), or `None` to skip.
+    fn take(&mut self, id: NodeId, operands: &[NodeId]) -> Option<u64> {
+        if let Some(&took) = self.took.get(&id) {
+            let since = |n: &NodeId| self.changed.get(n).is_some_and(|&c| c > took);
+            if self.region <= took && !operands.iter().chain([&id]).any(since) {
+                return None;
+            }
+        }
+        self.clock += 1;
+        self.took.insert(id, self.clock);
+        self.clock += 1;
+        TURNS.with(|t| t.set(t.get() + 1));
+        Some(self.clock)
+    }
+
+    fn region_changed(&mut self) {
+        self.clock += 1;
+        self.region = self.clock;
+    }
 }
 
 /// A region's slots settled from the outer shardings `from`, and its bodies' shardings.
@@ -588,6 +657,7 @@ fn settle_region(
 
 /// One op's turn: settle its factors, write them to its open tensors, and say why in each
 /// tensor it changed (`level`: 0 for the ops that move dims, 1 once dots and reductions join).
+/// Each value it changes gets `stamp` in `changed` (`Turns`).
 #[allow(clippy::too_many_arguments)] // one visit's node, its rule, operands and the state
 fn step(
     g: &Graph,
@@ -598,6 +668,8 @@ fn step(
     all: &mut Specs,
     closed: &[NodeId],
     level: u8,
+    changed_at: &mut HashMap<NodeId, u64>,
+    stamp: u64,
 ) -> bool {
     let specs = &mut all.of;
     let assignment = {
@@ -632,6 +704,7 @@ fn step(
         let open: Vec<bool> = specs[&node].iter().map(Vec::is_empty).collect();
         if absorb(specs.get_mut(&node).expect("every value has a spec"), &new) {
             changed = true;
+            changed_at.insert(node, stamp);
             let after = &specs[&node];
             let gained: Vec<String> = (0..after.len())
                 .filter(|&d| open[d] && !after[d].is_empty())

@@ -96,3 +96,27 @@ fn passes_compose_to_partition_through_their_text() {
     }
     assert!(checked >= 17, "only {checked} cases partitioned");
 }
+
+/// Propagation skips an op's turn when none of its tensors changed since its last one: along
+/// a chain of elementwise ops with a sharded input, each op takes its turn once forward (which
+/// splits its result) and once backward (its result changed), and never again: two turns an
+/// op. Taking every turn of every sweep, as the walk did, was six.
+#[test]
+fn propagation_takes_two_turns_an_op_along_a_chain() {
+    let n = 200;
+    let mut text =
+        String::from("mesh @m = <\"x\"=4>\nfunc @chain(%0: f32[8,16] <@m, [{\"x\"}, {}]>) {\n");
+    for i in 1..=n {
+        text.push_str(&format!("  %{i} = tanh %{} : f32[8,16]\n", i - 1));
+    }
+    text.push_str(&format!("  return %{n}\n}}\n"));
+    let g = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let mesh = g.mesh.clone().unwrap();
+    let before = tessera_shard::propagate::turns_taken();
+    let out = propagate(&g, &mesh, &param_specs(&g)).unwrap();
+    let turns = tessera_shard::propagate::turns_taken() - before;
+    assert_eq!(turns, 2 * n as u64);
+    // Every value split like the input.
+    let last = out.outputs()[0];
+    assert_eq!(out.node(last).sharding.as_ref().unwrap().spec()[0], ["x"]);
+}
