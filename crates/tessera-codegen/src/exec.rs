@@ -308,28 +308,35 @@ pub(crate) unsafe fn gemm_view(
     } else if crate::transpose::worth_copying((m, n, k), rs, os) {
         let parallel = !matches!(par, gemm::Parallelism::None);
         let stride = rs[1] as usize;
-        let row_major = [n as isize, 1];
         // SAFETY: the caller's view of `rhs` is every `(kk, nn)` at `nn * stride + kk` (unit
         // stride along k, `stride >= k`: `worth_copying`), read-only here, of the arm's type
-        // (f32 or f64); the product reads the copy, a dense row-major `k x n` buffer of the
-        // same type, alive during the call.
+        // (f32 or f64); the product reads the copy, a row-major `k x n` buffer of the same
+        // type with row stride `ld >= n` (`k * ld` values), alive during the call.
         unsafe {
-            let product =
-                |c: *const u8| gemm_dense(dtype, (m, n, k), (l, ls), (c, row_major), (o, os), par);
+            let product = |c: *const u8, ld: usize| {
+                gemm_dense(
+                    dtype,
+                    (m, n, k),
+                    (l, ls),
+                    (c, [ld as isize, 1]),
+                    (o, os),
+                    par,
+                )
+            };
             match dtype {
                 DType::F32 => crate::transpose::with_row_major(
                     r as *const f32,
                     stride,
                     (k, n),
                     parallel,
-                    |c| product(c as *const u8),
+                    |c, ld| product(c as *const u8, ld),
                 ),
                 DType::F64 => crate::transpose::with_row_major(
                     r as *const f64,
                     stride,
                     (k, n),
                     parallel,
-                    |c| product(c as *const u8),
+                    |c, ld| product(c as *const u8, ld),
                 ),
                 _ => unreachable!("fusion sends only float dots to GEMM"),
             }

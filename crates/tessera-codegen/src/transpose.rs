@@ -157,8 +157,24 @@ impl<T> Src<T> {
     }
 }
 
+/// The row stride of the row-major copy of a `k x n` operand of `T`: `n`, padded by one cache
+/// line when a row is a multiple of 1 KB. Rows 4 KB apart (the big MLP's 1024-wide weight)
+/// all fall in one set of the L1 cache (64 sets of 64-byte lines), so a band of 16 rows
+/// written a few bytes at a time (`band_4x4`) keeps 16 lines in a set of 12 ways, evicting and
+/// refetching each line four times; the product's packing reads the rows across the same sets.
+/// A row a line longer puts consecutive rows in consecutive sets.
+pub(crate) fn padded_row<T>(n: usize) -> usize {
+    let size = std::mem::size_of::<T>().max(1);
+    if n >= 64 && (n * size).is_multiple_of(1024) {
+        n + 64 / size
+    } else {
+        n
+    }
+}
+
 /// Calls `f` with the `k x n` view whose element `(kk, nn)` is at `src + nn * stride + kk`,
-/// copied row-major (element `(kk, nn)` at `kk * n + nn`).
+/// copied row-major with row stride `ld = padded_row::<T>(n)` (element `(kk, nn)` at
+/// `kk * ld + nn`), and `ld`.
 ///
 /// # Safety
 /// `T` is `f32` or `f64` (every bit pattern a value: the scratch is reused as it is). Every
@@ -170,30 +186,40 @@ pub(crate) unsafe fn with_row_major<T: Copy + Default + Send + Sync, R>(
     stride: usize,
     (k, n): (usize, usize),
     parallel: bool,
-    f: impl FnOnce(*const T) -> R,
+    f: impl FnOnce(*const T, usize) -> R,
 ) -> R {
     COPIES.fetch_add(1, Ordering::Relaxed);
-    let len = k * n;
+    let ld = padded_row::<T>(n);
+    // `k * n` fits (the caller's contract); the padding adds a line a row.
+    let len = k * ld;
     with_scratch::<T, _>(&SCRATCH, len, |scratch| {
         // SAFETY: the scratch holds at least `len` values of `T` (its bytes, 8-aligned, and
         // `T` is at most 8 bytes and 8-aligned); `T` is f32 or f64 (the caller's contract),
         // for which every bit pattern is a value.
         let dst = unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut T, len) };
         // SAFETY: forwarded from the caller.
-        unsafe { copy_row_major(Src(src), stride, n, dst, parallel && len > PARALLEL_FROM) };
-        f(dst.as_ptr())
+        unsafe {
+            copy_row_major(
+                Src(src),
+                stride,
+                (n, ld),
+                dst,
+                parallel && len > PARALLEL_FROM,
+            )
+        };
+        f(dst.as_ptr(), ld)
     })
 }
 
-/// `dst[kk * n + nn] = src[nn * stride + kk]` for the `k = dst.len() / n` rows of `dst`, a
-/// band of `TILE` rows a task.
+/// `dst[kk * ld + nn] = src[nn * stride + kk]` for the `k = dst.len() / ld` rows of `dst`, a
+/// band of `TILE` rows a task (the padding between `n` and `ld` is left as it is).
 ///
 /// # Safety
-/// As `with_row_major`'s, `dst` holding `k * n` values.
+/// As `with_row_major`'s, `dst` holding `k * ld` values, `ld >= n`.
 unsafe fn copy_row_major<T: Copy + Default + Send + Sync>(
     src: Src<T>,
     stride: usize,
-    n: usize,
+    (n, ld): (usize, usize),
     dst: &mut [T],
     parallel: bool,
 ) {
@@ -202,7 +228,7 @@ unsafe fn copy_row_major<T: Copy + Default + Send + Sync>(
     }
     let band = |(b, rows): (usize, &mut [T])| {
         let k0 = b * TILE;
-        let kn = rows.len() / n;
+        let kn = rows.len() / ld;
         #[cfg(target_arch = "x86_64")]
         if std::mem::size_of::<T>() == 4 {
             // SAFETY: `T` is 4 bytes (f32: the caller's contract), read and written as `u32`
@@ -211,7 +237,7 @@ unsafe fn copy_row_major<T: Copy + Default + Send + Sync>(
                 band_4x4(
                     src.get() as *const u32,
                     stride,
-                    (k0, kn, n),
+                    (k0, kn, n, ld),
                     rows.as_mut_ptr() as *mut u32,
                 )
             };
@@ -228,7 +254,7 @@ unsafe fn copy_row_major<T: Copy + Default + Send + Sync>(
                 row[..kn].copy_from_slice(col);
             }
             for i in 0..kn {
-                let out = &mut rows[i * n + n0..][..nn];
+                let out = &mut rows[i * ld + n0..][..nn];
                 for (j, o) in out.iter_mut().enumerate() {
                     *o = tile[j][i];
                 }
@@ -237,13 +263,13 @@ unsafe fn copy_row_major<T: Copy + Default + Send + Sync>(
     };
     if parallel {
         use rayon::prelude::*;
-        dst.par_chunks_mut(TILE * n).enumerate().for_each(band);
+        dst.par_chunks_mut(TILE * ld).enumerate().for_each(band);
     } else {
-        dst.chunks_mut(TILE * n).enumerate().for_each(band);
+        dst.chunks_mut(TILE * ld).enumerate().for_each(band);
     }
 }
 
-/// `band_4x4`'s copy of the `kn` rows from `k0` of the view, `rows[i * n + j] =
+/// `band_4x4`'s copy of the `kn` rows from `k0` of the view, `rows[i * ld + j] =
 /// src[j * stride + k0 + i]`, four columns at a time: each 4 x 4 block is four unaligned
 /// 16-byte loads down four columns, a transpose in registers (unpack and move, which move bits
 /// and never round or quiet a NaN) and four stores along four rows, where the generic tile
@@ -252,13 +278,13 @@ unsafe fn copy_row_major<T: Copy + Default + Send + Sync>(
 ///
 /// # Safety
 /// `src` holds the view of `with_row_major` (`(jj, kk)` at `jj * stride + kk` readable for
-/// `jj < n`, `kk < k0 + kn`), and `rows` has room for `kn * n` values, overlapping nothing
-/// the view holds.
+/// `jj < n`, `kk < k0 + kn`), and `rows` has room for `kn * ld` values (`ld >= n`),
+/// overlapping nothing the view holds.
 #[cfg(target_arch = "x86_64")]
 unsafe fn band_4x4(
     src: *const u32,
     stride: usize,
-    (k0, kn, n): (usize, usize, usize),
+    (k0, kn, n, ld): (usize, usize, usize, usize),
     rows: *mut u32,
 ) {
     use std::arch::x86_64::{
@@ -271,7 +297,8 @@ unsafe fn band_4x4(
         while i + 4 <= kn {
             // SAFETY: elements `i..i + 4` of columns `j0..j0 + 4` are inside the view (the
             // caller's contract: `i + 4 <= kn`, `j0 + 4 <= n`), and rows `i..i + 4` of
-            // `rows` have room for columns `j0..j0 + 4`. SSE is part of x86_64.
+            // `rows` (each `ld >= n` long) have room for columns `j0..j0 + 4`. SSE is part of
+            // x86_64.
             unsafe {
                 let c0 = _mm_loadu_ps(col(0).add(i));
                 let c1 = _mm_loadu_ps(col(1).add(i));
@@ -281,7 +308,7 @@ unsafe fn band_4x4(
                 let lo23 = _mm_unpacklo_ps(c2, c3);
                 let hi01 = _mm_unpackhi_ps(c0, c1);
                 let hi23 = _mm_unpackhi_ps(c2, c3);
-                let out = |r: usize| rows.add((i + r) * n + j0) as *mut f32;
+                let out = |r: usize| rows.add((i + r) * ld + j0) as *mut f32;
                 _mm_storeu_ps(out(0), _mm_movelh_ps(lo01, lo23));
                 _mm_storeu_ps(out(1), _mm_movehl_ps(lo23, lo01));
                 _mm_storeu_ps(out(2), _mm_movelh_ps(hi01, hi23));
@@ -292,14 +319,14 @@ unsafe fn band_4x4(
         for i in i..kn {
             for j in 0..4 {
                 // SAFETY: as above, one element.
-                unsafe { *rows.add(i * n + j0 + j) = *src.add((j0 + j) * stride + k0 + i) };
+                unsafe { *rows.add(i * ld + j0 + j) = *src.add((j0 + j) * stride + k0 + i) };
             }
         }
     }
     for j in whole..n {
         for i in 0..kn {
             // SAFETY: as above, one element of the last columns.
-            unsafe { *rows.add(i * n + j) = *src.add(j * stride + k0 + i) };
+            unsafe { *rows.add(i * ld + j) = *src.add(j * stride + k0 + i) };
         }
     }
 }
@@ -318,6 +345,9 @@ mod tests {
             (16, 16, 0),
             (64, 300, 7),
             (300, 257, 1),
+            // Rows of 1 KB and 2 KB: copied with a line of padding a row (`padded_row`).
+            (37, 256, 2),
+            (70, 512, 0),
         ] {
             let stride = k + pad;
             // Every bit pattern, NaNs with payloads included, is moved as it is.
@@ -326,8 +356,11 @@ mod tests {
                 .collect();
             for parallel in [false, true] {
                 let got = unsafe {
-                    with_row_major(src.as_ptr(), stride, (k, n), parallel, |p| {
-                        std::slice::from_raw_parts(p, k * n).to_vec()
+                    with_row_major(src.as_ptr(), stride, (k, n), parallel, |p, ld| {
+                        assert_eq!(ld, padded_row::<f32>(n));
+                        (0..k)
+                            .flat_map(|kk| std::slice::from_raw_parts(p.add(kk * ld), n).to_vec())
+                            .collect::<Vec<f32>>()
                     })
                 };
                 for kk in 0..k {
