@@ -1,8 +1,9 @@
 //! Names the dependency set this crate is built with, for the persistent compilation cache
 //! (`src/cache.rs`): a hash of the workspace's `Cargo.lock` (Cranelift's and regalloc2's exact
 //! versions among others), so code compiled by other versions of the compiler is kept apart
-//! and never found. Without a lock file above the crate (a build from a registry), the hash
-//! is of this crate's version alone.
+//! and never found. Without its workspace's lock file (a build from a registry), the hash is
+//! of this crate's version alone; Cranelift still refuses another version's entries itself,
+//! but another regalloc2 is then not told apart.
 
 use std::path::{Path, PathBuf};
 
@@ -17,11 +18,18 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
+/// The lock file of the workspace this crate is built in: the first ancestor directory whose
+/// `Cargo.toml` declares a `[workspace]`, if its `Cargo.lock` lists this crate. Anything else
+/// (a registry or git checkout with no such workspace above it, an unrelated lock file) is
+/// not this build's, and is not used.
 fn lock_file(start: &Path) -> Option<PathBuf> {
-    start
-        .ancestors()
-        .map(|d| d.join("Cargo.lock"))
-        .find(|p| p.is_file())
+    let root = start.ancestors().find(|d| {
+        std::fs::read_to_string(d.join("Cargo.toml"))
+            .is_ok_and(|t| t.lines().any(|l| l.trim() == "[workspace]"))
+    })?;
+    let lock = root.join("Cargo.lock");
+    let text = std::fs::read_to_string(&lock).ok()?;
+    text.contains("name = \"tessera-codegen\"").then_some(lock)
 }
 
 fn main() {

@@ -90,6 +90,12 @@ pub fn dir() -> Option<PathBuf> {
     env_once(&ENV, "TESSERA_CACHE_DIR").map(PathBuf::from)
 }
 
+/// Forgets `set_verify`'s choice (`TESSERA_CACHE_VERIFY` decides again): for tests.
+#[cfg(test)]
+pub(crate) fn reset_verify() {
+    *VERIFY.lock().unwrap_or_else(|e| e.into_inner()) = None;
+}
+
 /// Whether hits are verified: `set_verify`'s choice, else `TESSERA_CACHE_VERIFY=1`.
 pub fn verifying() -> bool {
     static ENV: OnceLock<Option<std::ffi::OsString>> = OnceLock::new();
@@ -228,22 +234,29 @@ fn entry_of(key: &[u8], payload: &[u8]) -> Vec<u8> {
 }
 
 /// The bytes of the entry file at `path`: `None` if there is none; `Some(Err)` for something
-/// there that is not a regular file (a directory, a FIFO, which would block a read) or
-/// cannot be read.
+/// there that is not a regular file (a directory; a FIFO, opened without blocking so it
+/// cannot hang the compile), is larger than an entry can be, or cannot be read.
 fn read_entry(path: &Path) -> Option<Result<Vec<u8>, ()>> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
+    let mut open = std::fs::OpenOptions::new();
+    open.read(true);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_NONBLOCK on Linux: opening a FIFO with no writer returns at once.
+        open.custom_flags(0o4000);
+    }
+    let file = match open.open(path) {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(_) => return Some(Err(())),
     };
-    if !meta.is_file() {
-        return Some(Err(()));
+    // The open file's own metadata: what was opened, not what the path names now.
+    match file.metadata() {
+        Ok(m) if m.is_file() && m.len() <= HEADER as u64 + MAX_PAYLOAD => {}
+        _ => return Some(Err(())),
     }
-    let Ok(file) = std::fs::File::open(path) else {
-        return Some(Err(()));
-    };
     let mut bytes = Vec::new();
-    // One byte past the bound tells a too-large file from one at the bound.
+    // One byte past the bound tells a file grown past it since from one at the bound.
     match file
         .take(HEADER as u64 + MAX_PAYLOAD + 1)
         .read_to_end(&mut bytes)

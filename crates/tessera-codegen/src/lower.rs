@@ -2282,7 +2282,7 @@ mod tests {
         crate::cache::set_verify(true);
         let mismatched = crate::cache::stats().mismatched;
         let verified = compile_in(&tanh, false, Some(&dir));
-        crate::cache::set_verify(false);
+        crate::cache::reset_verify();
         assert!(crate::cache::stats().mismatched > mismatched);
         assert_eq!(run(&verified.unwrap(), &xs), want);
         // Removed: only exp's entry is left, until tanh is compiled again.

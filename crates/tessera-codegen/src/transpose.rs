@@ -28,8 +28,9 @@ static COPIES: AtomicUsize = AtomicUsize::new(0);
 /// operand (unit stride along `k`), a row-major result, and a product where the library's
 /// column-major path is measurably slower than the copy (below `m*n*k = 2^20`, or with
 /// `n` or `k` under 64, the two measured within a few percent). The columns must not overlap
-/// (a column stride of at least `k`), so the copy's `k * n` elements are no more than the
-/// operand's buffer holds, and `m * n` must exceed 256 (the module doc: the same bits).
+/// (a column stride of at least `k`), so the copy's `k * n` elements (`k * ld` with its
+/// padding, `padded_row`) are no more than about the operand's buffer holds, and `m * n` must
+/// exceed 256 (the module doc: the same bits).
 pub(crate) fn worth_copying(
     (m, n, k): (usize, usize, usize),
     rs: [isize; 2],
@@ -137,7 +138,8 @@ const TILE: usize = 16;
 thread_local! {
     /// Each thread's scratch for the copied operand, kept between products (it only grows)
     /// so a steady-state step allocates nothing. It lives as long as its thread: a device
-    /// thread keeps up to its largest copied operand (4 MB for a 1024 x 1024 f32 weight).
+    /// thread keeps up to its largest copied operand (4.25 MB for a 1024 x 1024 f32 weight
+    /// with its rows padded, `padded_row`).
     static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -190,7 +192,9 @@ pub(crate) unsafe fn with_row_major<T: Copy + Default + Send + Sync, R>(
 ) -> R {
     COPIES.fetch_add(1, Ordering::Relaxed);
     let ld = padded_row::<T>(n);
-    // `k * n` fits (the caller's contract); the padding adds a line a row.
+    // `k * n` fits (the caller's contract), and padding happens only for rows of at least
+    // 1 KB, adding 64 bytes: `ld <= 17 n / 16`, so `k * ld` fits as well (a scratch too large
+    // to allocate is a capacity panic in `Vec::resize`, never an overflowed length).
     let len = k * ld;
     with_scratch::<T, _>(&SCRATCH, len, |scratch| {
         // SAFETY: the scratch holds at least `len` values of `T` (its bytes, 8-aligned, and
@@ -376,13 +380,44 @@ mod tests {
         }
     }
 
+    /// f64 rows of 1 KB (128 values) are padded too, through the generic tile path.
+    #[test]
+    fn f64_rows_of_a_kilobyte_are_copied_padded() {
+        let (k, n, stride) = (21, 128, 23);
+        let src: Vec<f64> = (0..n * stride).map(|i| i as f64 * 1.5 - 7.0).collect();
+        assert_eq!(padded_row::<f64>(n), n + 8);
+        for parallel in [false, true] {
+            let got = unsafe {
+                with_row_major(src.as_ptr(), stride, (k, n), parallel, |p, ld| {
+                    assert_eq!(ld, n + 8);
+                    (0..k)
+                        .flat_map(|kk| std::slice::from_raw_parts(p.add(kk * ld), n).to_vec())
+                        .collect::<Vec<f64>>()
+                })
+            };
+            for kk in 0..k {
+                for nn in 0..n {
+                    assert_eq!(got[kk * n + nn], src[nn * stride + kk], "{kk},{nn}");
+                }
+            }
+        }
+    }
+
     /// A product through the copy is bit-identical to the library's own column-major path,
-    /// at shapes the copy is taken for (the smallest `m * n` above 256 among them); at and
-    /// below 256 it is not taken (the library's other kernel would sum in another order).
+    /// at shapes the copy is taken for (the smallest `m * n` above 256 among them, and
+    /// 1024-wide rows, copied padded), on one core and on two; at and below 256 it is not
+    /// taken (the library's other kernel would sum in another order).
     #[test]
     fn the_copied_product_is_the_same_bits() {
         assert!(!worth_copying((2, 128, 4096), [1, 4096], [128, 1]));
-        for (m, n, k) in [(16, 128, 512), (3, 128, 4096), (2, 1024, 512)] {
+        let shapes = [
+            (16, 128, 512),
+            (3, 128, 4096),
+            (2, 1024, 512),
+            (64, 1024, 256),
+        ];
+        let pars = [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)];
+        for ((m, n, k), par) in shapes.into_iter().flat_map(|s| pars.map(|p| (s, p))) {
             assert!(worth_copying((m, n, k), [1, k as isize], [n as isize, 1]));
             let a: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
@@ -416,7 +451,7 @@ mod tests {
                     false,
                     false,
                     false,
-                    gemm::Parallelism::None,
+                    par,
                 );
                 crate::exec::gemm_view(
                     tessera_ir::DType::F32,
@@ -424,7 +459,7 @@ mod tests {
                     (a.as_ptr() as *const u8, [k as isize, 1]),
                     (w.as_ptr() as *const u8, [1, k as isize]),
                     (copied.as_mut_ptr() as *mut u8, [n as isize, 1]),
-                    gemm::Parallelism::None,
+                    par,
                 );
             }
             assert!(
@@ -432,7 +467,7 @@ mod tests {
                 "gemm_view took the copy"
             );
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&direct), bits(&copied), "{m}x{n}x{k}");
+            assert_eq!(bits(&direct), bits(&copied), "{m}x{n}x{k} {par:?}");
         }
     }
 

@@ -473,6 +473,7 @@ thread_local! {
 
 /// How many op turns (`step`s) propagation has taken on this thread: for tests of the walk's
 /// cost (a count, not a time).
+#[doc(hidden)]
 pub fn turns_taken() -> u64 {
     TURNS.with(std::cell::Cell::get)
 }

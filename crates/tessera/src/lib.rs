@@ -100,7 +100,9 @@ pub fn shared_gemm_count() -> usize {
 ///
 /// ```
 /// // A directory this process creates (`create_dir` fails on one already there).
-/// let dir = std::env::temp_dir().join(format!("tessera-doc-cache-{}", std::process::id()));
+/// let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+/// let name = format!("tessera-doc-cache-{}-{}", std::process::id(), nanos.as_nanos());
+/// let dir = std::env::temp_dir().join(name);
 /// std::fs::create_dir(&dir).unwrap();
 /// tessera::set_compilation_cache_dir(Some(dir.clone()));
 /// let f = tessera::jit(|x: tessera::Tensor| (x * 2.0).tanh());
