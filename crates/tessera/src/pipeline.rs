@@ -498,9 +498,13 @@ impl<'a> Pipeline<'a> {
             Backend::Cranelift => {
                 let exe =
                     tessera_codegen::compile(graph).map_err(|e| Error::Codegen(e.to_string()))?;
-                self.rec
-                    .dump
-                    .write_text(self.rec.index, "schedule", &exe.describe())?;
+                // The schedule's text only for a dump: describing every step is work a
+                // compile does not otherwise need.
+                if self.rec.dump.enabled() {
+                    self.rec
+                        .dump
+                        .write_text(self.rec.index, "schedule", &exe.describe())?;
+                }
                 match self.target {
                     Target::Single => vec![BackendProgram::Native(Box::new(exe))],
                     Target::Sharded { .. } | Target::PerDevice { .. } => {
