@@ -19,5 +19,5 @@ pub use device::{
 };
 pub use process::{local_positions, process_count, process_index, processes_of, try_device_count};
 pub use shared_gemm::shared_gemm_count;
-pub use tessera_transport::rendezvous::Rendezvous;
+pub use tessera_transport::rendezvous::{Rendezvous, release_spare_launch_buffers};
 pub use tessera_transport::values::{append_bytes, from_bytes};

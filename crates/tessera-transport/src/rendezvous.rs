@@ -174,8 +174,8 @@ impl Default for Rendezvous {
 /// Launch buffers given back by ended launches (`Rendezvous`'s `Drop`), for the next ones
 /// (`launch_buffer`): the threaded devices' shared products asked for about 10 MB of fresh
 /// pages a step of the big MLP over 2 devices (2,700 page faults a step, `perf stat`), which
-/// the allocator handed back to the system between launches. At most `SPARE_BYTES` kept, for
-/// the life of the process (the largest buffers of the launches so far).
+/// the allocator handed back to the system between launches. At most `SPARE_BYTES` kept (the
+/// largest buffers of the launches so far), until `release_spare_launch_buffers`.
 static SPARE: Mutex<Vec<Vec<MaybeUninit<u64>>>> = Mutex::new(Vec::new());
 
 /// The most bytes `SPARE` keeps.
@@ -183,6 +183,14 @@ const SPARE_BYTES: usize = 256 << 20;
 
 /// How many launch buffers were allocated rather than taken from `SPARE` (for tests).
 static FRESH_BUFFERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Gives the spare launch buffers (`SPARE`) back to the allocator and returns their bytes;
+/// the next launch that needs one allocates it afresh.
+pub fn release_spare_launch_buffers() -> usize {
+    let spare = std::mem::take(&mut *SPARE.lock().unwrap_or_else(|e| e.into_inner()));
+    // Freed here, outside the lock.
+    spare.iter().map(|b| b.len() * 8).sum()
+}
 
 /// How many launch buffers were allocated rather than reused, since the process started.
 pub fn fresh_launch_buffers() -> usize {
@@ -674,6 +682,20 @@ mod tests {
         again.sort_unstable();
         assert_eq!(again, addrs, "the same buffers");
         assert_eq!(fresh_launch_buffers(), fresh, "nothing allocated");
+        // Released, the spares are gone: the next launch allocates both afresh.
+        drop(next);
+        let bytes: usize = sizes.iter().map(|b| b.div_ceil(8) * 8).sum();
+        assert!(release_spare_launch_buffers() >= bytes);
+        assert_eq!(release_spare_launch_buffers(), 0);
+        let last = Rendezvous::with_timeout(Duration::from_secs(1));
+        for &b in &sizes {
+            last.launch_buffer(b);
+        }
+        assert_eq!(
+            fresh_launch_buffers(),
+            fresh + sizes.len(),
+            "allocated afresh"
+        );
     }
 
     /// The spare list keeps the largest buffers within its bound, skipping one too large.

@@ -117,6 +117,20 @@ pub fn set_compilation_cache_dir(dir: Option<std::path::PathBuf>) {
     tessera_codegen::cache::set_dir(dir);
 }
 
+/// Gives back to the allocator the buffers that ended launches of devices on threads of
+/// their own keep for the next launch (the shared products' operands and results, up to
+/// 256 MB for the process); returns their bytes. The next such launch allocates them again.
+/// For a program that is done with its multi-device work and wants the memory back.
+///
+/// ```
+/// tessera::release_launch_buffers();
+/// // Nothing is left to release until another launch ends.
+/// assert_eq!(tessera::release_launch_buffers(), 0);
+/// ```
+pub fn release_launch_buffers() -> usize {
+    tessera_runtime::release_spare_launch_buffers()
+}
+
 /// What the persistent compilation cache did in this process: kernels whose code it held,
 /// kernels compiled, entries rejected (damaged, another compiler's), hits that failed
 /// verification, stores that failed.
