@@ -98,7 +98,8 @@ pub fn shared_gemm_count() -> usize {
 /// every hit again and compares. The directory must be as trusted as the program's binary:
 /// its entries are code this process runs. See `tessera_codegen::cache`.
 ///
-/// ```
+/// ```standalone_crate
+/// // (A process of its own: the directory is the process's, not the other examples'.)
 /// // A directory this process creates (`create_dir` fails on one already there).
 /// let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
 /// let name = format!("tessera-doc-cache-{}-{}", std::process::id(), nanos.as_nanos());
@@ -122,7 +123,8 @@ pub fn set_compilation_cache_dir(dir: Option<std::path::PathBuf>) {
 /// 256 MB for the process); returns their bytes. The next such launch allocates them again.
 /// For a program that is done with its multi-device work and wants the memory back.
 ///
-/// ```
+/// ```standalone_crate
+/// // (A process of its own: no other example's launch ends in between.)
 /// tessera::release_launch_buffers();
 /// // Nothing is left to release until another launch ends.
 /// assert_eq!(tessera::release_launch_buffers(), 0);
