@@ -339,6 +339,27 @@ unsafe fn band_4x4(
 mod tests {
     use super::*;
 
+    /// `with_row_major`'s copy of the `k x n` view of `src` (column stride `stride`), read back
+    /// without its padding, after checking the row stride it was given.
+    fn copied<T: Copy + Default + Send + Sync>(
+        src: &[T],
+        stride: usize,
+        (k, n): (usize, usize),
+        parallel: bool,
+    ) -> Vec<T> {
+        assert!(n == 0 || (n - 1) * stride + k <= src.len());
+        // SAFETY: the view is inside `src` (asserted), read-only, `stride >= k` at every
+        // call below; the reads stay inside the copy's `k` rows of `ld` values.
+        unsafe {
+            with_row_major(src.as_ptr(), stride, (k, n), parallel, |p, ld| {
+                assert_eq!(ld, padded_row::<T>(n));
+                (0..k)
+                    .flat_map(|kk| std::slice::from_raw_parts(p.add(kk * ld), n).to_vec())
+                    .collect()
+            })
+        }
+    }
+
     /// Copies of a strided view, serial and parallel, at sizes around the tile and the
     /// parallel threshold: every element lands at its row-major place.
     #[test]
@@ -359,14 +380,7 @@ mod tests {
                 .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761)))
                 .collect();
             for parallel in [false, true] {
-                let got = unsafe {
-                    with_row_major(src.as_ptr(), stride, (k, n), parallel, |p, ld| {
-                        assert_eq!(ld, padded_row::<f32>(n));
-                        (0..k)
-                            .flat_map(|kk| std::slice::from_raw_parts(p.add(kk * ld), n).to_vec())
-                            .collect::<Vec<f32>>()
-                    })
-                };
+                let got = copied(&src, stride, (k, n), parallel);
                 for kk in 0..k {
                     for nn in 0..n {
                         assert_eq!(
@@ -387,14 +401,7 @@ mod tests {
         let src: Vec<f64> = (0..n * stride).map(|i| i as f64 * 1.5 - 7.0).collect();
         assert_eq!(padded_row::<f64>(n), n + 8);
         for parallel in [false, true] {
-            let got = unsafe {
-                with_row_major(src.as_ptr(), stride, (k, n), parallel, |p, ld| {
-                    assert_eq!(ld, n + 8);
-                    (0..k)
-                        .flat_map(|kk| std::slice::from_raw_parts(p.add(kk * ld), n).to_vec())
-                        .collect::<Vec<f64>>()
-                })
-            };
+            let got = copied(&src, stride, (k, n), parallel);
             for kk in 0..k {
                 for nn in 0..n {
                     assert_eq!(got[kk * n + nn], src[nn * stride + kk], "{kk},{nn}");
