@@ -305,6 +305,45 @@ pub(crate) unsafe fn gemm_view(
                 _ => unreachable!("fusion sends only float dots to GEMM"),
             }
         }
+    } else if crate::transpose::worth_copying((m, n, k), rs, os) && crate::transpose::in_chunks(m) {
+        let parallel = !matches!(par, gemm::Parallelism::None);
+        let stride = rs[1] as usize;
+        let size = dtype.byte_width() as isize;
+        let views = RowViews { l, r, o };
+        // SAFETY: as the whole copy's below; chunk `n0..n0 + nn` of the copy is columns
+        // `n0..n0 + nn` of `rhs`, and its product writes columns `n0..n0 + nn` of `out`
+        // (offset by whole columns inside the caller's view), disjoint between chunks; each
+        // chunk's product runs on one thread (`Parallelism::None`), never reentering rayon.
+        unsafe {
+            let product = |n0: usize, nn: usize, c: *const u8, ld: usize| {
+                let (l, _, o) = views.get();
+                gemm_dense(
+                    dtype,
+                    (m, nn, k),
+                    (l, ls),
+                    (c, [ld as isize, 1]),
+                    (o.offset(n0 as isize * os[1] * size), os),
+                    gemm::Parallelism::None,
+                )
+            };
+            match dtype {
+                DType::F32 => crate::transpose::with_row_major_chunks(
+                    r as *const f32,
+                    stride,
+                    (k, n),
+                    parallel,
+                    |n0, nn, c, ld| product(n0, nn, c as *const u8, ld),
+                ),
+                DType::F64 => crate::transpose::with_row_major_chunks(
+                    r as *const f64,
+                    stride,
+                    (k, n),
+                    parallel,
+                    |n0, nn, c, ld| product(n0, nn, c as *const u8, ld),
+                ),
+                _ => unreachable!("fusion sends only float dots to GEMM"),
+            }
+        }
     } else if crate::transpose::worth_copying((m, n, k), rs, os) {
         let parallel = !matches!(par, gemm::Parallelism::None);
         let stride = rs[1] as usize;
@@ -355,8 +394,9 @@ struct RowViews {
     o: *mut u8,
 }
 
-// SAFETY: the parts only read `l` and `r` and write disjoint rows of `o`, all inside the views
-// `gemm_dense`'s caller vouches for, and `gemm_dense` returns only once every part is done.
+// SAFETY: the parts only read `l` and `r` and write disjoint rows (`gemm_dense`) or columns
+// (`gemm_view`'s chunks) of `o`, all inside the views their caller vouches for, and the
+// caller returns only once every part is done.
 unsafe impl Send for RowViews {}
 // SAFETY: as above.
 unsafe impl Sync for RowViews {}

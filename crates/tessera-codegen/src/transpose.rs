@@ -1,6 +1,8 @@
 //! Two layouts the `gemm` crate is slow at, worked around by copies:
 //! - a GEMM's right operand, when it is column-major (the `W^T` of every dense layer's input
-//!   gradient, `dy @ W^T`), copied row-major before the product (`with_row_major`);
+//!   gradient, `dy @ W^T`), copied row-major before the product: whole (`with_row_major`), or,
+//!   for products of more than 64 rows, 128 columns (f32) at a time, each chunk multiplied
+//!   by the thread that copied it while it is in that core's cache (`with_row_major_chunks`);
 //! - a narrow row-major result of a column-major left operand (a few-output layer's weight
 //!   gradient, `h^T @ dy`, 1024 x 10 x 512), computed column-major into a scratch and copied
 //!   out (`with_column_major_out`).
@@ -215,6 +217,125 @@ pub(crate) unsafe fn with_row_major<T: Copy + Default + Send + Sync, R>(
     })
 }
 
+/// How many columns of the product one chunk of `with_row_major_chunks` covers: 512 bytes of
+/// a copied row (128 f32, 64 f64), so a chunk of a 1024-deep operand (512 KB) stays in a
+/// core's L2 cache between its copy and the product that reads it.
+fn chunk_columns<T>() -> usize {
+    (512 / std::mem::size_of::<T>().max(1)).max(1)
+}
+
+/// Whether a copied product (`worth_copying`) of `m` rows goes chunk by chunk
+/// (`with_row_major_chunks`) instead of through one whole copy (`with_row_major`): when
+/// `m > 64`. Then neither the whole product nor any chunk takes the library's small-product
+/// path (both sides at most 64, where it blocks the contraction by `min(k, 512)`); everywhere
+/// else its contraction blocks depend on `k` and the caches alone, so every element is the
+/// same sum in the same order either way (`tests` compare bits).
+pub(crate) fn in_chunks(m: usize) -> bool {
+    m > 64
+}
+
+/// Calls `f(n0, nn, copy, ld)` for each chunk of `chunk_columns::<T>()` columns (the last
+/// with the columns left over) `n0..n0 + nn` of the `k x n` view of `with_row_major` (element `(kk, nn)` at
+/// `src + nn * stride + kk`), with that chunk copied row-major into the calling thread's
+/// scratch (element `(kk, j)` of the chunk at `copy + kk * ld + j`, `ld = padded_row(nn)`):
+/// on every thread of the current rayon pool when `parallel`, else in order on this one. Each
+/// chunk is copied by the thread that multiplies it, right before, so the copy is read from
+/// that core's cache, and the two cores copy and multiply at once (the big MLP's `g @ W^T`:
+/// docs/PERFORMANCE.md). `f` must not reenter rayon (a product on one thread).
+///
+/// # Safety
+/// As `with_row_major`'s.
+pub(crate) unsafe fn with_row_major_chunks<T, F>(
+    src: *const T,
+    stride: usize,
+    (k, n): (usize, usize),
+    parallel: bool,
+    f: F,
+) where
+    T: Copy + Default + Send + Sync,
+    F: Fn(usize, usize, *const T, usize) + Sync,
+{
+    COPIES.fetch_add(1, Ordering::Relaxed);
+    let width = chunk_columns::<T>();
+    let src = Src(src);
+    // The last chunk takes the columns left over, so no chunk is narrower than `width` or
+    // the whole `n` (the library takes other kernels, summing in other orders, for a product
+    // of one column, or of at most 256 elements).
+    let chunks = (n / width).max(1);
+    let last = n - (chunks - 1) * width;
+    // The copies go to regions of the calling thread's scratch (one buffer that only grows,
+    // so steady state allocates nothing whichever pool thread takes a chunk), each big enough
+    // for any chunk (the last is the widest): one region per pool thread (and one for a
+    // caller outside the pool), reused by every chunk that thread takes, so a copy is
+    // written over lines still in that core's cache; or one per chunk when there are no more
+    // chunks than that. A pool thread runs one chunk at a time: a chunk never waits inside
+    // rayon (its copy is serial, its product `Parallelism::None`), so it cannot take another
+    // chunk while it holds its region. `k * n` fits (the caller's contract) and a row stride
+    // is at most 17/16 of its width (`padded_row`), so `regions * region` is at most about
+    // the whole copy's size.
+    let threads = if parallel {
+        rayon::current_num_threads()
+    } else {
+        0
+    };
+    let by_chunk = threads + 1 >= chunks;
+    let regions = if by_chunk { chunks } else { threads + 1 };
+    let region = k * padded_row::<T>(width).max(padded_row::<T>(last));
+    with_scratch::<T, _>(&SCRATCH, regions * region, |scratch| {
+        let base = Dst(scratch.as_mut_ptr() as *mut T);
+        let chunk = |c: usize| {
+            let n0 = c * width;
+            let nn = if c + 1 == chunks { last } else { width };
+            let ld = padded_row::<T>(nn);
+            let r = match by_chunk {
+                true => c,
+                false => rayon::current_thread_index()
+                    .filter(|&i| i < threads)
+                    .unwrap_or(threads),
+            };
+            // SAFETY: region `r < regions` of the scratch, `region >= k * ld` values from
+            // `r * region`, inside the scratch's `regions * region` (8-aligned words, `T` at
+            // most 8 bytes), used by this chunk alone while it runs (above); `T` is f32 or
+            // f64, every bit pattern a value.
+            let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(r * region), k * ld) };
+            // SAFETY: columns `n0..n0 + nn` of the caller's view are the view of `nn`
+            // columns from `src + n0 * stride`, with the same stride and `k`.
+            unsafe {
+                copy_row_major(
+                    Src(src.get().wrapping_add(n0 * stride)),
+                    stride,
+                    (nn, ld),
+                    dst,
+                    false,
+                )
+            };
+            f(n0, nn, dst.as_ptr(), ld)
+        };
+        if parallel {
+            use rayon::prelude::*;
+            (0..chunks).into_par_iter().for_each(chunk);
+        } else {
+            (0..chunks).for_each(chunk);
+        }
+    })
+}
+
+/// The scratch's base, for the chunks' tasks.
+#[derive(Clone, Copy)]
+struct Dst<T>(*mut T);
+// SAFETY: each task writes only the region of the scratch it holds alone while it runs, and
+// `with_row_major_chunks` holds the scratch until every task is done.
+unsafe impl<T: Send> Send for Dst<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Dst<T> {}
+
+impl<T> Dst<T> {
+    /// The pointer (a method, so closures capture the `Send` wrapper, not its field).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 /// `dst[kk * ld + nn] = src[nn * stride + kk]` for the `k = dst.len() / ld` rows of `dst`, a
 /// band of `TILE` rows a task (the padding between `n` and `ld` is left as it is).
 ///
@@ -411,30 +532,31 @@ mod tests {
     }
 
     /// A product through the copy is bit-identical to the library's own column-major path,
-    /// at shapes the copy is taken for (the smallest `m * n` above 256 among them, and
-    /// 1024-wide rows, copied padded), on one core and on two; at and below 256 it is not
-    /// taken (the library's other kernel would sum in another order).
+    /// at shapes the copy is taken for, whole (at most 64 rows: the smallest `m * n` above
+    /// 256 among them) and chunk by chunk (more rows: `k = 700`, which the library's
+    /// small-product path would block otherwise; `n` not a whole number of chunks; 1024-wide
+    /// rows, copied padded), in f32 and f64, on one core and on two; at and below 256 it is
+    /// not taken (the library's other kernel would sum in another order).
     #[test]
     fn the_copied_product_is_the_same_bits() {
         assert!(!worth_copying((2, 128, 4096), [1, 4096], [128, 1]));
-        let shapes = [
-            (16, 128, 512),
-            (3, 128, 4096),
-            (2, 1024, 512),
-            (64, 1024, 256),
-        ];
-        let pars = [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)];
-        for ((m, n, k), par) in shapes.into_iter().flat_map(|s| pars.map(|p| (s, p))) {
+        assert!(!in_chunks(64) && in_chunks(65));
+        fn check<T: Copy + PartialEq + std::fmt::Debug + From<f32> + 'static>(
+            (m, n, k): (usize, usize, usize),
+            dtype: tessera_ir::DType,
+            par: gemm::Parallelism,
+        ) {
             assert!(worth_copying((m, n, k), [1, k as isize], [n as isize, 1]));
-            let a: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+            let a: Vec<T> = (0..m * k)
+                .map(|i| T::from(((i * 7919) % 1000) as f32 / 997.0 - 0.5))
                 .collect();
             // W is n x k row-major; the operand is W^T, column-major.
-            let w: Vec<f32> = (0..n * k)
-                .map(|i| ((i * 104_729) % 1000) as f32 / 991.0 - 0.5)
+            let w: Vec<T> = (0..n * k)
+                .map(|i| T::from(((i * 104_729) % 1000) as f32 / 991.0 - 0.5))
                 .collect();
-            let mut direct = vec![0f32; m * n];
-            let mut copied = vec![0f32; m * n];
+            let zero = T::from(0.0);
+            let mut direct = vec![zero; m * n];
+            let mut copied = vec![zero; m * n];
             let before = COPIES.load(Ordering::Relaxed);
             // SAFETY: every view is inside its vector, `m x k`, `k x n` (column-major, stride
             // k) and `m x n`; the output does not overlap the operands.
@@ -453,15 +575,15 @@ mod tests {
                     w.as_ptr(),
                     k as isize,
                     1,
-                    0.0,
-                    1.0,
+                    zero,
+                    T::from(1.0),
                     false,
                     false,
                     false,
                     par,
                 );
                 crate::exec::gemm_view(
-                    tessera_ir::DType::F32,
+                    dtype,
                     (m, n, k),
                     (a.as_ptr() as *const u8, [k as isize, 1]),
                     (w.as_ptr() as *const u8, [1, k as isize]),
@@ -473,8 +595,65 @@ mod tests {
                 COPIES.load(Ordering::Relaxed) > before,
                 "gemm_view took the copy"
             );
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&direct), bits(&copied), "{m}x{n}x{k} {par:?}");
+            assert_eq!(direct, copied, "{m}x{n}x{k} {dtype:?} {par:?}");
+        }
+        let shapes = [
+            (16, 128, 512),
+            (3, 128, 4096),
+            (2, 1024, 512),
+            (64, 1024, 256),
+            (65, 300, 700),
+            (130, 1024, 64),
+            (200, 129, 96),
+            (70, 259, 64),
+        ];
+        let pars = [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)];
+        for (shape, par) in shapes.into_iter().flat_map(|s| pars.map(|p| (s, p))) {
+            check::<f32>(shape, tessera_ir::DType::F32, par);
+            check::<f64>(shape, tessera_ir::DType::F64, par);
+        }
+    }
+
+    /// The chunks cover every column once (`n` of 2.5 chunks, of less than one, and of more
+    /// chunks than threads), serial and parallel, none narrower than a chunk or the whole
+    /// `n`, every chunk's copy has the row stride `padded_row` gives its width, and two
+    /// copies share scratch only when one thread made both.
+    #[test]
+    fn chunks_cover_every_column_once() {
+        for ((k, n, stride), parallel) in [(5, 320, 7), (3, 100, 3), (4, 1100, 5)]
+            .into_iter()
+            .flat_map(|s| [(s, false), (s, true)])
+        {
+            let src: Vec<f32> = (0..n * stride).map(|i| i as f32).collect();
+            let seen = std::sync::Mutex::new(vec![0u32; k * n]);
+            let regions = std::sync::Mutex::new(Vec::new());
+            // SAFETY: the `k x n` view with column stride `stride >= k` is inside `src`
+            // (`(n - 1) * stride + k <= n * stride`), read-only; the reads stay inside each
+            // chunk's `k` rows of `ld` values.
+            unsafe {
+                with_row_major_chunks(src.as_ptr(), stride, (k, n), parallel, |n0, nn, c, ld| {
+                    assert_eq!(ld, padded_row::<f32>(nn));
+                    assert!(nn >= chunk_columns::<f32>().min(n), "{nn} of {n}");
+                    let mut seen = seen.lock().unwrap();
+                    let here = std::thread::current().id();
+                    let span = (c as usize, c.add(k * ld) as usize, here);
+                    regions.lock().unwrap().push(span);
+                    for kk in 0..k {
+                        for j in 0..nn {
+                            assert_eq!(*c.add(kk * ld + j), src[(n0 + j) * stride + kk]);
+                            seen[kk * n + n0 + j] += 1;
+                        }
+                    }
+                })
+            };
+            assert!(seen.into_inner().unwrap().iter().all(|&s| s == 1));
+            // Two chunks' copies overlap only when one thread made both, one after the other.
+            let regions = regions.into_inner().unwrap();
+            for (i, a) in regions.iter().enumerate() {
+                for b in &regions[i + 1..] {
+                    assert!(a.1 <= b.0 || b.1 <= a.0 || a.2 == b.2, "{a:?} {b:?}");
+                }
+            }
         }
     }
 
