@@ -184,8 +184,8 @@ impl Fx {
 
 /// `ln 2` in two parts, for exp's reduction and log's reconstruction (the high one with
 /// trailing zero bits, so `n ln2_hi` is exact for the `n` of an f32 argument).
-const LN2_HI: f64 = 0.693_145_75;
-const LN2_LO: f64 = 1.428_606_8e-6;
+pub(crate) const LN2_HI: f64 = 0.693_145_75;
+pub(crate) const LN2_LO: f64 = 1.428_606_8e-6;
 
 /// exp's polynomial on the reduced argument: Taylor to degree 8, highest power first.
 const EXP_TAYLOR: [f64; 9] = [
@@ -380,7 +380,7 @@ pub fn expm1(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
 /// `g(r) = (e^r - 1 - r) / r^2` on `|r| <= ln2/2`, lowest degree first: a least-squares fit
 /// reweighted toward equal ripple (Lawson's iteration), 3.7e-9 relative in `e^r` with the
 /// coefficients rounded to f32.
-const EXP_TANH_G: [f64; 5] = [
+pub(crate) const EXP_TANH_G: [f64; 5] = [
     0.499_999_934_617_598_23,
     0.166_665_206_189_729_77,
     0.041_668_385_000_311_205,
@@ -439,6 +439,16 @@ fn exp_tanh_plus_one(b: &mut FunctionBuilder, f: Fx, a: Value) -> Value {
     f.fma(b, q, scale, k)
 }
 
+/// `tanh`'s `g`, from the highest power down: f32 values, fitted one at a time (each rounded
+/// to f32 before the rest were fitted again), 4.5e-9 relative in tanh on the range.
+pub(crate) const TANH_G: [f64; 5] = [
+    -0.005_692_296_661_436_558,
+    0.020_628_167_316_317_56,
+    -0.053_736_515_343_189_24,
+    0.133_314_058_184_623_72,
+    -0.333_332_806_825_637_8,
+];
+
 /// `tanh(x)`: `x + x^3 g(x^2)` where `x^2` is below `0.625^2` (`g` a degree-4 minimax fit,
 /// 4.5e-9 relative, in Estrin's scheme), `1 - 2 / (exp(2a) + 1)` on `a = abs(x)` above (no
 /// cancellation: the subtracted term is at most 0.45), exactly 1 past 9.1; the sign of `x`
@@ -454,16 +464,7 @@ fn exp_tanh_plus_one(b: &mut FunctionBuilder, f: Fx, a: Value) -> Value {
 /// third of a half ulp), subnormals included.
 pub fn tanh(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
     let x2 = b.ins().fmul(x, x);
-    // f32 values, fitted one at a time (each rounded to f32 before the rest were fitted
-    // again): 4.5e-9 relative in tanh on the range.
-    let [g4, g3, g2, g1, g0] = [
-        -0.005_692_296_661_436_558,
-        0.020_628_167_316_317_56,
-        -0.053_736_515_343_189_24,
-        0.133_314_058_184_623_72,
-        -0.333_332_806_825_637_8,
-    ]
-    .map(|c| f.c(b, c));
+    let [g4, g3, g2, g1, g0] = TANH_G.map(|c| f.c(b, c));
     let p01 = f.fma(b, g1, x2, g0);
     let p23 = f.fma(b, g3, x2, g2);
     let x4 = b.ins().fmul(x2, x2);

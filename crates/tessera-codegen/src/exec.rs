@@ -15,6 +15,7 @@ use crate::fusion::{BufKind, GemmSpec, RegionStep, Schedule, Step, StepKind};
 use crate::kernel::Kernel;
 use crate::lower::{Compiled, KernelFn};
 use crate::plan::Plan;
+use std::ops::Range;
 
 /// A compiled program. `run` may be called from one thread at a time per executable (each
 /// device of the sharded runtime owns its own).
@@ -22,6 +23,9 @@ pub struct Executable {
     schedule: Schedule,
     /// The compiled kernel of each step that has one.
     kernels: Vec<Option<KernelFn>>,
+    /// Each kernel step's tail: a function applied in place to the rows the kernel wrote
+    /// (`vmath::split_tail`).
+    tails: Vec<Option<crate::vmath::Tail>>,
     /// Shared by the executables `fork` makes: one compilation serves every device.
     _code: Arc<Compiled>,
     plan: Plan,
@@ -609,7 +613,7 @@ impl Executable {
     pub(crate) fn new(
         schedule: Schedule,
         code: Compiled,
-        kernel_steps: Vec<Option<usize>>,
+        (kernel_steps, tails): (Vec<Option<usize>>, Vec<Option<crate::vmath::Tail>>),
         mesh: Option<Mesh>,
         regions: Vec<Vec<Executable>>,
     ) -> Executable {
@@ -631,6 +635,7 @@ impl Executable {
             scratch: RefCell::new(Scratch::default()),
             schedule,
             kernels,
+            tails,
             _code: Arc::new(code),
             plan,
             mesh,
@@ -690,6 +695,7 @@ impl Executable {
         Executable {
             schedule: self.schedule.clone(),
             kernels: self.kernels.clone(),
+            tails: self.tails.clone(),
             _code: self._code.clone(),
             plan: self.plan.clone(),
             mesh: self.mesh.clone(),
@@ -1632,6 +1638,7 @@ impl Executable {
         args.extend(step.inputs.iter().map(|&b| ptrs[b]));
         args.push(ptrs[step.output]);
         let f = self.kernels[i].expect("a kernel step has a compiled kernel");
+        let (tail, out_at) = (self.tails[i], step.inputs.len());
         let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
         let n: usize = k.out_dims.iter().product();
         // A scatter's updates apply in order (repeated indices), so it runs on one thread, as
@@ -1651,16 +1658,25 @@ impl Executable {
             };
             let a = SendArgs(args.as_ptr());
             // SAFETY: as below; the halves write disjoint parts of the output and only read
-            // the inputs.
+            // the inputs, and each applies the tail to its own rows.
             rayon::join(
-                || unsafe { f(a.get(), 0, mid) },
-                || unsafe { f(a.get(), mid, outer) },
+                || unsafe {
+                    f(a.get(), 0, mid);
+                    apply_tail(tail, k, a.get().add(out_at), 0..mid);
+                },
+                || unsafe {
+                    f(a.get(), mid, outer);
+                    apply_tail(tail, k, a.get().add(out_at), mid..outer);
+                },
             );
         } else {
             // SAFETY: the kernel was compiled for exactly these buffers: inputs in this order,
             // then the output, each sized by its type, and it accesses nothing outside them
-            // (see lower.rs).
-            unsafe { f(args.as_ptr(), 0, outer) };
+            // (see lower.rs); the tail is applied to the rows it wrote.
+            unsafe {
+                f(args.as_ptr(), 0, outer);
+                apply_tail(tail, k, args.as_ptr().add(out_at), 0..outer);
+            }
         }
     }
 
@@ -2096,6 +2112,40 @@ unsafe fn zero_view<T: Default>(o: *mut T, m: usize, n: usize, s: [isize; 2]) {
             unsafe { *o.offset(i * s[0] + j * s[1]) = T::default() };
         }
     }
+}
+
+/// Applies a kernel step's tail, if it has one, to rows `rows` of kernel `k`'s output, the
+/// buffer `*out` points to.
+///
+/// # Safety
+/// `*out` is the output buffer `run_kernel` bound for `k`, the kernel has just written those
+/// rows, and no other thread touches them during the call.
+unsafe fn apply_tail(
+    tail: Option<crate::vmath::Tail>,
+    k: &Kernel,
+    out: *const *mut u8,
+    rows: Range<i64>,
+) {
+    let Some(t) = tail else { return };
+    // A tail is split off only an elementwise f32 kernel (`split_tail`), whose output is
+    // its `out_dims` in row-major order, dense: row `r` of the outermost dim is elements
+    // `r * inner..(r + 1) * inner`.
+    let n: usize = k.out_dims.iter().product();
+    let inner = k.out_dims.iter().skip(1).product::<usize>();
+    let (lo, hi) = (
+        rows.start as usize * inner,
+        (rows.end as usize * inner).min(n),
+    );
+    if lo >= hi {
+        return;
+    }
+    // SAFETY: the output holds the kernel's `n` f32 values (`lo < hi <= n`), of which these
+    // rows are this caller's alone (the contract).
+    let out = unsafe {
+        let base = *out as *mut f32;
+        std::slice::from_raw_parts_mut(base.add(lo), hi - lo)
+    };
+    t.apply(out);
 }
 
 #[cfg(test)]

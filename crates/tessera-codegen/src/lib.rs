@@ -24,6 +24,7 @@ mod native;
 pub mod plan;
 pub mod together;
 mod transpose;
+pub mod vmath;
 pub mod window;
 
 pub use exec::Executable;
@@ -61,13 +62,20 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
     let schedule = fusion::fuse(g);
     let mut kernels = Vec::new();
     let mut kernel_steps = Vec::new();
+    let mut tails = Vec::new();
     let mut regions = Vec::new();
+    // A kernel ending in an f32 tanh computes its argument, and the run applies the tanh at
+    // the host's full vector width (`vmath.rs`).
+    let tanh = vmath::Tail::tanh();
     for step in &schedule.steps {
         let mut bodies = Vec::new();
+        let mut tail = None;
         match &step.kind {
             StepKind::Kernel(k) => {
                 kernel_steps.push(Some(kernels.len()));
-                kernels.push(k.clone());
+                let (k, t) = vmath::split_tail(k, tanh);
+                kernels.push(k);
+                tail = t;
             }
             StepKind::Gemm(_)
             | StepKind::Collective(_)
@@ -83,12 +91,13 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
             }
         }
         regions.push(bodies);
+        tails.push(tail);
     }
     let code = lower::compile(&kernels)?;
     Ok(Executable::new(
         schedule,
         code,
-        kernel_steps,
+        (kernel_steps, tails),
         g.mesh.clone(),
         regions,
     ))
