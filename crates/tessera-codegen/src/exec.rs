@@ -280,7 +280,19 @@ pub(crate) unsafe fn gemm_view(
     (o, os): (*mut u8, [isize; 2]),
     par: gemm::Parallelism,
 ) {
-    if crate::transpose::narrow_column_result((m, n, k), ls, os) {
+    if dtype == DType::F32 && crate::thin::plan((m, n, k), ls, rs, os) {
+        let parallel = !matches!(par, gemm::Parallelism::None);
+        // SAFETY: the caller's views, of f32; `plan` holds.
+        unsafe {
+            crate::thin::run(
+                (m, n, k),
+                (l as *const f32, ls),
+                (r as *const f32, rs),
+                (o as *mut f32, os),
+                parallel,
+            )
+        }
+    } else if crate::transpose::narrow_column_result((m, n, k), ls, os) {
         // Below this many multiply-adds the library's split over the cores was slower than
         // one core on the column-major result (1024 x 10 x 512: 134 against 118 us; 1024 x
         // 16 x 1024: 275 against 469 us, Xeon, docs/PERFORMANCE.md).
@@ -309,7 +321,14 @@ pub(crate) unsafe fn gemm_view(
                 _ => unreachable!("fusion sends only float dots to GEMM"),
             }
         }
-    } else if crate::transpose::worth_copying((m, n, k), rs, os) && crate::transpose::in_chunks(m) {
+    } else if crate::transpose::worth_copying((m, n, k), rs, os)
+        && crate::transpose::in_chunks(
+            m,
+            n,
+            dtype.byte_width(),
+            !matches!(par, gemm::Parallelism::None),
+        )
+    {
         let parallel = !matches!(par, gemm::Parallelism::None);
         let stride = rs[1] as usize;
         let size = dtype.byte_width() as isize;
@@ -1639,6 +1658,7 @@ impl Executable {
         args.push(ptrs[step.output]);
         let f = self.kernels[i].expect("a kernel step has a compiled kernel");
         let (tail, out_at) = (self.tails[i], step.inputs.len());
+        debug_assert_eq!(k.n_inputs, out_at, "the output follows the inputs");
         let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
         let n: usize = k.out_dims.iter().product();
         // A scatter's updates apply in order (repeated indices), so it runs on one thread, as

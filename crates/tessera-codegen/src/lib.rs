@@ -22,9 +22,10 @@ pub mod lower;
 pub mod narrow;
 mod native;
 pub mod plan;
+mod thin;
 pub mod together;
 mod transpose;
-pub mod vmath;
+mod vmath;
 pub mod window;
 
 pub use exec::Executable;

@@ -224,14 +224,18 @@ fn chunk_columns<T>() -> usize {
     (512 / std::mem::size_of::<T>().max(1)).max(1)
 }
 
-/// Whether a copied product (`worth_copying`) of `m` rows goes chunk by chunk
-/// (`with_row_major_chunks`) instead of through one whole copy (`with_row_major`): when
-/// `m > 64`. Then neither the whole product nor any chunk takes the library's small-product
-/// path (both sides at most 64, where it blocks the contraction by `min(k, 512)`); everywhere
-/// else its contraction blocks depend on `k` and the caches alone, so every element is the
-/// same sum in the same order either way (`tests` compare bits).
-pub(crate) fn in_chunks(m: usize) -> bool {
-    m > 64
+/// Whether a copied product (`worth_copying`) of `m` rows and `n` columns of `size`-byte
+/// values goes chunk by chunk (`with_row_major_chunks`) instead of through one whole copy
+/// (`with_row_major`): when `m > 64`, and, for a product on the pool (`parallel`), when there
+/// are at least as many chunks as the pool has threads (a chunk's product runs on one thread:
+/// fewer chunks would leave cores idle that the library's own split uses). With `m > 64`
+/// neither the whole product nor any chunk takes the library's small-product path (both sides
+/// at most 64, where it blocks the contraction by `min(k, 512)`); everywhere else its
+/// contraction blocks depend on `k` and the caches alone, so every element is the same sum in
+/// the same order either way (`tests` compare bits).
+pub(crate) fn in_chunks(m: usize, n: usize, size: usize, parallel: bool) -> bool {
+    let chunks = n / (512 / size.max(1)).max(1);
+    m > 64 && (!parallel || chunks >= rayon::current_num_threads())
 }
 
 /// Calls `f(n0, nn, copy, ld)` for each chunk of `chunk_columns::<T>()` columns (the last
@@ -241,10 +245,12 @@ pub(crate) fn in_chunks(m: usize) -> bool {
 /// on every thread of the current rayon pool when `parallel`, else in order on this one. Each
 /// chunk is copied by the thread that multiplies it, right before, so the copy is read from
 /// that core's cache, and the two cores copy and multiply at once (the big MLP's `g @ W^T`:
-/// docs/PERFORMANCE.md). `f` must not reenter rayon (a product on one thread).
+/// docs/PERFORMANCE.md).
 ///
 /// # Safety
-/// As `with_row_major`'s.
+/// As `with_row_major`'s; and `f` must not wait inside rayon (a product on one thread, a
+/// serial copy): a pool thread that did could take another chunk meanwhile, and the two would
+/// share that thread's region of the scratch.
 pub(crate) unsafe fn with_row_major_chunks<T, F>(
     src: *const T,
     stride: usize,
@@ -270,9 +276,10 @@ pub(crate) unsafe fn with_row_major_chunks<T, F>(
     // written over lines still in that core's cache; or one per chunk when there are no more
     // chunks than that. A pool thread runs one chunk at a time: a chunk never waits inside
     // rayon (its copy is serial, its product `Parallelism::None`), so it cannot take another
-    // chunk while it holds its region. `k * n` fits (the caller's contract) and a row stride
-    // is at most 17/16 of its width (`padded_row`), so `regions * region` is at most about
-    // the whole copy's size.
+    // chunk while it holds its region (the caller's contract). `k * n` fits (the caller's
+    // contract) and a row stride is at most 17/16 of its width (`padded_row`); a region holds
+    // the widest chunk (under two chunks' width), so `regions * region` is at most twice the
+    // whole copy's size.
     let threads = if parallel {
         rayon::current_num_threads()
     } else {
@@ -540,8 +547,12 @@ mod tests {
     #[test]
     fn the_copied_product_is_the_same_bits() {
         assert!(!worth_copying((2, 128, 4096), [1, 4096], [128, 1]));
-        assert!(!in_chunks(64) && in_chunks(65));
-        fn check<T: Copy + PartialEq + std::fmt::Debug + From<f32> + 'static>(
+        assert!(!in_chunks(64, 1024, 4, false) && in_chunks(65, 1024, 4, false));
+        // On the pool, only with a chunk for every thread.
+        let threads = rayon::current_num_threads();
+        assert!(in_chunks(65, 128 * threads, 4, true) && in_chunks(65, 64 * threads, 8, true));
+        assert!(!in_chunks(65, 128 * threads - 1, 4, true));
+        fn check<T: Copy + PartialEq + std::fmt::Debug + From<f32> + Into<f64> + 'static>(
             (m, n, k): (usize, usize, usize),
             dtype: tessera_ir::DType,
             par: gemm::Parallelism,
@@ -595,7 +606,12 @@ mod tests {
                 COPIES.load(Ordering::Relaxed) > before,
                 "gemm_view took the copy"
             );
-            assert_eq!(direct, copied, "{m}x{n}x{k} {dtype:?} {par:?}");
+            let bits = |v: &[T]| v.iter().map(|&x| x.into().to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&direct),
+                bits(&copied),
+                "{m}x{n}x{k} {dtype:?} {par:?}"
+            );
         }
         let shapes = [
             (16, 128, 512),
