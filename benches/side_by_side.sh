@@ -16,7 +16,7 @@ if python3 -c 'import jax, sys; sys.exit(jax.__version__ != "0.10.2")' 2>/dev/nu
     jax=yes
 fi
 # Program, devices, steps: the issue's workloads (the 8-device ones need NPROC=16 for XLA's
-# rendezvous on 2 cores, shared/anchors/jax/README.md). Both sides run as many warm-up steps
+# rendezvous on 2 cores, shared/anchors/jax/README.md; the one-device ones run without it). Both sides run as many warm-up steps
 # as timed ones (up to 50): the big MLP takes 20 of each, since over 8 devices Tessera's
 # steps 2-10 ran 23-32 ms where the later ones settle at 21.5-22.5 (why was not measured),
 # and 5 timed steps after 5 warm-up ones measured that.
@@ -44,7 +44,14 @@ for ((r = 1; r <= rounds; r++)); do
         read -r prog dev steps <<<"$w"
         TESSERA_DEVICES=$dev "$bin" "$prog" "$steps" >>"$out"
         if [ "$jax" = yes ]; then
-            NPROC=16 python3 benches/jax_side_by_side.py "$prog" "$dev" "$steps" 2>/dev/null >>"$out"
+            # NPROC=16 only where XLA needs it (8 devices on 2 cores): it enlarges XLA's
+            # thread pool, which made JAX's one-device big MLP step 15% slower (22.7-25.5
+            # against 19.8-21.6 ms, three alternating pairs, Xeon, 2026-12-05).
+            if [ "$dev" -gt 1 ]; then
+                NPROC=16 python3 benches/jax_side_by_side.py "$prog" "$dev" "$steps" 2>/dev/null >>"$out"
+            else
+                python3 benches/jax_side_by_side.py "$prog" "$dev" "$steps" 2>/dev/null >>"$out"
+            fi
         fi
     done
     for w in "${cached[@]}"; do
