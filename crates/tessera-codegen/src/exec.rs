@@ -2172,6 +2172,35 @@ unsafe fn apply_tail(
 mod tests {
     use super::*;
 
+    /// A kernel ending in an f32 tanh gets the host's full-width tail when it has one (the
+    /// AVX-512 and AVX2 hosts), and the result is the bits of the kernel's own tanh (the
+    /// interpreter's tanh is glibc's, so the reference is the tail's own test: here, that the
+    /// compiled program uses it); a tanh inside an expression keeps its place.
+    #[test]
+    fn a_final_tanh_runs_as_the_kernels_tail() {
+        use tessera_ir::{Graph, Op, TensorType, UnaryOp};
+        let program = |last: bool| {
+            let mut g = Graph::new("t");
+            let x = g.add_param(TensorType::new(DType::F32, vec![64, 128]));
+            let b = g.add_param(TensorType::new(DType::F32, vec![64, 128]));
+            let s = g
+                .add(Op::Binary(tessera_ir::BinaryOp::Add), &[x, b])
+                .unwrap();
+            let mut y = g.add(Op::Unary(UnaryOp::Tanh), &[s]).unwrap();
+            if !last {
+                y = g
+                    .add(Op::Binary(tessera_ir::BinaryOp::Mul), &[y, b])
+                    .unwrap();
+            }
+            g.set_outputs(vec![y]);
+            crate::compile(&g).unwrap()
+        };
+        let tails = |e: &Executable| e.tails.iter().flatten().copied().collect::<Vec<_>>();
+        let expected: Vec<_> = crate::vmath::Tail::tanh().into_iter().collect();
+        assert_eq!(tails(&program(true)), expected);
+        assert!(tails(&program(false)).is_empty());
+    }
+
     /// A product with a short contraction split by rows over the cores gives the bits of the
     /// same product on one thread (the threaded devices multiply on one thread, devices run
     /// together on every core: both must agree), at the big MLP's shapes and at row counts

@@ -48,6 +48,12 @@ fn available() -> bool {
     })
 }
 
+thread_local! {
+    /// How many products `run` has computed on this thread (for tests: `gemm_view` takes
+    /// this path).
+    static RUNS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The library's contraction block for an `m`-row product with a short result (`n <= 16`).
 fn block(m: usize, n: usize, k: usize) -> usize {
     if m <= 64 {
@@ -94,6 +100,7 @@ pub(crate) unsafe fn run(
     (o, os): (*mut f32, [isize; 2]),
     parallel: bool,
 ) {
+    RUNS.with(|r| r.set(r.get() + 1));
     let kc = block(m, n, k);
     let views = Views { l, r, o };
     // Rows `from..from + rows` of the product: `from` rows along each view's row stride.
@@ -254,6 +261,26 @@ mod tests {
                 }
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k} {par:?}");
+                // `gemm_view`, every product's entry, takes this path, with these bits.
+                let before = RUNS.with(|r| r.get());
+                let mut via = vec![2f32; m * n];
+                // SAFETY: as above.
+                unsafe {
+                    crate::exec::gemm_view(
+                        tessera_ir::DType::F32,
+                        (m, n, k),
+                        (a.as_ptr() as *const u8, ls),
+                        (b.as_ptr() as *const u8, rs),
+                        (via.as_mut_ptr() as *mut u8, os),
+                        par,
+                    )
+                };
+                assert_eq!(
+                    RUNS.with(|r| r.get()),
+                    before + 1,
+                    "gemm_view took the path"
+                );
+                assert_eq!(bits(&via), bits(&want));
             }
         }
     }

@@ -25,6 +25,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// How many operands `with_row_major` has copied since the process started (for tests).
 static COPIES: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// How many operands this thread has copied chunk by chunk (for tests: `gemm_view` takes
+    /// that path).
+    static CHUNKED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Whether `gemm_view` copies the `k x n` right operand with (row, column) strides `rs` into
 /// a row-major scratch before multiplying into an `out` with strides `os`: a column-major
 /// operand (unit stride along `k`), a row-major result, and a product where the library's
@@ -262,6 +268,7 @@ pub(crate) unsafe fn with_row_major_chunks<T, F>(
     F: Fn(usize, usize, *const T, usize) + Sync,
 {
     COPIES.fetch_add(1, Ordering::Relaxed);
+    CHUNKED.with(|c| c.set(c.get() + 1));
     let width = chunk_columns::<T>();
     let src = Src(src);
     // The last chunk takes the columns left over, so no chunk is narrower than `width` or
@@ -569,6 +576,7 @@ mod tests {
             let mut direct = vec![zero; m * n];
             let mut copied = vec![zero; m * n];
             let before = COPIES.load(Ordering::Relaxed);
+            let chunked = CHUNKED.with(|c| c.get());
             // SAFETY: every view is inside its vector, `m x k`, `k x n` (column-major, stride
             // k) and `m x n`; the output does not overlap the operands.
             unsafe {
@@ -605,6 +613,13 @@ mod tests {
             assert!(
                 COPIES.load(Ordering::Relaxed) > before,
                 "gemm_view took the copy"
+            );
+            let parallel = !matches!(par, gemm::Parallelism::None);
+            let size = std::mem::size_of::<T>();
+            assert_eq!(
+                CHUNKED.with(|c| c.get()) - chunked,
+                usize::from(in_chunks(m, n, size, parallel)),
+                "{m}x{n}x{k} chunk by chunk"
             );
             let bits = |v: &[T]| v.iter().map(|&x| x.into().to_bits()).collect::<Vec<_>>();
             assert_eq!(
