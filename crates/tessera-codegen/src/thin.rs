@@ -23,7 +23,9 @@ const PARALLEL_FROM: usize = 1 << 20;
 /// Whether `gemm_view` computes the f32 `m x n x k` product with these (row, column) strides
 /// here: `2 <= n <= 16`, a contraction of at least 3 and more than 256 result elements (where
 /// the library takes its general path: other kernels sum in other orders), unit column
-/// strides in all three operands, and an AVX-512F host.
+/// strides in all three operands, non-negative row strides (the library runs a contraction
+/// with a negative one backwards), result rows that do not overlap (the two row parts write
+/// apart), and an AVX-512F host.
 pub(crate) fn plan(
     (m, n, k): (usize, usize, usize),
     ls: [isize; 2],
@@ -31,7 +33,8 @@ pub(crate) fn plan(
     os: [isize; 2],
 ) -> bool {
     let general = (2..=16).contains(&n) && k >= 3 && m.saturating_mul(n) > 256;
-    general && ls[1] == 1 && rs[1] == 1 && os[1] == 1 && available()
+    let rows = ls[0] >= 0 && rs[0] >= 0 && os[0] >= n as isize;
+    general && rows && ls[1] == 1 && rs[1] == 1 && os[1] == 1 && available()
 }
 
 /// Whether the host runs AVX-512F (and `TESSERA_NO_THIN` is unset, to measure the library).
@@ -73,8 +76,9 @@ struct Views {
     r: *const f32,
     o: *mut f32,
 }
-// SAFETY: the parts only read `l` and `r` and write disjoint rows of `o`, inside the views
-// `run`'s caller vouches for, and `run` returns only once both parts are done.
+// SAFETY: the parts only read `l` and `r` and write disjoint rows of `o` (rows `os[0] >= n`
+// apart: `plan`), inside the views `run`'s caller vouches for, and `run` returns only once
+// both parts are done.
 unsafe impl Send for Views {}
 // SAFETY: as above.
 unsafe impl Sync for Views {}
@@ -100,6 +104,10 @@ pub(crate) unsafe fn run(
     (o, os): (*mut f32, [isize; 2]),
     parallel: bool,
 ) {
+    debug_assert!(
+        plan((m, n, k), ls, rs, os),
+        "`run`'s contract: `plan` holds"
+    );
     RUNS.with(|r| r.set(r.get() + 1));
     let kc = block(m, n, k);
     let views = Views { l, r, o };
@@ -114,7 +122,7 @@ pub(crate) unsafe fn run(
             x86::row_lhs((rows, n, k, kc), (l, ls[0]), (r, rs[0]), (o, os[0]))
         }
         #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("`plan` is None off x86_64: {l:?} {r:?} {o:?} {rows}")
+        unreachable!("`plan` is false off x86_64: {l:?} {r:?} {o:?} {rows}")
     };
     let half = (m / 2) & !15;
     if parallel && m.saturating_mul(n).saturating_mul(k) >= PARALLEL_FROM && half >= 16 {
@@ -207,10 +215,15 @@ mod tests {
         assert!(!plan((512, 10, 2), [2, 1], [10, 1], [10, 1]));
         assert!(!plan((512, 1, 64), [64, 1], [1, 1], [1, 1]));
         assert!(!plan((512, 10, 64), [1, 512], [10, 1], [10, 1]));
+        assert!(!plan((512, 10, 64), [64, 1], [-10, 1], [10, 1]));
+        assert!(!plan((512, 10, 64), [64, 1], [10, 1], [9, 1]));
+        // 64 and 65 rows at k = 1537: the library's two blocks differ there (512 against
+        // `kernel_params`'s), as at 33 x 9 x 700, 70 x 5 x 1537 and 129 x 16 x 2000.
         for (m, n, k) in [
             (512, 10, 1024),
             (1024, 10, 512),
-            (64, 10, 1024),
+            (64, 10, 1537),
+            (65, 10, 1537),
             (33, 9, 700),
             (129, 16, 2000),
             (300, 2, 3),
@@ -283,5 +296,57 @@ mod tests {
                 assert_eq!(bits(&via), bits(&want));
             }
         }
+        // Padded rows in all three views: the library's bits in the result's columns, the
+        // padding between its rows untouched.
+        let (m, n, k) = (100, 7, 600);
+        let (ls, rs, os) = (
+            [k as isize + 3, 1],
+            [n as isize + 1, 1],
+            [n as isize + 2, 1],
+        );
+        assert!(plan((m, n, k), ls, rs, os));
+        let a: Vec<f32> = (0..m * (k + 3))
+            .map(|i| (i % 101) as f32 * 0.01 - 0.5)
+            .collect();
+        let b: Vec<f32> = (0..k * (n + 1))
+            .map(|i| (i % 97) as f32 * 0.01 - 0.5)
+            .collect();
+        let mut want = vec![-3f32; m * (n + 2)];
+        let mut got = want.clone();
+        // SAFETY: the padded views lie inside their vectors (row `i` of each at `i * s[0]`, its
+        // `k`, `n` and `n` elements within the row); the outputs overlap nothing.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                want.as_mut_ptr(),
+                os[1],
+                os[0],
+                false,
+                a.as_ptr(),
+                ls[1],
+                ls[0],
+                b.as_ptr(),
+                rs[1],
+                rs[0],
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(2),
+            );
+            run(
+                (m, n, k),
+                (a.as_ptr(), ls),
+                (b.as_ptr(), rs),
+                (got.as_mut_ptr(), os),
+                true,
+            );
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+        assert!(got.chunks(n + 2).all(|row| row[n..] == [-3.0, -3.0]));
     }
 }
