@@ -197,6 +197,54 @@ mod x86 {
 mod tests {
     use super::*;
 
+    /// `a x b` over views with these (row, column) strides, by the library and by `run`, into
+    /// `len` values filled with `fill` first: (the library's, `run`'s).
+    ///
+    /// # Safety
+    /// The views lie inside the slices and `len` values; `plan` holds.
+    unsafe fn both(
+        (m, n, k): (usize, usize, usize),
+        (a, ls): (&[f32], [isize; 2]),
+        (b, rs): (&[f32], [isize; 2]),
+        (len, fill, os): (usize, f32, [isize; 2]),
+        par: gemm::Parallelism,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let mut want = vec![fill; len];
+        let mut got = vec![fill; len];
+        // SAFETY: the caller's views; the outputs are vectors of their own.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                want.as_mut_ptr(),
+                os[1],
+                os[0],
+                false,
+                a.as_ptr(),
+                ls[1],
+                ls[0],
+                b.as_ptr(),
+                rs[1],
+                rs[0],
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
+            );
+            run(
+                (m, n, k),
+                (a.as_ptr(), ls),
+                (b.as_ptr(), rs),
+                (got.as_mut_ptr(), os),
+                !matches!(par, gemm::Parallelism::None),
+            );
+        }
+        (want, got)
+    }
+
     /// Thin products give `gemm::gemm`'s bits, at the big MLP's shape (512 x 10 x 1024), at
     /// contractions of several library blocks and of a part of one, at 64 rows and fewer (the
     /// library's other block) and odd row counts, on one thread and two. `plan` declines the
@@ -238,40 +286,10 @@ mod tests {
             let (ls, rs, os) = row(n, k);
             assert!(plan((m, n, k), ls, rs, os));
             for par in [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)] {
-                let mut want = vec![0f32; m * n];
-                let mut got = vec![1f32; m * n];
-                // SAFETY: every view is inside its vector (`m x k`, `k x n`, `m x n`); the
-                // outputs overlap nothing; `plan` holds.
-                unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        want.as_mut_ptr(),
-                        os[1],
-                        os[0],
-                        false,
-                        a.as_ptr(),
-                        ls[1],
-                        ls[0],
-                        b.as_ptr(),
-                        rs[1],
-                        rs[0],
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        par,
-                    );
-                    run(
-                        (m, n, k),
-                        (a.as_ptr(), ls),
-                        (b.as_ptr(), rs),
-                        (got.as_mut_ptr(), os),
-                        matches!(par, gemm::Parallelism::Rayon(_)),
-                    );
-                }
+                // SAFETY: every view is inside its vector (`m x k`, `k x n`, `m x n`); `plan`
+                // holds.
+                let (want, got) =
+                    unsafe { both((m, n, k), (&a, ls), (&b, rs), (m * n, 0.0, os), par) };
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k} {par:?}");
                 // `gemm_view`, every product's entry, takes this path, with these bits.
@@ -311,40 +329,11 @@ mod tests {
         let b: Vec<f32> = (0..k * (n + 1))
             .map(|i| (i % 97) as f32 * 0.01 - 0.5)
             .collect();
-        let mut want = vec![-3f32; m * (n + 2)];
-        let mut got = want.clone();
+        let par = gemm::Parallelism::Rayon(2);
         // SAFETY: the padded views lie inside their vectors (row `i` of each at `i * s[0]`, its
-        // `k`, `n` and `n` elements within the row); the outputs overlap nothing.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                want.as_mut_ptr(),
-                os[1],
-                os[0],
-                false,
-                a.as_ptr(),
-                ls[1],
-                ls[0],
-                b.as_ptr(),
-                rs[1],
-                rs[0],
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(2),
-            );
-            run(
-                (m, n, k),
-                (a.as_ptr(), ls),
-                (b.as_ptr(), rs),
-                (got.as_mut_ptr(), os),
-                true,
-            );
-        }
+        // `k`, `n` and `n` elements within the row); `plan` holds.
+        let (want, got) =
+            unsafe { both((m, n, k), (&a, ls), (&b, rs), (m * (n + 2), -3.0, os), par) };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want));
         assert!(got.chunks(n + 2).all(|row| row[n..] == [-3.0, -3.0]));
