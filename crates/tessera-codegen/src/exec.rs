@@ -46,6 +46,8 @@ pub struct Executable {
     shared_gemm_from: usize,
     /// For a GEMM step whose result only feeds a sum all-reduce right after: that step.
     reduced_by: Vec<Option<usize>>,
+    /// Whether each step runs together with the next one (`pairs::paired`; `runs_together`).
+    paired: Vec<bool>,
     /// Steps this executable skips, and buffers it does not produce (`dropping_outputs`).
     skipped: Vec<bool>,
     dropped: Vec<bool>,
@@ -642,10 +644,12 @@ impl Executable {
             .collect();
         let plan = Plan::new(&schedule);
         let reduced_by = reduced_by(&schedule);
+        let paired = crate::pairs::paired(&schedule);
         let multiply_adds = Executable::count_multiply_adds(&schedule, &regions);
         let kernel_elements = count_kernel_elements(&schedule, &[]);
         Executable {
             reduced_by,
+            paired,
             skipped: vec![false; schedule.steps.len()],
             dropped: vec![false; schedule.bufs.len()],
             // Allocated by the first run (`run_partial`), where a failure is an error.
@@ -725,6 +729,7 @@ impl Executable {
             parallel_kernel_from: self.parallel_kernel_from,
             shared_gemm_from: self.shared_gemm_from,
             reduced_by: self.reduced_by.clone(),
+            paired: self.paired.clone(),
             skipped: self.skipped.clone(),
             dropped: self.dropped.clone(),
             regions: self
@@ -928,9 +933,13 @@ impl Executable {
                 StepKind::Region(r) => format!("region {} -> {:?}", r.op.name(), r.results),
                 StepKind::Window(w) => w.summary(),
             };
+            let with = match self.paired[i] {
+                true => format!(" with {}", i + 1),
+                false => String::new(),
+            };
             writeln!(
                 s,
-                "{i:3}: buf{} <- {what} (reads {:?})",
+                "{i:3}: buf{} <- {what} (reads {:?}){with}",
                 step.output, step.inputs
             )
             .unwrap();
@@ -1105,15 +1114,28 @@ impl Executable {
         args: &mut Vec<*mut u8>,
         collectives: &dyn Collectives,
     ) -> Result<Option<usize>, InterpError> {
-        // `fused`: the all-reduce step a shared product did along with its GEMM.
+        // `fused`: the all-reduce step a shared product did along with its GEMM; `partner`:
+        // a step that ran together with the one before it.
+        let mut partner = None;
         for (i, step) in self.schedule.steps.iter().enumerate().skip(from) {
-            if fused == Some(i) || self.skipped[i] {
+            if fused == Some(i) || partner == Some(i) || self.skipped[i] {
                 continue;
             }
             if pause && self.pauses_at(i) {
                 return Ok(Some(i));
             }
             let start = self.profile.as_ref().map(|_| std::time::Instant::now());
+            if self.runs_together(i) {
+                // SAFETY: both are GEMM steps whose views lie inside their buffers (fusion.rs);
+                // the plan places the two outputs before freeing either's inputs (plan.rs),
+                // so neither writes what the other reads or writes.
+                unsafe { self.run_pair(i, ptrs) };
+                partner = Some(i + 1);
+                if let (Some(p), Some(start)) = (&self.profile, start) {
+                    p.borrow_mut().steps[i] += start.elapsed();
+                }
+                continue;
+            }
             match &step.kind {
                 StepKind::Kernel(k) => self.run_kernel(i, k, ptrs, args),
                 StepKind::Gemm(g) => fused = self.run_gemm(i, g, ptrs, collectives)?,
@@ -2096,30 +2118,102 @@ impl Executable {
         } else {
             gemm::Parallelism::None
         };
-        let size = g.dtype.byte_width() as isize;
-        let nbatch: usize = g.batch.iter().map(|(e, _)| e).product();
-        for bi in 0..nbatch {
-            let (mut lo, mut ro, mut oo) = (0isize, 0isize, 0isize);
-            let mut rest = bi;
-            for (extent, [ls, rs, os]) in g.batch.iter().rev() {
-                let i = (rest % extent) as isize;
-                rest /= extent;
-                lo += i * ls;
-                ro += i * rs;
-                oo += i * os;
-            }
-            // SAFETY: offsets stay inside the buffers (the caller's contract).
-            unsafe {
-                gemm_view(
-                    g.dtype,
-                    (g.m, g.n, g.k),
-                    (l.offset(lo * size), g.lhs),
-                    (r.offset(ro * size), g.rhs),
-                    (o.offset(oo * size), g.out),
-                    par,
-                )
-            };
+        // SAFETY: the caller's contract.
+        unsafe { gemm_spec(g, (l, r, o), par) }
+    }
+
+    /// Whether step `i` runs together with step `i + 1` in this run: a pair (`pairs.rs`) of
+    /// products that would each have used every core, neither met by other devices nor
+    /// skipped, on a pool of at least two threads.
+    fn runs_together(&self, i: usize) -> bool {
+        if !self.paired[i] || self.skipped[i + 1] || rayon::current_num_threads() < 2 {
+            return false;
         }
+        let from = self.gemm_threads_from();
+        [i, i + 1]
+            .iter()
+            .all(|&j| match &self.schedule.steps[j].kind {
+                StepKind::Gemm(g) => {
+                    g.m.saturating_mul(g.n).saturating_mul(g.k) >= from && !self.meets_others(j)
+                }
+                StepKind::Kernel(_)
+                | StepKind::Collective(_)
+                | StepKind::Region(_)
+                | StepKind::Window(_)
+                | StepKind::Native(_) => false,
+            })
+    }
+
+    /// Runs the GEMM steps `i` and `i + 1` at once, one thread each (`rayon::join`).
+    ///
+    /// # Safety
+    /// Both steps' views lie inside their bound buffers, and neither output overlaps anything
+    /// the other step reads or writes (`plan.rs` places a pair as one step).
+    unsafe fn run_pair(&self, i: usize, ptrs: &[*mut u8]) {
+        let steps = &self.schedule.steps;
+        let (StepKind::Gemm(ga), StepKind::Gemm(gb)) = (&steps[i].kind, &steps[i + 1].kind) else {
+            unreachable!("runs_together pairs GEMM steps")
+        };
+        let views = |s: &Step| RowViews {
+            l: ptrs[s.inputs[0]],
+            r: ptrs[s.inputs[1]],
+            o: ptrs[s.output],
+        };
+        let (va, vb) = (views(&steps[i]), views(&steps[i + 1]));
+        let one = gemm::Parallelism::None;
+        #[cfg(test)]
+        PAIRS.with(|p| p.set(p.get() + 1));
+        // SAFETY: the caller's contract; each side only reads its operands and writes its own
+        // output, and both return before `join` does. A product on one thread never enters
+        // rayon, so neither side can take the other's task while it holds its scratch.
+        rayon::join(
+            || unsafe {
+                let (l, r, o) = va.get();
+                gemm_spec(ga, (l as *mut u8, r as *mut u8, o), one)
+            },
+            || unsafe {
+                let (l, r, o) = vb.get();
+                gemm_spec(gb, (l as *mut u8, r as *mut u8, o), one)
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many pairs `run_pair` ran on this thread (for the test that a pair runs).
+    static PAIRS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// `g`'s product, every batch element, on `par`'s threads.
+///
+/// # Safety
+/// The spec's extents and strides describe views inside the operand and result buffers, the
+/// result not overlapping the operands.
+unsafe fn gemm_spec(g: &GemmSpec, (l, r, o): (*mut u8, *mut u8, *mut u8), par: gemm::Parallelism) {
+    let size = g.dtype.byte_width() as isize;
+    let nbatch: usize = g.batch.iter().map(|(e, _)| e).product();
+    for bi in 0..nbatch {
+        let (mut lo, mut ro, mut oo) = (0isize, 0isize, 0isize);
+        let mut rest = bi;
+        for (extent, [ls, rs, os]) in g.batch.iter().rev() {
+            let i = (rest % extent) as isize;
+            rest /= extent;
+            lo += i * ls;
+            ro += i * rs;
+            oo += i * os;
+        }
+        // SAFETY: offsets stay inside the buffers (the caller's contract).
+        unsafe {
+            gemm_view(
+                g.dtype,
+                (g.m, g.n, g.k),
+                (l.offset(lo * size), g.lhs),
+                (r.offset(ro * size), g.rhs),
+                (o.offset(oo * size), g.out),
+                par,
+            )
+        };
     }
 }
 
@@ -2199,6 +2293,50 @@ mod tests {
         let expected: Vec<_> = crate::vmath::Tail::tanh().into_iter().collect();
         assert_eq!(tails(&program(true)), expected);
         assert!(tails(&program(false)).is_empty());
+    }
+
+    /// Two independent large products (a layer's backward `g @ w^T` and `h^T @ g`) run as a
+    /// pair, one core each, and give the bits of the same program with every product on one
+    /// thread in turn; the plan keeps the pair's buffers apart (a garbled operand would change
+    /// the bits). Removing the pairing fails the count.
+    #[test]
+    fn independent_products_run_as_a_pair_with_one_thread_bits() {
+        let g = tessera_ir::parse(
+            "func @f(%0: f32[512,256], %1: f32[1024,256], %2: f32[512,1024]) {\n  \
+               %3 = tanh %0 : f32[512,256]\n  \
+               %4 = dot_general %2, %1 contracting=[1]x[0] : f32[512,256]\n  \
+               %5 = mul %4, %3 : f32[512,256]\n  \
+               %6 = dot_general %2, %3 contracting=[0]x[0] : f32[1024,256]\n  \
+               return %5, %6\n}\n",
+        )
+        .unwrap();
+        let lit = |shape: [usize; 2], seed: usize| {
+            let v = (0..shape[0] * shape[1])
+                .map(|i| ((i * 7919 + seed) % 1013) as f32 * 0.001 - 0.5)
+                .collect();
+            Literal::new(shape, Data::F32(v)).unwrap()
+        };
+        let (x, w, d) = (lit([512, 256], 1), lit([1024, 256], 2), lit([512, 1024], 3));
+        let inputs = [&x, &w, &d];
+        // A pool of two threads whatever the machine (a pair needs two), the executable
+        // made and run on it (it is not `Sync`).
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (paired, count) = pool.install(|| {
+            let exe = crate::compile(&g).unwrap();
+            assert!(exe.describe().contains(" with "), "{}", exe.describe());
+            let before = PAIRS.with(|p| p.get());
+            let out = exe.run(&inputs, &tessera_transport::SingleDevice).unwrap();
+            (out, PAIRS.with(|p| p.get()) - before)
+        });
+        assert_eq!(count, 1, "the pair ran once");
+        let one = crate::compile(&g).unwrap().single_threaded();
+        let alone = one.run(&inputs, &tessera_transport::SingleDevice).unwrap();
+        for (a, b) in paired.iter().zip(&alone) {
+            assert!(a.data.bits_eq(&b.data));
+        }
     }
 
     /// A product with a short contraction split by rows over the cores gives the bits of the

@@ -4,8 +4,9 @@
 //! buffers. The passes, in order:
 //! 0. `narrow`: f16 and bf16 arithmetic rewritten to f32 between converts;
 //! 1. `fusion`: group nodes into loop-nest kernels, GEMM calls and collective calls;
-//! 2. `plan`: liveness and arena offsets for the temporaries;
-//! 3. `lower`: each kernel to a Cranelift function (f32x4 where it pays, inline approximations
+//! 2. `pairs`: independent large products moved side by side, to run at once;
+//! 3. `plan`: liveness and arena offsets for the temporaries;
+//! 4. `lower`: each kernel to a Cranelift function (f32x4 where it pays, inline approximations
 //!    of the transcendental functions from `approx`).
 //!
 //! Architecture invariant: the executable sees buffers and steps, never the graph; it computes
@@ -21,6 +22,7 @@ pub mod legalize;
 pub mod lower;
 pub mod narrow;
 mod native;
+pub mod pairs;
 pub mod plan;
 mod thin;
 pub mod together;
@@ -60,7 +62,8 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
     let g = widened.as_ref().unwrap_or(g);
     let split = legalize::split_wide_concats(g).map_err(|e| LowerError::Legalize(e.to_string()))?;
     let g = split.as_ref().unwrap_or(g);
-    let schedule = fusion::fuse(g);
+    let mut schedule = fusion::fuse(g);
+    pairs::pair_products(&mut schedule);
     let mut kernels = Vec::new();
     let mut kernel_steps = Vec::new();
     let mut tails = Vec::new();

@@ -3,7 +3,8 @@
 //! Consumes a `Schedule`; produces each temporary buffer's byte offset in the arena and the
 //! arena's size. A temporary lives from the step that writes it (a region step writes several) to its last reader (outputs to
 //! the end); a freed range is reused first-fit. A step's output never shares memory with that
-//! step's inputs, since it is placed before they are freed. The program's outputs are not in
+//! step's inputs, since it is placed before they are freed; a pair of steps that run together
+//! (`pairs.rs`) is placed as one step. The program's outputs are not in
 //! the arena: each run writes them into fresh vectors that become the result literals, so no
 //! output is copied.
 //!
@@ -43,35 +44,44 @@ impl Plan {
         // Free ranges (offset, size), and the end of the used arena.
         let mut free: Vec<(usize, usize)> = Vec::new();
         let mut end = 0usize;
-        for (i, step) in s.steps.iter().enumerate() {
-            let writes = step.writes();
-            for &b in &writes {
-                if !matches!(s.bufs[b].kind, BufKind::Temp) || s.outputs.contains(&b) {
-                    continue;
-                }
-                let size = s.bufs[b].ty.byte_size().max(1).next_multiple_of(ALIGN);
-                match free.iter().position(|&(_, sz)| sz >= size) {
-                    Some(k) => {
-                        let (off, sz) = free[k];
-                        offsets[b] = off;
-                        if sz == size {
-                            free.remove(k);
-                        } else {
-                            free[k] = (off + size, sz - size);
-                        }
+        // A step and the step it runs together with (`pairs::paired`) are placed as one: both
+        // outputs before either's inputs are freed, so neither writes what the other uses.
+        let pairs = crate::pairs::paired(s);
+        let mut i = 0;
+        while i < s.steps.len() {
+            let group = i..if pairs[i] { i + 2 } else { i + 1 };
+            for step in &s.steps[group.clone()] {
+                for b in step.writes() {
+                    if !matches!(s.bufs[b].kind, BufKind::Temp) || s.outputs.contains(&b) {
+                        continue;
                     }
-                    None => {
-                        offsets[b] = end;
-                        end = end.saturating_add(size);
+                    let size = s.bufs[b].ty.byte_size().max(1).next_multiple_of(ALIGN);
+                    match free.iter().position(|&(_, sz)| sz >= size) {
+                        Some(k) => {
+                            let (off, sz) = free[k];
+                            offsets[b] = off;
+                            if sz == size {
+                                free.remove(k);
+                            } else {
+                                free[k] = (off + size, sz - size);
+                            }
+                        }
+                        None => {
+                            offsets[b] = end;
+                            end = end.saturating_add(size);
+                        }
                     }
                 }
             }
-            let mut dead: Vec<usize> = step.inputs.clone();
-            dead.extend(writes);
+            let mut dead: Vec<usize> = Vec::new();
+            for step in &s.steps[group.clone()] {
+                dead.extend(&step.inputs);
+                dead.extend(step.writes());
+            }
             dead.sort_unstable();
             dead.dedup();
             for d in dead {
-                if last_use[d] == i
+                if group.contains(&last_use[d])
                     && matches!(s.bufs[d].kind, BufKind::Temp)
                     && !s.outputs.contains(&d)
                 {
@@ -89,6 +99,7 @@ impl Plan {
                 }
             }
             free = merged;
+            i = group.end;
         }
         Plan {
             offsets,
@@ -102,6 +113,55 @@ mod tests {
     use super::*;
     use crate::fusion::{Buf, Step, StepKind};
     use tessera_ir::{CollectiveOp, DType, Op, ReduceKind, TensorType};
+
+    /// A pair of products that run together (`pairs.rs`) is placed as one step: the second's
+    /// output does not take the space of the first's operand, freed by the pair, which the
+    /// first still reads while the second writes.
+    #[test]
+    fn a_pairs_outputs_do_not_reuse_its_operands() {
+        let small = TensorType::new(DType::F32, vec![16]);
+        let buf = |kind| Buf {
+            ty: small.clone(),
+            kind,
+        };
+        let gemm = |inputs: Vec<usize>, output| Step {
+            kind: StepKind::Gemm(crate::fusion::GemmSpec {
+                dtype: DType::F32,
+                batch: Vec::new(),
+                m: 512,
+                n: 512,
+                k: 512,
+                lhs: [512, 1],
+                rhs: [512, 1],
+                out: [512, 1],
+            }),
+            inputs,
+            output,
+        };
+        // 0: t2 <- in0 x in1; 1: t3 <- t2 x in1 (last read of t2) with 2: t4 <- in0 x in1;
+        // 3: t5 <- t3 x t4.
+        let s = Schedule {
+            bufs: vec![
+                buf(BufKind::Input(0)),
+                buf(BufKind::Input(1)),
+                buf(BufKind::Temp),
+                buf(BufKind::Temp),
+                buf(BufKind::Temp),
+                buf(BufKind::Temp),
+            ],
+            steps: vec![
+                gemm(vec![0, 1], 2),
+                gemm(vec![2, 1], 3),
+                gemm(vec![0, 1], 4),
+                gemm(vec![3, 4], 5),
+            ],
+            outputs: vec![5],
+        };
+        assert_eq!(crate::pairs::paired(&s), [false, true, false, false]);
+        let plan = Plan::new(&s);
+        let o = &plan.offsets;
+        assert!(o[2] != o[3] && o[2] != o[4] && o[3] != o[4], "{o:?}");
+    }
 
     /// Two live temporaries of almost `isize::MAX` bytes each: their sum overflows `usize`.
     /// The plan must not wrap the arena's end around to a small size.
