@@ -420,8 +420,9 @@ struct RowViews {
 }
 
 // SAFETY: the parts only read `l` and `r` and write disjoint rows (`gemm_dense`) or columns
-// (`gemm_view`'s chunks) of `o`, all inside the views their caller vouches for, and the
-// caller returns only once every part is done.
+// (`gemm_view`'s chunks) of `o`, or (`run_pair`) the two products of a pair write their own
+// outputs, apart from everything the other reads or writes; all inside the views their
+// caller vouches for, and the caller returns only once every part is done.
 unsafe impl Send for RowViews {}
 // SAFETY: as above.
 unsafe impl Sync for RowViews {}
@@ -1127,8 +1128,11 @@ impl Executable {
             let start = self.profile.as_ref().map(|_| std::time::Instant::now());
             if self.runs_together(i) {
                 // SAFETY: both are GEMM steps whose views lie inside their buffers (fusion.rs);
-                // the plan places the two outputs before freeing either's inputs (plan.rs),
-                // so neither writes what the other reads or writes.
+                // the second does not read the first's output (`pairs::paired`); each writes
+                // only its own output, a temporary the plan places before freeing either
+                // step's inputs (plan.rs) or a program output's own vector (`bind`), and
+                // inputs and constants are only read: neither writes what the other reads or
+                // writes.
                 unsafe { self.run_pair(i, ptrs) };
                 partner = Some(i + 1);
                 if let (Some(p), Some(start)) = (&self.profile, start) {
@@ -2124,9 +2128,10 @@ impl Executable {
 
     /// Whether step `i` runs together with step `i + 1` in this run: a pair (`pairs.rs`) of
     /// products that would each have used every core, neither met by other devices nor
-    /// skipped, on a pool of at least two threads.
+    /// skipped, on a pool of exactly two threads (one a side; on more, a side on one core
+    /// would leave the others idle).
     fn runs_together(&self, i: usize) -> bool {
-        if !self.paired[i] || self.skipped[i + 1] || rayon::current_num_threads() < 2 {
+        if !self.paired[i] || self.skipped[i + 1] || rayon::current_num_threads() != 2 {
             return false;
         }
         let from = self.gemm_threads_from();
@@ -2295,19 +2300,21 @@ mod tests {
         assert!(tails(&program(false)).is_empty());
     }
 
-    /// Two independent large products (a layer's backward `g @ w^T` and `h^T @ g`) run as a
-    /// pair, one core each, and give the bits of the same program with every product on one
-    /// thread in turn; the plan keeps the pair's buffers apart (a garbled operand would change
-    /// the bits). Removing the pairing fails the count.
+    /// Two independent large products run as a pair, one core each, and give the bits of
+    /// the same program with every product on one thread in turn. The first product reads a
+    /// temporary that dies with it (`%3`), where a plan unaware of the pair would put the
+    /// second's output (a race that would likely change the bits; `plan.rs`'s test shows the
+    /// placement). Removing the pairing fails the count.
     #[test]
     fn independent_products_run_as_a_pair_with_one_thread_bits() {
         let g = tessera_ir::parse(
-            "func @f(%0: f32[512,256], %1: f32[1024,256], %2: f32[512,1024]) {\n  \
-               %3 = tanh %0 : f32[512,256]\n  \
-               %4 = dot_general %2, %1 contracting=[1]x[0] : f32[512,256]\n  \
-               %5 = mul %4, %3 : f32[512,256]\n  \
-               %6 = dot_general %2, %3 contracting=[0]x[0] : f32[1024,256]\n  \
-               return %5, %6\n}\n",
+            "func @f(%0: f32[512,1024], %1: f32[1024,256]) {\n  \
+               %3 = tanh %0 : f32[512,1024]\n  \
+               %4 = dot_general %3, %1 contracting=[1]x[0] : f32[512,256]\n  \
+               %5 = mul %4, %4 : f32[512,256]\n  \
+               %6 = dot_general %0, %1 contracting=[1]x[0] : f32[512,256]\n  \
+               %7 = add %5, %6 : f32[512,256]\n  \
+               return %7\n}\n",
         )
         .unwrap();
         let lit = |shape: [usize; 2], seed: usize| {
@@ -2316,8 +2323,8 @@ mod tests {
                 .collect();
             Literal::new(shape, Data::F32(v)).unwrap()
         };
-        let (x, w, d) = (lit([512, 256], 1), lit([1024, 256], 2), lit([512, 1024], 3));
-        let inputs = [&x, &w, &d];
+        let (x, w) = (lit([512, 1024], 1), lit([1024, 256], 2));
+        let inputs = [&x, &w];
         // A pool of two threads whatever the machine (a pair needs two), the executable
         // made and run on it (it is not `Sync`).
         let pool = rayon::ThreadPoolBuilder::new()

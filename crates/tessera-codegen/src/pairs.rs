@@ -7,7 +7,10 @@
 //! steps that run together with the step after them. `plan.rs` allocates a pair's outputs
 //! before freeing either step's inputs, so the two never write memory the other reads or
 //! writes; `exec.rs` runs a pair with `rayon::join` when both products would have used every
-//! core (a run with the machine to itself).
+//! core (a run with the machine to itself) and the pool has exactly two threads (what was
+//! measured; on more cores one core a side would leave the others idle). A pair never
+//! includes a product whose result feeds a collective; a product offered to the other devices
+//! (`exec.rs`'s `meets_others`, decided at run time) runs alone.
 //!
 //! Why: the library's split of one product over two cores synchronizes the cores at every
 //! block, and a product on one core runs closer to the core's peak (the Xeon of
@@ -18,8 +21,9 @@
 
 use crate::fusion::{Schedule, Step, StepKind};
 
-/// The smallest product (`m n k`, batches included) that is paired: a quarter of a second of
-/// one core's multiply-adds at the library's rate, so the join costs nothing in comparison.
+/// The smallest product (`m n k`, batches included) that is paired: about 0.9 ms of one core
+/// at the library's rate (155 GFLOP/s on the Xeon), so the join's few microseconds are
+/// nothing beside it.
 pub const PAIR_FROM: usize = 1 << 26;
 
 /// The multiply-adds of a GEMM step large enough to pair, or `None`.
