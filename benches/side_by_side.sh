@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Tessera against JAX 0.10.2, side by side in one run (issue 14): every workload of
 # examples/side_by_side.rs, three rounds, Tessera and JAX alternating (one process each), then
-# a table of the spreads and of JAX time / Tessera time. JAX runs only when `python3 -c "import
+# a table of the spreads and of JAX time / Tessera time: at the spreads' extremes (JAX's
+# fastest over Tessera's slowest round, and the reverse), and per round (each round's two
+# processes, run one after the other, so a change in the machine's load between rounds moves
+# both sides). JAX runs only when `python3 -c "import
 # jax"` finds version 0.10.2 (`pip install jax==0.10.2`); without it the table has Tessera's
 # column alone. The CPU is printed above the table: compare ratios, not absolute times.
 #
@@ -75,10 +78,12 @@ function key(p, d) { return p " on " d (d == 1 ? " device" : " devices") }
     if (!((sys, k, "hi") in v) || l[2] > v[sys, k, "hi"]) v[sys, k, "hi"] = l[2]
     if (!((sys, k, "flo") in v) || f[2] < v[sys, k, "flo"]) v[sys, k, "flo"] = f[2]
     if (!((sys, k, "fhi") in v) || f[2] > v[sys, k, "fhi"]) v[sys, k, "fhi"] = f[2]
+    # The r-th process of each side: one round, the two run one after the other.
+    runs[sys, k]++; per[sys, k, runs[sys, k]] = l[2]
 }
 END {
-    print "| workload | Tessera ms/step | JAX ms/step | JAX time / Tessera time | first call: Tessera ms | JAX ms |"
-    print "| --- | --- | --- | --- | --- | --- |"
+    print "| workload | Tessera ms/step | JAX ms/step | JAX time / Tessera time | per round | first call: Tessera ms | JAX ms |"
+    print "| --- | --- | --- | --- | --- | --- | --- |"
     for (i = 1; i <= n; i++) {
         k = name[i]
         t = sprintf("%.4g-%.4g", v["tessera", k, "lo"], v["tessera", k, "hi"])
@@ -87,7 +92,14 @@ END {
             j = sprintf("%.4g-%.4g", v["jax", k, "lo"], v["jax", k, "hi"])
             r = sprintf("%.2f-%.2fx", v["jax", k, "lo"] / v["tessera", k, "hi"], v["jax", k, "hi"] / v["tessera", k, "lo"])
             jf = sprintf("%.4g-%.4g", v["jax", k, "flo"], v["jax", k, "fhi"])
-        } else { j = "-"; r = "-"; jf = "-" }
-        print "| " k " | " t " | " j " | " r " | " tf " | " jf " |"
+            lo = ""; hi = ""
+            for (q = 1; q <= runs["tessera", k] && q <= runs["jax", k]; q++) {
+                x = per["jax", k, q] / per["tessera", k, q]
+                if (lo == "" || x < lo) lo = x
+                if (hi == "" || x > hi) hi = x
+            }
+            pr = sprintf("%.2f-%.2fx", lo, hi)
+        } else { j = "-"; r = "-"; jf = "-"; pr = "-" }
+        print "| " k " | " t " | " j " | " r " | " pr " | " tf " | " jf " |"
     }
 }' "$out"
