@@ -46,8 +46,6 @@ pub struct Executable {
     shared_gemm_from: usize,
     /// For a GEMM step whose result only feeds a sum all-reduce right after: that step.
     reduced_by: Vec<Option<usize>>,
-    /// Whether each step runs together with the next one (`pairs::paired`; `runs_together`).
-    paired: Vec<bool>,
     /// Steps this executable skips, and buffers it does not produce (`dropping_outputs`).
     skipped: Vec<bool>,
     dropped: Vec<bool>,
@@ -645,12 +643,10 @@ impl Executable {
             .collect();
         let plan = Plan::new(&schedule);
         let reduced_by = reduced_by(&schedule);
-        let paired = crate::pairs::paired(&schedule);
         let multiply_adds = Executable::count_multiply_adds(&schedule, &regions);
         let kernel_elements = count_kernel_elements(&schedule, &[]);
         Executable {
             reduced_by,
-            paired,
             skipped: vec![false; schedule.steps.len()],
             dropped: vec![false; schedule.bufs.len()],
             // Allocated by the first run (`run_partial`), where a failure is an error.
@@ -730,7 +726,6 @@ impl Executable {
             parallel_kernel_from: self.parallel_kernel_from,
             shared_gemm_from: self.shared_gemm_from,
             reduced_by: self.reduced_by.clone(),
-            paired: self.paired.clone(),
             skipped: self.skipped.clone(),
             dropped: self.dropped.clone(),
             regions: self
@@ -934,7 +929,7 @@ impl Executable {
                 StepKind::Region(r) => format!("region {} -> {:?}", r.op.name(), r.results),
                 StepKind::Window(w) => w.summary(),
             };
-            let with = match self.paired[i] {
+            let with = match self.plan.pairs[i] {
                 true => format!(" with {}", i + 1),
                 false => String::new(),
             };
@@ -1128,7 +1123,7 @@ impl Executable {
             let start = self.profile.as_ref().map(|_| std::time::Instant::now());
             if self.runs_together(i) {
                 // SAFETY: both are GEMM steps whose views lie inside their buffers (fusion.rs);
-                // the second does not read the first's output (`pairs::paired`); each writes
+                // the second does not read the first's output (`pairs::paired`, `Plan::pairs`); each writes
                 // only its own output, a temporary the plan places before freeing either
                 // step's inputs (plan.rs) or a program output's own vector (`bind`), and
                 // inputs and constants are only read: neither writes what the other reads or
@@ -2131,7 +2126,7 @@ impl Executable {
     /// skipped, on a pool of exactly two threads (one a side; on more, a side on one core
     /// would leave the others idle).
     fn runs_together(&self, i: usize) -> bool {
-        if !self.paired[i] || self.skipped[i + 1] || rayon::current_num_threads() != 2 {
+        if !self.plan.pairs[i] || self.skipped[i + 1] || rayon::current_num_threads() != 2 {
             return false;
         }
         let from = self.gemm_threads_from();

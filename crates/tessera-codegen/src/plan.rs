@@ -23,6 +23,10 @@ pub struct Plan {
     /// Byte offset of each buffer in the arena (meaningful for temporaries only).
     pub offsets: Vec<usize>,
     pub arena_bytes: usize,
+    /// Whether each step runs together with the next one (`pairs::paired`): placed as one
+    /// step here, run at once by `exec.rs` (`runs_together`), so the two agree by
+    /// construction.
+    pub pairs: Vec<bool>,
 }
 
 impl Plan {
@@ -104,6 +108,7 @@ impl Plan {
         Plan {
             offsets,
             arena_bytes: end,
+            pairs,
         }
     }
 }
@@ -157,8 +162,8 @@ mod tests {
             ],
             outputs: vec![5],
         };
-        assert_eq!(crate::pairs::paired(&s), [false, true, false, false]);
         let plan = Plan::new(&s);
+        assert_eq!(plan.pairs, [false, true, false, false]);
         let o = &plan.offsets;
         assert!(o[2] != o[3] && o[2] != o[4] && o[3] != o[4], "{o:?}");
     }
