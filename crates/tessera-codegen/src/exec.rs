@@ -244,13 +244,15 @@ fn reduced_by(schedule: &Schedule) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// A shared product's one multiply, on every core: the threaded transport's elected member
-/// (`run_gemm`) and devices run in turn on one thread (`together`) both call it, so the two
-/// give the same bits.
+/// A shared product's one multiply, on every core (`par` `Rayon(0)`) or on the calling thread
+/// (`None`, one side of a pair of products, `together.rs`): the threaded transport's elected
+/// member (`run_gemm`) and devices run in turn on one thread (`together`) both call it, so
+/// the two give the same bits (the same sums in the same order on one thread or several,
+/// `pairs.rs`).
 ///
 /// # Safety
 /// As `gemm_view`.
-pub(crate) unsafe fn multiply_shared(dtype: DType, c: &GemmCall) {
+pub(crate) unsafe fn multiply_shared(dtype: DType, c: &GemmCall, par: gemm::Parallelism) {
     // SAFETY: the caller's contract.
     unsafe {
         gemm_view(
@@ -259,7 +261,7 @@ pub(crate) unsafe fn multiply_shared(dtype: DType, c: &GemmCall) {
             (c.lhs, c.lhs_strides),
             (c.rhs, c.rhs_strides),
             (c.out, c.out_strides),
-            gemm::Parallelism::Rayon(0),
+            par,
         )
     }
 }
@@ -1362,38 +1364,9 @@ impl Executable {
                 }
             }
             StepKind::Gemm(g) => {
-                let (stacking, group) = self.product_group(i, local.position())?;
-                let part = GemmPart {
-                    dtype: g.dtype,
-                    m: g.m,
-                    n: g.n,
-                    k: g.k,
-                    lhs: ptrs[step.inputs[0]],
-                    lhs_strides: g.lhs,
-                    rhs: ptrs[step.inputs[1]],
-                    rhs_strides: g.rhs,
-                    out: ptrs[step.output],
-                    out_strides: g.out,
-                };
+                let at = self.product_meeting(i, g, ptrs, local.position())?;
                 self.unsettled.set(true);
-                // An operand bound in the group region (`bind`) lies in that one allocation,
-                // with the other runs' copies of it: its address says so (a buffer may be
-                // placed elsewhere since, `place`).
-                let (base, len) = self.group_base.get();
-                let region = |b: usize| {
-                    let at = ptrs[b] as usize;
-                    match base != 0 && at >= base && at - base < len {
-                        true => base,
-                        false => 0,
-                    }
-                };
-                let mut part = PartAddr::of(&part);
-                part.regions = [region(step.inputs[0]), region(step.inputs[1])];
-                Meeting::Product {
-                    stacking,
-                    group,
-                    part,
-                }
+                at
             }
             StepKind::Kernel(_)
             | StepKind::Collective(_)
@@ -1402,6 +1375,71 @@ impl Executable {
             | StepKind::Native(_) => unreachable!("a run pauses at steps that meet others only"),
         };
         Ok(Some(Pause { step: i, at }))
+    }
+
+    /// The meeting of shared product step `i`, the GEMM `g`, over the run's bound buffers.
+    fn product_meeting(
+        &self,
+        i: usize,
+        g: &GemmSpec,
+        ptrs: &[*mut u8],
+        position: usize,
+    ) -> Result<Meeting, InterpError> {
+        let step = &self.schedule.steps[i];
+        let (stacking, group) = self.product_group(i, position)?;
+        let part = GemmPart {
+            dtype: g.dtype,
+            m: g.m,
+            n: g.n,
+            k: g.k,
+            lhs: ptrs[step.inputs[0]],
+            lhs_strides: g.lhs,
+            rhs: ptrs[step.inputs[1]],
+            rhs_strides: g.rhs,
+            out: ptrs[step.output],
+            out_strides: g.out,
+        };
+        // An operand bound in the group region (`bind`) lies in that one allocation, with the
+        // other runs' copies of it: its address says so (a buffer may be placed elsewhere
+        // since, `place`).
+        let (base, len) = self.group_base.get();
+        let region = |b: usize| {
+            let at = ptrs[b] as usize;
+            match base != 0 && at >= base && at - base < len {
+                true => base,
+                false => 0,
+            }
+        };
+        let mut part = PartAddr::of(&part);
+        part.regions = [region(step.inputs[0]), region(step.inputs[1])];
+        Ok(Meeting::Product {
+            stacking,
+            group,
+            part,
+        })
+    }
+
+    /// For a run paused at a shared product (`advance` returned it, not yet settled) that is
+    /// the first of a pair (`pairs.rs`) whose second is a shared product too: the second's
+    /// pause, as the next `advance` returns it once the first is settled (no step runs between
+    /// them). Devices run in turn on one thread multiply the two stacked products at once,
+    /// then settle the first, advance to the second and settle it (`together.rs`). The second
+    /// reads nothing the first writes, so its operands are ready now; `None` otherwise.
+    pub(crate) fn partner_pause(&self, position: usize) -> Result<Option<Pause>, InterpError> {
+        let Some(i) = self.cursor.get().checked_sub(1) else {
+            return Ok(None);
+        };
+        let j = i + 1;
+        if !self.unsettled.get() || !self.plan.pairs[i] || self.skipped[j] || !self.meets_others(j)
+        {
+            return Ok(None);
+        }
+        let StepKind::Gemm(g) = &self.schedule.steps[j].kind else {
+            return Ok(None);
+        };
+        let scratch = self.scratch.borrow();
+        let at = self.product_meeting(j, g, &scratch.ptrs, position)?;
+        Ok(Some(Pause { step: j, at }))
     }
 
     /// How shared product step `i` (a GEMM that `meets_others`) stacks, and with which group
@@ -1745,7 +1783,8 @@ impl Executable {
         ) {
             // SAFETY: the transport passes views inside live buffers: stacked copies, or the
             // devices' own, alive while they wait in the call.
-            let whole = |c: &GemmCall| unsafe { multiply_shared(g.dtype, c) };
+            let whole =
+                |c: &GemmCall| unsafe { multiply_shared(g.dtype, c, gemm::Parallelism::Rayon(0)) };
             let part = GemmPart {
                 dtype: g.dtype,
                 m: g.m,

@@ -8,9 +8,13 @@
 //! before freeing either step's inputs, so the two never write memory the other reads or
 //! writes; `exec.rs` runs a pair with `rayon::join` when both products would have used every
 //! core (a run with the machine to itself) and the pool has exactly two threads (what was
-//! measured; on more cores one core a side would leave the others idle). A pair never
-//! includes a product whose result feeds a collective; a product offered to the other devices
-//! (`exec.rs`'s `meets_others`, decided at run time) runs alone.
+//! measured; on more cores one core a side would leave the others idle). A product whose
+//! result feeds a collective is paired only as the second of a pair, and only when that
+//! collective is a sum all-reduce right after it and its only reader (`exec.rs`'s
+//! `reduced_by`, the weight gradient of a data-parallel step): the all-reduce moves up with
+//! it. A product offered to the other devices (`exec.rs`'s `meets_others`, decided at run
+//! time) runs alone in a threaded run; devices run in turn on one thread (`together.rs`)
+//! multiply a pair of offered products at once, each stacked product on one core.
 //!
 //! Why: the library's split of one product over two cores synchronizes the cores at every
 //! block, and a product on one core runs closer to the core's peak (the Xeon of
@@ -20,6 +24,7 @@
 //! not change (`tests`).
 
 use crate::fusion::{Schedule, Step, StepKind};
+use tessera_ir::{CollectiveOp, Op, ReduceKind};
 
 /// The smallest product (`m n k`, batches included) that is paired: about 0.9 ms of one core
 /// at the library's rate (155 GFLOP/s on the Xeon), so the join's few microseconds are
@@ -49,19 +54,34 @@ fn balanced(a: usize, b: usize) -> bool {
     lo >= hi / 4 * 3
 }
 
-/// For each buffer, whether a collective reads it. A product whose result feeds a collective
-/// stays where it is (an all-reduce right after its product is done with it, `exec.rs`'s
-/// `reduced_by`), and it may be offered to the other devices, which a pair never is.
-fn read_by_collectives(s: &Schedule) -> Vec<bool> {
-    let mut read = vec![false; s.bufs.len()];
+/// For each buffer, how many steps read it, and whether a collective is among them.
+fn readers(s: &Schedule) -> (Vec<usize>, Vec<bool>) {
+    let mut count = vec![0usize; s.bufs.len()];
+    let mut collective = vec![false; s.bufs.len()];
     for t in &s.steps {
-        if matches!(t.kind, StepKind::Collective(_)) {
-            for &b in &t.inputs {
-                read[b] = true;
-            }
+        for &b in &t.inputs {
+            count[b] += 1;
+            collective[b] |= matches!(t.kind, StepKind::Collective(_));
         }
     }
-    read
+    (count, collective)
+}
+
+/// Whether step `j + 1` is a sum all-reduce of step `j`'s result, its only reader (the product
+/// and its all-reduce that `exec.rs`'s `reduced_by` fuses): the two move as one.
+fn reduced_after(s: &Schedule, j: usize, count: &[usize]) -> bool {
+    let out = s.steps[j].output;
+    s.steps.get(j + 1).is_some_and(|next| {
+        matches!(
+            next.kind,
+            StepKind::Collective(Op::Collective(CollectiveOp::AllReduce {
+                kind: ReduceKind::Sum,
+                ..
+            }))
+        ) && next.inputs == [out]
+            && count[out] == 1
+            && !s.outputs.contains(&out)
+    })
 }
 
 /// How many steps after a large product its partner is looked for: a bound on the compile's
@@ -73,7 +93,7 @@ const WINDOW: usize = 16;
 /// run before `i`) right after `i`. Steps between keep their order; a moved product is still
 /// written before its readers, which all come after it.
 pub fn pair_products(s: &mut Schedule) {
-    let to_collective = read_by_collectives(s);
+    let (count, to_collective) = readers(s);
     let mut written = Vec::new();
     let mut i = 0;
     while i + 1 < s.steps.len() {
@@ -88,17 +108,23 @@ pub fn pair_products(s: &mut Schedule) {
             if j > i
                 && large(step).is_some_and(|b| balanced(a, b))
                 && !step.inputs.iter().any(|b| written.contains(b))
-                && !to_collective[step.output]
             {
-                partner = Some(j);
-                break;
+                // A partner feeding a collective moves up with its all-reduce, or not at all.
+                if !to_collective[step.output] {
+                    partner = Some((j, 1));
+                    break;
+                }
+                if reduced_after(s, j, &count) {
+                    partner = Some((j, 2));
+                    break;
+                }
             }
             written.extend(step.writes());
         }
         match partner {
-            Some(j) => {
-                s.steps[i + 1..=j].rotate_right(1);
-                i += 2;
+            Some((j, moved)) => {
+                s.steps[i + 1..j + moved].rotate_right(moved);
+                i += 1 + moved;
             }
             None => i += 1,
         }
@@ -106,10 +132,11 @@ pub fn pair_products(s: &mut Schedule) {
 }
 
 /// For each step, whether it runs together with the next one: both large products of balanced
-/// sizes, the second not reading what the first writes, neither feeding a collective; each
-/// step in at most one pair (the first of two overlapping candidates wins).
+/// sizes, the second not reading what the first writes, the first feeding no collective and
+/// the second none but its own all-reduce right after it (`reduced_after`); each step in at
+/// most one pair (the first of two overlapping candidates wins).
 pub fn paired(s: &Schedule) -> Vec<bool> {
-    let to_collective = read_by_collectives(s);
+    let (count, to_collective) = readers(s);
     let mut pairs = vec![false; s.steps.len()];
     let mut i = 0;
     while i + 1 < s.steps.len() {
@@ -119,7 +146,7 @@ pub fn paired(s: &Schedule) -> Vec<bool> {
                 balanced(a, b)
                     && !second.inputs.contains(&first.output)
                     && !to_collective[first.output]
-                    && !to_collective[second.output]
+                    && (!to_collective[second.output] || reduced_after(s, i + 1, &count))
             }
             _ => false,
         };

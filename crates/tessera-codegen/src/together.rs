@@ -433,7 +433,26 @@ fn run_phases(
             Meeting::Collective { .. } => {
                 collectives(&paused, positions, &mesh, &mut operands, current)?
             }
-            Meeting::Product { .. } => products(programs, &paused, positions, stacks, current)?,
+            Meeting::Product { .. } => {
+                // The first of a pair of shared products: every run's pause at the second.
+                let partner: Vec<Pause> = programs
+                    .iter()
+                    .zip(positions)
+                    .enumerate()
+                    .map(|(k, (p, &position))| {
+                        p.partner_pause(position)
+                            .map_err(|error| Failed::Error { device: k, error })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                if !partner.is_empty() && partner.len() == paused.len() {
+                    product_pair(programs, (&paused, &partner), positions, stacks, current)?
+                } else {
+                    products(programs, &paused, positions, stacks, current)?
+                }
+            }
         }
     }
     programs
@@ -627,6 +646,14 @@ static PRODUCTS: AtomicUsize = AtomicUsize::new(0);
 /// 2-4 MB: 170-430 us on one).
 const PARALLEL_FILL_FROM: usize = 1 << 18;
 
+/// How many pairs of shared products (`pairs.rs`) devices run on one thread have multiplied
+/// at once, one core each, since the process started: for tests.
+pub fn product_pairs_together() -> usize {
+    PAIRS.load(Ordering::Relaxed)
+}
+
+static PAIRS: AtomicUsize = AtomicUsize::new(0);
+
 /// Every group's shared product the devices are paused at, stacked and multiplied once as the
 /// threaded transport does (`tessera_transport::stacked`, `exec::multiply_shared`: the same
 /// bits), each member handed its result; a group whose parts do not stack (or of one member)
@@ -638,6 +665,144 @@ fn products(
     stacks: &mut Vec<Vec<MaybeUninit<u64>>>,
     current: &std::cell::Cell<usize>,
 ) -> Result<(), Failed> {
+    // One group at a time: its stacked operands are dropped before the next is filled.
+    for group in groups(paused, positions)? {
+        let mut group = group.stack(stacks);
+        current.set(group.members[0]);
+        group.multiply(gemm::Parallelism::Rayon(0));
+        group.settle(programs, current)?;
+    }
+    Ok(())
+}
+
+/// The devices paused at the first of a pair of shared products (`pairs.rs`; `partner` holds
+/// each run's pause at the second, `Executable::partner_pause`): both stacked, then, when each
+/// is one group's product, multiplied at once, one core each (`rayon::join`), as a run with
+/// the machine to itself runs a pair; then the first is settled, every run advanced to the
+/// second (no step runs between them) and the second settled. The bits are `products`'s, one
+/// product after the other (each is the same multiply, on one thread instead of every core).
+fn product_pair(
+    programs: &[&mut Executable],
+    (paused, partner): (&[Pause], &[Pause]),
+    positions: &[usize],
+    stacks: &mut Vec<Vec<MaybeUninit<u64>>>,
+    current: &std::cell::Cell<usize>,
+) -> Result<(), Failed> {
+    let stack = |g: SharedProduct, stacks: &mut Vec<_>| g.stack(stacks);
+    let mut first: Vec<_> = groups(paused, positions)?
+        .into_iter()
+        .map(|g| stack(g, stacks))
+        .collect();
+    let mut second: Vec<_> = groups(partner, positions)?
+        .into_iter()
+        .map(|g| stack(g, stacks))
+        .collect();
+    match (&mut first[..], &mut second[..]) {
+        ([a], [b]) if a.stacked() && b.stacked() && rayon::current_num_threads() == 2 => {
+            let one = gemm::Parallelism::None;
+            current.set(a.members[0]);
+            rayon::join(|| a.multiply(one), || b.multiply(one));
+            PAIRS.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {
+            for g in first.iter_mut().chain(second.iter_mut()) {
+                current.set(g.members[0]);
+                g.multiply(gemm::Parallelism::Rayon(0));
+            }
+        }
+    }
+    for g in &first {
+        g.settle(programs, current)?;
+    }
+    let step = partner.first().map(|q| q.step);
+    for (k, p) in programs.iter().enumerate() {
+        current.set(k);
+        let local = Gathered {
+            position: positions[k],
+            operands: &[],
+        };
+        let q = p
+            .advance(&local)
+            .map_err(|error| Failed::Error { device: k, error })?;
+        if q.map(|q| q.step) != step {
+            return Err(Failed::Error {
+                device: k,
+                error: InterpError::Op {
+                    op: "dot_general".into(),
+                    message: "a run did not pause at the second product of its pair".into(),
+                },
+            });
+        }
+    }
+    for g in &second {
+        g.settle(programs, current)?;
+    }
+    Ok(())
+}
+
+/// One group's shared product: its members (device indices, in group order) and their parts,
+/// and, when the parts stack, the stacked operands (filled) and result.
+struct SharedProduct {
+    members: Vec<usize>,
+    parts: Vec<tessera_transport::stacked::PartAddr>,
+    stacking: tessera_transport::stacked::Stacking,
+    /// The stacked left and right operands (empty for one in place), dropped once multiplied,
+    /// and the addresses of both and of the result (in `stacks`); `None` when the parts do
+    /// not stack.
+    stacked: Option<(Operands, [usize; 3])>,
+}
+
+/// A stacked product's left and right operands (each empty when it is read in place).
+type Operands = [Vec<MaybeUninit<u64>>; 2];
+
+impl SharedProduct {
+    fn stacked(&self) -> bool {
+        self.stacked.is_some()
+    }
+
+    /// Multiplies the stacked product on `par` (nothing when the parts do not stack), and
+    /// drops the stacked operands.
+    fn multiply(&mut self, par: gemm::Parallelism) {
+        let Some((operands, at)) = &mut self.stacked else {
+            return;
+        };
+        let call = self.stacking.call(&self.parts, *at);
+        // SAFETY: the call's views lie inside the filled stacks, or, for an operand in place
+        // (`Stacking::in_place`), inside the one allocation every member's view is in (the
+        // group region, where the paused runs keep them), and (`Rows`) the members' shared
+        // right operand, a bound input of every paused run; the result is its own stacked
+        // buffer, which no other group's product touches.
+        unsafe { crate::exec::multiply_shared(self.parts[0].dtype, &call, par) };
+        *operands = [Vec::new(), Vec::new()];
+        PRODUCTS.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Hands each member its result (`multiply` has run), or, when the parts do not stack,
+    /// has each multiply its own.
+    fn settle(
+        &self,
+        programs: &[&mut Executable],
+        current: &std::cell::Cell<usize>,
+    ) -> Result<(), Failed> {
+        for (me, &d) in self.members.iter().enumerate() {
+            current.set(d);
+            let block = self
+                .stacked
+                .as_ref()
+                .map(|(_, at)| self.stacking.result(&self.parts, me, *at));
+            // SAFETY: paused at this product; a `block` is its result in `stacks`, which
+            // `run_together` keeps until every run has finished or is abandoned.
+            unsafe { programs[d].settle_product(block) }.map_err(|e| Failed::Error {
+                device: d,
+                error: e,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The groups of the shared products `paused` holds (one pause a device), not yet stacked.
+fn groups(paused: &[Pause], positions: &[usize]) -> Result<Vec<SharedProduct>, Failed> {
     let fail = |device: usize, message: String| Failed::Error {
         device,
         error: InterpError::Op {
@@ -645,9 +810,10 @@ fn products(
             message,
         },
     };
-    let mut settled = vec![false; paused.len()];
+    let mut grouped = vec![false; paused.len()];
+    let mut groups = Vec::new();
     for k in 0..paused.len() {
-        if settled[k] {
+        if grouped[k] {
             continue;
         }
         let Meeting::Product {
@@ -670,30 +836,36 @@ fn products(
             match &paused[d].at {
                 Meeting::Product {
                     stacking: s, part, ..
-                } if s == stacking => parts.push(*part),
+                } if s == stacking && !grouped[d] => parts.push(*part),
                 _ => return Err(fail(d, "the group's members paused differently".into())),
             }
+            grouped[d] = true;
             members.push(d);
         }
-        let layout = if members.len() < 2 {
+        groups.push(SharedProduct {
+            members,
+            parts,
+            stacking: *stacking,
+            stacked: None,
+        });
+    }
+    Ok(groups)
+}
+
+impl SharedProduct {
+    /// When the parts stack: the stacked operands filled and the result's buffer kept in
+    /// `stacks`.
+    fn stack(mut self, stacks: &mut Vec<Vec<MaybeUninit<u64>>>) -> SharedProduct {
+        let layout = if self.members.len() < 2 {
             None
         } else {
-            stacking.layout(&parts)
+            self.stacking.layout(&self.parts)
         };
         let Some(bytes) = layout else {
-            for &d in &members {
-                current.set(d);
-                // SAFETY: paused at this product; no block.
-                unsafe { programs[d].settle_product(None) }.map_err(|e| Failed::Error {
-                    device: d,
-                    error: e,
-                })?;
-                settled[d] = true;
-            }
-            continue;
+            return self;
         };
-        // The stacked operands, dropped after the product; its result, kept in `stacks`.
-        // (An operand in place needs no stack: `layout` gives it no bytes.)
+        // The stacked operands, dropped after the product; its result, kept in `stacks`. (An
+        // operand in place needs no stack: `layout` gives it no bytes.)
         let [mut lhs, mut rhs, out] = bytes.map(|b| match b {
             0 => Vec::new(),
             _ => uninit_words(b),
@@ -701,40 +873,21 @@ fn products(
         stacks.push(out);
         let out = stacks.last_mut().map_or(0, |o| o.as_mut_ptr() as usize);
         let at = [lhs.as_mut_ptr() as usize, rhs.as_mut_ptr() as usize, out];
+        let (stacking, parts) = (self.stacking, &self.parts);
         // SAFETY: the members' views are inside their paused runs' bound buffers, which
         // nothing writes meanwhile (this thread runs them, and waits for the fills); `at`
         // holds buffers of `layout`'s sizes, and each member's blocks are written by its own
         // fill alone, so the fills may run at once.
-        let fill = |me: usize| unsafe { stacking.fill(&parts, me, at) };
+        let fill = |me: usize| unsafe { stacking.fill(parts, me, at) };
         if bytes[0] + bytes[1] >= PARALLEL_FILL_FROM {
             use rayon::prelude::*;
-            (0..members.len()).into_par_iter().for_each(fill);
+            (0..self.members.len()).into_par_iter().for_each(fill);
         } else {
-            (0..members.len()).for_each(fill);
+            (0..self.members.len()).for_each(fill);
         }
-        current.set(members[0]);
-        let call = stacking.call(&parts, at);
-        // SAFETY: the call's views lie inside the filled stacks, or, for an operand in place
-        // (`Stacking::in_place`), inside the one allocation every member's view is in (the
-        // group region, where the paused runs keep them), and (`Rows`) the members' shared
-        // right operand, a bound input of every paused run; the result is its own stacked
-        // buffer.
-        unsafe { crate::exec::multiply_shared(parts[0].dtype, &call) };
-        drop((lhs, rhs));
-        PRODUCTS.fetch_add(1, Ordering::Relaxed);
-        for (me, &d) in members.iter().enumerate() {
-            current.set(d);
-            let block = stacking.result(&parts, me, at);
-            // SAFETY: paused at this product; `block` is its result in `stacks`, which
-            // `run_together` keeps until every run has finished or is abandoned.
-            unsafe { programs[d].settle_product(Some(block)) }.map_err(|e| Failed::Error {
-                device: d,
-                error: e,
-            })?;
-            settled[d] = true;
-        }
+        self.stacked = Some(([lhs, rhs], at));
+        self
     }
-    Ok(())
 }
 
 #[cfg(test)]

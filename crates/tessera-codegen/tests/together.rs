@@ -318,3 +318,71 @@ fn temporaries_of_shared_products_are_stacked_where_they_lie() {
         }
     }
 }
+
+/// A pair of shared products (`pairs.rs`): a replicated weight's product (`g @ w^T`, stacked
+/// by rows) and a weight gradient with its all-reduce (`h^T @ g`, stacked along the
+/// contraction), each 64 x 1024 x 1024 multiply-adds a device (the pairs' threshold). Devices
+/// run in turn on one thread multiply the two stacked products at once, one core each, with
+/// the bits of the threaded transport, which multiplies them one after the other on every
+/// core.
+const PAIR: &str = r#"mesh @mesh = <"dp"=4>
+func @f(%0: f32[64,1024], %1: f32[1024,1024], %2: f32[64,1024]) {
+  %3 = dot_general %0, %1 contracting=[1]x[1] : f32[64,1024]
+  %4 = mul %3, %2 : f32[64,1024]
+  %5 = dot_general %2, %0 contracting=[0]x[0] : f32[1024,1024]
+  %6 = all_reduce %5 sum axes=["dp"] : f32[1024,1024]
+  return %4, %6
+}"#;
+
+#[test]
+fn a_pair_of_shared_products_runs_at_once_with_the_threaded_bits() {
+    let _one = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = tessera_codegen::compile(&parse(PAIR).unwrap())
+        .unwrap()
+        .single_threaded();
+    let schedule = exe.describe();
+    assert!(
+        schedule.contains("(reads [0, 1]) with 1"),
+        "the products are paired, the all-reduce after both:\n{schedule}"
+    );
+    let gs: Vec<Literal> = (0..4).map(|p| matrix(64, 1024, p)).collect();
+    let hs: Vec<Literal> = (0..4).map(|p| matrix(64, 1024, p + 5)).collect();
+    let w = matrix(1024, 1024, 9);
+    let refs: Vec<Vec<&Literal>> = gs.iter().zip(&hs).map(|(g, h)| vec![g, &w, h]).collect();
+    let want = threaded(&exe, &refs);
+    let mut forks: Vec<_> = (0..4).map(|_| exe.fork()).collect();
+    let mut programs: Vec<&mut tessera_codegen::Executable> = forks.iter_mut().collect();
+    // The pair runs one core a side on a pool of exactly two threads.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for round in 0..2 {
+        let (pairs, products) = (
+            tessera_codegen::together::product_pairs_together(),
+            tessera_codegen::together::products_together(),
+        );
+        let got = pool.install(|| run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap());
+        assert_eq!(
+            tessera_codegen::together::product_pairs_together(),
+            pairs + 1,
+            "round {round}"
+        );
+        assert_eq!(tessera_codegen::together::products_together(), products + 2);
+        for p in 0..4 {
+            assert_eq!(bits(&got[p]), bits(&want[p]), "device {p}, round {round}");
+        }
+    }
+    // Every device its own copy of the weight: the first product does not stack (each device
+    // multiplies its own), the second still does, and the two run one after the other with
+    // the threaded bits.
+    let ws: Vec<Literal> = (0..4).map(|_| matrix(1024, 1024, 9)).collect();
+    let refs: Vec<Vec<&Literal>> = (0..4).map(|p| vec![&gs[p], &ws[p], &hs[p]]).collect();
+    let want = threaded(&exe, &refs);
+    let pairs = tessera_codegen::together::product_pairs_together();
+    let got = pool.install(|| run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap());
+    assert_eq!(tessera_codegen::together::product_pairs_together(), pairs);
+    for p in 0..4 {
+        assert_eq!(bits(&got[p]), bits(&want[p]), "own weights, device {p}");
+    }
+}
