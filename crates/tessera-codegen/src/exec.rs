@@ -1437,6 +1437,9 @@ impl Executable {
         let StepKind::Gemm(g) = &self.schedule.steps[j].kind else {
             return Ok(None);
         };
+        // The first of a pair feeds no collective (`pairs::paired`): settling it leaves no
+        // all-reduce to skip (`fused_pending`), so the next `advance` pauses at `j` at once.
+        debug_assert!(self.reduced_by[i].is_none());
         let scratch = self.scratch.borrow();
         let at = self.product_meeting(j, g, &scratch.ptrs, position)?;
         Ok(Some(Pause { step: j, at }))

@@ -88,10 +88,13 @@ fn reduced_after(s: &Schedule, j: usize, count: &[usize]) -> bool {
 /// work (linear in the program) and on how much longer the moved product's result lives.
 const WINDOW: usize = 16;
 
-/// Moves, for each large product `i` (in order), the first large product of a balanced size
-/// among the `WINDOW` steps after it whose inputs no step from `i` on writes (so it could have
-/// run before `i`) right after `i`. Steps between keep their order; a moved product is still
-/// written before its readers, which all come after it.
+/// Moves, for each large product `i` (in order) that feeds no collective, the first large
+/// product of a balanced size among the `WINDOW` steps after it whose inputs no step from `i`
+/// on writes (so it could have run before `i`) right after `i`: one that feeds no collective,
+/// or one whose result only its sum all-reduce right after it reads (`reduced_after`), which
+/// moves up with it; a product feeding any other collective is passed over. Steps between
+/// keep their order; a moved product (and its all-reduce) is still written before its readers,
+/// which all come after it.
 pub fn pair_products(s: &mut Schedule) {
     let (count, to_collective) = readers(s);
     let mut written = Vec::new();

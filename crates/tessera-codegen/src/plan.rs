@@ -24,8 +24,9 @@ pub struct Plan {
     pub offsets: Vec<usize>,
     pub arena_bytes: usize,
     /// Whether each step runs together with the next one (`pairs::paired`): placed as one
-    /// step here, run at once by `exec.rs` (`runs_together`), so the two agree by
-    /// construction.
+    /// step here, run at once by `exec.rs` (`runs_together`) and, for shared products of
+    /// devices run in turn on one thread, by `together.rs` (`partner_pause`), so placement and
+    /// run agree by construction.
     pub pairs: Vec<bool>,
 }
 

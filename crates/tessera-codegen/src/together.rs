@@ -8,8 +8,11 @@
 //! The runs also pause at the GEMMs the threaded launch offers to the transport's shared
 //! products (a replicated weight's product, a weight gradient with its all-reduce): the
 //! thread stacks every member's part as the transport does (`tessera_transport::stacked`),
-//! multiplies once on every core, and hands each member its result. Between meetings a run
-//! has the machine to itself, so its own large GEMMs and kernels use every core too.
+//! multiplies once on every core, and hands each member its result; the two products of a
+//! pair (`pairs.rs`: a layer's `g @ W^T` and its weight gradient with the all-reduce), each
+//! one group's stacked product, are multiplied at once, one core each, on a pool of two
+//! threads (`product_pair`). Between meetings a run has the machine
+//! to itself, so its own large GEMMs and kernels use every core too.
 //!
 //! Results are the threaded run's bits: each collective's result is computed by the functions
 //! the shared-memory transport uses (`tessera_transport::values`), over the members' operands
@@ -447,9 +450,10 @@ fn run_phases(
                     .into_iter()
                     .flatten()
                     .collect();
-                if !partner.is_empty() && partner.len() == paused.len() {
-                    product_pair(programs, (&paused, &partner), positions, stacks, current)?
-                } else {
+                let pair = !partner.is_empty()
+                    && partner.len() == paused.len()
+                    && product_pair(programs, (&paused, &partner), positions, stacks, current)?;
+                if !pair {
                     products(programs, &paused, positions, stacks, current)?
                 }
             }
@@ -676,44 +680,49 @@ fn products(
 }
 
 /// The devices paused at the first of a pair of shared products (`pairs.rs`; `partner` holds
-/// each run's pause at the second, `Executable::partner_pause`): both stacked, then, when each
-/// is one group's product, multiplied at once, one core each (`rayon::join`), as a run with
-/// the machine to itself runs a pair; then the first is settled, every run advanced to the
-/// second (no step runs between them) and the second settled. The bits are `products`'s, one
-/// product after the other (each is the same multiply, on one thread instead of every core).
+/// each run's pause at the second, `Executable::partner_pause`), when each of the two is one
+/// group's product whose parts stack and the pool has exactly two threads (what `exec.rs`'s
+/// `runs_together` asks of a run's own pair): both stacked, multiplied at once, one core each
+/// (`rayon::join`); then the first is settled, every run advanced to the second (no step runs
+/// between them) and the second settled. The bits are `products`'s, one product after the
+/// other (each the same multiply, on one thread instead of every core). Returns `false`,
+/// touching nothing, otherwise: the first is then `products`'s, and the second meets at the
+/// next `advance` as any shared product (one stacked product alive at a time).
 fn product_pair(
     programs: &[&mut Executable],
     (paused, partner): (&[Pause], &[Pause]),
     positions: &[usize],
     stacks: &mut Vec<Vec<MaybeUninit<u64>>>,
     current: &std::cell::Cell<usize>,
-) -> Result<(), Failed> {
-    let stack = |g: SharedProduct, stacks: &mut Vec<_>| g.stack(stacks);
-    let mut first: Vec<_> = groups(paused, positions)?
-        .into_iter()
-        .map(|g| stack(g, stacks))
-        .collect();
-    let mut second: Vec<_> = groups(partner, positions)?
-        .into_iter()
-        .map(|g| stack(g, stacks))
-        .collect();
-    match (&mut first[..], &mut second[..]) {
-        ([a], [b]) if a.stacked() && b.stacked() && rayon::current_num_threads() == 2 => {
-            let one = gemm::Parallelism::None;
-            current.set(a.members[0]);
-            rayon::join(|| a.multiply(one), || b.multiply(one));
-            PAIRS.fetch_add(1, Ordering::Relaxed);
-        }
-        _ => {
-            for g in first.iter_mut().chain(second.iter_mut()) {
-                current.set(g.members[0]);
-                g.multiply(gemm::Parallelism::Rayon(0));
-            }
-        }
+) -> Result<bool, Failed> {
+    if rayon::current_num_threads() != 2 {
+        return Ok(false);
     }
-    for g in &first {
-        g.settle(programs, current)?;
+    let (Ok([a]), Ok([b])) = (
+        <[SharedProduct; 1]>::try_from(groups(paused, positions)?),
+        <[SharedProduct; 1]>::try_from(groups(partner, positions)?),
+    ) else {
+        return Ok(false);
+    };
+    if !a.stacks() || !b.stacks() {
+        return Ok(false);
     }
+    let (mut a, mut b) = (a.stack(stacks), b.stack(stacks));
+    // Each side's panic names a device of its own group.
+    let side = |g: &mut SharedProduct| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            g.multiply(gemm::Parallelism::None)
+        }))
+        .map_err(|payload| Failed::Panicked {
+            device: g.members[0],
+            message: panic_message(payload.as_ref()),
+        })
+    };
+    let (ra, rb) = rayon::join(|| side(&mut a), || side(&mut b));
+    ra?;
+    rb?;
+    PAIRS.fetch_add(1, Ordering::Relaxed);
+    a.settle(programs, current)?;
     let step = partner.first().map(|q| q.step);
     for (k, p) in programs.iter().enumerate() {
         current.set(k);
@@ -724,7 +733,18 @@ fn product_pair(
         let q = p
             .advance(&local)
             .map_err(|error| Failed::Error { device: k, error })?;
-        if q.map(|q| q.step) != step {
+        // The second product's pause, as `partner_pause` gave it before the first settled.
+        let same = match (&q, &partner[k].at) {
+            (
+                Some(Pause {
+                    step: at,
+                    at: Meeting::Product { part, .. },
+                }),
+                Meeting::Product { part: want, .. },
+            ) => Some(*at) == step && part == want,
+            _ => false,
+        };
+        if !same {
             return Err(Failed::Error {
                 device: k,
                 error: InterpError::Op {
@@ -734,10 +754,8 @@ fn product_pair(
             });
         }
     }
-    for g in &second {
-        g.settle(programs, current)?;
-    }
-    Ok(())
+    b.settle(programs, current)?;
+    Ok(true)
 }
 
 /// One group's shared product: its members (device indices, in group order) and their parts,
@@ -748,16 +766,20 @@ struct SharedProduct {
     stacking: tessera_transport::stacked::Stacking,
     /// The stacked left and right operands (empty for one in place), dropped once multiplied,
     /// and the addresses of both and of the result (in `stacks`); `None` when the parts do
-    /// not stack.
+    /// not stack or are not stacked yet (`stack`).
     stacked: Option<(Operands, [usize; 3])>,
+    /// Whether `multiply` has written the stacked result (`settle` hands it out only then).
+    multiplied: bool,
 }
 
 /// A stacked product's left and right operands (each empty when it is read in place).
 type Operands = [Vec<MaybeUninit<u64>>; 2];
 
 impl SharedProduct {
-    fn stacked(&self) -> bool {
-        self.stacked.is_some()
+    /// Whether the parts stack (`stack` will fill them): a group of at least two whose parts
+    /// have a stacked layout.
+    fn stacks(&self) -> bool {
+        self.members.len() >= 2 && self.stacking.layout(&self.parts).is_some()
     }
 
     /// Multiplies the stacked product on `par` (nothing when the parts do not stack), and
@@ -774,6 +796,7 @@ impl SharedProduct {
         // buffer, which no other group's product touches.
         unsafe { crate::exec::multiply_shared(self.parts[0].dtype, &call, par) };
         *operands = [Vec::new(), Vec::new()];
+        self.multiplied = true;
         PRODUCTS.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -784,6 +807,10 @@ impl SharedProduct {
         programs: &[&mut Executable],
         current: &std::cell::Cell<usize>,
     ) -> Result<(), Failed> {
+        assert!(
+            self.stacked.is_none() || self.multiplied,
+            "a stacked product is settled once multiplied"
+        );
         for (me, &d) in self.members.iter().enumerate() {
             current.set(d);
             let block = self
@@ -847,6 +874,7 @@ fn groups(paused: &[Pause], positions: &[usize]) -> Result<Vec<SharedProduct>, F
             parts,
             stacking: *stacking,
             stacked: None,
+            multiplied: false,
         });
     }
     Ok(groups)
@@ -856,10 +884,9 @@ impl SharedProduct {
     /// When the parts stack: the stacked operands filled and the result's buffer kept in
     /// `stacks`.
     fn stack(mut self, stacks: &mut Vec<Vec<MaybeUninit<u64>>>) -> SharedProduct {
-        let layout = if self.members.len() < 2 {
-            None
-        } else {
-            self.stacking.layout(&self.parts)
+        let layout = match self.stacks() {
+            true => self.stacking.layout(&self.parts),
+            false => None,
         };
         let Some(bytes) = layout else {
             return self;

@@ -321,17 +321,18 @@ fn temporaries_of_shared_products_are_stacked_where_they_lie() {
 
 /// A pair of shared products (`pairs.rs`): a replicated weight's product (`g @ w^T`, stacked
 /// by rows) and a weight gradient with its all-reduce (`h^T @ g`, stacked along the
-/// contraction), each 64 x 1024 x 1024 multiply-adds a device (the pairs' threshold). Devices
-/// run in turn on one thread multiply the two stacked products at once, one core each, with
-/// the bits of the threaded transport, which multiplies them one after the other on every
-/// core.
+/// contraction), each 64 x 1024 x 1024 multiply-adds a device (the pairs' threshold), `g` a
+/// temporary (each device's in the group region, read in place). Devices run in turn on one
+/// thread multiply the two stacked products at once, one core each, with the bits of the
+/// threaded transport, which multiplies them one after the other on every core.
 const PAIR: &str = r#"mesh @mesh = <"dp"=4>
 func @f(%0: f32[64,1024], %1: f32[1024,1024], %2: f32[64,1024]) {
-  %3 = dot_general %0, %1 contracting=[1]x[1] : f32[64,1024]
-  %4 = mul %3, %2 : f32[64,1024]
-  %5 = dot_general %2, %0 contracting=[0]x[0] : f32[1024,1024]
-  %6 = all_reduce %5 sum axes=["dp"] : f32[1024,1024]
-  return %4, %6
+  %3 = tanh %0 : f32[64,1024]
+  %4 = dot_general %3, %1 contracting=[1]x[1] : f32[64,1024]
+  %5 = mul %4, %2 : f32[64,1024]
+  %6 = dot_general %2, %3 contracting=[0]x[0] : f32[1024,1024]
+  %7 = all_reduce %6 sum axes=["dp"] : f32[1024,1024]
+  return %5, %7
 }"#;
 
 #[test]
@@ -342,7 +343,7 @@ fn a_pair_of_shared_products_runs_at_once_with_the_threaded_bits() {
         .single_threaded();
     let schedule = exe.describe();
     assert!(
-        schedule.contains("(reads [0, 1]) with 1"),
+        schedule.contains("(reads [3, 1]) with 2"),
         "the products are paired, the all-reduce after both:\n{schedule}"
     );
     let gs: Vec<Literal> = (0..4).map(|p| matrix(64, 1024, p)).collect();
@@ -353,16 +354,19 @@ fn a_pair_of_shared_products_runs_at_once_with_the_threaded_bits() {
     let mut forks: Vec<_> = (0..4).map(|_| exe.fork()).collect();
     let mut programs: Vec<&mut tessera_codegen::Executable> = forks.iter_mut().collect();
     // The pair runs one core a side on a pool of exactly two threads.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let pool = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    };
+    let two = pool(2);
     for round in 0..2 {
         let (pairs, products) = (
             tessera_codegen::together::product_pairs_together(),
             tessera_codegen::together::products_together(),
         );
-        let got = pool.install(|| run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap());
+        let got = two.install(|| run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap());
         assert_eq!(
             tessera_codegen::together::product_pairs_together(),
             pairs + 1,
@@ -372,6 +376,36 @@ fn a_pair_of_shared_products_runs_at_once_with_the_threaded_bits() {
         for p in 0..4 {
             assert_eq!(bits(&got[p]), bits(&want[p]), "device {p}, round {round}");
         }
+        // Against the sums themselves (f64): `(tanh(g) w^T)[0, 0] h[0, 0]` on device 1, and
+        // the summed gradient's `[0, 0]` and `[3, 7]`, `sum_p sum_i h_p[i, a] tanh(g_p[i, b])`.
+        let f = |l: &Literal, i: usize| l.data.get_f64(i);
+        let got_a = f(got[1][0].as_ref().unwrap(), 0);
+        let want_a = (0..1024)
+            .map(|j| f(&gs[1], j).tanh() * f(&w, j))
+            .sum::<f64>()
+            * f(&hs[1], 0);
+        assert!(
+            (got_a - want_a).abs() < 1e-4 * want_a.abs().max(1.0),
+            "{got_a} {want_a}"
+        );
+        for (a, b) in [(0, 0), (3, 7)] {
+            let got_b = f(got[2][1].as_ref().unwrap(), a * 1024 + b);
+            let want_b: f64 = (0..4)
+                .flat_map(|p| (0..64).map(move |i| (p, i)))
+                .map(|(p, i)| f(&hs[p], i * 1024 + a) * f(&gs[p], i * 1024 + b).tanh())
+                .sum();
+            assert!(
+                (got_b - want_b).abs() < 1e-4 * want_b.abs().max(1.0),
+                "{got_b} {want_b}"
+            );
+        }
+    }
+    // On a pool of three threads the two run one after the other, on every core: the same bits.
+    let pairs = tessera_codegen::together::product_pairs_together();
+    let got = pool(3).install(|| run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap());
+    assert_eq!(tessera_codegen::together::product_pairs_together(), pairs);
+    for p in 0..4 {
+        assert_eq!(bits(&got[p]), bits(&want[p]), "three threads, device {p}");
     }
     // Every device its own copy of the weight: the first product does not stack (each device
     // multiplies its own), the second still does, and the two run one after the other with
@@ -379,8 +413,7 @@ fn a_pair_of_shared_products_runs_at_once_with_the_threaded_bits() {
     let ws: Vec<Literal> = (0..4).map(|_| matrix(1024, 1024, 9)).collect();
     let refs: Vec<Vec<&Literal>> = (0..4).map(|p| vec![&gs[p], &ws[p], &hs[p]]).collect();
     let want = threaded(&exe, &refs);
-    let pairs = tessera_codegen::together::product_pairs_together();
-    let got = pool.install(|| run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap());
+    let got = two.install(|| run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap());
     assert_eq!(tessera_codegen::together::product_pairs_together(), pairs);
     for p in 0..4 {
         assert_eq!(bits(&got[p]), bits(&want[p]), "own weights, device {p}");
