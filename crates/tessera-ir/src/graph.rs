@@ -9,7 +9,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
-use petgraph::visit::EdgeRef;
+use petgraph::visit::{EdgeRef, NodeIndexable};
 
 use crate::op::{Op, TypeError};
 use crate::region::RegionOp;
@@ -241,6 +241,22 @@ impl Graph {
 
     /// The operands of `id`, in position order.
     pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
+        // Each edge's weight is its operand's position, 0..n once each in a well-formed graph:
+        // each operand goes straight to its place, one allocation (this runs for every node
+        // of every pass). Positions that are not exactly 0..n (a graph the verifier rejects)
+        // take the sort below, which orders whatever is there.
+        let n = self.graph.edges_directed(id, Direction::Incoming).count();
+        let mut ops = vec![NodeId::end(); n];
+        let mut placed = true;
+        for e in self.graph.edges_directed(id, Direction::Incoming) {
+            match ops.get_mut(*e.weight()) {
+                Some(slot) if *slot == NodeId::end() => *slot = e.source(),
+                _ => placed = false,
+            }
+        }
+        if placed {
+            return ops;
+        }
         let mut edges: Vec<(usize, NodeId)> = self
             .graph
             .edges_directed(id, Direction::Incoming)
@@ -334,12 +350,14 @@ impl Graph {
     /// after its operands, ties broken by id, so the order is deterministic and survives a print
     /// and parse. Returns `None` when the graph has a cycle.
     pub fn try_topo_order(&self) -> Option<Vec<NodeId>> {
-        let mut indegree: HashMap<NodeId, usize> = HashMap::new();
+        // Indexed by node index (a stable graph's indices stay below `node_bound`): one
+        // allocation, where a map allocated as it grew (this runs after every pass).
+        let mut indegree = vec![0usize; self.graph.node_bound()];
         let mut ready = BinaryHeap::new();
         for id in self.graph.node_indices() {
             let d = self.graph.edges_directed(id, Direction::Incoming).count();
             if d > 0 {
-                indegree.insert(id, d);
+                indegree[id.index()] = d;
             } else if !matches!(self.graph[id].op, Op::Parameter(_)) {
                 ready.push(Reverse(id));
             }
@@ -349,9 +367,8 @@ impl Graph {
             |id: NodeId, order: &mut Vec<NodeId>, ready: &mut BinaryHeap<Reverse<NodeId>>| {
                 order.push(id);
                 for e in self.graph.edges_directed(id, Direction::Outgoing) {
-                    let d = indegree
-                        .get_mut(&e.target())
-                        .expect("edge target has an indegree");
+                    let d = &mut indegree[e.target().index()];
+                    debug_assert!(*d > 0, "edge target has an indegree");
                     *d -= 1;
                     if *d == 0 {
                         ready.push(Reverse(e.target()));
@@ -415,5 +432,36 @@ impl Graph {
 impl PartialEq for Graph {
     fn eq(&self, other: &Graph) -> bool {
         self.structurally_eq(other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BinaryOp, DType};
+
+    /// Operands come in position order, a value used twice twice; positions that are not
+    /// 0..n (only reachable by editing the petgraph directly) fall back to sorting, and the
+    /// verifier names them.
+    #[test]
+    fn operands_follow_their_positions() {
+        let mut g = Graph::new("f");
+        let ty = TensorType::new(DType::F32, vec![2]);
+        let (a, b) = (g.add_param(ty.clone()), g.add_param(ty));
+        let sub = g.add(Op::Binary(BinaryOp::Sub), &[b, a]).unwrap();
+        let sq = g.add(Op::Binary(BinaryOp::Mul), &[sub, sub]).unwrap();
+        g.set_outputs(vec![sq]);
+        assert_eq!(g.operands(sub), [b, a]);
+        assert_eq!(g.operands(sq), [sub, sub]);
+        assert_eq!(g.try_topo_order().unwrap(), [a, b, sub, sq]);
+        crate::verify(&g).unwrap();
+        // A third edge at position 5: sorted by position, and rejected by the verifier.
+        g.graph.add_edge(a, sq, 5);
+        assert_eq!(g.operands(sq), [sub, sub, a]);
+        let e = crate::verify(&g).unwrap_err().to_string();
+        assert!(
+            e.contains("operand positions [0, 1, 5] are not 0..3"),
+            "{e}"
+        );
     }
 }

@@ -18,8 +18,6 @@
 //!
 //! Errors name the value as the printer numbers it (`%7`), so they can be matched with a dump.
 
-use std::collections::HashMap;
-
 use petgraph::Direction;
 
 use crate::graph::{Graph, NodeId};
@@ -70,6 +68,27 @@ fn nesting_beyond(g: &Graph, depth: usize) -> Option<String> {
     None
 }
 
+/// Whether the operand positions on `id`'s incoming edges are 0..n, once each (without
+/// allocating for the usual few operands: a bit mask up to 64).
+fn positions_are_a_range(g: &Graph, id: NodeId) -> bool {
+    let edges = || g.petgraph().edges_directed(id, Direction::Incoming);
+    let n = edges().count();
+    if n <= 64 {
+        let mut seen = 0u64;
+        for e in edges() {
+            let p = *e.weight();
+            if p >= n || seen & (1 << p) != 0 {
+                return false;
+            }
+            seen |= 1 << p;
+        }
+        return true;
+    }
+    let mut positions: Vec<usize> = edges().map(|e| *e.weight()).collect();
+    positions.sort_unstable();
+    positions.iter().enumerate().all(|(i, &p)| i == p)
+}
+
 fn verify_at(g: &Graph, depth: usize) -> Result<(), VerifyError> {
     let whole = |message: String| VerifyError {
         value: "graph".into(),
@@ -78,7 +97,6 @@ fn verify_at(g: &Graph, depth: usize) -> Result<(), VerifyError> {
     let Some(order) = g.try_topo_order() else {
         return Err(whole("the graph has a cycle".into()));
     };
-    let names: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     for (i, &p) in g.params().iter().enumerate() {
         if !g.contains(p) || g.op(p) != &Op::Parameter(i) {
             return Err(whole(format!("parameter {i} is not a Parameter({i}) node")));
@@ -89,22 +107,23 @@ fn verify_at(g: &Graph, depth: usize) -> Result<(), VerifyError> {
             return Err(whole("an output is not a node of the graph".into()));
         }
     }
-    for &id in &order {
+    // A node's name in the printed text is its place in this order.
+    for (name, &id) in order.iter().enumerate() {
         let node = g.node(id);
         let at = |message: String| VerifyError {
             value: match &node.loc {
-                Some(loc) => format!("%{} ({}, {loc})", names[&id], node.op.name()),
-                None => format!("%{} ({})", names[&id], node.op.name()),
+                Some(loc) => format!("%{name} ({}, {loc})", node.op.name()),
+                None => format!("%{name} ({})", node.op.name()),
             },
             message,
         };
-        let mut positions: Vec<usize> = g
-            .petgraph()
-            .edges_directed(id, Direction::Incoming)
-            .map(|e| *e.weight())
-            .collect();
-        positions.sort_unstable();
-        if positions.iter().enumerate().any(|(i, &p)| i != p) {
+        if !positions_are_a_range(g, id) {
+            let mut positions: Vec<usize> = g
+                .petgraph()
+                .edges_directed(id, Direction::Incoming)
+                .map(|e| *e.weight())
+                .collect();
+            positions.sort_unstable();
             return Err(at(format!(
                 "operand positions {positions:?} are not 0..{}",
                 positions.len()
