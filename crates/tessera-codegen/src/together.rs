@@ -782,6 +782,41 @@ impl SharedProduct {
         self.members.len() >= 2 && self.stacking.layout(&self.parts).is_some()
     }
 
+    /// When the parts stack: the stacked operands filled and the result's buffer kept in
+    /// `stacks`.
+    fn stack(mut self, stacks: &mut Vec<Vec<MaybeUninit<u64>>>) -> SharedProduct {
+        let layout = match self.members.len() >= 2 {
+            true => self.stacking.layout(&self.parts),
+            false => None,
+        };
+        let Some(bytes) = layout else {
+            return self;
+        };
+        // The stacked operands, dropped after the product; its result, kept in `stacks`. (An
+        // operand in place needs no stack: `layout` gives it no bytes.)
+        let [mut lhs, mut rhs, out] = bytes.map(|b| match b {
+            0 => Vec::new(),
+            _ => uninit_words(b),
+        });
+        stacks.push(out);
+        let out = stacks.last_mut().map_or(0, |o| o.as_mut_ptr() as usize);
+        let at = [lhs.as_mut_ptr() as usize, rhs.as_mut_ptr() as usize, out];
+        let (stacking, parts) = (self.stacking, &self.parts);
+        // SAFETY: the members' views are inside their paused runs' bound buffers, which
+        // nothing writes meanwhile (this thread runs them, and waits for the fills); `at`
+        // holds buffers of `layout`'s sizes, and each member's blocks are written by its own
+        // fill alone, so the fills may run at once.
+        let fill = |me: usize| unsafe { stacking.fill(parts, me, at) };
+        if bytes[0] + bytes[1] >= PARALLEL_FILL_FROM {
+            use rayon::prelude::*;
+            (0..self.members.len()).into_par_iter().for_each(fill);
+        } else {
+            (0..self.members.len()).for_each(fill);
+        }
+        self.stacked = Some(([lhs, rhs], at));
+        self
+    }
+
     /// Multiplies the stacked product on `par` (nothing when the parts do not stack), and
     /// drops the stacked operands.
     fn multiply(&mut self, par: gemm::Parallelism) {
@@ -878,43 +913,6 @@ fn groups(paused: &[Pause], positions: &[usize]) -> Result<Vec<SharedProduct>, F
         });
     }
     Ok(groups)
-}
-
-impl SharedProduct {
-    /// When the parts stack: the stacked operands filled and the result's buffer kept in
-    /// `stacks`.
-    fn stack(mut self, stacks: &mut Vec<Vec<MaybeUninit<u64>>>) -> SharedProduct {
-        let layout = match self.stacks() {
-            true => self.stacking.layout(&self.parts),
-            false => None,
-        };
-        let Some(bytes) = layout else {
-            return self;
-        };
-        // The stacked operands, dropped after the product; its result, kept in `stacks`. (An
-        // operand in place needs no stack: `layout` gives it no bytes.)
-        let [mut lhs, mut rhs, out] = bytes.map(|b| match b {
-            0 => Vec::new(),
-            _ => uninit_words(b),
-        });
-        stacks.push(out);
-        let out = stacks.last_mut().map_or(0, |o| o.as_mut_ptr() as usize);
-        let at = [lhs.as_mut_ptr() as usize, rhs.as_mut_ptr() as usize, out];
-        let (stacking, parts) = (self.stacking, &self.parts);
-        // SAFETY: the members' views are inside their paused runs' bound buffers, which
-        // nothing writes meanwhile (this thread runs them, and waits for the fills); `at`
-        // holds buffers of `layout`'s sizes, and each member's blocks are written by its own
-        // fill alone, so the fills may run at once.
-        let fill = |me: usize| unsafe { stacking.fill(parts, me, at) };
-        if bytes[0] + bytes[1] >= PARALLEL_FILL_FROM {
-            use rayon::prelude::*;
-            (0..self.members.len()).into_par_iter().for_each(fill);
-        } else {
-            (0..self.members.len()).for_each(fill);
-        }
-        self.stacked = Some(([lhs, rhs], at));
-        self
-    }
 }
 
 #[cfg(test)]
