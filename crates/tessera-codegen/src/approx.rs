@@ -40,7 +40,7 @@
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, F64, I32, I32X4};
 use cranelift_codegen::ir::{
-    BlockArg, Endianness, FuncRef, InstBuilder, MemFlagsData, Type, Value,
+    BlockArg, Endianness, FuncRef, Function, InstBuilder, MemFlagsData, Type, Value,
 };
 use cranelift_frontend::FunctionBuilder;
 use tessera_interp::elem::Libm;
@@ -1012,7 +1012,13 @@ pub fn sign_exact(b: &mut FunctionBuilder, f: Fx, x: Value) -> Value {
 }
 
 /// Every f32 unary op, scalar or vector.
-pub fn unary_f32(b: &mut FunctionBuilder, f: Fx, u: UnaryOp, x: Value, calls: Calls) -> Value {
+pub fn unary_f32(
+    b: &mut FunctionBuilder,
+    f: Fx,
+    u: UnaryOp,
+    x: Value,
+    calls: &mut dyn Callees,
+) -> Value {
     match u {
         UnaryOp::Neg => b.ins().fneg(x),
         UnaryOp::Abs => b.ins().fabs(x),
@@ -1024,8 +1030,14 @@ pub fn unary_f32(b: &mut FunctionBuilder, f: Fx, u: UnaryOp, x: Value, calls: Ca
         UnaryOp::Expm1 => expm1(b, f, x),
         UnaryOp::Tanh => tanh(b, f, x),
         UnaryOp::Logistic => logistic(b, f, x),
-        UnaryOp::Sin => sin_cos(b, f, x, false, calls.sin),
-        UnaryOp::Cos => sin_cos(b, f, x, true, calls.cos),
+        UnaryOp::Sin => {
+            let sin = calls.get(b.func, Callee::Sin);
+            sin_cos(b, f, x, false, sin)
+        }
+        UnaryOp::Cos => {
+            let cos = calls.get(b.func, Callee::Cos);
+            sin_cos(b, f, x, true, cos)
+        }
         UnaryOp::Sqrt => b.ins().sqrt(x),
         UnaryOp::Rsqrt => {
             let s = b.ins().sqrt(x);
@@ -1038,34 +1050,56 @@ pub fn unary_f32(b: &mut FunctionBuilder, f: Fx, u: UnaryOp, x: Value, calls: Ca
         UnaryOp::ErfInv => erf_inv(b, f, x),
         // The type rule admits `not` for integers and bool only.
         UnaryOp::Not => x,
-        UnaryOp::Tan => per_lane(b, f, calls.libm(Libm::Tan), &[x]),
-        UnaryOp::Asin => per_lane(b, f, calls.libm(Libm::Asin), &[x]),
-        UnaryOp::Acos => per_lane(b, f, calls.libm(Libm::Acos), &[x]),
-        UnaryOp::Atan => per_lane(b, f, calls.libm(Libm::Atan), &[x]),
-        UnaryOp::Sinh => per_lane(b, f, calls.libm(Libm::Sinh), &[x]),
-        UnaryOp::Cosh => per_lane(b, f, calls.libm(Libm::Cosh), &[x]),
-        UnaryOp::Asinh => per_lane(b, f, calls.libm(Libm::Asinh), &[x]),
-        UnaryOp::Acosh => per_lane(b, f, calls.libm(Libm::Acosh), &[x]),
-        UnaryOp::Atanh => per_lane(b, f, calls.libm(Libm::Atanh), &[x]),
-        UnaryOp::Exp2 => per_lane(b, f, calls.libm(Libm::Exp2), &[x]),
+        UnaryOp::Tan => libm(b, f, calls, Libm::Tan, x),
+        UnaryOp::Asin => libm(b, f, calls, Libm::Asin, x),
+        UnaryOp::Acos => libm(b, f, calls, Libm::Acos, x),
+        UnaryOp::Atan => libm(b, f, calls, Libm::Atan, x),
+        UnaryOp::Sinh => libm(b, f, calls, Libm::Sinh, x),
+        UnaryOp::Cosh => libm(b, f, calls, Libm::Cosh, x),
+        UnaryOp::Asinh => libm(b, f, calls, Libm::Asinh, x),
+        UnaryOp::Acosh => libm(b, f, calls, Libm::Acosh, x),
+        UnaryOp::Atanh => libm(b, f, calls, Libm::Atanh, x),
+        UnaryOp::Exp2 => libm(b, f, calls, Libm::Exp2, x),
     }
 }
 
-/// The functions generated f32 code calls (declared in the function being built).
-#[derive(Clone, Copy)]
-pub struct Calls {
-    pub sin: FuncRef,
-    pub cos: FuncRef,
-    pub pow: FuncRef,
-    /// The libm-computed functions (`elem.rs`), indexed by `Libm as usize`.
-    pub libm: [FuncRef; Libm::ALL.len()],
-    pub atan2: FuncRef,
+/// A function generated f32 code calls: a slow path of `sin`/`cos`, `pow`, `atan2`, or a
+/// libm-computed function (`elem.rs`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Callee {
+    Sin,
+    Cos,
+    Pow,
+    Atan2,
+    Libm(Libm),
 }
 
-impl Calls {
-    fn libm(&self, l: Libm) -> FuncRef {
-        self.libm[l as usize]
+impl Callee {
+    /// The symbol `lower.rs` registers for it, and its arity (f32 arguments, one f32 result).
+    pub fn symbol(self) -> (&'static str, usize) {
+        match self {
+            Callee::Sin => ("tessera_sin_f32", 1),
+            Callee::Cos => ("tessera_cos_f32", 1),
+            Callee::Pow => ("tessera_pow_f32", 2),
+            Callee::Atan2 => ("tessera_atan2_f32", 2),
+            Callee::Libm(l) => (crate::elem::symbols(l).0, 1),
+        }
     }
+}
+
+/// The functions one function being built may call, each imported into it the first time
+/// the lowering asks for it (`lower.rs`): a kernel that calls nothing declares nothing, where
+/// importing every callee up front gave each f32 kernel twenty signatures for Cranelift to
+/// lay out.
+pub trait Callees {
+    /// `c`, imported into `func` (once: a second request returns the same reference).
+    fn get(&mut self, func: &mut Function, c: Callee) -> FuncRef;
+}
+
+/// `l` per lane, through its libm-computed function.
+fn libm(b: &mut FunctionBuilder, f: Fx, calls: &mut dyn Callees, l: Libm, x: Value) -> Value {
+    let func = calls.get(b.func, Callee::Libm(l));
+    per_lane(b, f, func, &[x])
 }
 
 /// `x ** y` for f32: `tessera_pow_f32` per element (f64 `pow` rounded once: every C99 Annex F
@@ -1081,7 +1115,7 @@ pub fn binary_f32(
     op: BinaryOp,
     x: Value,
     y: Value,
-    calls: Calls,
+    calls: &mut dyn Callees,
 ) -> Value {
     match op {
         BinaryOp::Add => b.ins().fadd(x, y),
@@ -1090,8 +1124,14 @@ pub fn binary_f32(
         BinaryOp::Div => b.ins().fdiv(x, y),
         BinaryOp::Max => b.ins().fmax(x, y),
         BinaryOp::Min => b.ins().fmin(x, y),
-        BinaryOp::Pow => pow(b, f, x, y, calls.pow),
-        BinaryOp::Atan2 => per_lane(b, f, calls.atan2, &[x, y]),
+        BinaryOp::Pow => {
+            let func = calls.get(b.func, Callee::Pow);
+            pow(b, f, x, y, func)
+        }
+        BinaryOp::Atan2 => {
+            let func = calls.get(b.func, Callee::Atan2);
+            per_lane(b, f, func, &[x, y])
+        }
         // Not reachable for floats (the type rule), and `rem` is lowered before this.
         BinaryOp::Rem
         | BinaryOp::And

@@ -41,12 +41,15 @@ use crate::fusion::StepKind;
 /// otherwise wait for: the gemm crate's query of the CPU's caches (its first product reads
 /// the cache sizes from sysfs, 1 ms on the seed step's first call, a quarter of it: perf on
 /// AMD EPYC Zen 4), Cranelift's host ISA (`lower::host_isa`) and, with the task, the rayon
-/// pool that compiles the kernels. `tessera`
-/// calls it when a program starts lowering, so the work overlaps tracing and the IR passes on
-/// the calling thread; a product that comes first waits for the query (a `OnceCell`).
-pub fn prepare() {
+/// pool that compiles the kernels; and, as a task of its own that a worker takes first, the
+/// caller's `also` (`tessera`'s: the simplifier's rules, which the first pass after tracing
+/// needs). `tessera` calls it when a program starts lowering, so the work overlaps tracing
+/// and the IR passes on the calling thread; a product that comes first waits for the query
+/// (a `OnceCell`), a pass for its rules (a `OnceLock`).
+pub fn prepare(also: fn()) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        rayon::spawn(also);
         rayon::spawn(|| {
             let _ = *gemm_common::cache::CACHE_INFO;
             // An error here is the first compile's to report.

@@ -140,6 +140,13 @@ impl CostFunction<Node> for Cost<'_> {
     }
 }
 
+/// Builds the rules once per process ahead of the first `simplify` (parsing every pattern and
+/// compiling its matcher; `tessera` runs this in the background while it traces the first
+/// program). `simplify` builds them itself when this has not run.
+pub fn prepare() {
+    let _ = rules::all();
+}
+
 /// Simplifies `g` (see the module doc).
 pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
     // egg times its iterations with `quanta`, whose first reading of the clock in a process
