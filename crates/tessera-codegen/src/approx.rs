@@ -1089,7 +1089,7 @@ impl Callee {
 
 /// The functions one function being built may call, each imported into it the first time
 /// the lowering asks for it (`lower.rs`): a kernel that calls nothing declares nothing, where
-/// importing every callee up front gave each f32 kernel twenty signatures for Cranelift to
+/// importing every callee up front gave each f32 kernel fourteen signatures for Cranelift to
 /// lay out.
 pub trait Callees {
     /// `c`, imported into `func` (once: a second request returns the same reference).

@@ -49,7 +49,12 @@ use crate::fusion::StepKind;
 pub fn prepare(also: fn()) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        rayon::spawn(also);
+        // A panic in `also` stays in its task (a panicking rayon task aborts the process):
+        // the first pass that needs its work does it again on the caller's thread, where a
+        // panic is that call's (`OnceLock` keeps nothing from a panicked initialization).
+        rayon::spawn(move || {
+            let _ = std::panic::catch_unwind(also);
+        });
         rayon::spawn(|| {
             let _ = *gemm_common::cache::CACHE_INFO;
             // An error here is the first compile's to report.

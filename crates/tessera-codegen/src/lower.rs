@@ -2444,19 +2444,36 @@ mod tests {
         assert_eq!(disps, (0..8).map(|j| 16 * j).collect::<Vec<i32>>());
     }
 
-    /// A kernel imports the functions it calls and no others: an f32 add none, a `sin` its
-    /// slow path, `pow` and `atan2` one each (all twenty were imported into every f32 kernel).
+    /// A kernel imports the functions it calls and no others, each once: an f32 add none, a
+    /// `sin` its slow path (two of them in one kernel still one), `sin` and `cos` one each,
+    /// `pow` and `atan2` one each (all fourteen were imported into every f32 kernel).
     #[test]
     fn a_kernel_imports_only_what_it_calls() {
-        let imports = |op: Op, arity: usize| {
-            let k = kernel_of(op, &vec![vec![5, 3]; arity]);
-            built(&k).dfg.ext_funcs.len()
+        let imports = |ops: &[UnaryOp], binary: Option<BinaryOp>| {
+            let mut g = Graph::new("k");
+            let ty = TensorType::new(DType::F32, vec![5, 3]);
+            let (x, y) = (g.add_param(ty.clone()), g.add_param(ty));
+            let mut acc = match binary {
+                Some(op) => g.add(Op::Binary(op), &[x, y]).unwrap(),
+                None => x,
+            };
+            for (i, &u) in ops.iter().enumerate() {
+                let v = g
+                    .add(Op::Unary(u), &[if i % 2 == 0 { x } else { y }])
+                    .unwrap();
+                acc = g.add(Op::Binary(BinaryOp::Add), &[acc, v]).unwrap();
+            }
+            g.set_outputs(vec![acc]);
+            let ks = kernels_of(&g);
+            assert_eq!(ks.len(), 1);
+            built(&ks[0]).dfg.ext_funcs.len()
         };
-        assert_eq!(imports(Op::Binary(BinaryOp::Add), 2), 0);
-        assert_eq!(imports(Op::Unary(UnaryOp::Sin), 1), 1);
-        assert_eq!(imports(Op::Binary(BinaryOp::Pow), 2), 1);
-        assert_eq!(imports(Op::Binary(BinaryOp::Atan2), 2), 1);
-        assert_eq!(imports(Op::Unary(UnaryOp::Tan), 1), 1);
+        assert_eq!(imports(&[], Some(BinaryOp::Add)), 0);
+        assert_eq!(imports(&[UnaryOp::Sin, UnaryOp::Sin], None), 1);
+        assert_eq!(imports(&[UnaryOp::Sin, UnaryOp::Cos], None), 2);
+        assert_eq!(imports(&[], Some(BinaryOp::Pow)), 1);
+        assert_eq!(imports(&[], Some(BinaryOp::Atan2)), 1);
+        assert_eq!(imports(&[UnaryOp::Tan], None), 1);
     }
 
     /// `u` over `xs` by `k` (a one-op kernel: one input, one output, `xs.len()` long).
