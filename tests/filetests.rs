@@ -98,6 +98,22 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
             Ok(g) => shard_pass(tessera_shard::per_device(&g)),
             Err(e) => format!("error: {e}"),
         }),
+        // The program a mesh of one device runs, from the annotated global program
+        // (propagate's output): the per-device program, then each output's sharding.
+        "one_device" => Ok(match parse(input) {
+            Ok(g) => match tessera_shard::on_one_device(&g) {
+                Ok((local, specs)) => {
+                    let specs: Vec<String> = specs.iter().map(|s| format!("{s:?}")).collect();
+                    format!(
+                        "{}// output shardings: {}",
+                        shard_pass(Ok(local)),
+                        specs.join(", ")
+                    )
+                }
+                Err(e) => format!("error: {e}"),
+            },
+            Err(e) => format!("error: {e}"),
+        }),
         // Simplification (egg rules, CSE, DCE): the simplified program.
         "simplify" => Ok(match parse(input) {
             Ok(g) => match tessera_opt::simplify(&g, tessera_opt::Limits::default()) {

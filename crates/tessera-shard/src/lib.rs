@@ -6,7 +6,9 @@
 //!   nodes of their own;
 //! - [`per_device`] (`partition.rs`): -> the program each device runs, local shapes;
 //!
-//! then [`combine_all_reduces`] on the per-device program. Each pass recurses into region
+//! then [`combine_all_reduces`] on the per-device program. On a mesh of one device,
+//! [`on_one_device`] (`partition.rs`) takes the place of the last two and `combine`: the
+//! annotated program without its annotations is the one that device runs. Each pass recurses into region
 //! bodies (`region.rs`: the slots that tie a region's operands and results to its bodies), so
 //! a loop body is propagated, gets its own collectives and runs on local shapes. [`partition`] runs the three.
 //! `spec.rs` is the vocabulary of a split, the one the user-facing `Mesh`, `P!` and
@@ -25,7 +27,7 @@ pub mod spec;
 pub use combine::combine_all_reduces;
 pub use factors::{FactorKind, FactorRule};
 pub use insert_collectives::{Inserted, insert_annotated, insert_collectives};
-pub use partition::per_device;
+pub use partition::{on_one_device, per_device};
 pub use propagate::propagate;
 pub use spec::{ShardError, Spec, check_spec, local_type};
 

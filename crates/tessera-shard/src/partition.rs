@@ -184,6 +184,63 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
     Ok(p.lg)
 }
 
+/// The pass on a mesh of one device, in place of `insert_collectives`, `per_device` and
+/// `combine`: every value is whole on the one device, so the program it runs is the annotated
+/// global program `g` (`propagate`'s or `explicit::type_graph`'s output) without its
+/// annotations, each `sharding_constraint` (a reshard between two names of one placement)
+/// replaced by its operand, in every region body too. Returns that program and each output's
+/// sharding, its annotation: where propagation (or its type) put it, as on a larger mesh
+/// before any conflict is settled. The full pipeline would reach the same program: local
+/// shapes are global on one device, and `combine` drops every collective the others insert.
+pub fn on_one_device(g: &Graph) -> Result<(Graph, Vec<Spec>), ShardError> {
+    const PASS: &str = "one_device";
+    let mesh = mesh_of(g, PASS)?;
+    if mesh.device_count() != 1 {
+        return Err(ShardError::Invalid(format!(
+            "{PASS}: the mesh has {} devices; the pass is for a mesh of one",
+            mesh.device_count()
+        )));
+    }
+    let out_specs = g
+        .outputs()
+        .iter()
+        .map(|&o| annotation(g, o, PASS, "propagate"))
+        .collect::<Result<Vec<Spec>, ShardError>>()?;
+    let mut local = g.clone();
+    local.name = format!("{}_per_device", g.name);
+    unannotate(&mut local, mesh)?;
+    Ok((local, out_specs))
+}
+
+/// `on_one_device` on `g` and its region bodies: every annotation checked against `mesh` and
+/// dropped (with the note of why it was chosen), every `sharding_constraint` replaced by its
+/// operand.
+fn unannotate(g: &mut Graph, mesh: &Mesh) -> Result<(), ShardError> {
+    const PASS: &str = "one_device";
+    g.mesh = Some(mesh.clone());
+    for id in order(g, PASS)? {
+        if let Op::Region(r) = &mut g.node_mut(id).op {
+            for body in r.regions_mut() {
+                unannotate(body, mesh)?;
+            }
+            // A token, not annotated: its results are.
+            continue;
+        }
+        let spec = annotation(g, id, PASS, "propagate")?;
+        check_spec(mesh, g.ty(id), &spec)
+            .map_err(|e| ShardError::Invalid(format!("{PASS}: {}: {e}", g.op(id).name())))?;
+        let node = g.node_mut(id);
+        node.sharding = None;
+        node.why = None;
+        if let Op::ShardingConstraint(_) = g.op(id) {
+            let operand = g.operands(id)[0];
+            g.replace_all_uses(id, operand);
+            g.remove(id);
+        }
+    }
+    Ok(())
+}
+
 /// A region node's per-device op: each slot (`region.rs`) must be sharded alike wherever it
 /// appears (operands, body parameters and outputs; a stacked slot's leading dim whole, what
 /// `insert_collectives` guarantees); each body partitioned recursively. Returns the op and

@@ -120,3 +120,85 @@ fn propagation_takes_two_turns_an_op_along_a_chain() {
     let last = out.outputs()[0];
     assert_eq!(out.node(last).sharding.as_ref().unwrap().spec()[0], ["x"]);
 }
+
+/// The case's text with every axis of its mesh of size 1.
+fn on_one_device_text(input: &str) -> String {
+    input
+        .lines()
+        .map(|l| {
+            if !l.starts_with("mesh @") {
+                return l.to_string();
+            }
+            let mut out = String::new();
+            let mut rest = l;
+            while let Some(at) = rest.find("\"=") {
+                out.push_str(&rest[..at + 2]);
+                rest = rest[at + 2..].trim_start_matches(|c: char| c.is_ascii_digit());
+                out.push('1');
+            }
+            out.push_str(rest);
+            out
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Deterministic inputs of `g`'s parameter types: small integers, signs alternating.
+fn inputs(g: &Graph) -> Vec<tessera_ir::Literal> {
+    g.params()
+        .iter()
+        .enumerate()
+        .map(|(k, &p)| {
+            let ty = g.ty(p);
+            let values: Vec<f64> = (0..ty.numel())
+                .map(|i| ((i * 7 + k * 3) % 11) as f64 / 4.0 - 1.25)
+                .collect();
+            let data = tessera_interp::convert(&tessera_ir::Data::from_vec(values), ty.dtype);
+            tessera_ir::Literal::new(ty.dims().to_vec(), data).expect("a literal of the type")
+        })
+        .collect()
+}
+
+/// On a mesh of one device, `on_one_device` of propagate's output is the program the three
+/// passes and `combine` make, value for value: every case of the partition suite with its mesh
+/// shrunk to one device, both programs run by the interpreter on the same inputs, the outputs
+/// equal bit for bit and in the same shardings.
+#[test]
+fn one_device_is_what_the_passes_make_on_one_device() {
+    let mut checked = 0;
+    for (name, input) in cases() {
+        let g = parse(&on_one_device_text(&input)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mesh = g.mesh.clone().expect("a partition case declares a mesh");
+        assert_eq!(mesh.device_count(), 1, "{name}");
+        let specs = param_specs(&g);
+        let (Ok(mut full), Ok(propagated)) =
+            (partition(&g, &mesh, &specs), propagate(&g, &mesh, &specs))
+        else {
+            continue;
+        };
+        tessera_shard::combine::drop_single_device_collectives(&mut full.local).unwrap();
+        tessera_shard::combine_all_reduces(&mut full.local).unwrap();
+        let (lean, out_specs) = tessera_shard::on_one_device(&reparse(&propagated))
+            .unwrap_or_else(|e| panic!("{name}: on_one_device: {e}"));
+        tessera_ir::verify(&lean).unwrap_or_else(|e| panic!("{name}: {e}\n{}", print(&lean)));
+        assert!(
+            lean.node_ids().all(|id| lean.node(id).sharding.is_none()),
+            "{name}: an annotation left\n{}",
+            print(&lean)
+        );
+        let args = inputs(&g);
+        let a = tessera_interp::run(&full.local, &args).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let b = tessera_interp::run(&lean, &args).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(a.len(), b.len(), "{name}");
+        for (j, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(x.shape(), y.shape(), "{name}: output {j}");
+            assert!(
+                x.data.bits_eq(&y.data),
+                "{name}: output {j}: {x:?} against {y:?}"
+            );
+        }
+        assert_eq!(out_specs, full.out_specs, "{name}: output shardings");
+        checked += 1;
+    }
+    assert!(checked >= 17, "only {checked} cases compared");
+}

@@ -9,11 +9,13 @@
 //! propagated   every value annotated where it is wanted (propagate)    inputs placed on a mesh,
 //!              (from the types, on a mesh mixing axis types)           unless all axes Explicit
 //! sharded      (made by `collectives`) the annotated global program,   inputs placed on a mesh
-//!              conflicts and reshards noted
-//! collectives  reshards and all-reduces explicit (insert_collectives)  inputs placed on a mesh
-//! partitioned  the per-device program, local shapes (per_device)       inputs placed on a mesh
-//! combined     collectives over one device dropped, independent        on devices (mesh or pmap)
-//!              all-reduces merged into one (combine)
+//!              conflicts and reshards noted                            of more than one device
+//! collectives  reshards and all-reduces explicit (insert_collectives)  the same
+//! partitioned  the per-device program, local shapes (per_device)       the same
+//! one_device   the program the device runs: the annotated one without  inputs placed on a mesh
+//!              annotations and sharding constraints (on_one_device)    of one device
+//! combined     collectives over one device dropped, independent        on devices (a mesh of
+//!              all-reduces merged into one (combine)                   more than one, or pmap)
 //! schedule     fusion, buffer plan, Cranelift (or the interpreter)     when compiling, not lowering
 //! ```
 //!
@@ -66,7 +68,7 @@ pub(crate) struct Pass {
 }
 
 /// The pipeline between the trace and code generation, in order.
-pub(crate) const PASSES: [Pass; 6] = [
+pub(crate) const PASSES: [Pass; 7] = [
     Pass {
         name: "simplified",
         when: |c| c.simplify,
@@ -84,19 +86,25 @@ pub(crate) const PASSES: [Pass; 6] = [
     },
     Pass {
         name: "collectives",
-        when: |c| matches!(c.target, Target::Sharded { .. }),
+        when: |c| matches!(c.target, Target::Sharded { .. }) && !one_device(c.target),
         run: insert_collectives,
     },
     Pass {
         name: "partitioned",
-        when: |c| matches!(c.target, Target::Sharded { .. }),
+        when: |c| matches!(c.target, Target::Sharded { .. }) && !one_device(c.target),
         run: partition,
+    },
+    Pass {
+        name: "one_device",
+        when: |c| one_device(c.target),
+        run: on_one_device,
     },
     Pass {
         name: "combined",
         when: |c| match c.target {
             Target::Single => false,
-            Target::Sharded { .. } | Target::PerDevice { .. } => true,
+            Target::Sharded { .. } => !one_device(c.target),
+            Target::PerDevice { .. } => true,
         },
         run: combine,
     },
@@ -112,8 +120,11 @@ pub(crate) struct Ctx<'a> {
     /// Left by a pass that makes more than one graph (`insert_collectives`): stages shown
     /// before the pass's own result, in order. The one named `sharded` is the global program.
     side: Vec<(&'static str, Graph)>,
-    /// Each output's sharding (set by `partition`; replicated otherwise).
+    /// Each output's sharding (set by `partition` or `on_one_device`; replicated otherwise).
     out_specs: Option<Vec<Spec>>,
+    /// The annotated global program, when a pass other than `insert_collectives` (whose
+    /// `sharded` side stage it is) leaves it: `on_one_device`.
+    global: Option<Graph>,
     /// A comment heading the pass's dump (simplify's report).
     comment: Option<String>,
 }
@@ -198,6 +209,26 @@ fn partition(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
         .collect::<Result<Vec<Spec>>>()?;
     let local = tessera_shard::per_device(&graph).map_err(|e| shard_error(ctx, e))?;
     ctx.out_specs = Some(out_specs);
+    Ok(local)
+}
+
+/// Whether the program's inputs are placed on a mesh of one device: every value is then whole
+/// on it, and `one_device` makes the program it runs in place of `collectives`, `partitioned`
+/// and `combined` (which would reach the same program: no collective survives `combine` on
+/// one device), 0.3-0.4 ms of the seed step's first call.
+fn one_device(target: &Target) -> bool {
+    matches!(target, Target::Sharded { mesh, .. } if mesh.mesh.device_count() == 1)
+}
+
+/// one_device: consumes the annotated global program (propagate's or type_graph's output) on
+/// a mesh of one device; produces the program that device runs, the global one without its
+/// annotations and sharding constraints (`tessera_shard::on_one_device`), leaving each
+/// output's sharding (its annotation) and the annotated program as the global one.
+fn on_one_device(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
+    let (local, out_specs) =
+        tessera_shard::on_one_device(&graph).map_err(|e| shard_error(ctx, e))?;
+    ctx.out_specs = Some(out_specs);
+    ctx.global = Some(graph);
     Ok(local)
 }
 
@@ -392,6 +423,7 @@ impl<'a> Pipeline<'a> {
             location: self.location,
             side: Vec::new(),
             out_specs: None,
+            global: None,
             comment: None,
         };
         let mut global = None;
@@ -424,6 +456,7 @@ impl<'a> Pipeline<'a> {
                 .record(name, pass.name, time, before, &graph, comment)?;
         }
         let out_specs = ctx.out_specs.take();
+        let global = global.or(ctx.global.take());
         let stages = self.rec.stages.take().unwrap_or_default();
         Ok(match self.target {
             Target::Single => Lowered {
@@ -435,7 +468,9 @@ impl<'a> Pipeline<'a> {
             },
             Target::Sharded { .. } => Lowered {
                 stages,
-                global: global.expect("`insert_collectives` leaves the annotated global program"),
+                global: global.expect(
+                    "`insert_collectives` or `on_one_device` leaves the annotated global program",
+                ),
                 local: Some(graph),
                 out_def,
                 out_specs,
@@ -826,6 +861,7 @@ mod tests {
             location: "here.rs:1",
             side: Vec::new(),
             out_specs: None,
+            global: None,
             comment: None,
         }
     }
@@ -893,5 +929,28 @@ mod tests {
         let mut off = ctx(&pmap);
         off.simplify = false;
         assert_eq!(names(&off), ["combined"]);
+        let on = |devices: usize| Target::Sharded {
+            mesh: ShardSpec {
+                mesh: Mesh::new("m", vec![("dp".into(), devices)]),
+                devices: (0..devices).collect(),
+                dims: vec![Vec::new()],
+            },
+            specs: vec![vec![vec!["dp".to_string()]]],
+        };
+        assert_eq!(
+            names(&ctx(&on(2))),
+            [
+                "simplified",
+                "propagated",
+                "collectives",
+                "partitioned",
+                "combined"
+            ]
+        );
+        // One device: the annotated program is the one it runs, annotations dropped.
+        assert_eq!(
+            names(&ctx(&on(1))),
+            ["simplified", "propagated", "one_device"]
+        );
     }
 }

@@ -331,6 +331,54 @@ fn lower_returns_every_stage_and_the_last_is_the_program() {
     assert!(lowered.ir().contains("mul"), "{}", lowered.ir());
 }
 
+/// On a mesh of one device the annotated program is the one the device runs (the
+/// `one_device` stage in place of collectives, partitioned and combined): the same values as on
+/// host inputs, bit for bit, and the outputs in the shardings propagation gave them, as on a
+/// larger mesh (an elementwise result of the batch split like it, a sum replicated).
+#[test]
+fn a_one_device_mesh_runs_the_annotated_program() {
+    let f = |(w, x): (Tensor, Tensor)| {
+        let h = (x.matmul(&w) * 2.0).tanh();
+        let s = h.sum();
+        (h, s)
+    };
+    let w = Tensor::from_vec((0..12).map(|i| i as f32 / 7.0 - 0.5).collect(), [3, 4]);
+    let x = Tensor::from_vec((0..24).map(|i| (i % 5) as f32 / 3.0).collect(), [8, 3]);
+    let host = jit(f).call((w.clone(), x.clone())).unwrap();
+    let mesh = Mesh::new([1], ["dp"]);
+    let on = (
+        device_put(w.clone(), NamedSharding::new(&mesh, P![])),
+        device_put(x.clone(), NamedSharding::new(&mesh, P!["dp"])),
+    );
+    let g = jit(f).named("one_device_api");
+    let lowered = g.lower(&on).unwrap();
+    let names: Vec<&str> = lowered.stages().iter().map(|(s, _)| *s).collect();
+    assert_eq!(names, ["trace", "simplified", "propagated", "one_device"]);
+    assert!(lowered.ir().contains("{\"dp\"}"), "{}", lowered.ir());
+    assert!(
+        !lowered.per_device_ir().contains("<@"),
+        "{}",
+        lowered.per_device_ir()
+    );
+    let (h, s) = g.call(on.clone()).unwrap();
+    assert_eq!(h.to_vec::<f32>(), host.0.to_vec::<f32>());
+    assert_eq!(s.to_vec::<f32>(), host.1.to_vec::<f32>());
+    let spec = |t: &Tensor| t.sharding().unwrap().spec;
+    assert_eq!(spec(&h), P!["dp"]);
+    assert_eq!(spec(&s), P![]);
+    // Two devices, when there are: the same shardings, through the three passes.
+    if device_count() >= 2 {
+        let mesh = Mesh::new([2], ["dp"]);
+        let (h2, s2) = jit(f)
+            .call((
+                device_put(w, NamedSharding::new(&mesh, P![])),
+                device_put(x, NamedSharding::new(&mesh, P!["dp"])),
+            ))
+            .unwrap();
+        assert_eq!((spec(&h2), spec(&s2)), (spec(&h), spec(&s)));
+    }
+}
+
 #[test]
 fn pmap_lowers_like_it_runs_and_shares_jits_builder() {
     let n = device_count().min(2);
