@@ -7,8 +7,9 @@
 //! - [`per_device`] (`partition.rs`): -> the program each device runs, local shapes;
 //!
 //! then [`combine_all_reduces`] on the per-device program. On a mesh of one device,
-//! [`on_one_device`] (`partition.rs`) takes the place of the last two and `combine`: the
-//! annotated program without its annotations is the one that device runs. Each pass recurses into region
+//! [`on_one_device`] (`partition.rs`) takes the place of `per_device` and `combine`: the
+//! explicit program without its annotations, reshards and collectives is the one that device
+//! runs. Each pass recurses into region
 //! bodies (`region.rs`: the slots that tie a region's operands and results to its bodies), so
 //! a loop body is propagated, gets its own collectives and runs on local shapes. [`partition`] runs the three.
 //! `spec.rs` is the vocabulary of a split, the one the user-facing `Mesh`, `P!` and

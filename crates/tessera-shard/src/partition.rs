@@ -184,14 +184,14 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
     Ok(p.lg)
 }
 
-/// The pass on a mesh of one device, in place of `insert_collectives`, `per_device` and
-/// `combine`: every value is whole on the one device, so the program it runs is the annotated
-/// global program `g` (`propagate`'s or `explicit::type_graph`'s output) without its
-/// annotations, each `sharding_constraint` (a reshard between two names of one placement)
-/// replaced by its operand, in every region body too. Returns that program and each output's
-/// sharding, its annotation: where propagation (or its type) put it, as on a larger mesh
-/// before any conflict is settled. The full pipeline would reach the same program: local
-/// shapes are global on one device, and `combine` drops every collective the others insert.
+/// The pass on a mesh of one device, in place of `per_device` and `combine`: every value is
+/// whole on the one device, so the program it runs is `g`, insert_collectives' output, without
+/// its annotations, each `sharding_constraint` (a reshard between two names of one placement)
+/// replaced by its operand and each collective over the one device by its operand
+/// (`combine::drop_single_device_collectives`), in every region body too. Returns that program
+/// and each output's sharding, its annotation (where insert_collectives settled it, as on a
+/// larger mesh). `per_device` and `combine` reach the same program: local shapes are global
+/// on one device, and `combine` drops the same collectives.
 pub fn on_one_device(g: &Graph) -> Result<(Graph, Vec<Spec>), ShardError> {
     const PASS: &str = "one_device";
     let mesh = mesh_of(g, PASS)?;
@@ -204,11 +204,12 @@ pub fn on_one_device(g: &Graph) -> Result<(Graph, Vec<Spec>), ShardError> {
     let out_specs = g
         .outputs()
         .iter()
-        .map(|&o| annotation(g, o, PASS, "propagate"))
+        .map(|&o| annotation(g, o, PASS, "insert_collectives"))
         .collect::<Result<Vec<Spec>, ShardError>>()?;
     let mut local = g.clone();
     local.name = format!("{}_per_device", g.name);
     unannotate(&mut local, mesh)?;
+    crate::combine::drop_single_device_collectives(&mut local)?;
     Ok((local, out_specs))
 }
 
@@ -226,7 +227,7 @@ fn unannotate(g: &mut Graph, mesh: &Mesh) -> Result<(), ShardError> {
             // A token, not annotated: its results are.
             continue;
         }
-        let spec = annotation(g, id, PASS, "propagate")?;
+        let spec = annotation(g, id, PASS, "insert_collectives")?;
         check_spec(mesh, g.ty(id), &spec)
             .map_err(|e| ShardError::Invalid(format!("{PASS}: {}: {e}", g.op(id).name())))?;
         let node = g.node_mut(id);

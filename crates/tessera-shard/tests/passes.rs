@@ -159,14 +159,27 @@ fn inputs(g: &Graph) -> Vec<tessera_ir::Literal> {
         .collect()
 }
 
-/// On a mesh of one device, `on_one_device` of propagate's output is the program the three
-/// passes and `combine` make, value for value: every case of the partition suite with its mesh
-/// shrunk to one device, both programs run by the interpreter on the same inputs, the outputs
-/// equal bit for bit and in the same shardings.
+/// On a mesh of one device, `on_one_device` of insert_collectives' output is the program
+/// `per_device` and `combine` make, value for value: every case of the partition suite with
+/// its mesh shrunk to one device (and a conflict whose propagated sharding loses), both
+/// programs run by the interpreter on the same inputs, the outputs equal bit for bit and in
+/// the same shardings.
 #[test]
 fn one_device_is_what_the_passes_make_on_one_device() {
     let mut checked = 0;
-    for (name, input) in cases() {
+    let conflict = "mesh @m = <\"dp\"=2>
+func @f(%0: f32[8,8] <@m, [{\"dp\"}, {}]>, %1: f32[8,8], %2: f32[8,8] <@m, [{}, {\"dp\"}]>) {
+  %3 = dot_general %0, %1 contracting=[1]x[0] : f32[8,8]
+  %4 = add %3, %2 : f32[8,8]
+  return %4, %3
+}
+";
+    let mut all = cases();
+    all.push((
+        "a product's propagated sharding loses".into(),
+        conflict.into(),
+    ));
+    for (name, input) in all {
         let g = parse(&on_one_device_text(&input)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let mesh = g.mesh.clone().expect("a partition case declares a mesh");
         assert_eq!(mesh.device_count(), 1, "{name}");
@@ -178,12 +191,16 @@ fn one_device_is_what_the_passes_make_on_one_device() {
         };
         tessera_shard::combine::drop_single_device_collectives(&mut full.local).unwrap();
         tessera_shard::combine_all_reduces(&mut full.local).unwrap();
-        let (lean, out_specs) = tessera_shard::on_one_device(&reparse(&propagated))
+        let explicit = insert_collectives(&reparse(&propagated))
+            .unwrap_or_else(|e| panic!("{name}: insert_collectives: {e}"));
+        let (lean, out_specs) = tessera_shard::on_one_device(&reparse(&explicit))
             .unwrap_or_else(|e| panic!("{name}: on_one_device: {e}"));
         tessera_ir::verify(&lean).unwrap_or_else(|e| panic!("{name}: {e}\n{}", print(&lean)));
         assert!(
-            lean.node_ids().all(|id| lean.node(id).sharding.is_none()),
-            "{name}: an annotation left\n{}",
+            lean.node_ids().all(|id| lean.node(id).sharding.is_none()
+                && !lean.op(id).is_collective()
+                && !matches!(lean.op(id), tessera_ir::Op::ShardingConstraint(_))),
+            "{name}: an annotation, collective or reshard left\n{}",
             print(&lean)
         );
         let args = inputs(&g);
@@ -200,5 +217,19 @@ fn one_device_is_what_the_passes_make_on_one_device() {
         assert_eq!(out_specs, full.out_specs, "{name}: output shardings");
         checked += 1;
     }
-    assert!(checked >= 17, "only {checked} cases compared");
+    assert!(checked >= 18, "only {checked} cases compared");
+    // The conflict's settled sharding is not propagation's.
+    let g = parse(&on_one_device_text(conflict)).unwrap();
+    let mesh = g.mesh.clone().unwrap();
+    let propagated = propagate(&g, &mesh, &param_specs(&g)).unwrap();
+    let wanted = propagated
+        .node(propagated.outputs()[1])
+        .sharding
+        .as_ref()
+        .unwrap()
+        .spec();
+    let explicit = insert_collectives(&propagated).unwrap();
+    let (_, settled) = tessera_shard::on_one_device(&explicit).unwrap();
+    assert_ne!(wanted, settled[1]);
+    assert_eq!(settled[1], vec![vec!["dp".to_string()], vec![]]);
 }

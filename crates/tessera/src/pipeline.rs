@@ -9,11 +9,11 @@
 //! propagated   every value annotated where it is wanted (propagate)    inputs placed on a mesh,
 //!              (from the types, on a mesh mixing axis types)           unless all axes Explicit
 //! sharded      (made by `collectives`) the annotated global program,   inputs placed on a mesh
-//!              conflicts and reshards noted                            of more than one device
-//! collectives  reshards and all-reduces explicit (insert_collectives)  the same
-//! partitioned  the per-device program, local shapes (per_device)       the same
-//! one_device   the program the device runs: the annotated one without  inputs placed on a mesh
-//!              annotations and sharding constraints (on_one_device)    of one device
+//!              conflicts and reshards noted
+//! collectives  reshards and all-reduces explicit (insert_collectives)  inputs placed on a mesh
+//! partitioned  the per-device program, local shapes (per_device)       a mesh of more than one
+//! one_device   the program the device runs: the explicit one without   a mesh of one device
+//!              annotations, reshards, collectives (on_one_device)
 //! combined     collectives over one device dropped, independent        on devices (a mesh of
 //!              all-reduces merged into one (combine)                   more than one, or pmap)
 //! schedule     fusion, buffer plan, Cranelift (or the interpreter)     when compiling, not lowering
@@ -86,7 +86,7 @@ pub(crate) const PASSES: [Pass; 7] = [
     },
     Pass {
         name: "collectives",
-        when: |c| matches!(c.target, Target::Sharded { .. }) && !one_device(c.target),
+        when: |c| matches!(c.target, Target::Sharded { .. }),
         run: insert_collectives,
     },
     Pass {
@@ -122,9 +122,6 @@ pub(crate) struct Ctx<'a> {
     side: Vec<(&'static str, Graph)>,
     /// Each output's sharding (set by `partition` or `on_one_device`; replicated otherwise).
     out_specs: Option<Vec<Spec>>,
-    /// The annotated global program, when a pass other than `insert_collectives` (whose
-    /// `sharded` side stage it is) leaves it: `on_one_device`.
-    global: Option<Graph>,
     /// A comment heading the pass's dump (simplify's report).
     comment: Option<String>,
 }
@@ -213,22 +210,19 @@ fn partition(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
 }
 
 /// Whether the program's inputs are placed on a mesh of one device: every value is then whole
-/// on it, and `one_device` makes the program it runs in place of `collectives`, `partitioned`
-/// and `combined` (which would reach the same program: no collective survives `combine` on
-/// one device), 0.3-0.4 ms of the seed step's first call.
+/// on it, and `one_device` makes the program it runs in place of `partitioned` and `combined`
+/// (which reach the same program: no collective survives `combine` on one device).
 fn one_device(target: &Target) -> bool {
     matches!(target, Target::Sharded { mesh, .. } if mesh.mesh.device_count() == 1)
 }
 
-/// one_device: consumes the annotated global program (propagate's or type_graph's output) on
-/// a mesh of one device; produces the program that device runs, the global one without its
-/// annotations and sharding constraints (`tessera_shard::on_one_device`), leaving each
-/// output's sharding (its annotation) and the annotated program as the global one.
+/// one_device: consumes insert_collectives' output on a mesh of one device; produces the
+/// program that device runs, the explicit one without its annotations, reshards and
+/// collectives (`tessera_shard::on_one_device`), leaving each output's sharding.
 fn on_one_device(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
     let (local, out_specs) =
         tessera_shard::on_one_device(&graph).map_err(|e| shard_error(ctx, e))?;
     ctx.out_specs = Some(out_specs);
-    ctx.global = Some(graph);
     Ok(local)
 }
 
@@ -423,7 +417,6 @@ impl<'a> Pipeline<'a> {
             location: self.location,
             side: Vec::new(),
             out_specs: None,
-            global: None,
             comment: None,
         };
         let mut global = None;
@@ -456,7 +449,6 @@ impl<'a> Pipeline<'a> {
                 .record(name, pass.name, time, before, &graph, comment)?;
         }
         let out_specs = ctx.out_specs.take();
-        let global = global.or(ctx.global.take());
         let stages = self.rec.stages.take().unwrap_or_default();
         Ok(match self.target {
             Target::Single => Lowered {
@@ -468,9 +460,7 @@ impl<'a> Pipeline<'a> {
             },
             Target::Sharded { .. } => Lowered {
                 stages,
-                global: global.expect(
-                    "`insert_collectives` or `on_one_device` leaves the annotated global program",
-                ),
+                global: global.expect("`insert_collectives` leaves the annotated global program"),
                 local: Some(graph),
                 out_def,
                 out_specs,
@@ -861,7 +851,6 @@ mod tests {
             location: "here.rs:1",
             side: Vec::new(),
             out_specs: None,
-            global: None,
             comment: None,
         }
     }
@@ -947,10 +936,10 @@ mod tests {
                 "combined"
             ]
         );
-        // One device: the annotated program is the one it runs, annotations dropped.
+        // One device: the explicit program is the one it runs, annotations dropped.
         assert_eq!(
             names(&ctx(&on(1))),
-            ["simplified", "propagated", "one_device"]
+            ["simplified", "propagated", "collectives", "one_device"]
         );
     }
 }

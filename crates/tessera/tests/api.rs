@@ -331,10 +331,12 @@ fn lower_returns_every_stage_and_the_last_is_the_program() {
     assert!(lowered.ir().contains("mul"), "{}", lowered.ir());
 }
 
-/// On a mesh of one device the annotated program is the one the device runs (the
-/// `one_device` stage in place of collectives, partitioned and combined): the same values as on
-/// host inputs, bit for bit, and the outputs in the shardings propagation gave them, as on a
-/// larger mesh (an elementwise result of the batch split like it, a sum replicated).
+/// On a mesh of one device the explicit program is the one the device runs (the `one_device`
+/// stage in place of partitioned and combined): the same values as on host inputs, bit for
+/// bit, and the outputs in the shardings they have on a larger mesh (an elementwise result of
+/// the batch split like it, a sum replicated; a result whose propagated sharding loses a
+/// conflict where it is settled: a product of the batch added to a value split by columns is
+/// split by rows, as JAX's is).
 #[test]
 fn a_one_device_mesh_runs_the_annotated_program() {
     let f = |(w, x): (Tensor, Tensor)| {
@@ -353,7 +355,17 @@ fn a_one_device_mesh_runs_the_annotated_program() {
     let g = jit(f).named("one_device_api");
     let lowered = g.lower(&on).unwrap();
     let names: Vec<&str> = lowered.stages().iter().map(|(s, _)| *s).collect();
-    assert_eq!(names, ["trace", "simplified", "propagated", "one_device"]);
+    assert_eq!(
+        names,
+        [
+            "trace",
+            "simplified",
+            "propagated",
+            "sharded",
+            "collectives",
+            "one_device"
+        ]
+    );
     assert!(lowered.ir().contains("{\"dp\"}"), "{}", lowered.ir());
     assert!(
         !lowered.per_device_ir().contains("<@"),
@@ -366,16 +378,29 @@ fn a_one_device_mesh_runs_the_annotated_program() {
     let spec = |t: &Tensor| t.sharding().unwrap().spec;
     assert_eq!(spec(&h), P!["dp"]);
     assert_eq!(spec(&s), P![]);
+    // A conflict: the add wants the product split by columns, the product's rows win.
+    let c = |(x, w, y): (Tensor, Tensor, Tensor)| x.matmul(&w) + &y;
+    let square = Tensor::from_vec((0..64).map(|i| (i % 9) as f32 - 4.0).collect(), [8, 8]);
+    let placed = |mesh: &Mesh| {
+        (
+            device_put(square.clone(), NamedSharding::new(mesh, P!["dp"])),
+            device_put(square.clone(), NamedSharding::new(mesh, P![])),
+            device_put(square.clone(), NamedSharding::new(mesh, P![None, "dp"])),
+        )
+    };
+    let settled = jit(c).call(placed(&mesh)).unwrap();
+    assert_eq!(spec(&settled), P!["dp"]);
     // Two devices, when there are: the same shardings, through the three passes.
     if device_count() >= 2 {
-        let mesh = Mesh::new([2], ["dp"]);
+        let two = Mesh::new([2], ["dp"]);
         let (h2, s2) = jit(f)
             .call((
-                device_put(w, NamedSharding::new(&mesh, P![])),
-                device_put(x, NamedSharding::new(&mesh, P!["dp"])),
+                device_put(w, NamedSharding::new(&two, P![])),
+                device_put(x, NamedSharding::new(&two, P!["dp"])),
             ))
             .unwrap();
         assert_eq!((spec(&h2), spec(&s2)), (spec(&h), spec(&s)));
+        assert_eq!(spec(&jit(c).call(placed(&two)).unwrap()), spec(&settled));
     }
 }
 
