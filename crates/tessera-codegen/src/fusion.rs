@@ -310,6 +310,14 @@ pub fn fuse(g: &Graph) -> Schedule {
         }
     }
     f.sched.outputs = g.outputs().iter().map(|o| f.materialized[o]).collect();
+    // Elementwise kernels over their result's own elements run as one loop over them.
+    for step in &mut f.sched.steps {
+        if let StepKind::Kernel(k) = &mut step.kind
+            && let Some(flat) = k.flattened()
+        {
+            *k = flat;
+        }
+    }
     f.sched
 }
 

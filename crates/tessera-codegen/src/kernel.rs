@@ -13,7 +13,7 @@ use std::fmt::Write;
 use tessera_ir::{BinaryOp, CompareOp, DType, Op, ScatterKind, UnaryOp};
 
 /// `sum_j coef[j] * var[j] + c` over the kernel's loop variables.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct Lin {
     pub coef: Vec<i64>,
     pub c: i64,
@@ -61,7 +61,7 @@ impl Lin {
 
 /// One coordinate of a load: `lin / div`. With `extent`, the load is guarded: the coordinate is
 /// clamped into `0..extent` so the access stays inside the buffer whatever the guard decides.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct Coord {
     pub lin: Lin,
     pub div: i64,
@@ -70,7 +70,7 @@ pub struct Coord {
 
 /// A data-dependent coordinate of a `Gather` expression: `index` (an integer expression, i32,
 /// u32 or i64) is a start position along operand dim `dim`, valid in `0..=hi`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct Start {
     pub dim: usize,
     pub index: Box<Expr>,
@@ -78,7 +78,7 @@ pub struct Start {
 }
 
 /// A condition on the loop variables: `lin >= 0 && lin % div == 0 && lin / div < extent`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct Cond {
     pub lin: Lin,
     pub div: i64,
@@ -106,8 +106,19 @@ impl PartialEq for Scalar {
     }
 }
 
+/// Hashed as compared: floats by their bits.
+impl std::hash::Hash for Scalar {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        match self {
+            Scalar::F(x) => (0u8, x.to_bits()).hash(h),
+            Scalar::I(x) => (1u8, x).hash(h),
+            Scalar::B(x) => (2u8, x).hash(h),
+        }
+    }
+}
+
 /// A scalar expression of the loop variables.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub enum Expr {
     /// Element `sum_d strides[d] * coord_d` of buffer `buf`.
     Load {
@@ -253,7 +264,7 @@ impl Expr {
 }
 
 /// How a kernel combines the values of its reduced loop variables.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Hash)]
 pub enum Combine {
     Sum,
     Max,
@@ -268,7 +279,7 @@ pub enum Combine {
 /// (the body) into the output element at `coords + starts`, the gather map of the updates
 /// (`ScatterDims::target`). Each start is clamped into `0..=hi`, so every write is inside the
 /// output; with `drop`, an update whose start is out of range is skipped instead of clamped.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct ScatterPhase {
     pub kind: ScatterKind,
     pub dims: Vec<usize>,
@@ -281,7 +292,7 @@ pub struct ScatterPhase {
 /// What makes a kernel a cumulative op's (`Kernel::scan`): the loop over result dim `axis`
 /// runs in order (from the end with `reverse`), and each element is the running `op` of the
 /// body's values along it, combined one after another as the interpreter does.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Hash)]
 pub struct Scan {
     pub op: BinaryOp,
     pub axis: usize,
@@ -323,7 +334,12 @@ impl Kernel {
             scan,
         } = self;
         *out_dtype == other.out_dtype
-            && *out_dims == other.out_dims
+            // A flat kernel's length is the range it is called with, not part of its code.
+            && (if self.is_flat() {
+                other.is_flat()
+            } else {
+                *out_dims == other.out_dims
+            })
             && *reduce == other.reduce
             && *n_inputs == other.n_inputs
             && *body == other.body
@@ -331,32 +347,73 @@ impl Kernel {
             && *scan == other.scan
     }
 
-    /// A hash of what `same_code` compares (kernels that are the same code hash the same).
-    pub fn code_hash(&self) -> u64 {
-        use std::hash::Hasher;
-        struct Sink(std::collections::hash_map::DefaultHasher);
-        impl std::fmt::Write for Sink {
-            fn write_str(&mut self, s: &str) -> std::fmt::Result {
-                self.0.write(s.as_bytes());
-                Ok(())
-            }
+    /// Whether `self` is one elementwise loop (a result of rank 1, no reduction, scatter or
+    /// scan): its only loop runs over the range the call passes (`lower.rs`), so its code does
+    /// not depend on the result's length, and `same_code` leaves the length out.
+    pub fn is_flat(&self) -> bool {
+        self.out_dims.len() == 1
+            && self.reduce.is_none()
+            && self.scatter.is_none()
+            && self.scan.is_none()
+    }
+
+    /// `self` as one loop over its result's elements (`is_flat`), when it is elementwise and
+    /// reads each buffer at the result's own row-major element (plus a constant) or at one
+    /// constant element: the nest over `out_dims` then visits the same elements and addresses,
+    /// in the same order, as one loop over their count. Lowered, that loop runs eight elements
+    /// a step where the nest ran each row apart (a `[256, 1]` result was 256 scalar
+    /// iterations), and its code serves every length: the seed step's four parameter updates,
+    /// of four shapes, are one function. A body heavier than an inline function
+    /// (`INLINE_FUNCTION_WEIGHT`) over rows of 8 or more keeps its nest, whose inner loop of
+    /// known length emits only the steps that run (`Lower::vector_loop_of`: the one loop emits
+    /// all three, twice the code for rows of 32). `None` for anything else (a broadcast along
+    /// some dims, a transpose, a guard, a gather).
+    pub fn flattened(&self) -> Option<Kernel> {
+        if self.out_dims.len() < 2
+            || (self.out_dims.last().is_some_and(|&w| w >= 8)
+                && self.code_weight() > INLINE_FUNCTION_WEIGHT)
+            || self.reduce.is_some()
+            || self.scatter.is_some()
+            || self.scan.is_some()
+        {
+            return None;
         }
-        let mut sink = Sink(std::collections::hash_map::DefaultHasher::new());
-        // Debug prints every field `same_code` compares (floats as `-0.0`, `NaN`: equal
-        // constants print the same).
-        write!(
-            sink,
-            "{:?}{:?}{:?}{}{:?}{:?}{:?}",
+        let mut row_major = vec![1i64; self.out_dims.len()];
+        for i in (0..self.out_dims.len().saturating_sub(1)).rev() {
+            row_major[i] =
+                row_major[i + 1].checked_mul(i64::try_from(self.out_dims[i + 1]).ok()?)?;
+        }
+        let numel = self
+            .out_dims
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))?;
+        Some(Kernel {
+            out_dims: vec![numel],
+            body: flat_expr(&self.body, &row_major)?,
+            ..self.clone()
+        })
+    }
+
+    /// A hash of what `same_code` compares (kernels that are the same code hash the same;
+    /// a flat kernel's length left out). Every field's `Hash` agrees with its `PartialEq`
+    /// (constants by their bits). It was the fields' `Debug` text, 3% of the seed step's
+    /// compile.
+    pub fn code_hash(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let dims: &[usize] = if self.is_flat() { &[] } else { &self.out_dims };
+        (
             self.out_dtype,
-            self.out_dims,
-            self.reduce,
+            self.is_flat(),
+            dims,
+            &self.reduce,
             self.n_inputs,
-            self.body,
-            self.scatter,
-            self.scan
+            &self.body,
+            &self.scatter,
+            &self.scan,
         )
-        .expect("writing to a hasher cannot fail");
-        sink.0.finish()
+            .hash(&mut h);
+        h.finish()
     }
 
     /// The loop variables: the result's (a scatter's: the updates'), the reduced ones, and a
@@ -418,4 +475,89 @@ impl Kernel {
         });
         w
     }
+}
+
+/// The index `lin` of a result nest with row-major strides `row_major` as an index of one
+/// loop over the result's elements: the row-major element plus a constant, or a constant.
+fn flat_lin(lin: &Lin, row_major: &[i64]) -> Option<Lin> {
+    if lin.is_const() {
+        Some(Lin {
+            coef: vec![0],
+            c: lin.c,
+        })
+    } else if lin.coef == row_major {
+        Some(Lin {
+            coef: vec![1],
+            c: lin.c,
+        })
+    } else {
+        None
+    }
+}
+
+/// `e` over one loop variable (`Kernel::flattened`), or `None` where an index is not the
+/// result's row-major element or a constant, or the expression is a guard or a gather.
+fn flat_expr(e: &Expr, row_major: &[i64]) -> Option<Expr> {
+    let flat = |x: &Expr| flat_expr(x, row_major).map(Box::new);
+    Some(match e {
+        Expr::Load {
+            buf,
+            dtype,
+            strides,
+            coords,
+        } => {
+            // The element read: sum_d strides[d] * coords[d], each coordinate unguarded.
+            let mut at = Lin::zero(row_major.len());
+            for (&stride, c) in strides.iter().zip(coords) {
+                if c.div != 1 || c.clamp.is_some() {
+                    return None;
+                }
+                let term = Lin {
+                    coef: c
+                        .lin
+                        .coef
+                        .iter()
+                        .map(|&k| k.checked_mul(stride))
+                        .collect::<Option<_>>()?,
+                    c: c.lin.c.checked_mul(stride)?,
+                };
+                at = Lin {
+                    coef: at
+                        .coef
+                        .iter()
+                        .zip(&term.coef)
+                        .map(|(a, b)| a.checked_add(*b))
+                        .collect::<Option<_>>()?,
+                    c: at.c.checked_add(term.c)?,
+                };
+            }
+            Expr::Load {
+                buf: *buf,
+                dtype: *dtype,
+                strides: vec![1],
+                coords: vec![Coord {
+                    lin: flat_lin(&at, row_major)?,
+                    div: 1,
+                    clamp: None,
+                }],
+            }
+        }
+        Expr::Const(d, v) => Expr::Const(*d, *v),
+        Expr::Index(d, lin) => Expr::Index(*d, flat_lin(lin, row_major)?),
+        Expr::Unary(u, d, x) => Expr::Unary(*u, *d, flat(x)?),
+        Expr::Binary(b, d, x, y) => Expr::Binary(*b, *d, flat(x)?, flat(y)?),
+        Expr::Compare(c, d, x, y) => Expr::Compare(*c, *d, flat(x)?, flat(y)?),
+        Expr::Select(d, p, x, y) => Expr::Select(*d, flat(p)?, flat(x)?, flat(y)?),
+        Expr::Convert { from, to, x } => Expr::Convert {
+            from: *from,
+            to: *to,
+            x: flat(x)?,
+        },
+        Expr::Bitcast { from, to, x } => Expr::Bitcast {
+            from: *from,
+            to: *to,
+            x: flat(x)?,
+        },
+        Expr::Gather { .. } | Expr::Guard { .. } => return None,
+    })
 }

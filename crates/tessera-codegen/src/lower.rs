@@ -908,11 +908,16 @@ impl Lower<'_, '_> {
             }
             s
         };
-        if k.out_dims.contains(&0) {
+        // (A flat kernel runs over the range it is called with, empty for no elements: the
+        // function may serve a longer kernel of the same code.)
+        if k.out_dims.contains(&0) && !k.is_flat() {
             return;
         }
+        // A flat kernel's loop is vectorized whatever its length (a vector loop over a range
+        // of under four runs its scalar loop alone), so its code serves every length
+        // (`Kernel::same_code`).
         let vector = nout > 0
-            && k.out_dims[nout - 1] >= 4
+            && (k.out_dims[nout - 1] >= 4 || k.is_flat())
             && k.out_dtype == DType::F32
             && vectorizable(&k.body, nout - 1);
         match &k.reduce {
@@ -2282,7 +2287,8 @@ mod tests {
     /// A loop over an inner dimension (bounds known when the kernel is built) emits only the
     /// copies of its body that run: tanh's one division per copy counts them. A row of 32 is
     /// four unrolled iterations (2 copies); 36 adds one f32x4 step (3); 30 also a scalar
-    /// remainder (4); the outer range of a rank-1 kernel is the caller's (all 4).
+    /// remainder (4); the outer range of a rank-1 kernel is the caller's (all 4), as is that of
+    /// rows shorter than 8, one loop over their elements (`Kernel::flattened`).
     #[test]
     fn inner_loops_emit_only_the_copies_that_run() {
         let tanh_of = |dims: Vec<usize>| {
@@ -2299,8 +2305,8 @@ mod tests {
         assert_eq!(tanh_of(vec![8192]), 4);
         assert_eq!(
             tanh_of(vec![256, 3]),
-            1,
-            "a row of 3: the scalar loop alone"
+            4,
+            "rows of 3: one loop over the 768 elements"
         );
     }
 
@@ -2593,6 +2599,77 @@ mod tests {
         // Removed: only exp's entry is left, until tanh is compiled again.
         assert_eq!(crate::cache::entries(&dir).len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Elementwise kernels run as one loop over their elements (`Kernel::flattened`), and flat
+    /// kernels of one body share a function whatever their length: the SGD update
+    /// `p - g * 0.01` of parameters [32], [32, 1], [1], [10, 32] and [8, 3] is one function;
+    /// [0, 2] is flat too; a tanh over rows of 32 keeps its nest, a row broadcast is not
+    /// flattened. Every result has the interpreter's bits.
+    #[test]
+    fn flat_kernels_share_one_function_whatever_their_length() {
+        let shapes: [&[usize]; 6] = [&[32], &[32, 1], &[1], &[10, 32], &[8, 3], &[0, 2]];
+        let mut g = Graph::new("sgd");
+        let mut outs = Vec::new();
+        for dims in shapes {
+            let ty = TensorType::new(DType::F32, dims.to_vec());
+            let (p, d) = (g.add_param(ty.clone()), g.add_param(ty));
+            let n = dims.iter().product();
+            let lr = tessera_ir::Literal::new(
+                dims.to_vec(),
+                tessera_ir::Data::splat(DType::F32, 0.01, n),
+            );
+            let lr = g.add(Op::Constant(lr.unwrap()), &[]).unwrap();
+            let step = g.add(Op::Binary(BinaryOp::Mul), &[d, lr]).unwrap();
+            outs.push(g.add(Op::Binary(BinaryOp::Sub), &[p, step]).unwrap());
+        }
+        // A bias row added to each row of [6, 3]: its load is not the result's element.
+        let x = g.add_param(TensorType::new(DType::F32, vec![6, 3]));
+        let b = g.add_param(TensorType::new(DType::F32, vec![3]));
+        let rows = g
+            .add(
+                Op::BroadcastInDim {
+                    shape: vec![6, 3].into(),
+                    dims: vec![1],
+                },
+                &[b],
+            )
+            .unwrap();
+        outs.push(g.add(Op::Binary(BinaryOp::Add), &[x, rows]).unwrap());
+        let t = g.add_param(TensorType::new(DType::F32, vec![4, 32]));
+        outs.push(g.add(Op::Unary(UnaryOp::Tanh), &[t]).unwrap());
+        g.set_outputs(outs);
+        let ks = kernels_of(&g);
+        let flat: Vec<bool> = ks.iter().map(Kernel::is_flat).collect();
+        assert_eq!(flat, [true, true, true, true, true, true, false, false]);
+        assert_eq!(ks[1].out_dims, [32], "[32, 1] as one loop");
+        let code = compile(&ks).unwrap();
+        let at = |i: usize| code.functions[i] as *const ();
+        // (The empty update's learning rate is no splat constant: another body.)
+        for i in 1..5 {
+            assert_eq!(at(i), at(0), "kernel {i} shares the [32] update's function");
+        }
+        assert_eq!(ks[7].out_dims, [4, 32], "the tanh keeps its nest");
+        let inputs: Vec<tessera_ir::Literal> = g
+            .params()
+            .iter()
+            .enumerate()
+            .map(|(k, &p)| {
+                let ty = g.ty(p);
+                let data = (0..ty.numel())
+                    .map(|i| ((i * 7 + k) % 13) as f32 - 6.5)
+                    .collect();
+                tessera_ir::Literal::new(ty.dims().to_vec(), tessera_ir::Data::F32(data)).unwrap()
+            })
+            .collect();
+        let want = tessera_interp::run(&g, &inputs).unwrap();
+        let exe = crate::compile(&g).unwrap();
+        let refs: Vec<&tessera_ir::Literal> = inputs.iter().collect();
+        let got = exe.run(&refs, &tessera_interp::SingleDevice).unwrap();
+        for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.ty, b.ty, "output {j}");
+            assert!(a.data.bits_eq(&b.data), "output {j}");
+        }
     }
 
     /// Kernels that are the same code share a function; a constant of other bits (`-0.0` for
