@@ -1752,9 +1752,12 @@ impl Executable {
                 },
             );
         } else {
-            // SAFETY: the kernel was compiled for exactly these buffers: inputs in this order,
-            // then the output, each sized by its type, and it accesses nothing outside them
-            // (see lower.rs); the tail is applied to the rows it wrote.
+            // SAFETY: the function was compiled for a kernel of `k`'s code (`same_code`: its
+            // body, inputs and dtypes; a flat kernel's length aside), which addresses its
+            // buffers, inputs in this order then the output, each sized by its type, only as
+            // `k`'s nest does over the range passed: `0..outer` is `k`'s own (its length for a
+            // flat kernel), so it accesses nothing outside them (see lower.rs); the tail is
+            // applied to the rows it wrote.
             unsafe {
                 f(args.as_ptr(), 0, outer);
                 apply_tail(tail, k, args.as_ptr().add(out_at), 0..outer);

@@ -320,8 +320,9 @@ pub struct Kernel {
 pub const INLINE_FUNCTION_WEIGHT: usize = 16;
 
 impl Kernel {
-    /// Whether `self` and `other` are the same loop nest over their buffers (the names aside):
-    /// one compiled function serves both.
+    /// Whether `self` and `other` are the same loop nest over their buffers (the names aside,
+    /// and a flat kernel's length, the range it is called with): one compiled function serves
+    /// both.
     pub fn same_code(&self, other: &Kernel) -> bool {
         let Kernel {
             name: _,
@@ -360,14 +361,16 @@ impl Kernel {
     /// `self` as one loop over its result's elements (`is_flat`), when it is elementwise and
     /// reads each buffer at the result's own row-major element (plus a constant) or at one
     /// constant element: the nest over `out_dims` then visits the same elements and addresses,
-    /// in the same order, as one loop over their count. Lowered, that loop runs eight elements
-    /// a step where the nest ran each row apart (a `[256, 1]` result was 256 scalar
-    /// iterations), and its code serves every length: the seed step's four parameter updates,
-    /// of four shapes, are one function. A body heavier than an inline function
-    /// (`INLINE_FUNCTION_WEIGHT`) over rows of 8 or more keeps its nest, whose inner loop of
-    /// known length emits only the steps that run (`Lower::vector_loop_of`: the one loop emits
-    /// all three, twice the code for rows of 32). `None` for anything else (a broadcast along
-    /// some dims, a transpose, a guard, a gather).
+    /// in the same order, as one loop over their count. Lowered, that loop runs on f32x4 over
+    /// the whole range where the body vectorizes (`lower::vectorizable`), where the nest ran
+    /// each row apart (a `[256, 1]` result was 256 scalar iterations), and its code serves
+    /// every length: the seed step's four parameter updates, of four shapes, are one
+    /// function. A body heavier than an inline function (`INLINE_FUNCTION_WEIGHT`) over rows
+    /// of 8 or more keeps its nest, whose inner loop of known length emits only the steps
+    /// that run (`Lower::vector_loop_of`: the one loop emits all three, twice the code for
+    /// rows of 32). `None` otherwise: a rank below 2, a reduction, scatter or scan, a load
+    /// along some dims only (a broadcast, a transpose), a coordinate divided or clamped, a
+    /// guard, a gather, an index that overflows i64.
     pub fn flattened(&self) -> Option<Kernel> {
         if self.out_dims.len() < 2
             || (self.out_dims.last().is_some_and(|&w| w >= 8)

@@ -2303,6 +2303,10 @@ mod tests {
         assert_eq!(tanh_of(vec![256, 36]), 3);
         assert_eq!(tanh_of(vec![256, 30]), 4);
         assert_eq!(tanh_of(vec![8192]), 4);
+        // Flat kernels emit their loops whatever their length (their function may serve a
+        // longer kernel): none of length 0, one scalar loop of length 2, before.
+        assert_eq!(tanh_of(vec![0]), 4);
+        assert_eq!(tanh_of(vec![2]), 4);
         assert_eq!(
             tanh_of(vec![256, 3]),
             4,
@@ -2603,23 +2607,29 @@ mod tests {
 
     /// Elementwise kernels run as one loop over their elements (`Kernel::flattened`), and flat
     /// kernels of one body share a function whatever their length: the SGD update
-    /// `p - g * 0.01` of parameters [32], [32, 1], [1], [10, 32] and [8, 3] is one function;
-    /// [0, 2] is flat too; a tanh over rows of 32 keeps its nest, a row broadcast is not
-    /// flattened. Every result has the interpreter's bits.
+    /// `p - g * 0.01` of parameters [0, 2] (first: its function, compiled for no elements,
+    /// serves the others), [32], [32, 1], [1], [10, 32], [8, 3] and [3, 5] (8 + 4 + 3: every
+    /// loop runs) is one function; a tanh over rows of 32 keeps its nest, a row broadcast is
+    /// not flattened. Every result has the interpreter's bits.
     #[test]
     fn flat_kernels_share_one_function_whatever_their_length() {
-        let shapes: [&[usize]; 6] = [&[32], &[32, 1], &[1], &[10, 32], &[8, 3], &[0, 2]];
+        let shapes: [&[usize]; 7] = [&[0, 2], &[32], &[32, 1], &[1], &[10, 32], &[8, 3], &[3, 5]];
         let mut g = Graph::new("sgd");
+        let lit = tessera_ir::Literal::new(vec![], tessera_ir::Data::splat(DType::F32, 0.01, 1));
+        let lr = g.add(Op::Constant(lit.unwrap()), &[]).unwrap();
         let mut outs = Vec::new();
         for dims in shapes {
             let ty = TensorType::new(DType::F32, dims.to_vec());
             let (p, d) = (g.add_param(ty.clone()), g.add_param(ty));
-            let n = dims.iter().product();
-            let lr = tessera_ir::Literal::new(
-                dims.to_vec(),
-                tessera_ir::Data::splat(DType::F32, 0.01, n),
-            );
-            let lr = g.add(Op::Constant(lr.unwrap()), &[]).unwrap();
+            let lr = g
+                .add(
+                    Op::BroadcastInDim {
+                        shape: dims.to_vec().into(),
+                        dims: vec![],
+                    },
+                    &[lr],
+                )
+                .unwrap();
             let step = g.add(Op::Binary(BinaryOp::Mul), &[d, lr]).unwrap();
             outs.push(g.add(Op::Binary(BinaryOp::Sub), &[p, step]).unwrap());
         }
@@ -2641,15 +2651,21 @@ mod tests {
         g.set_outputs(outs);
         let ks = kernels_of(&g);
         let flat: Vec<bool> = ks.iter().map(Kernel::is_flat).collect();
-        assert_eq!(flat, [true, true, true, true, true, true, false, false]);
-        assert_eq!(ks[1].out_dims, [32], "[32, 1] as one loop");
+        assert_eq!(
+            flat,
+            [true, true, true, true, true, true, true, false, false]
+        );
+        assert_eq!(ks[2].out_dims, [32], "[32, 1] as one loop");
         let code = compile(&ks).unwrap();
         let at = |i: usize| code.functions[i] as *const ();
-        // (The empty update's learning rate is no splat constant: another body.)
-        for i in 1..5 {
-            assert_eq!(at(i), at(0), "kernel {i} shares the [32] update's function");
+        for i in 1..7 {
+            assert_eq!(
+                at(i),
+                at(0),
+                "kernel {i} shares the [0, 2] update's function"
+            );
         }
-        assert_eq!(ks[7].out_dims, [4, 32], "the tanh keeps its nest");
+        assert_eq!(ks[8].out_dims, [4, 32], "the tanh keeps its nest");
         let inputs: Vec<tessera_ir::Literal> = g
             .params()
             .iter()
