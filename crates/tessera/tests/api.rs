@@ -338,7 +338,7 @@ fn lower_returns_every_stage_and_the_last_is_the_program() {
 /// conflict where it is settled: a product of the batch added to a value split by columns is
 /// split by rows, as JAX's is).
 #[test]
-fn a_one_device_mesh_runs_the_annotated_program() {
+fn a_one_device_mesh_runs_the_explicit_program() {
     let f = |(w, x): (Tensor, Tensor)| {
         let h = (x.matmul(&w) * 2.0).tanh();
         let s = h.sum();
