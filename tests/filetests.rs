@@ -101,7 +101,7 @@ fn run_pass(pass: &str, input: &str) -> Result<String, String> {
         // The program a mesh of one device runs, from the annotated global program
         // (propagate's output): the per-device program, then each output's sharding.
         "one_device" => Ok(match parse(input) {
-            Ok(g) => match tessera_shard::on_one_device(&g) {
+            Ok(g) => match tessera_shard::on_one_device(g) {
                 Ok((local, specs)) => {
                     let specs: Vec<String> = specs.iter().map(|s| format!("{s:?}")).collect();
                     format!(

@@ -191,10 +191,11 @@ fn per_device_graph(g: &Graph, mesh: &Mesh, name: String) -> Result<Graph, Shard
 /// (`combine::drop_single_device_collectives`), in every region body too. Returns that program
 /// and each output's sharding, its annotation (where insert_collectives settled it, as on a
 /// larger mesh). `per_device` and `combine` reach the same program: local shapes are global
-/// on one device, and `combine` drops the same collectives.
-pub fn on_one_device(g: &Graph) -> Result<(Graph, Vec<Spec>), ShardError> {
+/// on one device, and `combine` drops the same collectives. Takes `g` by value: the program
+/// is `g` itself, changed in place.
+pub fn on_one_device(mut g: Graph) -> Result<(Graph, Vec<Spec>), ShardError> {
     const PASS: &str = "one_device";
-    let mesh = mesh_of(g, PASS)?;
+    let mesh = mesh_of(&g, PASS)?.clone();
     if mesh.device_count() != 1 {
         return Err(ShardError::Invalid(format!(
             "{PASS}: the mesh has {} devices; the pass is for a mesh of one",
@@ -204,13 +205,12 @@ pub fn on_one_device(g: &Graph) -> Result<(Graph, Vec<Spec>), ShardError> {
     let out_specs = g
         .outputs()
         .iter()
-        .map(|&o| annotation(g, o, PASS, "insert_collectives"))
+        .map(|&o| annotation(&g, o, PASS, "insert_collectives"))
         .collect::<Result<Vec<Spec>, ShardError>>()?;
-    let mut local = g.clone();
-    local.name = format!("{}_per_device", g.name);
-    unannotate(&mut local, mesh)?;
-    crate::combine::drop_single_device_collectives(&mut local)?;
-    Ok((local, out_specs))
+    g.name = format!("{}_per_device", g.name);
+    unannotate(&mut g, &mesh)?;
+    crate::combine::drop_single_device_collectives(&mut g)?;
+    Ok((g, out_specs))
 }
 
 /// `on_one_device` on `g` and its region bodies: every annotation checked against `mesh` and

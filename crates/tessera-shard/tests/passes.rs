@@ -193,7 +193,7 @@ func @f(%0: f32[8,8] <@m, [{\"dp\"}, {}]>, %1: f32[8,8], %2: f32[8,8] <@m, [{}, 
         tessera_shard::combine_all_reduces(&mut full.local).unwrap();
         let explicit = insert_collectives(&reparse(&propagated))
             .unwrap_or_else(|e| panic!("{name}: insert_collectives: {e}"));
-        let (lean, out_specs) = tessera_shard::on_one_device(&reparse(&explicit))
+        let (lean, out_specs) = tessera_shard::on_one_device(reparse(&explicit))
             .unwrap_or_else(|e| panic!("{name}: on_one_device: {e}"));
         tessera_ir::verify(&lean).unwrap_or_else(|e| panic!("{name}: {e}\n{}", print(&lean)));
         assert!(
@@ -229,7 +229,7 @@ func @f(%0: f32[8,8] <@m, [{\"dp\"}, {}]>, %1: f32[8,8], %2: f32[8,8] <@m, [{}, 
         .unwrap()
         .spec();
     let explicit = insert_collectives(&propagated).unwrap();
-    let (_, settled) = tessera_shard::on_one_device(&explicit).unwrap();
+    let (_, settled) = tessera_shard::on_one_device(explicit).unwrap();
     assert_ne!(wanted, settled[1]);
     assert_eq!(settled[1], vec![vec!["dp".to_string()], vec![]]);
 }

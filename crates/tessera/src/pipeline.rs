@@ -221,7 +221,7 @@ fn one_device(target: &Target) -> bool {
 /// collectives (`tessera_shard::on_one_device`), leaving each output's sharding.
 fn on_one_device(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
     let (local, out_specs) =
-        tessera_shard::on_one_device(&graph).map_err(|e| shard_error(ctx, e))?;
+        tessera_shard::on_one_device(graph).map_err(|e| shard_error(ctx, e))?;
     ctx.out_specs = Some(out_specs);
     Ok(local)
 }
