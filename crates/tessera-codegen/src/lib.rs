@@ -5,8 +5,9 @@
 //! 0. `narrow`: f16 and bf16 arithmetic rewritten to f32 between converts;
 //! 1. `fusion`: group nodes into loop-nest kernels, GEMM calls and collective calls;
 //! 2. `pairs`: independent large products moved side by side, to run at once;
-//! 3. `plan`: liveness and arena offsets for the temporaries;
-//! 4. `lower`: each kernel to a Cranelift function (f32x4 where it pays, inline approximations
+//! 3. `hoist`: steps with small or output-only results moved up next to their operands;
+//! 4. `plan`: liveness and arena offsets for the temporaries;
+//! 5. `lower`: each kernel to a Cranelift function (f32x4 where it pays, inline approximations
 //!    of the transcendental functions from `approx`).
 //!
 //! Architecture invariant: the executable sees buffers and steps, never the graph; it computes
@@ -17,6 +18,7 @@ pub mod cache;
 pub mod elem;
 pub mod exec;
 pub mod fusion;
+pub mod hoist;
 pub mod kernel;
 pub mod legalize;
 pub mod lower;
@@ -72,6 +74,7 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
     let g = split.as_ref().unwrap_or(g);
     let mut schedule = fusion::fuse(g);
     pairs::pair_products(&mut schedule);
+    hoist::hoist_small_results(&mut schedule);
     let mut kernels = Vec::new();
     let mut kernel_steps = Vec::new();
     let mut tails = Vec::new();

@@ -47,6 +47,12 @@ fn large(step: &Step) -> Option<usize> {
     (size >= PAIR_FROM).then_some(size)
 }
 
+/// Whether `step` is a product large enough to pair (`hoist.rs` leaves such products where
+/// they are).
+pub(crate) fn is_large(step: &Step) -> bool {
+    large(step).is_some()
+}
+
 /// Whether two products are close enough in size that neither core waits long for the other
 /// (the smaller at least three quarters of the larger).
 fn balanced(a: usize, b: usize) -> bool {
