@@ -1,9 +1,10 @@
 //! Buffer planning: liveness over the schedule, temporaries packed into one arena.
 //!
 //! Consumes a `Schedule`; produces each temporary buffer's byte offset in the arena and the
-//! arena's size. A temporary lives from the step that writes it (a region step writes several) to its last reader (outputs to
-//! the end); a freed range is reused first-fit. A step's output never shares memory with that
-//! step's inputs, since it is placed before they are freed; a pair of steps that run together
+//! arena's size. A temporary lives from the step that writes it (a region step writes several)
+//! to its last reader (outputs to the end); a freed range is reused first-fit, a step's (or a
+//! pair's) temporaries the largest first. A step's output never shares memory with that step's
+//! inputs, since it is placed before they are freed; a pair of steps that run together
 //! (`pairs.rs`) is placed as one step. The program's outputs are not in
 //! the arena: each run writes them into fresh vectors that become the result literals, so no
 //! output is copied.
@@ -13,7 +14,7 @@
 //! an arena too large for the address space can never be planned as a small one (allocating
 //! it then fails instead of kernels writing past it).
 
-use crate::fusion::{BufKind, Schedule};
+use crate::fusion::{BufKind, Schedule, Step};
 
 /// Every offset is a multiple of this, so vector accesses stay within cache lines.
 const ALIGN: usize = 64;
@@ -55,26 +56,30 @@ impl Plan {
         let mut i = 0;
         while i < s.steps.len() {
             let group = i..if pairs[i] { i + 2 } else { i + 1 };
-            for step in &s.steps[group.clone()] {
-                for b in step.writes() {
-                    if !matches!(s.bufs[b].kind, BufKind::Temp) || s.outputs.contains(&b) {
-                        continue;
+            // The group's temporaries, the largest first: a large one takes the first hole it
+            // fits before a smaller one splits that hole (the big MLP's pair of backward
+            // products: 12 MiB of arena placed in step order, 10 MiB largest first).
+            let mut placing: Vec<(usize, usize)> = s.steps[group.clone()]
+                .iter()
+                .flat_map(Step::writes)
+                .filter(|&b| matches!(s.bufs[b].kind, BufKind::Temp) && !s.outputs.contains(&b))
+                .map(|b| (b, s.bufs[b].ty.byte_size().max(1).next_multiple_of(ALIGN)))
+                .collect();
+            placing.sort_by_key(|&(b, size)| (std::cmp::Reverse(size), b));
+            for (b, size) in placing {
+                match free.iter().position(|&(_, sz)| sz >= size) {
+                    Some(k) => {
+                        let (off, sz) = free[k];
+                        offsets[b] = off;
+                        if sz == size {
+                            free.remove(k);
+                        } else {
+                            free[k] = (off + size, sz - size);
+                        }
                     }
-                    let size = s.bufs[b].ty.byte_size().max(1).next_multiple_of(ALIGN);
-                    match free.iter().position(|&(_, sz)| sz >= size) {
-                        Some(k) => {
-                            let (off, sz) = free[k];
-                            offsets[b] = off;
-                            if sz == size {
-                                free.remove(k);
-                            } else {
-                                free[k] = (off + size, sz - size);
-                            }
-                        }
-                        None => {
-                            offsets[b] = end;
-                            end = end.saturating_add(size);
-                        }
+                    None => {
+                        offsets[b] = end;
+                        end = end.saturating_add(size);
                     }
                 }
             }
@@ -167,6 +172,54 @@ mod tests {
         assert_eq!(plan.pairs, [false, true, false, false]);
         let o = &plan.offsets;
         assert!(o[2] != o[3] && o[2] != o[4] && o[3] != o[4], "{o:?}");
+    }
+
+    /// A group's temporaries are placed the largest first: the pair's larger output takes the
+    /// hole its operands' producer left, where in step order the smaller one would split it
+    /// and the larger go to the arena's end.
+    #[test]
+    fn a_groups_largest_temporary_is_placed_first() {
+        let ty = |n: usize| TensorType::new(DType::F32, vec![n]);
+        let gemm = |inputs: Vec<usize>, output| Step {
+            kind: StepKind::Gemm(crate::fusion::GemmSpec {
+                dtype: DType::F32,
+                batch: Vec::new(),
+                m: 512,
+                n: 512,
+                k: 512,
+                lhs: [512, 1],
+                rhs: [512, 1],
+                out: [512, 1],
+            }),
+            inputs,
+            output,
+        };
+        // Units of 64 bytes: 0: a (2) <- in0 x in1; 1: b (1) <- a x in1 (last read of a: a
+        // hole of 2 at 0); 2: c (1) <- b x in1 with 3: d (2) <- in0 x in1; 4: out <- c x d.
+        let buf = |n, kind| Buf { ty: ty(n), kind };
+        let s = Schedule {
+            bufs: vec![
+                buf(16, BufKind::Input(0)),
+                buf(16, BufKind::Input(1)),
+                buf(32, BufKind::Temp),
+                buf(16, BufKind::Temp),
+                buf(16, BufKind::Temp),
+                buf(32, BufKind::Temp),
+                buf(16, BufKind::Temp),
+            ],
+            steps: vec![
+                gemm(vec![0, 1], 2),
+                gemm(vec![2, 1], 3),
+                gemm(vec![3, 1], 4),
+                gemm(vec![0, 1], 5),
+                gemm(vec![4, 5], 6),
+            ],
+            outputs: vec![6],
+        };
+        let plan = Plan::new(&s);
+        assert_eq!(plan.pairs, [false, false, true, false, false]);
+        assert_eq!((plan.offsets[5], plan.offsets[4]), (0, 3 * 64));
+        assert_eq!(plan.arena_bytes, 4 * 64);
     }
 
     /// Two live temporaries of almost `isize::MAX` bytes each: their sum overflows `usize`.
