@@ -125,17 +125,9 @@ mod tests {
     use crate::fusion::{Buf, Step, StepKind};
     use tessera_ir::{CollectiveOp, DType, Op, ReduceKind, TensorType};
 
-    /// A pair of products that run together (`pairs.rs`) is placed as one step: the second's
-    /// output does not take the space of the first's operand, freed by the pair, which the
-    /// first still reads while the second writes.
-    #[test]
-    fn a_pairs_outputs_do_not_reuse_its_operands() {
-        let small = TensorType::new(DType::F32, vec![16]);
-        let buf = |kind| Buf {
-            ty: small.clone(),
-            kind,
-        };
-        let gemm = |inputs: Vec<usize>, output| Step {
+    /// A 512 x 512 x 512 product of `inputs` into `output`: large enough to pair (`pairs.rs`).
+    fn gemm(inputs: Vec<usize>, output: usize) -> Step {
+        Step {
             kind: StepKind::Gemm(crate::fusion::GemmSpec {
                 dtype: DType::F32,
                 batch: Vec::new(),
@@ -148,6 +140,18 @@ mod tests {
             }),
             inputs,
             output,
+        }
+    }
+
+    /// A pair of products that run together (`pairs.rs`) is placed as one step: the second's
+    /// output does not take the space of the first's operand, freed by the pair, which the
+    /// first still reads while the second writes.
+    #[test]
+    fn a_pairs_outputs_do_not_reuse_its_operands() {
+        let small = TensorType::new(DType::F32, vec![16]);
+        let buf = |kind| Buf {
+            ty: small.clone(),
+            kind,
         };
         // 0: t2 <- in0 x in1; 1: t3 <- t2 x in1 (last read of t2) with 2: t4 <- in0 x in1;
         // 3: t5 <- t3 x t4.
@@ -180,20 +184,6 @@ mod tests {
     #[test]
     fn a_groups_largest_temporary_is_placed_first() {
         let ty = |n: usize| TensorType::new(DType::F32, vec![n]);
-        let gemm = |inputs: Vec<usize>, output| Step {
-            kind: StepKind::Gemm(crate::fusion::GemmSpec {
-                dtype: DType::F32,
-                batch: Vec::new(),
-                m: 512,
-                n: 512,
-                k: 512,
-                lhs: [512, 1],
-                rhs: [512, 1],
-                out: [512, 1],
-            }),
-            inputs,
-            output,
-        };
         // Units of 64 bytes: 0: a (2) <- in0 x in1; 1: b (1) <- a x in1 (last read of a: a
         // hole of 2 at 0); 2: c (1) <- b x in1 with 3: d (2) <- in0 x in1; 4: out <- c x d.
         let buf = |n, kind| Buf { ty: ty(n), kind };
