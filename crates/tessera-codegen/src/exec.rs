@@ -28,6 +28,11 @@ pub struct Executable {
     tails: Vec<Option<crate::vmath::Tail>>,
     /// Shared by the executables `fork` makes: one compilation serves every device.
     _code: Arc<Compiled>,
+    /// With tiered compilation, the optimized code of the kernels `_code` has at the quick
+    /// tier, once the background thread has it (`tier.rs`); shared by the forks.
+    upgrade: Option<Arc<crate::tier::Upgrade>>,
+    /// How many kernel functions `_code` has at the quick tier.
+    quick_functions: usize,
     plan: Plan,
     mesh: Option<Mesh>,
     /// The arena, kept between runs so a step allocates nothing.
@@ -186,7 +191,7 @@ impl Drop for Executable {
 const PARALLEL_GEMM_FROM: usize = 64 * 64 * 64;
 
 /// Elementwise kernels of at least this many elements are split over both cores, likewise.
-const PARALLEL_KERNEL_FROM: usize = 1 << 16;
+pub(crate) const PARALLEL_KERNEL_FROM: usize = 1 << 16;
 
 /// GEMMs of at least this many multiply-adds with a replicated right operand are done once for
 /// all devices (`Executable::single_threaded`): below it the meeting costs more than packing
@@ -658,7 +663,9 @@ impl Executable {
             schedule,
             kernels,
             tails,
+            quick_functions: code.quick,
             _code: Arc::new(code),
+            upgrade: None,
             plan,
             mesh,
             parallel_gemm_from: PARALLEL_GEMM_FROM,
@@ -680,6 +687,58 @@ impl Executable {
             unsettled: std::cell::Cell::new(false),
             alone: std::cell::Cell::new(false),
         }
+    }
+
+    /// `self` with the optimized code of its quick kernels to come: `start` is given each
+    /// step's kernel as first compiled and starts compiling (`tier::start`).
+    pub(crate) fn tiered(
+        mut self,
+        start: impl FnOnce(Vec<Option<KernelFn>>) -> Arc<crate::tier::Upgrade>,
+    ) -> Executable {
+        self.upgrade = Some(start(self.kernels.clone()));
+        self
+    }
+
+    /// Each step's kernel as called now: the optimized module's once the background compile
+    /// is done (`tier.rs`), else the first.
+    fn current_kernels(&self) -> &[Option<KernelFn>] {
+        match self.upgrade.as_deref().and_then(|u| u.get()) {
+            Some(optimized) => &optimized.kernels,
+            None => &self.kernels,
+        }
+    }
+
+    /// Each step's kernel address as called now, and as first compiled.
+    #[cfg(test)]
+    pub(crate) fn kernel_tables(&self) -> (Vec<Option<usize>>, Vec<Option<usize>>) {
+        let addresses = |t: &[Option<KernelFn>]| t.iter().map(|f| f.map(|f| f as usize)).collect();
+        (addresses(self.current_kernels()), addresses(&self.kernels))
+    }
+
+    /// How many kernel functions of this executable and its region bodies were compiled at
+    /// the quick tier (first, by `compile_tiered`; for good, by `compile_quick`); none by
+    /// `compile`.
+    pub fn quick_functions(&self) -> usize {
+        self.quick_functions
+            + self
+                .regions
+                .iter()
+                .flatten()
+                .map(Executable::quick_functions)
+                .sum::<usize>()
+    }
+
+    /// Waits at most `timeout` (and at most a day) for every quick kernel (region bodies
+    /// included) to have its optimized code; true when they have (at once when none was quick), false when the
+    /// time ran out or the optimized compile failed (the quick code stays, with the same bits).
+    pub fn wait_optimized(&self, timeout: std::time::Duration) -> bool {
+        // At most a day: a longer `Duration` (`Duration::MAX`) may not fit an `Instant`.
+        let timeout = timeout.min(std::time::Duration::from_secs(24 * 3600));
+        let deadline = std::time::Instant::now() + timeout;
+        self.upgrade.as_ref().is_none_or(|u| u.wait(deadline))
+            && self.regions.iter().flatten().all(|body| {
+                body.wait_optimized(deadline.saturating_duration_since(std::time::Instant::now()))
+            })
     }
 
     /// Times every step of every run from now on (what `TESSERA_PROFILE=1` turns on for every
@@ -719,6 +778,8 @@ impl Executable {
             kernels: self.kernels.clone(),
             tails: self.tails.clone(),
             _code: self._code.clone(),
+            upgrade: self.upgrade.clone(),
+            quick_functions: self.quick_functions,
             plan: self.plan.clone(),
             mesh: self.mesh.clone(),
             arena: RefCell::new(Vec::new()),
@@ -1718,7 +1779,7 @@ impl Executable {
         args.clear();
         args.extend(step.inputs.iter().map(|&b| ptrs[b]));
         args.push(ptrs[step.output]);
-        let f = self.kernels[i].expect("a kernel step has a compiled kernel");
+        let f = self.current_kernels()[i].expect("a kernel step has a compiled kernel");
         let (tail, out_at) = (self.tails[i], step.inputs.len());
         debug_assert_eq!(k.n_inputs, out_at, "the output follows the inputs");
         let outer = k.out_dims.first().copied().unwrap_or(1) as i64;

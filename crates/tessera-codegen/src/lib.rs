@@ -27,6 +27,7 @@ mod native;
 pub mod pairs;
 pub mod plan;
 mod thin;
+mod tier;
 pub mod together;
 mod transpose;
 mod vmath;
@@ -38,14 +39,16 @@ pub use lower::LowerError;
 use tessera_ir::Graph;
 
 use crate::fusion::StepKind;
+use crate::lower::Tier;
 
 /// Starts, once per process and in the background, one-time work the first executable would
 /// otherwise wait for: the gemm crate's query of the CPU's caches (its first product reads
 /// the cache sizes from sysfs, 1 ms on the seed step's first call, a quarter of it: perf on
-/// AMD EPYC Zen 4), Cranelift's host ISA (`lower::host_isa`) and, with the task, the rayon
-/// pool that compiles the kernels; and, as a task of its own that a worker takes first, the
-/// caller's `also` (`tessera`'s: the simplifier's rules, which the first pass after tracing
-/// needs). `tessera` calls it when a program starts lowering, so the work overlaps tracing
+/// AMD EPYC Zen 4), Cranelift's host ISAs (`lower::host_isa`, `lower::quick_isa`), the
+/// background thread that optimizes quick kernels (`tier.rs`: starting it was 30-70 us of the
+/// first compile) and, with the task, the rayon pool that compiles the kernels; and, as a task
+/// of its own that a worker takes first, the caller's `also` (`tessera`'s: the simplifier's
+/// rules, which the first pass after tracing needs). `tessera` calls it when a program starts lowering, so the work overlaps tracing
 /// and the IR passes on the calling thread; a product that comes first waits for the query
 /// (a `OnceCell`), a pass for its rules (a `OnceLock`).
 pub fn prepare(also: fn()) {
@@ -61,12 +64,50 @@ pub fn prepare(also: fn()) {
             let _ = *gemm_common::cache::CACHE_INFO;
             // An error here is the first compile's to report.
             let _ = lower::host_isa();
+            if tier::enabled() {
+                let _ = lower::quick_isa();
+                tier::start_thread();
+            }
         })
     });
 }
 
-/// Compiles a graph to native code.
+/// Compiles a graph to native code, every kernel optimized.
 pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
+    compile_graph(g, Tiers::Optimized)
+}
+
+/// `compile`, with tiered compilation (`tier.rs`): kernels with little work are compiled at
+/// Cranelift's cheap settings first, and optimized on a background thread; the executable
+/// switches to the optimized code when it is ready (`Executable::wait_optimized`). Both
+/// tiers compute the same bits. `jit` compiles this way.
+pub fn compile_tiered(g: &Graph) -> Result<Executable, LowerError> {
+    let tiers = if tier::enabled() {
+        Tiers::Tiered
+    } else {
+        Tiers::Optimized
+    };
+    compile_graph(g, tiers)
+}
+
+/// `compile` with every kernel at the quick tier and no optimized code to follow: the code a
+/// `compile_tiered` executable runs until its optimized code is ready, for the tests that
+/// compare the tiers (`tessera::check::check_program`).
+pub fn compile_quick(g: &Graph) -> Result<Executable, LowerError> {
+    compile_graph(g, Tiers::Quick)
+}
+
+/// The tiers a compile uses (`tier.rs`).
+#[derive(Clone, Copy)]
+enum Tiers {
+    Optimized,
+    /// Each kernel's `tier::first`, the quick ones optimized in the background.
+    Tiered,
+    /// Every kernel quick, for good.
+    Quick,
+}
+
+fn compile_graph(g: &Graph, tiers: Tiers) -> Result<Executable, LowerError> {
     tessera_ir::verify(g)?;
     let widened = narrow::widen(g).map_err(|e| LowerError::Narrow(e.to_string()))?;
     let g = widened.as_ref().unwrap_or(g);
@@ -101,19 +142,41 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
             StepKind::Region(r) => {
                 kernel_steps.push(None);
                 for (_, body) in r.op.regions() {
-                    bodies.push(compile(body)?);
+                    bodies.push(compile_graph(body, tiers)?);
                 }
             }
         }
         regions.push(bodies);
         tails.push(tail);
     }
-    let code = lower::compile(&kernels)?;
-    Ok(Executable::new(
+    let optimized = || vec![Tier::Optimized; kernels.len()];
+    let (tiers, upgrade) = match tiers {
+        Tiers::Optimized => (optimized(), false),
+        Tiers::Tiered => (tier::plan(&kernels).unwrap_or_else(optimized), true),
+        Tiers::Quick => (vec![Tier::Quick; kernels.len()], false),
+    };
+    let quick_first = tiers.contains(&Tier::Quick);
+    let code = if quick_first {
+        lower::compile_tiers(&kernels, &tiers, true)?
+    } else {
+        // Through the persistent cache when it is on.
+        lower::compile(&kernels)?
+    };
+    let steps = kernel_steps.clone();
+    let exe = Executable::new(
         schedule,
         code,
         (kernel_steps, tails),
         g.mesh.clone(),
         regions,
-    ))
+    );
+    if !(quick_first && upgrade) {
+        return Ok(exe);
+    }
+    let quick = kernels
+        .into_iter()
+        .enumerate()
+        .filter(|&(i, _)| tiers[i] == Tier::Quick)
+        .collect();
+    Ok(exe.tiered(|first| tier::start(quick, steps, first)))
 }

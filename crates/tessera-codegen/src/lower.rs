@@ -99,18 +99,23 @@ pub struct Compiled {
     pub functions: Vec<KernelFn>,
     /// How many outlined functions (one per function and width) the module holds.
     pub outlined: usize,
+    /// How many kernel functions were compiled at `Tier::Quick`.
+    pub quick: usize,
 }
 
 // SAFETY: after compilation nothing mutates the module until `drop` frees it, and `drop` runs
-// once, when the last executable sharing it (`Executable::fork`) is gone; the kernels are plain
-// machine code that any number of threads may call at once on their own buffers.
+// once, when the last owner is gone: an executable and its forks (`Executable::fork`) share the
+// first module, and the optimized one (`tier::Upgraded`, whose table may also point into the
+// first) is shared by the same executables, each of which holds the first too; the kernels are
+// plain machine code that any number of threads may call at once on their own buffers.
 unsafe impl Sync for Compiled {}
 
 impl Drop for Compiled {
     fn drop(&mut self) {
         if let Some(m) = self.module.take() {
-            // SAFETY: the kernels' function pointers live in `self.functions` only, which is
-            // dropped with `self`; the executable that owns this never calls them afterwards.
+            // SAFETY: every table of these function pointers (`self.functions`, an
+            // executable's `kernels`, an `Upgraded`'s) is owned by something that keeps this
+            // module alive (see `Sync` above), so none is called after this.
             unsafe { m.free_memory() };
         }
     }
@@ -129,19 +134,48 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
     compile_with(kernels, false)
 }
 
+/// How a kernel is compiled. The two tiers emit the same CLIF and compute the same values;
+/// only a NaN's sign and payload may differ, as between the interpreter and compiled code
+/// (Cranelift's optimizer rewrites `(-x) * (-y)` to `x * y`, and may swap the operands of a
+/// commutative operation, which decides the NaN an operation on two NaNs returns). Checked
+/// on every corpus sample (`tests/differential.rs`, bit for bit), the region tests and every
+/// fuzzed program (`check_program`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Tier {
+    /// Cranelift's cheap settings, `opt_level=none` and the single-pass register allocator:
+    /// about a third less compile time, code up to three times slower (`tier.rs`).
+    Quick,
+    /// `opt_level=speed` and the backtracking allocator.
+    Optimized,
+}
+
+/// Compiles every kernel into one module at its tier (`tiers`, one per kernel), without the
+/// persistent cache, on every core or (`parallel` false) on the calling thread alone.
+pub(crate) fn compile_tiers(
+    kernels: &[Kernel],
+    tiers: &[Tier],
+    parallel: bool,
+) -> Result<Compiled, LowerError> {
+    compile_in(kernels, outlines_all(kernels), None, tiers, parallel)
+}
+
 /// `compile`; with `outline_all`, every kernel calls its transcendental functions out of line
 /// (as long bodies do), so a test can hold both forms of one kernel side by side.
 fn compile_with(kernels: &[Kernel], outline_all: bool) -> Result<Compiled, LowerError> {
     // The persistent cache's entries, one directory for the whole compile (`cache.rs`).
     let cache = crate::cache::dir().map(|d| crate::cache::entries_dir(&d));
-    compile_in(kernels, outline_all, cache.as_deref())
+    let tiers = vec![Tier::Optimized; kernels.len()];
+    compile_in(kernels, outline_all, cache.as_deref(), &tiers, true)
 }
 
-/// `compile_with`, through the persistent cache's entries in `cache` if given.
+/// `compile_with`, through the persistent cache's entries in `cache` if given, each kernel at
+/// its tier, on every core or on the calling thread.
 fn compile_in(
     kernels: &[Kernel],
     outline_all: bool,
     cache: Option<&std::path::Path>,
+    tiers: &[Tier],
+    parallel: bool,
 ) -> Result<Compiled, LowerError> {
     let outline_all = outline_all || outlines_all(kernels);
     let mut builder = JITBuilder::with_isa(host_isa()?, default_libcall_names());
@@ -161,12 +195,16 @@ fn compile_in(
     let ptr = module.target_config().pointer_type();
     let mut ids = Vec::new();
     // Kernels that are the same code over other buffers (the repeated layers of a deep
-    // program) share one function: by `Kernel::code_hash`, then `Kernel::same_code`.
+    // program) share one function: by `Kernel::code_hash`, then `Kernel::same_code`, at one
+    // tier (`tier::plan` gives kernels of the same code the same tier).
     let mut by_hash: std::collections::HashMap<u64, Vec<usize>> = Default::default();
     let mut unique = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
         let same = by_hash.entry(k.code_hash()).or_default();
-        if let Some(&j) = same.iter().find(|&&j| kernels[j].same_code(k)) {
+        if let Some(&j) = same
+            .iter()
+            .find(|&&j| kernels[j].same_code(k) && tiers[j] == tiers[i])
+        {
             ids.push(ids[j]);
             continue;
         }
@@ -181,15 +219,27 @@ fn compile_in(
         unique.push((i, id, sig));
         ids.push(id);
     }
+    let quick_functions = unique.iter().filter(|u| tiers[u.0] == Tier::Quick).count();
     let disasm = std::env::var_os("TESSERA_DISASM").is_some();
     let isa = host_isa()?;
+    let quick = tiers.contains(&Tier::Quick).then(quick_isa).transpose()?;
+    let isas = Isas {
+        optimized: &*isa,
+        quick: quick.as_deref(),
+    };
     // Each kernel is built and compiled by one task, on every core (`build_and_compile`);
     // the module's declarations are behind `Decls`'s lock.
     let decls = Decls {
         config: module.target_config(),
         shared: std::sync::Mutex::new((module, Vec::new())),
     };
-    let mut codes = build_and_compile(&decls, &*isa, kernels, unique, outline_all, disasm, cache)?;
+    let how = How {
+        outline_all,
+        disasm,
+        cache,
+        parallel,
+    };
+    let mut codes = build_and_compile(&decls, isas, (kernels, tiers), unique, how)?;
     let (mut module, outlined) = decls.shared.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut fctx = FunctionBuilderContext::new();
     let built = outlined
@@ -200,7 +250,7 @@ fn compile_in(
             kernel: None,
         })
         .collect();
-    codes.extend(compile_all(&*isa, built, disasm, cache)?);
+    codes.extend(compile_all(&*isa, built, how)?);
     for code in codes {
         if let Some(vcode) = &code.vcode {
             // A debugging aid for kernel performance work: the machine code of every kernel.
@@ -227,18 +277,45 @@ fn compile_in(
         module: Some(module),
         functions,
         outlined: outlined.len(),
+        quick: quick_functions,
     })
 }
 
 /// The host's ISA with the kernels' flags, built once per process (detecting the CPU's
 /// features and building the flags was 90 us of every compile). The flags are
 /// `JITBuilder::with_flags`'s (no colocated libcalls, not PIC) and ours: `opt_level=speed`,
+/// the backtracking register allocator,
 /// and Cranelift's IR verifier, which costs 15-35% of compile time (CRANELIFT.md), on in
 /// builds with debug assertions (the test suite), where it checks every kernel lowering makes.
 pub(crate) fn host_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, LowerError> {
-    static ISA: std::sync::OnceLock<Result<cranelift_codegen::isa::OwnedTargetIsa, String>> =
-        std::sync::OnceLock::new();
-    ISA.get_or_init(|| {
+    static ISA: IsaCell = std::sync::OnceLock::new();
+    isa_once(
+        &ISA,
+        [
+            ("opt_level", "speed"),
+            ("regalloc_algorithm", "backtracking"),
+        ],
+    )
+}
+
+/// The host's ISA for `Tier::Quick`: `host_isa`'s flags but `opt_level=none` and the
+/// single-pass register allocator.
+pub(crate) fn quick_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, LowerError> {
+    static ISA: IsaCell = std::sync::OnceLock::new();
+    isa_once(
+        &ISA,
+        [("opt_level", "none"), ("regalloc_algorithm", "single_pass")],
+    )
+}
+
+type IsaCell = std::sync::OnceLock<Result<cranelift_codegen::isa::OwnedTargetIsa, String>>;
+
+/// The host's ISA with the kernels' common flags and `tier`'s, built once into `cell`.
+fn isa_once(
+    cell: &IsaCell,
+    tier: [(&str, &str); 2],
+) -> Result<cranelift_codegen::isa::OwnedTargetIsa, LowerError> {
+    cell.get_or_init(|| {
         use cranelift_codegen::settings::{self, Configurable};
         let verify = if cfg!(debug_assertions) {
             "true"
@@ -247,11 +324,13 @@ pub(crate) fn host_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, Lower
         };
         let mut flags = settings::builder();
         for (name, value) in [
-            ("opt_level", "speed"),
             ("enable_verifier", verify),
             ("use_colocated_libcalls", "false"),
             ("is_pic", "false"),
-        ] {
+        ]
+        .into_iter()
+        .chain(tier)
+        {
             flags
                 .set(name, value)
                 .map_err(|e| format!("{name}={value}: {e}"))?;
@@ -263,6 +342,50 @@ pub(crate) fn host_isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, Lower
     })
     .clone()
     .map_err(LowerError::Cranelift)
+}
+
+/// The ISAs of one compile: the optimized one, and the quick one if a kernel is quick.
+#[derive(Clone, Copy)]
+struct Isas<'a> {
+    optimized: &'a dyn TargetIsa,
+    quick: Option<&'a dyn TargetIsa>,
+}
+
+impl Isas<'_> {
+    fn of(&self, tier: Tier) -> &dyn TargetIsa {
+        match tier {
+            Tier::Quick => self
+                .quick
+                .expect("a compile with quick kernels has the quick ISA"),
+            Tier::Optimized => self.optimized,
+        }
+    }
+}
+
+/// How one compile's functions are made: outlined transcendental calls for every kernel,
+/// machine code kept for `TESSERA_DISASM`, the persistent cache's entries, every core.
+#[derive(Clone, Copy)]
+struct How<'a> {
+    outline_all: bool,
+    disasm: bool,
+    cache: Option<&'a std::path::Path>,
+    parallel: bool,
+}
+
+/// `items` mapped by `f` in order, on every core (one item a task) when `parallel`, else on
+/// the calling thread; an error if any item's is (which one, when several fail on several
+/// cores, is not fixed).
+fn map_all<T: Send, R: Send>(
+    items: Vec<T>,
+    parallel: bool,
+    f: impl Fn(T) -> Result<R, LowerError> + Sync + Send,
+) -> Result<Vec<R>, LowerError> {
+    use rayon::prelude::*;
+    if parallel {
+        items.into_par_iter().with_max_len(1).map(f).collect()
+    } else {
+        items.into_iter().map(f).collect()
+    }
 }
 
 /// Lanes: 1 (scalar) or 4 (f32x4).
@@ -459,7 +582,24 @@ thread_local! {
     static CONTEXT: std::cell::RefCell<Context> = std::cell::RefCell::new(Context::new());
 }
 
-/// `func`'s machine code, compiled in `ctx` (cleared first).
+/// `machine_code` in this thread's `Context` (a fresh one if Cranelift itself ran another
+/// task of the pool on this thread, which holds it).
+fn machine_code_here(
+    isa: &dyn TargetIsa,
+    id: FuncId,
+    func: Function,
+    kernel: Option<usize>,
+    how: How,
+) -> Result<MachineCode, LowerError> {
+    let (disasm, cache) = (how.disasm, how.cache);
+    CONTEXT.with(|c| match c.try_borrow_mut() {
+        Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, kernel, disasm, cache),
+        Err(_) => machine_code(&mut Context::new(), isa, id, func, kernel, disasm, cache),
+    })
+}
+
+/// `func`'s machine code, compiled in `ctx` (cleared first) with `isa`, through the persistent
+/// cache's entries in `cache` if given, keeping the disassembly if `disasm`.
 fn machine_code(
     ctx: &mut Context,
     isa: &dyn TargetIsa,
@@ -538,33 +678,23 @@ fn cached_compile(
     Ok(())
 }
 
-/// Compiles `built` with `isa`, on the rayon pool (every core): each function is independent
-/// (a `Context` of its own; the ISA is `Sync`), and the result keeps `built`'s order, so the
-/// module's layout does not depend on the scheduling. Cranelift's `define_function` does the
-/// same steps on one thread: compile, then the relocations named by the function's imports.
+/// Compiles `built` with `isa`, on the rayon pool (every core) when `how.parallel`: each
+/// function is independent (a `Context` of its own; the ISA is `Sync`), and the result keeps
+/// `built`'s order, so the module's layout does not depend on the scheduling. Cranelift's
+/// `define_function` does the same steps on one thread: compile, then the relocations named by
+/// the function's imports.
 fn compile_all(
     isa: &dyn TargetIsa,
     built: Vec<Built>,
-    disasm: bool,
-    cache: Option<&std::path::Path>,
+    how: How,
 ) -> Result<Vec<MachineCode>, LowerError> {
-    use rayon::prelude::*;
     // Largest first, one function a task: the longest (a tanh body is a third of the seed
     // step's compile) starts at once and the small ones fill in around it.
     let mut order: Vec<(usize, Built)> = built.into_iter().enumerate().collect();
     order.sort_by_key(|(i, b)| (std::cmp::Reverse(b.func.dfg.num_insts()), *i));
-    let mut compiled: Vec<(usize, MachineCode)> = order
-        .into_par_iter()
-        .with_max_len(1)
-        .map(|(i, Built { id, func, kernel })| {
-            let code = CONTEXT.with(|c| match c.try_borrow_mut() {
-                Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, kernel, disasm, cache),
-                // Only if Cranelift itself ran another task of the pool on this thread.
-                Err(_) => machine_code(&mut Context::new(), isa, id, func, kernel, disasm, cache),
-            })?;
-            Ok((i, code))
-        })
-        .collect::<Result<_, LowerError>>()?;
+    let mut compiled = map_all(order, how.parallel, |(i, Built { id, func, kernel })| {
+        Ok((i, machine_code_here(isa, id, func, kernel, how)?))
+    })?;
     compiled.sort_by_key(|(i, _)| *i);
     Ok(compiled.into_iter().map(|(_, c)| c).collect())
 }
@@ -585,34 +715,26 @@ thread_local! {
 /// functions' ids and places may differ from run to run (their code does not).
 fn build_and_compile(
     decls: &Decls,
-    isa: &dyn TargetIsa,
-    kernels: &[Kernel],
+    isas: Isas,
+    (kernels, tiers): (&[Kernel], &[Tier]),
     unique: Vec<(usize, FuncId, Signature)>,
-    outline_all: bool,
-    disasm: bool,
-    cache: Option<&std::path::Path>,
+    how: How,
 ) -> Result<Vec<MachineCode>, LowerError> {
-    use rayon::prelude::*;
     let mut order: Vec<(usize, (usize, FuncId, Signature))> =
         unique.into_iter().enumerate().collect();
     order.sort_by_key(|(at, (i, _, _))| (std::cmp::Reverse(kernels[*i].code_weight()), *at));
-    let mut compiled: Vec<(usize, MachineCode)> = order
-        .into_par_iter()
-        .with_max_len(1)
-        .map(|(at, (i, id, sig))| {
-            let mut func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
-            // Taken out for the build and put back after it: a build that panicked leaves a
-            // fresh context, never one half used (`FunctionBuilder` does not clear it).
-            let mut fctx = BUILDER.with(std::cell::Cell::take);
-            build(decls, &mut func, &mut fctx, &kernels[i], outline_all);
-            BUILDER.with(|c| c.set(fctx));
-            let code = CONTEXT.with(|c| match c.try_borrow_mut() {
-                Ok(mut ctx) => machine_code(&mut ctx, isa, id, func, Some(i), disasm, cache),
-                Err(_) => machine_code(&mut Context::new(), isa, id, func, Some(i), disasm, cache),
-            })?;
-            Ok((at, code))
-        })
-        .collect::<Result<_, LowerError>>()?;
+    let mut compiled = map_all(order, how.parallel, |(at, (i, id, sig))| {
+        let mut func = Function::with_name_signature(UserFuncName::user(0, id.as_u32()), sig);
+        // Taken out for the build and put back after it: a build that panicked leaves a
+        // fresh context, never one half used (`FunctionBuilder` does not clear it).
+        let mut fctx = BUILDER.with(std::cell::Cell::take);
+        build(decls, &mut func, &mut fctx, &kernels[i], how.outline_all);
+        BUILDER.with(|c| c.set(fctx));
+        Ok((
+            at,
+            machine_code_here(isas.of(tiers[i]), id, func, Some(i), how)?,
+        ))
+    })?;
     compiled.sort_by_key(|(at, _)| *at);
     Ok(compiled.into_iter().map(|(_, c)| c).collect())
 }
@@ -2578,25 +2700,28 @@ mod tests {
             kernels_of(&g)
         };
         let (tanh, exp) = (one(UnaryOp::Tanh), one(UnaryOp::Exp));
-        let want = run(&compile_in(&tanh, false, None).unwrap(), &xs);
+        let want = run(
+            &compile_in(&tanh, false, None, &[Tier::Optimized], true).unwrap(),
+            &xs,
+        );
         let before = crate::cache::stats();
-        compile_in(&tanh, false, Some(&dir)).unwrap();
+        compile_in(&tanh, false, Some(&dir), &[Tier::Optimized], true).unwrap();
         let tanh_entries = crate::cache::entries(&dir);
         assert_eq!(tanh_entries.len(), 1);
-        let hit = compile_in(&tanh, false, Some(&dir)).unwrap();
+        let hit = compile_in(&tanh, false, Some(&dir), &[Tier::Optimized], true).unwrap();
         assert!(crate::cache::stats().hits > before.hits);
         assert_eq!(
             run(&hit, &xs),
             want,
             "the entry's code computes the same bits"
         );
-        compile_in(&exp, false, Some(&dir)).unwrap();
+        compile_in(&exp, false, Some(&dir), &[Tier::Optimized], true).unwrap();
         let all = crate::cache::entries(&dir);
         let exp_payload = &all.iter().find(|e| **e != tanh_entries[0]).unwrap().1;
         crate::cache::plant(&dir, &tanh_entries[0].0, exp_payload);
         crate::cache::set_verify(true);
         let mismatched = crate::cache::stats().mismatched;
-        let verified = compile_in(&tanh, false, Some(&dir));
+        let verified = compile_in(&tanh, false, Some(&dir), &[Tier::Optimized], true);
         crate::cache::reset_verify();
         assert!(crate::cache::stats().mismatched > mismatched);
         assert_eq!(run(&verified.unwrap(), &xs), want);

@@ -1,6 +1,7 @@
 //! Compiled against interpreted: every corpus sample (every op and dtype), on random inputs.
 //! f32 agrees to 1e-5 relative (plus the absolute bound of the approximations in `approx.rs`),
-//! f64 to 1e-12, integers, bools, f16 and bf16 exactly.
+//! f64 to 1e-12, integers, bools, f16 and bf16 exactly. The quick tier's code (`tier.rs`)
+//! agrees with the optimized code bit for bit.
 
 use tessera_interp::{SingleDevice, run};
 use tessera_ir::corpus::{Lcg, covered_op_names, op_samples, random_inputs};
@@ -70,6 +71,18 @@ fn every_op_and_dtype_compiled_matches_the_interpreter() {
             Ok(got) => {
                 if let Err(e) = agree(&got[0], &want[0]) {
                     failures.push(format!("{}: {e}", s.name));
+                }
+                // The quick tier (what `jit` runs first) computes the optimized code's bits.
+                let quick = tessera_codegen::compile_quick(&s.graph)
+                    .map_err(|e| e.to_string())
+                    .and_then(|q| q.run(&refs, &SingleDevice).map_err(|e| e.to_string()));
+                match quick {
+                    Ok(fast) if fast[0].data.bits_eq(&got[0].data) => {}
+                    Ok(fast) => failures.push(format!(
+                        "{}: quick tier {:?} vs optimized {:?}",
+                        s.name, fast[0].data, got[0].data
+                    )),
+                    Err(e) => failures.push(format!("{}: quick tier: {e}", s.name)),
                 }
             }
             Err(e) => failures.push(format!("{}: run: {e}", s.name)),

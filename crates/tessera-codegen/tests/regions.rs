@@ -1,6 +1,7 @@
 //! Region ops compiled against interpreted: every region op (scan forward and reverse, while,
 //! case, checkpoint, custom_vjp, and get_result), written as IR text, run by
-//! `tessera_interp::run` and by `tessera_codegen::compile(..).run(..)`. Bodies of exact ops
+//! `tessera_interp::run` and by `tessera_codegen::compile(..).run(..)` (and at the quick tier,
+//! `compile_quick`, bit for bit against the optimized code). Bodies of exact ops
 //! agree bit for bit (any NaN equals any NaN); bodies with f32 transcendental functions within
 //! the sum of the two backends' ulp bounds (f64 functions are Rust's libm on both, so exact).
 //!
@@ -67,6 +68,17 @@ fn both(text: &str, inputs: &[Literal]) -> (Vec<Literal>, Vec<Literal>) {
         assert!(
             a.ty == b.ty && a.data.bits_eq(&b.data),
             "a second run differs\n{text}"
+        );
+    }
+    // The bodies' kernels at the quick tier (`tier.rs`) compute the same bits.
+    let quick = tessera_codegen::compile_quick(&g).unwrap_or_else(|e| panic!("quick: {e}"));
+    let fast = quick
+        .run(&refs, &SingleDevice)
+        .unwrap_or_else(|e| panic!("quick tier: {e}\n{text}"));
+    for (a, b) in fast.iter().zip(&got) {
+        assert!(
+            a.ty == b.ty && a.data.bits_eq(&b.data),
+            "the quick tier differs\n{text}"
         );
     }
     (got, want)

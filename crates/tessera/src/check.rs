@@ -154,7 +154,9 @@ fn bound(op: &Op) -> Bound {
 /// The differential check of a whole program, for tests and fuzzers: every op against the
 /// interpreter within its bound (as checked mode does), then the program compiled whole
 /// against the composition of its ops (the inexact ones compiled alone, the exact ones
-/// interpreted), bit for bit. Collectives are not supported (single device).
+/// interpreted), bit for bit, and the program at Cranelift's quick tier (what `jit` runs
+/// until the optimized code is ready: `tessera_codegen::compile_tiered`) against the
+/// optimized one, bit for bit. In both comparisons any NaN equals any NaN. Collectives are not supported (single device).
 pub fn check_program(graph: &Graph, inputs: &[Literal]) -> Result<()> {
     tessera_ir::verify(graph)?;
     let refs: Vec<&Literal> = inputs.iter().collect();
@@ -168,6 +170,16 @@ pub fn check_program(graph: &Graph, inputs: &[Literal]) -> Result<()> {
                 "output {i} of the program compiled whole differs from its ops compiled alone \
                  (the exact ones interpreted): {diff}; every op agreed with the interpreter \
                  alone, so the difference comes from fusion"
+            )));
+        }
+    }
+    let quick = tessera_codegen::compile_quick(graph).map_err(|e| Error::Codegen(e.to_string()))?;
+    let fast = quick.run(&refs, &tessera_interp::SingleDevice)?;
+    for (i, (f, g)) in fast.iter().zip(&got).enumerate() {
+        if let Some(diff) = compare(&Op::Select, Bound::Exact, f, g, &[]) {
+            return Err(Error::Check(format!(
+                "output {i} of the program at the quick tier differs from the optimized \
+                 program: {diff}"
             )));
         }
     }

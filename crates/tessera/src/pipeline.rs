@@ -521,8 +521,9 @@ impl<'a> Pipeline<'a> {
                 .map(|_| BackendProgram::Interpreted(Box::new(graph.clone())))
                 .collect(),
             Backend::Cranelift => {
-                let exe =
-                    tessera_codegen::compile(graph).map_err(|e| Error::Codegen(e.to_string()))?;
+                // Kernels with little work quick first, optimized in the background.
+                let exe = tessera_codegen::compile_tiered(graph)
+                    .map_err(|e| Error::Codegen(e.to_string()))?;
                 // The schedule's text only for a dump: describing every step is work a
                 // compile does not otherwise need.
                 if self.rec.dump.enabled() {
