@@ -50,8 +50,9 @@ use crate::lower::Tier;
 /// of its own that a worker takes first, the caller's `also` (`tessera`'s: the simplifier's
 /// rules, which the first pass after tracing needs). `tessera` calls it when a program starts lowering, so the work overlaps tracing
 /// and the IR passes on the calling thread; a product that comes first waits for the query
-/// (a `OnceCell`), a pass for its rules (a `OnceLock`).
-pub fn prepare(also: fn()) {
+/// (a `OnceCell`), a pass for its rules (a `OnceLock`). `tiered`: whether the caller compiles
+/// with `compile_tiered` (the quick ISA and the background thread are started only then).
+pub fn prepare(also: fn(), tiered: bool) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // A panic in `also` stays in its task (a panicking rayon task aborts the process):
@@ -60,11 +61,11 @@ pub fn prepare(also: fn()) {
         rayon::spawn(move || {
             let _ = std::panic::catch_unwind(also);
         });
-        rayon::spawn(|| {
+        rayon::spawn(move || {
             let _ = *gemm_common::cache::CACHE_INFO;
             // An error here is the first compile's to report.
             let _ = lower::host_isa();
-            if tier::enabled() {
+            if tiered && tier::enabled() {
                 let _ = lower::quick_isa();
                 tier::start_thread();
             }
@@ -80,7 +81,9 @@ pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
 /// `compile`, with tiered compilation (`tier.rs`): kernels with little work are compiled at
 /// Cranelift's cheap settings first, and optimized on a background thread; the executable
 /// switches to the optimized code when it is ready (`Executable::wait_optimized`). Both
-/// tiers compute the same bits. `jit` compiles this way.
+/// tiers compute the same values (NaNs aside: `lower::Tier`). `jit` compiles this way unless
+/// `TESSERA_TIERED=0`. Without tiering (the persistent cache on, or `TESSERA_DISASM`) it is
+/// `compile`.
 pub fn compile_tiered(g: &Graph) -> Result<Executable, LowerError> {
     let tiers = if tier::enabled() {
         Tiers::Tiered
@@ -95,6 +98,12 @@ pub fn compile_tiered(g: &Graph) -> Result<Executable, LowerError> {
 /// compare the tiers (`tessera::check::check_program`).
 pub fn compile_quick(g: &Graph) -> Result<Executable, LowerError> {
     compile_graph(g, Tiers::Quick)
+}
+
+/// How many executables have had their quick kernels replaced by optimized code in this
+/// process (`compile_tiered`).
+pub fn optimized_in_background() -> usize {
+    tier::UPGRADED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The tiers a compile uses (`tier.rs`).

@@ -16,11 +16,11 @@
 //! checks every corpus sample bit for bit, and `tessera::check::check_program` both tiers of
 //! every fuzzed program.
 //!
-//! Tiering is on in `crate::compile_tiered` (what `jit` uses) unless the persistent cache is
-//! on (its hits are cheaper than either tier), `TESSERA_DISASM` asks for the optimized code, or
-//! `TESSERA_TIERED=0`.
+//! Tiering is on in `crate::compile_tiered` (what `jit` uses unless `TESSERA_TIERED=0`)
+//! unless the persistent cache is on (its hits are cheaper than either tier) or
+//! `TESSERA_DISASM` asks for the optimized code.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -37,16 +37,15 @@ pub(crate) const QUICK_BELOW: usize = crate::exec::PARALLEL_KERNEL_FROM;
 /// again).
 const IDLE: Duration = Duration::from_secs(5);
 
-/// Whether `compile_tiered` tiers: no persistent cache, no `TESSERA_DISASM`, and
-/// `TESSERA_TIERED` not `0`.
+/// Whether `compile_tiered` tiers: no persistent cache and no `TESSERA_DISASM`.
 pub(crate) fn enabled() -> bool {
-    static ENV: OnceLock<bool> = OnceLock::new();
-    let env = *ENV.get_or_init(|| {
-        std::env::var_os("TESSERA_TIERED").is_none_or(|v| v != "0")
-            && std::env::var_os("TESSERA_DISASM").is_none()
-    });
-    env && crate::cache::dir().is_none()
+    static DISASM: OnceLock<bool> = OnceLock::new();
+    !*DISASM.get_or_init(|| std::env::var_os("TESSERA_DISASM").is_some())
+        && crate::cache::dir().is_none()
 }
+
+/// How many upgrades have been set in this process (`crate::optimized_in_background`).
+pub(crate) static UPGRADED: AtomicUsize = AtomicUsize::new(0);
 
 /// The tier each of `kernels` is compiled at first when tiering (`first`), kernels of the same
 /// code at one tier (optimized if any of them is: one function serves them all); `None` when
@@ -172,6 +171,7 @@ pub(crate) fn start(
             _code: code,
             kernels,
         });
+        UPGRADED.fetch_add(1, Ordering::Relaxed);
     }));
     upgrade
 }

@@ -18,7 +18,7 @@ fn panics() {
 
 #[test]
 fn a_panic_in_prepares_task_stays_in_it() {
-    tessera_codegen::prepare(panics);
+    tessera_codegen::prepare(panics, true);
     let start = Instant::now();
     while !RAN.load(Ordering::SeqCst) {
         assert!(

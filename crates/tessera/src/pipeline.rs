@@ -401,7 +401,7 @@ impl<'a> Pipeline<'a> {
         let name = self.options.name.as_str();
         self.rec.stages = keep_stages.then(Vec::new);
         if self.options.backend == Backend::Cranelift {
-            tessera_codegen::prepare(tessera_opt::prepare);
+            tessera_codegen::prepare(tessera_opt::prepare, tiered_from_env()?);
         }
         let start = Instant::now();
         let (mut graph, out_def) = {
@@ -522,8 +522,12 @@ impl<'a> Pipeline<'a> {
                 .collect(),
             Backend::Cranelift => {
                 // Kernels with little work quick first, optimized in the background.
-                let exe = tessera_codegen::compile_tiered(graph)
-                    .map_err(|e| Error::Codegen(e.to_string()))?;
+                let exe = if tiered_from_env()? {
+                    tessera_codegen::compile_tiered(graph)
+                } else {
+                    tessera_codegen::compile(graph)
+                }
+                .map_err(|e| Error::Codegen(e.to_string()))?;
                 // The schedule's text only for a dump: describing every step is work a
                 // compile does not otherwise need.
                 if self.rec.dump.enabled() {
@@ -822,6 +826,23 @@ fn timing_from_env() -> Result<bool> {
         "TESSERA_TIMING",
         "print each compilation's pass timings to stderr",
     )
+}
+
+/// Whether `jit` compiles kernels with little work quick first and optimizes them in the
+/// background (`tessera_codegen::compile_tiered`): on unless `TESSERA_TIERED=0`.
+fn tiered_from_env() -> Result<bool> {
+    match std::env::var("TESSERA_TIERED") {
+        Err(std::env::VarError::NotPresent) => Ok(true),
+        Ok(v) if v.is_empty() || v == "1" => Ok(true),
+        Ok(v) if v == "0" => Ok(false),
+        Ok(v) => Err(Error::Config(format!(
+            "TESSERA_TIERED={v:?}: expected 1 (compile small kernels quick first, optimized \
+             in the background; the default) or 0"
+        ))),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::Config(format!(
+            "TESSERA_TIERED={v:?}: expected 1 or 0"
+        ))),
+    }
 }
 
 /// Whether the simplification pass runs: on unless `TESSERA_SIMPLIFY=0`.
