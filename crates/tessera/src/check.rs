@@ -156,7 +156,8 @@ fn bound(op: &Op) -> Bound {
 /// against the composition of its ops (the inexact ones compiled alone, the exact ones
 /// interpreted), bit for bit, and the program at Cranelift's quick tier (what `jit` runs
 /// until the optimized code is ready: `tessera_codegen::compile_tiered`) against the
-/// optimized one, bit for bit. In both comparisons any NaN equals any NaN. Collectives are not supported (single device).
+/// optimized one, bit for bit. In both comparisons any NaN equals any NaN. Collectives are
+/// not supported (single device).
 pub fn check_program(graph: &Graph, inputs: &[Literal]) -> Result<()> {
     tessera_ir::verify(graph)?;
     let refs: Vec<&Literal> = inputs.iter().collect();
@@ -164,26 +165,31 @@ pub fn check_program(graph: &Graph, inputs: &[Literal]) -> Result<()> {
     let (_, composed) = checker.walk(&refs, true)?;
     let exe = tessera_codegen::compile(graph).map_err(|e| Error::Codegen(e.to_string()))?;
     let got = exe.run(&refs, &tessera_interp::SingleDevice)?;
-    for (i, (g, w)) in got.iter().zip(&composed).enumerate() {
-        if let Some(diff) = compare(&Op::Select, Bound::Exact, g, w, &[]) {
-            return Err(Error::Check(format!(
-                "output {i} of the program compiled whole differs from its ops compiled alone \
-                 (the exact ones interpreted): {diff}; every op agreed with the interpreter \
-                 alone, so the difference comes from fusion"
-            )));
-        }
+    if let Some((i, diff)) = first_difference(&got, &composed) {
+        return Err(Error::Check(format!(
+            "output {i} of the program compiled whole differs from its ops compiled alone (the \
+             exact ones interpreted): {diff}; every op agreed with the interpreter alone, so \
+             the difference comes from fusion"
+        )));
     }
     let quick = tessera_codegen::compile_quick(graph).map_err(|e| Error::Codegen(e.to_string()))?;
     let fast = quick.run(&refs, &tessera_interp::SingleDevice)?;
-    for (i, (f, g)) in fast.iter().zip(&got).enumerate() {
-        if let Some(diff) = compare(&Op::Select, Bound::Exact, f, g, &[]) {
-            return Err(Error::Check(format!(
-                "output {i} of the program at the quick tier differs from the optimized \
-                 program: {diff}"
-            )));
-        }
+    if let Some((i, diff)) = first_difference(&fast, &got) {
+        return Err(Error::Check(format!(
+            "output {i} of the program at the quick tier differs from the optimized program: \
+             {diff}"
+        )));
     }
     Ok(())
+}
+
+/// The first output of `got` that differs from `want`'s in any bit (any NaN equal to any
+/// NaN), and how.
+fn first_difference(got: &[Literal], want: &[Literal]) -> Option<(usize, String)> {
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .find_map(|(i, (g, w))| Some((i, compare(&Op::Select, Bound::Exact, g, w, &[])?)))
 }
 
 /// The whole-program tolerance, relative to the largest magnitude of each output.
