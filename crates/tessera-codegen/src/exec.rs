@@ -700,12 +700,25 @@ impl Executable {
     }
 
     /// Each step's kernel as called now: the optimized module's once the background compile
-    /// is done (`tier.rs`), else the first.
+    /// is done (`tier.rs`), else the first (a call of quick code is counted: the first past
+    /// one run's requests the optimized code).
     fn current_kernels(&self) -> &[Option<KernelFn>] {
-        match self.upgrade.as_deref().and_then(|u| u.get()) {
-            Some(optimized) => &optimized.kernels,
+        match self.upgrade.as_deref() {
+            Some(u) => match u.get() {
+                Some(optimized) => &optimized.kernels,
+                None => {
+                    u.called();
+                    &self.kernels
+                }
+            },
             None => &self.kernels,
         }
+    }
+
+    /// Whether the optimized code has been requested (`None`: nothing is quick).
+    #[cfg(test)]
+    pub(crate) fn upgrade_requested(&self) -> Option<bool> {
+        self.upgrade.as_ref().map(|u| u.requested())
     }
 
     /// Each step's kernel address as called now, and as first compiled.
@@ -728,8 +741,9 @@ impl Executable {
                 .sum::<usize>()
     }
 
-    /// Waits at most `timeout` (and at most a day) for every quick kernel (region bodies
-    /// included) to have its optimized code; true when they have (at once when none was quick), false when the
+    /// Requests the optimized code of every quick kernel (region bodies included; a run
+    /// requests it from the second run on) and waits at most `timeout` (and at most a day)
+    /// for it; true when they have (at once when none was quick), false when the
     /// time ran out or the optimized compile failed (the quick code stays, with the same bits).
     pub fn wait_optimized(&self, timeout: std::time::Duration) -> bool {
         // At most a day: a longer `Duration` (`Duration::MAX`) may not fit an `Instant`.

@@ -1,7 +1,9 @@
 //! Tiered compilation: a kernel with little work is compiled first at Cranelift's cheap
 //! settings (`Tier::Quick`: `opt_level=none`, the single-pass register allocator), and again at
-//! `opt_level=speed` on a background thread; the executable calls the optimized code from the
-//! first kernel call after it is ready.
+//! `opt_level=speed` on a background thread once the program runs a second time (a kernel
+//! call past one run's: a program run once is never compiled again, a loop body as its second
+//! iteration starts); the executable calls the optimized code from the first kernel call
+//! after it is ready.
 //!
 //! Why: on the seed step (9 functions of 64-336 bytes) Cranelift is about half of a first
 //! call, and the quick settings compile in about two thirds of the time, while their code runs
@@ -94,6 +96,14 @@ pub(crate) struct Upgrade {
     /// Set when the optimized code will not come (its compile failed or panicked, or the
     /// background thread could not start): waiting ends.
     failed: AtomicBool,
+    /// The optimized compile, until it is handed to the background thread (`request`).
+    job: Mutex<Option<Job>>,
+    /// Whether `request` has run.
+    requested: AtomicBool,
+    /// The quick code's kernel calls so far, counted until `requested`.
+    calls: AtomicUsize,
+    /// The kernel calls of one run: the call after them requests the optimized code.
+    one_run: usize,
 }
 
 /// The optimized module and each step's kernel in it (the quick kernels replaced, the others
@@ -109,9 +119,37 @@ impl Upgrade {
         self.done.get()
     }
 
-    /// Waits until the optimized code is there (true), it failed to compile (false: the
-    /// quick code stays) or `deadline` passes (false).
+    /// Counts a kernel call of the quick code; the first past one run's requests the
+    /// optimized code.
+    pub(crate) fn called(&self) {
+        if !self.requested.load(Ordering::Relaxed)
+            && self.calls.fetch_add(1, Ordering::Relaxed) >= self.one_run
+        {
+            self.request();
+        }
+    }
+
+    /// Hands the optimized compile to the background thread, once.
+    pub(crate) fn request(&self) {
+        if self.requested.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let job = self.job.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(job) = job {
+            submit(job);
+        }
+    }
+
+    /// Whether the optimized compile has been requested.
+    #[cfg(test)]
+    pub(crate) fn requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
+
+    /// Requests the optimized code and waits until it is there (true), it failed to compile
+    /// (false: the quick code stays) or `deadline` passes (false).
     pub(crate) fn wait(&self, deadline: Instant) -> bool {
+        self.request();
         loop {
             if self.done.get().is_some() {
                 return true;
@@ -124,11 +162,12 @@ impl Upgrade {
     }
 }
 
-/// Starts compiling `quick` (each kernel's index among the executable's kernels, in
-/// increasing order, and the kernel) at the optimized tier on the background thread. `steps`
-/// maps each step to its kernel's index and `first` is each step's kernel as first compiled.
-/// The job holds the upgrade weakly: an executable dropped before its turn is not compiled
-/// again.
+/// The upgrade of an executable whose `quick` kernels (each one's index among the
+/// executable's kernels, in increasing order, and the kernel) are to be compiled at the
+/// optimized tier on the background thread when requested (`Upgrade::called`, `wait`).
+/// `steps` maps each step to its kernel's index and `first` is each step's kernel as first
+/// compiled. The job holds the upgrade weakly: an executable dropped before its turn is not
+/// compiled again.
 pub(crate) fn start(
     quick: Vec<(usize, Kernel)>,
     steps: Vec<Option<usize>>,
@@ -137,12 +176,16 @@ pub(crate) fn start(
     let upgrade = Arc::new(Upgrade {
         done: OnceLock::new(),
         failed: AtomicBool::new(false),
+        job: Mutex::new(None),
+        requested: AtomicBool::new(false),
+        calls: AtomicUsize::new(0),
+        one_run: first.iter().flatten().count(),
     });
     let weak: Weak<Upgrade> = Arc::downgrade(&upgrade);
     // Marks the upgrade failed unless the job set it, however the job ends (an error, a
     // panic, or never run: dropped when the background thread could not start).
     let failing = Failing(weak.clone());
-    submit(Box::new(move || {
+    let job: Job = Box::new(move || {
         let _failing = failing;
         if weak.strong_count() == 0 {
             return;
@@ -172,7 +215,8 @@ pub(crate) fn start(
             kernels,
         });
         UPGRADED.fetch_add(1, Ordering::Relaxed);
-    }));
+    });
+    *upgrade.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
     upgrade
 }
 
@@ -281,8 +325,8 @@ mod tests {
             .collect()
     }
 
-    /// A tiered executable starts with quick kernels, gets its optimized code from the
-    /// background thread, calls it from then on (each step's kernel is the optimized
+    /// A tiered executable starts with quick kernels, asks for its optimized code at its
+    /// second run, gets it from the background thread, calls it from then on (each step's kernel is the optimized
     /// module's), and computes the optimized compile's bits before and after.
     #[test]
     fn small_kernels_start_quick_and_are_optimized_in_the_background() {
@@ -301,6 +345,10 @@ mod tests {
             tiered.quick_functions()
         );
         let first = tiered.run(&refs, &tessera_transport::SingleDevice).unwrap();
+        // One run does not ask for the optimized code; the second run's first kernel does.
+        assert_eq!(tiered.upgrade_requested(), Some(false));
+        let second = tiered.run(&refs, &tessera_transport::SingleDevice).unwrap();
+        assert_eq!(tiered.upgrade_requested(), Some(true));
         assert!(tiered.wait_optimized(Duration::from_secs(60)));
         let (now, quick) = tiered.kernel_tables();
         let swapped = now.iter().zip(&quick).filter(|(a, b)| a != b).count();
@@ -310,8 +358,9 @@ mod tests {
             "every kernel swapped"
         );
         let then = tiered.run(&refs, &tessera_transport::SingleDevice).unwrap();
-        for ((a, b), c) in want.iter().zip(&first).zip(&then) {
+        for (((a, b), c), d) in want.iter().zip(&first).zip(&second).zip(&then) {
             assert!(a.data.bits_eq(&b.data) && a.data.bits_eq(&c.data));
+            assert!(a.data.bits_eq(&d.data));
         }
         // A fork shares the upgrade.
         assert_eq!(tiered.fork().kernel_tables().0, now);
