@@ -744,7 +744,7 @@ impl Executable {
     /// Requests the optimized code of every quick kernel (region bodies included; a run
     /// requests it from the second run on) and waits at most `timeout` (and at most a day)
     /// for it; true when they have (at once when none was quick), false when the
-    /// time ran out or the optimized compile failed (the quick code stays, with the same bits).
+    /// time ran out or the optimized compile failed (the quick code stays, with the same values).
     pub fn wait_optimized(&self, timeout: std::time::Duration) -> bool {
         // At most a day: a longer `Duration` (`Duration::MAX`) may not fit an `Instant`.
         let timeout = timeout.min(std::time::Duration::from_secs(24 * 3600));

@@ -171,7 +171,8 @@ fn compile_graph(g: &Graph, tiers: Tiers) -> Result<Executable, LowerError> {
         // Through the persistent cache when it is on.
         lower::compile(&kernels)?
     };
-    let steps = kernel_steps.clone();
+    // Kept for the optimized code's table, only when there will be one.
+    let steps = (quick_first && upgrade).then(|| kernel_steps.clone());
     let exe = Executable::new(
         schedule,
         code,
@@ -179,9 +180,9 @@ fn compile_graph(g: &Graph, tiers: Tiers) -> Result<Executable, LowerError> {
         g.mesh.clone(),
         regions,
     );
-    if !(quick_first && upgrade) {
+    let Some(steps) = steps else {
         return Ok(exe);
-    }
+    };
     let quick = kernels
         .into_iter()
         .enumerate()

@@ -335,6 +335,8 @@ mod tests {
         let refs: Vec<&Literal> = xs.iter().collect();
         let optimized = crate::compile(&g).unwrap();
         assert_eq!(optimized.quick_functions(), 0);
+        let quick = crate::compile_quick(&g).unwrap();
+        assert!(quick.quick_functions() >= 3, "{}", quick.quick_functions());
         let want = optimized
             .run(&refs, &tessera_transport::SingleDevice)
             .unwrap();
@@ -350,6 +352,9 @@ mod tests {
         let second = tiered.run(&refs, &tessera_transport::SingleDevice).unwrap();
         assert_eq!(tiered.upgrade_requested(), Some(true));
         assert!(tiered.wait_optimized(Duration::from_secs(60)));
+        // A wait with no practical end returns at once when the code is there (an `Instant`
+        // cannot hold `Duration::MAX` past now).
+        assert!(tiered.wait_optimized(Duration::MAX));
         let (now, quick) = tiered.kernel_tables();
         let swapped = now.iter().zip(&quick).filter(|(a, b)| a != b).count();
         assert_eq!(
