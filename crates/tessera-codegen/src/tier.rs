@@ -12,7 +12,7 @@
 //! call saves more than the slower code costs; larger kernels are optimized at once (the big
 //! MLP's first step would lose more in its kernels than the compile saves). A module past
 //! `lower::outlines_all`'s weight (tens of thousands of kernels: `tests/deep.rs`) is not
-//! tiered: compiling it twice would cost seconds of a core for little gain in its first call.
+//! tiered: the background core would compile its every kernel a second time (not timed).
 //!
 //! Both tiers compute the same values, NaNs aside (`lower::Tier`): `tests/differential.rs`
 //! checks every corpus sample bit for bit, and `tessera::check::check_program` both tiers of
