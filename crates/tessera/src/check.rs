@@ -12,7 +12,8 @@
 //! 2. The whole program: the outputs of the call (compiled, fused, partitioned, with real
 //!    collectives) against the interpreter's, within a tolerance relative to each output's
 //!    largest magnitude. This catches what the ops alone cannot (fusion, partitioning,
-//!    collectives); its report says that every op agreed alone.
+//!    collectives); its report says that every op agreed alone. An output that depends on a
+//!    sum past the type's largest finite value may differ in any way ([`Leeway`]).
 //!
 //! Collectives are not checked alone (they need the devices); a sharded program's global form
 //! has none, and its collectives are covered by the whole-program check.
@@ -39,6 +40,31 @@ enum Bound {
     Accumulated,
     /// Not checked alone (the value is an input, or needs the devices).
     Unchecked,
+}
+
+/// What check 2 may accept in an output although every op agreed alone: an op's value within
+/// its bound can still differ from the interpreter's, and what follows it computes on that
+/// value. A sum is the case where that difference is unbounded: past the type's largest
+/// finite value a reordered sum may overflow where the interpreter's did not, and a fused
+/// multiply-add keeps finite a product the interpreter rounds to infinity (`inf - inf` is NaN
+/// in one, `-inf` in the other). Ordered: an output takes the largest of its operands'.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Leeway {
+    /// The whole-program tolerance.
+    Tolerance,
+    /// Also any difference where either value is infinite or NaN: the value depends on a
+    /// region (loop, branch) whose body sums, and regions are not checked op by op, so the
+    /// sums' magnitudes are not known.
+    NonFinite,
+    /// Any difference: the value depends on a sum whose terms' magnitudes add up past the
+    /// type's largest finite value.
+    Any,
+}
+
+/// The interpreter's outputs of one call, and how far the compiled ones may be from them.
+pub(crate) struct Reference {
+    outputs: Vec<Literal>,
+    leeway: Vec<Leeway>,
 }
 
 /// How far each float function's compiled form may be from the interpreter's, in ulps: the
@@ -189,7 +215,7 @@ fn first_difference(got: &[Literal], want: &[Literal]) -> Option<(usize, String)
     got.iter()
         .zip(want)
         .enumerate()
-        .find_map(|(i, (g, w))| Some((i, compare(&Op::Select, Bound::Exact, g, w, &[])?)))
+        .find_map(|(i, (g, w))| Some((i, compare(&Op::Select, Bound::Exact, g, w, &[], None)?)))
 }
 
 /// The whole-program tolerance, relative to the largest magnitude of each output.
@@ -215,7 +241,7 @@ impl Checker {
     }
 
     /// Check 1 (op by op); returns the interpreter's outputs for check 2.
-    pub(crate) fn check_ops(&self, inputs: &[&Literal]) -> Result<Vec<Literal>> {
+    pub(crate) fn check_ops(&self, inputs: &[&Literal]) -> Result<Reference> {
         Ok(self.walk(inputs, false)?.0)
     }
 
@@ -223,8 +249,10 @@ impl Checker {
     /// compiled on the composed values of its operands, the exact ones interpreted. A single
     /// device program compiled whole (fused) must equal that composition bit for bit, since
     /// fusion changes where values live, not how each op computes.
-    fn walk(&self, inputs: &[&Literal], compose: bool) -> Result<(Vec<Literal>, Vec<Literal>)> {
+    fn walk(&self, inputs: &[&Literal], compose: bool) -> Result<(Reference, Vec<Literal>)> {
         let g = &self.graph;
+        let mut leeway: std::collections::HashMap<NodeId, Leeway> =
+            std::collections::HashMap::new();
         let mut values: std::collections::HashMap<NodeId, Literal> =
             std::collections::HashMap::new();
         let mut composed: std::collections::HashMap<NodeId, Literal> =
@@ -245,7 +273,16 @@ impl Checker {
             let node = g.node(id);
             let operands: Vec<NodeId> = g.operands(id);
             let args: Vec<&Literal> = operands.iter().map(|o| &values[o]).collect();
+            let inherited = operands
+                .iter()
+                .filter_map(|o| leeway.get(o).copied())
+                .max()
+                .unwrap_or(Leeway::Tolerance);
+            leeway.insert(id, inherited);
             if let Op::Region(r) = &node.op {
+                if r.regions().iter().any(|(_, body)| sums(body)) {
+                    leeway.insert(id, inherited.max(Leeway::NonFinite));
+                }
                 let results = tessera_interp::run_region(r, &args, &tessera_interp::SingleDevice)?;
                 results_of.insert(id, results);
                 if compose {
@@ -266,9 +303,20 @@ impl Checker {
             }
             let want = tessera_interp::eval_op(&node.op, &args, &node.ty)?;
             let b = bound(&node.op);
+            let magnitude = match b {
+                Bound::Accumulated => magnitudes(&node.op, &args, &node.ty),
+                Bound::Exact | Bound::Ulps(_) | Bound::Unchecked => None,
+            };
+            let max = largest_finite(node.ty.dtype);
+            if magnitude
+                .as_ref()
+                .is_some_and(|m| m.iter().any(|&m| m > max))
+            {
+                leeway.insert(id, Leeway::Any);
+            }
             if b != Bound::Unchecked {
                 let got = self.run_alone(id, &args)?;
-                if let Some(diff) = compare(&node.op, b, &got, &want, &args) {
+                if let Some(diff) = compare(&node.op, b, &got, &want, &args, magnitude.as_deref()) {
                     return Err(self.report(id, &args, &diff));
                 }
             }
@@ -290,12 +338,21 @@ impl Checker {
                 .filter_map(|o| m.get(o).cloned())
                 .collect()
         };
-        Ok((outs(&values), outs(&composed)))
+        let reference = Reference {
+            outputs: outs(&values),
+            leeway: g
+                .outputs()
+                .iter()
+                .filter(|o| values.contains_key(o))
+                .map(|o| leeway.get(o).copied().unwrap_or(Leeway::Tolerance))
+                .collect(),
+        };
+        Ok((reference, outs(&composed)))
     }
 
     /// Check 2: the call's outputs against the interpreter's.
-    pub(crate) fn check_outputs(&self, got: &[Literal], want: &[Literal]) -> Result<()> {
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+    pub(crate) fn check_outputs(&self, got: &[Literal], want: &Reference) -> Result<()> {
+        for (i, ((g, w), &leeway)) in got.iter().zip(&want.outputs).zip(&want.leeway).enumerate() {
             let fail = |message: String| {
                 Err(Error::Check(format!(
                     "output {i} ({}) of {}: {message}; every op agreed with the interpreter \
@@ -306,6 +363,9 @@ impl Checker {
             };
             if g.ty != w.ty {
                 return fail(format!("compiled type {} differs", g.ty));
+            }
+            if leeway == Leeway::Any {
+                continue;
             }
             let tol = match w.ty.dtype {
                 DType::F32 => PROGRAM_TOLERANCE_F32,
@@ -327,7 +387,8 @@ impl Checker {
                     _ => a == b || (a.is_nan() && b.is_nan()),
                 };
                 // A NaN difference (inf - inf) is outside every tolerance.
-                let within = w.ty.dtype != DType::I64 && (a - b).abs() <= tol * scale;
+                let within = w.ty.dtype != DType::I64 && (a - b).abs() <= tol * scale
+                    || leeway == Leeway::NonFinite && !(a.is_finite() && b.is_finite());
                 if !same && !within {
                     return fail(format!(
                         "element {k}: compiled {a:e}, interpreter {b:e} (tolerance {:e})",
@@ -428,14 +489,22 @@ type FloatPairs = (Vec<Pair>, f64, f64, f64);
 type Pair = (f64, f64, bool, Option<u64>);
 
 /// The first element outside the bound, described, or `None` when all are within it.
-fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) -> Option<String> {
+/// `magnitude` is an accumulated op's [`magnitudes`] (`None` for other bounds: an accumulated
+/// op without them is not checked).
+fn compare(
+    op: &Op,
+    b: Bound,
+    got: &Literal,
+    want: &Literal,
+    args: &[&Literal],
+    magnitude: Option<&[f64]>,
+) -> Option<String> {
     if got.ty != want.ty {
         return Some(format!("compiled type {} vs {}", got.ty, want.ty));
     }
-    let magnitude = match b {
-        Bound::Accumulated => Some(magnitudes(op, args, &want.ty)?),
-        Bound::Exact | Bound::Ulps(_) | Bound::Unchecked => None,
-    };
+    if b == Bound::Accumulated {
+        magnitude?;
+    }
     let terms = match op {
         Op::Reduce { axes, .. } => axes.iter().map(|&a| args[0].ty.dims()[a]).product(),
         Op::DotGeneral(d) => d
@@ -541,12 +610,12 @@ fn compare(op: &Op, b: Bound, got: &Literal, want: &Literal, args: &[&Literal]) 
                 Bound::Ulps(u) if narrow => ulps.is_some_and(|d| d <= u.min(1)),
                 Bound::Ulps(u) => ulps.is_some_and(|d| d <= u),
                 Bound::Accumulated if narrow => {
-                    let m = magnitude.as_ref().map_or(0.0, |m| m[k]);
+                    let m = magnitude.map_or(0.0, |m| m[k]);
                     let tol = terms as f64 * (f32::EPSILON as f64 * m + 2.0 * tiny) + eps * y.abs();
                     within_sum_bound(x, y, m, tol, max)
                 }
                 Bound::Accumulated => {
-                    let m = magnitude.as_ref().map_or(0.0, |m| m[k]);
+                    let m = magnitude.map_or(0.0, |m| m[k]);
                     // Relative error per step, plus, where values are subnormal, an absolute
                     // half-ulp of the smallest subnormal per product and per sum.
                     let tol = terms as f64 * (eps * m + 2.0 * tiny);
@@ -634,6 +703,26 @@ fn ulps_f64(x: f64, y: f64) -> Option<u64> {
     u64::try_from(key(x).abs_diff(key(y))).ok()
 }
 
+/// The largest finite value of a float type (infinite for the others: their sums are exact
+/// modulo 2^n in every order).
+fn largest_finite(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => f32::MAX as f64,
+        DType::F64 => f64::MAX,
+        DType::F16 => 65504.0,
+        DType::BF16 => bf16::MAX.to_f64(),
+        DType::I32 | DType::U32 | DType::Bool | DType::I64 => f64::INFINITY,
+    }
+}
+
+/// Whether a graph, or a region inside it, sums (an op whose bound is `Accumulated`).
+fn sums(g: &Graph) -> bool {
+    g.topo_order().into_iter().any(|id| match &g.node(id).op {
+        Op::Region(r) => r.regions().iter().any(|(_, body)| sums(body)),
+        op => bound(op) == Bound::Accumulated,
+    })
+}
+
 /// For a sum or a dot: the same reduction over the operands' absolute values, in f64, which
 /// bounds the rounding error of any order of summation.
 fn magnitudes(op: &Op, args: &[&Literal], ty: &TensorType) -> Option<Vec<f64>> {
@@ -671,10 +760,10 @@ mod tests {
         let x = Literal::new(vec![3], Data::F32(vec![0.5, -1.0, 3.0])).unwrap();
         // The real kernel agrees with the interpreter.
         let want = checker.check_ops(&[&x]).unwrap();
-        checker.check_outputs(&want, &want).unwrap();
+        checker.check_outputs(&want.outputs, &want).unwrap();
         // A result off by 100 ulp in one element is reported by the whole-program check
         // only beyond its tolerance, and by `compare` with the op's bound.
-        let Data::F32(v) = &want[0].data else {
+        let Data::F32(v) = &want.outputs[0].data else {
             panic!()
         };
         let mut bad = v.clone();
@@ -684,8 +773,9 @@ mod tests {
             &Op::Unary(UnaryOp::Tanh),
             Bound::Ulps(8),
             &bad,
-            &want[0],
+            &want.outputs[0],
             &[&x],
+            None,
         );
         assert!(diff.unwrap().contains("element 1"));
         let err = checker.report(t, &[&x], "element 1").to_string();
@@ -697,16 +787,29 @@ mod tests {
         let l = |v: f32| Literal::new(Vec::<usize>::new(), Data::F32(vec![v])).unwrap();
         let l64 = |v: f64| Literal::new(Vec::<usize>::new(), Data::F64(vec![v])).unwrap();
         let neg = Op::Unary(UnaryOp::Neg);
-        assert!(compare(&neg, Bound::Exact, &l(0.0), &l(-0.0), &[]).is_some());
-        assert!(compare(&neg, Bound::Exact, &l64(0.0), &l64(-0.0), &[]).is_some());
+        assert!(compare(&neg, Bound::Exact, &l(0.0), &l(-0.0), &[], None).is_some());
+        assert!(compare(&neg, Bound::Exact, &l64(0.0), &l64(-0.0), &[], None).is_some());
         assert_eq!(
-            compare(&neg, Bound::Exact, &l(f32::NAN), &l(-f32::NAN), &[]),
+            compare(&neg, Bound::Exact, &l(f32::NAN), &l(-f32::NAN), &[], None),
             None
         );
         let near = f32::from_bits(1.0f32.to_bits() + 2);
-        assert_eq!(compare(&neg, Bound::Ulps(2), &l(near), &l(1.0), &[]), None);
-        assert!(compare(&neg, Bound::Ulps(1), &l(near), &l(1.0), &[]).is_some());
-        assert!(compare(&neg, Bound::Ulps(9), &l(f32::INFINITY), &l(f32::MAX), &[]).is_some());
+        assert_eq!(
+            compare(&neg, Bound::Ulps(2), &l(near), &l(1.0), &[], None),
+            None
+        );
+        assert!(compare(&neg, Bound::Ulps(1), &l(near), &l(1.0), &[], None).is_some());
+        assert!(
+            compare(
+                &neg,
+                Bound::Ulps(9),
+                &l(f32::INFINITY),
+                &l(f32::MAX),
+                &[],
+                None
+            )
+            .is_some()
+        );
     }
 
     #[test]
@@ -717,13 +820,60 @@ mod tests {
             axes: vec![0],
         };
         let want = Literal::new(Vec::<usize>::new(), Data::F32(vec![2.0])).unwrap();
+        let ty = want.ty.clone();
+        let m = magnitudes(&op, &[&x], &ty);
+        let m = m.as_deref();
         // Summed left to right in f32 the ones are lost: 0, within 4 * eps * 2e8 + 2.
         let reordered = Literal::new(Vec::<usize>::new(), Data::F32(vec![0.0])).unwrap();
         assert_eq!(
-            compare(&op, Bound::Accumulated, &reordered, &want, &[&x]),
+            compare(&op, Bound::Accumulated, &reordered, &want, &[&x], m),
             None
         );
         let wrong = Literal::new(Vec::<usize>::new(), Data::F32(vec![1e3])).unwrap();
-        assert!(compare(&op, Bound::Accumulated, &wrong, &want, &[&x]).is_some());
+        assert!(compare(&op, Bound::Accumulated, &wrong, &want, &[&x], m).is_some());
+    }
+
+    /// A sum past f32's largest value may come out of the compiled program as anything (a
+    /// fused multiply-add gives `-MAX * -MAX + -inf = -inf` where the interpreter's rounded
+    /// product gives `inf + -inf = NaN`): check 2 accepts any difference in the outputs that
+    /// depend on it, and only in those.
+    #[test]
+    fn outputs_past_an_overflowing_sum_may_differ_and_only_those() {
+        let mut g = Graph::new("f");
+        let a = g.add_param(TensorType::new(DType::F32, vec![1, 2]));
+        let b = g.add_param(TensorType::new(DType::F32, vec![2, 1]));
+        let dot = Op::DotGeneral(tessera_ir::DotDims::matmul());
+        let d = g.add(dot, &[a, b]).unwrap();
+        let t = g.add(Op::Unary(UnaryOp::Tanh), &[d]).unwrap();
+        let other = g.add(Op::Unary(UnaryOp::Neg), &[a]).unwrap();
+        g.set_outputs(vec![t, other]);
+        let checker = Checker::new(g);
+        let lit = |shape: Vec<usize>, v: Vec<f32>| Literal::new(shape, Data::F32(v)).unwrap();
+        let x = lit(vec![1, 2], vec![-f32::MAX, f32::NEG_INFINITY]);
+        let y = lit(vec![2, 1], vec![-f32::MAX, 1.0]);
+        let want = checker.check_ops(&[&x, &y]).unwrap();
+        assert_eq!(want.leeway, vec![Leeway::Any, Leeway::Tolerance]);
+        assert!(want.outputs[0].data.get_f64(0).is_nan());
+        let fused = [lit(vec![1, 1], vec![-1.0]), want.outputs[1].clone()];
+        checker.check_outputs(&fused, &want).unwrap();
+        let wrong = [
+            want.outputs[0].clone(),
+            lit(vec![1, 2], vec![f32::MAX, 0.0]),
+        ];
+        let err = checker
+            .check_outputs(&wrong, &want)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("output 1") && err.contains("element 1"),
+            "{err}"
+        );
+        // Finite terms: the whole-program tolerance.
+        let y = lit(vec![2, 1], vec![1.0, 0.0]);
+        let x = lit(vec![1, 2], vec![0.5, 2.0]);
+        let want = checker.check_ops(&[&x, &y]).unwrap();
+        assert_eq!(want.leeway, vec![Leeway::Tolerance; 2]);
+        let off = [lit(vec![1, 1], vec![-1.0]), want.outputs[1].clone()];
+        assert!(checker.check_outputs(&off, &want).is_err());
     }
 }

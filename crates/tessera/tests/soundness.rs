@@ -582,3 +582,58 @@ fn hostile_windows_and_paddings_are_errors() {
         "{e}"
     );
 }
+
+/// Checked mode on products whose terms overflow: a fused multiply-add keeps finite a product
+/// the interpreter rounds to infinity, so the compiled sum may be -inf where the
+/// interpreter's is NaN; every op agrees within its bound, and the call must not be reported.
+#[test]
+fn checked_mode_accepts_sums_past_the_largest_float() {
+    let vals = [
+        f32::MAX,
+        -f32::MAX,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.0,
+        3.0e38,
+        -2.0e38,
+    ];
+    let mut s: u64 = 12345;
+    let mut next = || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) as usize
+    };
+    let step = |(a, b): (Tensor, Tensor)| (a.matmul(&b).tanh(), a.sum_axes([1]), a * 2.0);
+    let (f, checked) = (jit(step), jit(step).checked(true));
+    for _ in 0..40 {
+        let (m, k, n) = (1 + next() % 5, 1 + next() % 9, 1 + next() % 5);
+        let a: Vec<f32> = (0..m * k).map(|_| vals[next() % vals.len()]).collect();
+        let b: Vec<f32> = (0..k * n).map(|_| vals[next() % vals.len()]).collect();
+        let args = (Tensor::from_vec(a, [m, k]), Tensor::from_vec(b, [k, n]));
+        let (product, _, _) = checked.call(args.clone()).unwrap();
+        assert_eq!(bits(&product), bits(&f.call(args).unwrap().0));
+    }
+    // The same products in a loop body, which checked mode does not check op by op.
+    let looped = |(a, b): (Tensor, Tensor)| {
+        let (_, rows) = scan(
+            |c: &Tensor, row: &Tensor| {
+                let c = c + row.reshape([1, 4]).matmul(&b);
+                (c.clone(), c)
+            },
+            &Tensor::zeros([1, 3]),
+            &a,
+            None,
+            false,
+        );
+        rows
+    };
+    let (f, checked) = (jit(looped), jit(looped).checked(true));
+    for _ in 0..40 {
+        let a: Vec<f32> = (0..5 * 4).map(|_| vals[next() % vals.len()]).collect();
+        let b: Vec<f32> = (0..4 * 3).map(|_| vals[next() % vals.len()]).collect();
+        let args = (Tensor::from_vec(a, [5, 4]), Tensor::from_vec(b, [4, 3]));
+        let rows = checked.call(args.clone()).unwrap();
+        assert_eq!(bits(&rows), bits(&f.call(args).unwrap()));
+    }
+}
