@@ -13,7 +13,7 @@
 //!    collectives) against the interpreter's, within a tolerance relative to each output's
 //!    largest magnitude. This catches what the ops alone cannot (fusion, partitioning,
 //!    collectives); its report says that every op agreed alone. An output that depends on a
-//!    sum past the type's largest finite value may differ in any way ([`Leeway`]).
+//!    sum past the type's largest finite value may differ in any way (`Leeway`).
 //!
 //! Collectives are not checked alone (they need the devices); a sharded program's global form
 //! has none, and its collectives are covered by the whole-program check.
@@ -717,9 +717,10 @@ fn largest_finite(dtype: DType) -> f64 {
 
 /// Whether a graph, or a region inside it, sums (an op whose bound is `Accumulated`).
 fn sums(g: &Graph) -> bool {
-    g.topo_order().into_iter().any(|id| match &g.node(id).op {
-        Op::Region(r) => r.regions().iter().any(|(_, body)| sums(body)),
-        op => bound(op) == Bound::Accumulated,
+    g.topo_order().into_iter().any(|id| {
+        let op = &g.node(id).op;
+        bound(op) == Bound::Accumulated
+            || matches!(op, Op::Region(r) if r.regions().iter().any(|(_, body)| sums(body)))
     })
 }
 
