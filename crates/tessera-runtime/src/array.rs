@@ -43,8 +43,32 @@ impl ShardSpec {
 }
 
 /// An array's shards, one per local mesh position: shared like the layout, so cloning a
-/// placed array allocates nothing.
-type Shards = Arc<[Arc<Literal>]>;
+/// placed array allocates nothing. A single shard (a mesh of one device) is held without a
+/// list: a one-device program's output is then as cheap to make and drop as a host array.
+#[derive(Clone, Debug)]
+enum Shards {
+    One(Arc<Literal>),
+    Many(Arc<[Arc<Literal>]>),
+}
+
+impl Shards {
+    fn as_slice(&self) -> &[Arc<Literal>] {
+        match self {
+            Shards::One(s) => std::slice::from_ref(s),
+            Shards::Many(list) => list,
+        }
+    }
+}
+
+impl FromIterator<Arc<Literal>> for Shards {
+    fn from_iter<I: IntoIterator<Item = Arc<Literal>>>(iter: I) -> Shards {
+        let mut iter = iter.into_iter();
+        match (iter.next(), iter.next()) {
+            (Some(one), None) => Shards::One(one),
+            (first, second) => Shards::Many(first.into_iter().chain(second).chain(iter).collect()),
+        }
+    }
+}
 
 /// A global array: its type, and its elements on the host or as one shard per device of this
 /// process (every device in a one-process run; in a run over several processes, each holds
@@ -83,7 +107,7 @@ impl Shell {
 
 /// The allocations of a one-shard array no one else holds, its shard's elements taken out
 /// ([`Array::into_placed_shell`]): [`PlacedShell::fill`] makes them a placed array again around
-/// a new shard. Its cell is empty, its list holds one shard, and its `Arc`s are unique.
+/// a new shard. Its cell is empty, it holds one shard, and its `Arc`s are unique.
 #[derive(Debug)]
 pub struct PlacedShell {
     host: Arc<OnceLock<Arc<Literal>>>,
@@ -94,10 +118,13 @@ impl PlacedShell {
     /// An array of type `ty` laid out as `spec` on one device, whose shard is `shard`, in these
     /// allocations.
     pub fn fill(mut self, ty: TensorType, spec: Arc<ShardSpec>, shard: Literal) -> Array {
-        let held = Arc::get_mut(&mut self.shards)
-            .and_then(|list| list.first_mut())
-            .and_then(Arc::get_mut)
-            .expect("a placed shell's list and shard are unique (into_placed_shell)");
+        let held = match &mut self.shards {
+            Shards::One(one) => Arc::get_mut(one),
+            Shards::Many(list) => Arc::get_mut(list)
+                .and_then(|list| list.first_mut())
+                .and_then(Arc::get_mut),
+        }
+        .expect("a placed shell's shard is unique (into_placed_shell)");
         *held = shard;
         Array {
             ty,
@@ -232,10 +259,16 @@ impl Array {
         self.shards.as_ref().map(|(s, _)| s.as_ref())
     }
 
+    /// [`Array::spec`] as the shared allocation it is: arrays laid out alike by one program
+    /// (its outputs) or one `shard` share it, and can be compared by pointer.
+    pub fn layout(&self) -> Option<&Arc<ShardSpec>> {
+        self.shards.as_ref().map(|(s, _)| s)
+    }
+
     /// The shard of each of this process's mesh positions (`ShardSpec::local_positions`,
     /// every position in a one-process run), in position order.
     pub fn shards(&self) -> Option<&[Arc<Literal>]> {
-        self.shards.as_ref().map(|(_, v)| &v[..])
+        self.shards.as_ref().map(|(_, v)| v.as_slice())
     }
 
     /// Whether this process can read the whole value: it is on the host, replicated with a
@@ -244,6 +277,7 @@ impl Array {
         match &self.shards {
             None => true,
             Some((spec, shards)) => {
+                let shards = shards.as_slice();
                 self.host.get().is_some()
                     || shards.len() == spec.devices.len()
                     || (spec.is_replicated() && !shards.is_empty())
@@ -279,6 +313,7 @@ impl Array {
                 .shards
                 .as_ref()
                 .expect("an array has a host value or shards");
+            let shards = shards.as_slice();
             if spec.is_replicated() && !shards.is_empty() {
                 return shards[0].clone();
             }
@@ -317,10 +352,15 @@ impl Array {
         let (_, mut shards) = self.shards?;
         let mut host = self.host;
         Arc::get_mut(&mut host)?.take();
-        let [one] = Arc::get_mut(&mut shards)? else {
-            return None;
+        let lit = match &mut shards {
+            Shards::One(one) => Arc::get_mut(one)?,
+            Shards::Many(list) => {
+                let [one] = Arc::get_mut(list)? else {
+                    return None;
+                };
+                Arc::get_mut(one)?
+            }
         };
-        let lit = Arc::get_mut(one)?;
         let data = std::mem::replace(&mut lit.data, Data::F32(Vec::new()));
         Some((PlacedShell { host, shards }, data))
     }

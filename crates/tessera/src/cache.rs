@@ -8,7 +8,7 @@
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap as StdHashMap;
 use std::rc::Rc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use hashbrown::HashMap;
 use tessera_ir::TensorType;
@@ -25,8 +25,10 @@ use crate::tree::{Tree, TreeDef};
 pub(crate) struct Signature {
     pub(crate) def: TreeDef,
     pub(crate) types: Vec<TensorType>,
-    /// Empty when placement does not change the program (`pmap`).
-    pub(crate) placements: Vec<Option<ShardSpec>>,
+    /// Empty when placement does not change the program (`pmap`). Shared with the leaves'
+    /// arrays (and the program's outputs where equal): a later call's leaves are compared by
+    /// pointer first.
+    pub(crate) placements: Vec<Option<Arc<ShardSpec>>>,
 }
 
 impl Signature {
@@ -57,17 +59,21 @@ pub const DEFAULT_CAPACITY: usize = 64;
 /// The options and the compiled programs (`V`) of one transformed closure.
 pub(crate) struct Cache<V> {
     pub(crate) options: Options,
-    /// Each program with the tick of its last use.
-    entries: RefCell<HashMap<Signature, (Rc<V>, u64)>>,
+    /// Each program with the tick of its last use (shared with `last`).
+    entries: RefCell<HashMap<Signature, (Rc<V>, Used)>>,
     capacity: usize,
     tick: Cell<u64>,
     traces: Cell<usize>,
     /// This closure's number among those of its name, for unique dump file names.
     instance: OnceCell<usize>,
-    /// The signature of the last call and its program: a call with the same leaves' types
-    /// and placements and the same structure reuses it without building a `Signature`.
-    last: RefCell<Option<(Signature, Rc<V>)>>,
+    /// The signature of the last call, its program and its entry's tick: a call with the same
+    /// leaves' types and placements and the same structure reuses it without building a
+    /// `Signature` or hashing one. Always an entry of `entries` (cleared when it is evicted).
+    last: RefCell<Option<(Signature, Rc<V>, Used)>>,
 }
+
+/// The tick of an entry's last use, shared by the entry and `Cache::last`.
+type Used = Rc<Cell<u64>>;
 
 /// How many closures of each name have dumped (`Dump::from_env`'s prefix): the first is
 /// `name`, the next `name~2`, in the order of their first compilation.
@@ -108,6 +114,13 @@ impl<V> Cache<V> {
         while entries.len() > self.capacity {
             Self::evict(entries);
         }
+        let last = self.last.get_mut();
+        if last
+            .as_ref()
+            .is_some_and(|(sig, ..)| !entries.contains_key(sig))
+        {
+            *last = None;
+        }
     }
 
     /// How many programs are kept now.
@@ -115,10 +128,10 @@ impl<V> Cache<V> {
         self.entries.borrow().len()
     }
 
-    fn evict(entries: &mut HashMap<Signature, (Rc<V>, u64)>) {
+    fn evict(entries: &mut HashMap<Signature, (Rc<V>, Used)>) {
         let oldest = entries
             .iter()
-            .min_by_key(|(_, (_, t))| *t)
+            .min_by_key(|(_, (_, t))| t.get())
             .map(|(k, _)| k.clone());
         if let Some(k) = oldest {
             entries.remove(&k);
@@ -181,7 +194,7 @@ impl<V> Cache<V> {
         placed: bool,
     ) -> Option<Rc<V>> {
         let last = self.last.borrow();
-        let (sig, v) = last.as_ref()?;
+        let (sig, v, used) = last.as_ref()?;
         let same = same_def(&sig.def)
             && sig.types.len() == leaves.len()
             && leaves.iter().zip(&sig.types).all(|(t, ty)| t.ty() == ty)
@@ -196,11 +209,7 @@ impl<V> Cache<V> {
         }
         let tick = self.tick.get() + 1;
         self.tick.set(tick);
-        match self.entries.borrow_mut().get_mut(sig) {
-            Some((_, used)) => *used = tick,
-            // Evicted since (a capacity change): not a hit.
-            None => return None,
-        }
+        used.set(tick);
         Some(v.clone())
     }
 
@@ -218,11 +227,10 @@ impl<V> Cache<V> {
     ) -> Result<Rc<V>> {
         let tick = self.tick.get() + 1;
         self.tick.set(tick);
-        if let Some((v, used)) = self.entries.borrow_mut().get_mut(&sig) {
-            *used = tick;
-            let v = v.clone();
-            *self.last.borrow_mut() = Some((sig, v.clone()));
-            return Ok(v);
+        if let Some((v, used)) = self.entries.borrow().get(&sig) {
+            used.set(tick);
+            *self.last.borrow_mut() = Some((sig, v.clone(), used.clone()));
+            return Ok(v.clone());
         }
         self.traces.set(self.traces.get() + 1);
         let _span = tracing::info_span!(
@@ -244,9 +252,10 @@ impl<V> Cache<V> {
         while entries.len() >= self.capacity {
             Self::evict(&mut entries);
         }
-        entries.insert(sig.clone(), (v.clone(), tick));
+        let used = Rc::new(Cell::new(tick));
+        entries.insert(sig.clone(), (v.clone(), used.clone()));
         drop(entries);
-        *self.last.borrow_mut() = Some((sig, v.clone()));
+        *self.last.borrow_mut() = Some((sig, v.clone(), used));
         Ok(v)
     }
 }

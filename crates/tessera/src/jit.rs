@@ -50,9 +50,9 @@ enum JitEntry {
 }
 
 /// The mesh the placed leaves share (with its device list), or an error when they disagree.
-fn common_mesh(placements: &[Option<ShardSpec>], location: &str) -> Result<Option<ShardSpec>> {
+fn common_mesh(placements: &[Option<Arc<ShardSpec>>], location: &str) -> Result<Option<ShardSpec>> {
     let mut mesh: Option<&ShardSpec> = None;
-    for p in placements.iter().flatten() {
+    for p in placements.iter().flatten().map(Arc::as_ref) {
         match mesh {
             None => mesh = Some(p),
             Some(m) if m.mesh == p.mesh && m.devices == p.devices => {}
@@ -821,14 +821,23 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     .expect("`partition` gives every output's sharding");
                 let first_only: Vec<bool> = out_specs.iter().map(is_replicated).collect();
                 let programs = pipeline.schedule_on(&lowered, &devices, &first_only, location)?;
+                // An output laid out as an input shares its layout: the next call, given the
+                // outputs back (parameters chained), compares its leaves by pointer.
                 let out_layouts = out_specs
                     .iter()
                     .map(|dims| {
-                        Arc::new(ShardSpec {
-                            mesh: mesh.clone(),
-                            devices: devices.clone(),
-                            dims: dims.clone(),
-                        })
+                        let input =
+                            sig.placements.iter().flatten().find(|p| {
+                                p.dims == *dims && p.mesh == mesh && p.devices == devices
+                            });
+                        match input {
+                            Some(p) => p.clone(),
+                            None => Arc::new(ShardSpec {
+                                mesh: mesh.clone(),
+                                devices: devices.clone(),
+                                dims: dims.clone(),
+                            }),
+                        }
                     })
                     .collect();
                 JitEntry::Sharded {

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::panic::Location;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use tessera_ir::{DType, Data, Literal, NodeId, Op, Shape, TensorType};
 use tessera_runtime::Array;
@@ -307,16 +308,20 @@ impl Tensor {
     }
 
     /// Whether the placement is `spec`, without cloning it.
-    pub(crate) fn placed_as(&self, spec: Option<&tessera_runtime::ShardSpec>) -> bool {
-        match &self.repr {
-            Repr::Concrete(a) => a.spec() == spec,
-            Repr::Traced(_) => spec.is_none(),
+    /// Whether this is laid out as `spec` (the same allocation, or an equal one).
+    pub(crate) fn placed_as(&self, spec: Option<&Arc<tessera_runtime::ShardSpec>>) -> bool {
+        match (&self.repr, spec) {
+            (Repr::Concrete(a), Some(spec)) => a
+                .layout()
+                .is_some_and(|l| Arc::ptr_eq(l, spec) || **l == **spec),
+            (Repr::Concrete(a), None) => a.layout().is_none(),
+            (Repr::Traced(_), spec) => spec.is_none(),
         }
     }
 
-    pub(crate) fn placement(&self) -> Option<tessera_runtime::ShardSpec> {
+    pub(crate) fn placement(&self) -> Option<Arc<tessera_runtime::ShardSpec>> {
         match &self.repr {
-            Repr::Concrete(a) => a.spec().cloned(),
+            Repr::Concrete(a) => a.layout().cloned(),
             Repr::Traced(_) => None,
         }
     }

@@ -103,6 +103,15 @@ fn the_jit_cache_is_bounded_and_least_recently_used() {
     f.call(x(2)).unwrap();
     assert_eq!(f.trace_count(), 4, "2 was dropped and is traced again");
     assert_eq!(f.call(x(2)).unwrap().to_vec::<f32>(), [2.0, 2.0]);
+    // A smaller capacity drops the least recent (1), never the last call's (2).
+    let f = f.cache_capacity(1);
+    assert_eq!(f.cache_len(), 1);
+    f.call(x(2)).unwrap();
+    assert_eq!(f.trace_count(), 4, "2 was the last call's and kept");
+    f.call(x(1)).unwrap();
+    assert_eq!((f.trace_count(), f.cache_len()), (5, 1));
+    f.call(x(2)).unwrap();
+    assert_eq!(f.trace_count(), 6, "2 was dropped for 1");
 
     // The default bound holds over many shapes.
     let g = jit(|x: Tensor| x + 1.0);
