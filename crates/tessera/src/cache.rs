@@ -68,7 +68,8 @@ pub(crate) struct Cache<V> {
     instance: OnceCell<usize>,
     /// The signature of the last call, its program and its entry's tick: a call with the same
     /// leaves' types and placements and the same structure reuses it without building a
-    /// `Signature` or hashing one. Always an entry of `entries` (cleared when it is evicted).
+    /// `Signature` or hashing one. An entry of `entries` unless evicted since, which the
+    /// shared tick tells (the entry holds the other reference).
     last: RefCell<Option<(Signature, Rc<V>, Used)>>,
 }
 
@@ -195,7 +196,10 @@ impl<V> Cache<V> {
     ) -> Option<Rc<V>> {
         let last = self.last.borrow();
         let (sig, v, used) = last.as_ref()?;
-        let same = same_def(&sig.def)
+        // Its entry still shares the tick: not evicted (a closure's `flatten_into` may have
+        // called this jit and filled the cache while the last call was taken out).
+        let same = Rc::strong_count(used) > 1
+            && same_def(&sig.def)
             && sig.types.len() == leaves.len()
             && leaves.iter().zip(&sig.types).all(|(t, ty)| t.ty() == ty)
             && (!placed

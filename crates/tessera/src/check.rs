@@ -52,9 +52,11 @@ enum Bound {
 enum Leeway {
     /// The whole-program tolerance.
     Tolerance,
-    /// Also any difference where either value is infinite or NaN: the value depends on a
-    /// region (loop, branch) whose body sums, and regions are not checked op by op, so the
-    /// sums' magnitudes are not known.
+    /// Also any difference where either value is infinite or NaN: the value depends on an
+    /// f16 or bf16 sum past the type's largest value (rounded once from f32: inf against the
+    /// largest finite value), or on a region (loop, branch) whose body sums and whose operands
+    /// or results hold an inf or NaN (regions are not checked op by op, so their sums'
+    /// magnitudes are not known).
     NonFinite,
     /// Any difference: the value depends on a sum whose terms' magnitudes add up past the
     /// type's largest finite value.
@@ -280,10 +282,14 @@ impl Checker {
                 .unwrap_or(Leeway::Tolerance);
             leeway.insert(id, inherited);
             if let Op::Region(r) = &node.op {
-                if r.regions().iter().any(|(_, body)| sums(body)) {
+                let results = tessera_interp::run_region(r, &args, &tessera_interp::SingleDevice)?;
+                let non_finite =
+                    |l: &Literal| (0..l.data.len()).any(|k| !l.data.get_f64(k).is_finite());
+                if r.regions().iter().any(|(_, body)| sums(body))
+                    && (args.iter().any(|a| non_finite(a)) || results.iter().any(non_finite))
+                {
                     leeway.insert(id, inherited.max(Leeway::NonFinite));
                 }
-                let results = tessera_interp::run_region(r, &args, &tessera_interp::SingleDevice)?;
                 results_of.insert(id, results);
                 if compose {
                     let cargs: Vec<&Literal> = operands.iter().map(|o| &composed[o]).collect();
@@ -307,12 +313,11 @@ impl Checker {
                 Bound::Accumulated => magnitudes(&node.op, &args, &node.ty),
                 Bound::Exact | Bound::Ulps(_) | Bound::Unchecked => None,
             };
-            let max = largest_finite(node.ty.dtype);
-            if magnitude
-                .as_ref()
-                .is_some_and(|m| m.iter().any(|&m| m > max))
-            {
-                leeway.insert(id, Leeway::Any);
+            if let Some(m) = &magnitude {
+                let most = m.iter().fold(Leeway::Tolerance, |l, &m| {
+                    l.max(sum_leeway(node.ty.dtype, m))
+                });
+                leeway.insert(id, inherited.max(most));
             }
             if b != Bound::Unchecked {
                 let got = self.run_alone(id, &args)?;
@@ -703,15 +708,26 @@ fn ulps_f64(x: f64, y: f64) -> Option<u64> {
     u64::try_from(key(x).abs_diff(key(y))).ok()
 }
 
-/// The largest finite value of a float type (infinite for the others: their sums are exact
-/// modulo 2^n in every order).
-fn largest_finite(dtype: DType) -> f64 {
-    match dtype {
-        DType::F32 => f32::MAX as f64,
-        DType::F64 => f64::MAX,
-        DType::F16 => 65504.0,
-        DType::BF16 => bf16::MAX.to_f64(),
-        DType::I32 | DType::U32 | DType::Bool | DType::I64 => f64::INFINITY,
+/// What a sum whose terms' magnitudes add up to `m` leaves its users: past f32's (f64's)
+/// largest value, partial sums overflow in some orders and not others (`Any`); f16 and bf16
+/// sum in f32 and round once, so past their own largest value only that rounding differs
+/// (inf against the largest finite value: `NonFinite`). Integer sums are exact modulo 2^n in
+/// every order.
+fn sum_leeway(dtype: DType, m: f64) -> Leeway {
+    let wide = f32::MAX as f64;
+    let (any, non_finite) = match dtype {
+        DType::F32 => (wide, wide),
+        DType::F64 => (f64::MAX, f64::MAX),
+        DType::F16 => (wide, 65504.0),
+        DType::BF16 => (wide, bf16::MAX.to_f64()),
+        DType::I32 | DType::U32 | DType::Bool | DType::I64 => return Leeway::Tolerance,
+    };
+    if m > any {
+        Leeway::Any
+    } else if m > non_finite {
+        Leeway::NonFinite
+    } else {
+        Leeway::Tolerance
     }
 }
 
@@ -725,10 +741,16 @@ fn sums(g: &Graph) -> bool {
 }
 
 /// For a sum or a dot: the same reduction over the operands' absolute values, in f64, which
-/// bounds the rounding error of any order of summation.
+/// bounds the rounding error of any order of summation. An infinite operand counts as 0: a
+/// term it makes is infinite (or NaN) in every order, and the sum then is the same in every
+/// order (inf, -inf, or NaN when both or a NaN occur) unless the finite terms overflow, which
+/// their magnitudes tell. A NaN operand stays NaN (the sum is NaN in every order).
 fn magnitudes(op: &Op, args: &[&Literal], ty: &TensorType) -> Option<Vec<f64>> {
     let abs = |l: &Literal| {
-        let v: Vec<f64> = (0..l.data.len()).map(|k| l.data.get_f64(k).abs()).collect();
+        let finite_abs = |x: f64| if x.is_infinite() { 0.0 } else { x.abs() };
+        let v: Vec<f64> = (0..l.data.len())
+            .map(|k| finite_abs(l.data.get_f64(k)))
+            .collect();
         Literal::new(l.ty.shape.clone(), Data::F64(v))
     };
     let wide: Vec<Literal> = args.iter().map(|a| abs(a)).collect::<Option<_>>()?;
@@ -876,5 +898,81 @@ mod tests {
         assert_eq!(want.leeway, vec![Leeway::Tolerance; 2]);
         let off = [lit(vec![1, 1], vec![-1.0]), want.outputs[1].clone()];
         assert!(checker.check_outputs(&off, &want).is_err());
+        // An infinite term with small finite ones: the same sum in every order (inf).
+        let x = lit(vec![1, 2], vec![f32::INFINITY, 3.0]);
+        let want = checker.check_ops(&[&x, &y]).unwrap();
+        assert_eq!(want.leeway, vec![Leeway::Tolerance; 2]);
+    }
+
+    /// The leeway of a sum by width: f16 sums in f32 and rounds once, so past 65504 only
+    /// inf against a finite value may differ; a NonFinite output still rejects a finite
+    /// difference.
+    #[test]
+    fn sum_leeway_by_width_and_what_non_finite_accepts() {
+        assert_eq!(sum_leeway(DType::F16, 7e4), Leeway::NonFinite);
+        assert_eq!(sum_leeway(DType::F16, 4e38), Leeway::Any);
+        assert_eq!(sum_leeway(DType::F32, 7e4), Leeway::Tolerance);
+        assert_eq!(sum_leeway(DType::F32, 4e38), Leeway::Any);
+        assert_eq!(sum_leeway(DType::I32, 4e38), Leeway::Tolerance);
+        let mut g = Graph::new("f");
+        let p = g.add_param(TensorType::new(DType::F32, vec![2]));
+        g.set_outputs(vec![p]);
+        let checker = Checker::new(g);
+        let lit = |v: Vec<f32>| Literal::new(vec![2], Data::F32(v)).unwrap();
+        let want = Reference {
+            outputs: vec![lit(vec![1.0, f32::INFINITY])],
+            leeway: vec![Leeway::NonFinite],
+        };
+        checker
+            .check_outputs(&[lit(vec![1.0, f32::NAN])], &want)
+            .unwrap();
+        checker
+            .check_outputs(&[lit(vec![1.0, 2.0])], &want)
+            .unwrap();
+        let err = checker
+            .check_outputs(&[lit(vec![1.5, f32::INFINITY])], &want)
+            .unwrap_err();
+        assert!(err.to_string().contains("element 0"), "{err}");
+    }
+
+    /// A loop whose body sums gives NonFinite leeway only when its operands or results hold
+    /// an inf or a NaN.
+    #[test]
+    fn a_summing_loop_gets_leeway_only_with_non_finite_values() {
+        use crate::prelude::*;
+        let looped = |(c, xs): (Tensor, Tensor)| {
+            let (c, _) = scan(
+                |c: &Tensor, x: &Tensor| (c + x.sum(), c.clone()),
+                &c,
+                &xs,
+                None,
+                false,
+            );
+            c
+        };
+        let c = Tensor::zeros([]);
+        let graph = |xs: &Tensor| {
+            crate::jit::make_ir(looped)(&(c.clone(), xs.clone()))
+                .unwrap()
+                .graph()
+                .clone()
+        };
+        let finite = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+        let checker = Checker::new(graph(&finite));
+        let want = checker
+            .check_ops(&[
+                c.try_array().unwrap().literal(),
+                finite.try_array().unwrap().literal(),
+            ])
+            .unwrap();
+        assert_eq!(want.leeway, vec![Leeway::Tolerance]);
+        let inf = Tensor::from_vec(vec![1.0f32, f32::INFINITY, 3.0, 4.0], [2, 2]);
+        let want = checker
+            .check_ops(&[
+                c.try_array().unwrap().literal(),
+                inf.try_array().unwrap().literal(),
+            ])
+            .unwrap();
+        assert_eq!(want.leeway, vec![Leeway::NonFinite]);
     }
 }
