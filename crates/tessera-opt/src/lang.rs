@@ -4,6 +4,7 @@
 
 use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 
 use egg::{DidMerge, EGraph, FromOp, Id, Language};
@@ -11,11 +12,13 @@ use tessera_interp::eval_op;
 use tessera_ir::{BinaryOp, CompareOp, Data, Literal, Mesh, Op, TensorType, UnaryOp};
 
 /// An IR op applied to e-classes. Equality, order and hash use the op with all its attributes
-/// and, for parameters, their type.
+/// and, for parameters, their type. The op and its key are shared: egg clones nodes into its
+/// memo, its classes and every lookup (a clone that copied them was a third of adding the
+/// seed step's nodes, perf).
 #[derive(Clone, Debug)]
 pub struct Node {
-    pub op: Op,
-    key: String,
+    pub op: Arc<Op>,
+    key: Arc<str>,
     pub children: Vec<Id>,
     /// A parameter's type (other nodes' types come from the type rules).
     pub param_ty: Option<TensorType>,
@@ -75,8 +78,8 @@ impl Node {
             key.push_str(&format!(" : {t}"));
         }
         Node {
-            op,
-            key,
+            op: Arc::new(op),
+            key: key.into(),
             children,
             param_ty,
         }
@@ -187,14 +190,14 @@ impl egg::Analysis<Node> for TensorAnalysis {
 
     fn make(egraph: &mut EGraph<Node, Self>, enode: &Node, _id: Id) -> ClassData {
         let kids: Vec<&ClassData> = enode.children.iter().map(|&c| &egraph[c].data).collect();
-        let ty = if let Op::Parameter(_) = &enode.op {
+        let ty = if let Op::Parameter(_) = &*enode.op {
             enode.param_ty.clone()
         } else {
             let types: Option<Vec<&TensorType>> = kids.iter().map(|k| k.ty.as_ref()).collect();
             types.and_then(|t| enode.op.infer_type(&t, egraph.analysis.mesh.as_ref()).ok())
         };
         // Scalar constant folding: every operand a known one-element constant.
-        let constant = if let Op::Constant(l) = &enode.op {
+        let constant = if let Op::Constant(l) = &*enode.op {
             (l.ty.numel() <= 1).then(|| l.clone())
         } else if let Some(t) = &ty
             && t.numel() == 1
@@ -206,7 +209,7 @@ impl egg::Analysis<Node> for TensorAnalysis {
         } else {
             None
         };
-        let splat = match &enode.op {
+        let splat = match &*enode.op {
             Op::Constant(l) if l.data.is_splat() && !l.data.is_empty() => Some(l.data.get_f64(0)),
             // Moving a splat's elements leaves a splat.
             Op::BroadcastInDim { .. } | Op::Reshape(_) | Op::Transpose(_) => {
@@ -276,7 +279,7 @@ impl egg::Analysis<Node> for TensorAnalysis {
         let has_constant = egraph[id]
             .nodes
             .iter()
-            .any(|n| matches!(n.op, Op::Constant(_)));
+            .any(|n| matches!(*n.op, Op::Constant(_)));
         if !has_constant {
             let k = egraph.add(Node::new(Op::Constant(c), vec![], None));
             egraph.union(id, k);

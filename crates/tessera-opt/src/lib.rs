@@ -79,7 +79,7 @@ impl CostFunction<Node> for Cost<'_> {
         let ty = class.and_then(|c| self.egraph[c].data.ty.clone());
         let numel = ty.as_ref().map_or(1, |t| t.numel()) as f64;
         let bytes = ty.as_ref().map_or(4, |t| t.byte_size().max(1)) as f64;
-        let own = match &enode.op {
+        let own = match &*enode.op {
             Op::Parameter(_) => 0.0,
             // A splat is free to recompute; a constant array is read.
             Op::Constant(l) if l.data.is_splat() => 1.0,
@@ -263,7 +263,7 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
                 .map(|&c| built[&egraph.find(c)])
                 .collect();
             let id = out
-                .add(node.op.clone(), &args)
+                .add(Op::clone(&node.op), &args)
                 .map_err(|e| format!("extraction built an ill-typed node: {e}"))?;
             out.node_mut(id).loc = locs_canon.get(node).cloned();
             built.insert(class, id);

@@ -204,11 +204,11 @@ fn transpose_transpose(eg: &mut EG, class: Id, subst: &Subst) -> Vec<Id> {
     let x = eg.find(subst["?x".parse::<Var>().expect("var")]);
     let mut out = Vec::new();
     for outer in nodes(eg, class, "transpose") {
-        let Op::Transpose(q) = &outer.op else {
+        let Op::Transpose(q) = &*outer.op else {
             continue;
         };
         for inner in nodes(eg, outer.children[0], "transpose") {
-            let Op::Transpose(p) = &inner.op else {
+            let Op::Transpose(p) = &*inner.op else {
                 continue;
             };
             if eg.find(inner.children[0]) != x {
@@ -229,7 +229,7 @@ fn reshape_reshape(eg: &mut EG, class: Id, subst: &Subst) -> Vec<Id> {
     let x = eg.find(subst["?x".parse::<Var>().expect("var")]);
     let mut out = Vec::new();
     for outer in nodes(eg, class, "reshape") {
-        let Op::Reshape(shape) = &outer.op else {
+        let Op::Reshape(shape) = &*outer.op else {
             continue;
         };
         if nodes(eg, outer.children[0], "reshape")
@@ -250,11 +250,11 @@ fn broadcast_broadcast(eg: &mut EG, class: Id, subst: &Subst) -> Vec<Id> {
     let x = eg.find(subst["?x".parse::<Var>().expect("var")]);
     let mut out = Vec::new();
     for outer in nodes(eg, class, "broadcast_in_dim") {
-        let Op::BroadcastInDim { shape, dims: d2 } = &outer.op else {
+        let Op::BroadcastInDim { shape, dims: d2 } = &*outer.op else {
             continue;
         };
         for inner in nodes(eg, outer.children[0], "broadcast_in_dim") {
-            let Op::BroadcastInDim { dims: d1, .. } = &inner.op else {
+            let Op::BroadcastInDim { dims: d1, .. } = &*inner.op else {
                 continue;
             };
             if eg.find(inner.children[0]) != x {
@@ -282,12 +282,12 @@ fn reduce_broadcast(eg: &mut EG, class: Id, subst: &Subst) -> Vec<Id> {
         let Op::Reduce {
             kind: ReduceKind::Sum,
             axes,
-        } = &red.op
+        } = &*red.op
         else {
             continue;
         };
         for b in nodes(eg, red.children[0], "broadcast_in_dim") {
-            let Op::BroadcastInDim { shape, dims } = &b.op else {
+            let Op::BroadcastInDim { shape, dims } = &*b.op else {
                 continue;
             };
             if eg.find(b.children[0]) != x {
@@ -357,7 +357,7 @@ fn dot_transpose(eg: &mut EG, class: Id, subst: &Subst, lhs: bool) -> Vec<Id> {
     let o = eg.find(subst[other.parse::<Var>().expect("var")]);
     let mut out = Vec::new();
     for dot in nodes(eg, class, "dot_general") {
-        let Op::DotGeneral(dd) = &dot.op else {
+        let Op::DotGeneral(dd) = &*dot.op else {
             continue;
         };
         let side = if lhs {
@@ -366,7 +366,7 @@ fn dot_transpose(eg: &mut EG, class: Id, subst: &Subst, lhs: bool) -> Vec<Id> {
             dot.children[1]
         };
         for t in nodes(eg, side, "transpose") {
-            let Op::Transpose(p) = &t.op else { continue };
+            let Op::Transpose(p) = &*t.op else { continue };
             if eg.find(t.children[0]) != a {
                 continue;
             }
@@ -384,9 +384,9 @@ fn transpose_dot(eg: &mut EG, class: Id, subst: &Subst) -> Vec<Id> {
     let b = eg.find(subst["?b".parse::<Var>().expect("var")]);
     let mut out = Vec::new();
     for t in nodes(eg, class, "transpose") {
-        let Op::Transpose(p) = &t.op else { continue };
+        let Op::Transpose(p) = &*t.op else { continue };
         for dot in nodes(eg, t.children[0], "dot_general") {
-            let Op::DotGeneral(dd) = &dot.op else {
+            let Op::DotGeneral(dd) = &*dot.op else {
                 continue;
             };
             if eg.find(dot.children[0]) != a || eg.find(dot.children[1]) != b {
