@@ -230,6 +230,13 @@ impl Graph {
         &self.graph[id].op
     }
 
+    /// One more than the largest node index in use: a table indexed by `NodeId::index()` of
+    /// this length holds every node of the graph as it is now (removed nodes leave holes,
+    /// which a later `add` may fill).
+    pub fn node_bound(&self) -> usize {
+        self.graph.node_bound()
+    }
+
     pub fn node_count(&self) -> usize {
         self.graph.node_count()
     }

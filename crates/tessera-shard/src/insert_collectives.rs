@@ -192,7 +192,7 @@ fn insert_graph(
         let n = match outs.map(|w| &w[j]) {
             Some(want) => {
                 let mut why = Vec::new();
-                let n = p.moved(*o, want, &format!("output {j}"), &mut why)?;
+                let n = p.moved(*o, want, || format!("output {j}"), &mut why)?;
                 if !why.is_empty() {
                     note(&mut annotated, *o, &why);
                 }
@@ -235,12 +235,14 @@ impl Inserter<'_> {
     ) -> Result<Vec<String>, ShardError> {
         let (g, mesh) = (self.g, self.mesh);
         let operands = g.operands(id);
-        let specs: Vec<Spec> = operands.iter().map(|o| self.at[o].1.clone()).collect();
-        let d = self.decide(id, &op, &specs, &wanted[&id]);
+        let d = {
+            let specs: Vec<&Spec> = operands.iter().map(|o| &self.at[o].1).collect();
+            self.decide(id, &op, &specs, &wanted[&id])
+        };
         let mut args = Vec::new();
-        let mut why = d.conflicts.clone();
+        let mut why = d.conflicts;
         for (k, &o) in operands.iter().enumerate() {
-            args.push(self.moved(o, &d.want[k], &format!("operand {k}"), &mut why)?);
+            args.push(self.moved(o, &d.want[k], || format!("operand {k}"), &mut why)?);
         }
         // A sharding constraint has done its work once its operand is resharded.
         if let Op::ShardingConstraint(_) = op {
@@ -283,17 +285,19 @@ impl Inserter<'_> {
         &mut self,
         o: NodeId,
         want: &Spec,
-        what: &str,
+        what: impl FnOnce() -> String,
         why: &mut Vec<String>,
     ) -> Result<NodeId, ShardError> {
-        let (xnode, spec) = self.at[&o].clone();
         Ok(match self.rebuild(o, want)? {
             Some(n) => n,
-            None if spec == *want => xnode,
+            None if self.at[&o].1 == *want => self.at[&o].0,
             None => {
+                let (xnode, spec) = &self.at[&o];
+                let xnode = *xnode;
                 why.push(format!(
-                    "{what} resharded {} -> {}",
-                    spec_text(&spec),
+                    "{} resharded {} -> {}",
+                    what(),
+                    spec_text(spec),
                     spec_text(want)
                 ));
                 self.add(
@@ -380,7 +384,7 @@ impl Inserter<'_> {
         let mut why = Vec::new();
         let mut args = Vec::new();
         for (k, &o) in operands.iter().enumerate() {
-            args.push(self.moved(o, &want[k], &format!("operand {k}"), &mut why)?);
+            args.push(self.moved(o, &want[k], || format!("operand {k}"), &mut why)?);
         }
         let mut explicit = r.clone();
         let mut noted = r.clone();
@@ -407,7 +411,7 @@ impl Inserter<'_> {
 
     /// The op's decision from its factor rule: operands where they are, the result where
     /// propagation wants it; a sharding constraint simply wants its operand in its sharding.
-    fn decide(&self, id: NodeId, op: &Op, specs: &[Spec], wanted: &Spec) -> Decision {
+    fn decide(&self, id: NodeId, op: &Op, specs: &[&Spec], wanted: &Spec) -> Decision {
         if let Op::ShardingConstraint(_) = op {
             return Decision {
                 want: vec![wanted.clone()],
@@ -418,14 +422,7 @@ impl Inserter<'_> {
         }
         let g = self.g;
         let rule = rule_of(g, id);
-        let a = settle(
-            g,
-            self.mesh,
-            &rule,
-            id,
-            &specs.iter().collect::<Vec<_>>(),
-            wanted,
-        );
+        let a = settle(g, self.mesh, &rule, id, specs, wanted);
         Decision {
             want: (0..specs.len())
                 .map(|k| project(self.mesh, &rule, rule.dims_of(Some(k)), &a.axes))
@@ -438,11 +435,11 @@ impl Inserter<'_> {
 
     /// Adds `op` to the output, annotated `spec`.
     fn add(&mut self, op: Op, args: &[NodeId], spec: &Spec) -> Result<NodeId, ShardError> {
-        let name = op.name().to_string();
-        let n = self
-            .x
-            .add(op, args)
-            .map_err(|error| ShardError::Type { op: name, error })?;
+        let name = op.name();
+        let n = self.x.add(op, args).map_err(|error| ShardError::Type {
+            op: name.to_string(),
+            error,
+        })?;
         self.x.node_mut(n).sharding = Some(Sharding::closed(self.mesh, spec));
         Ok(n)
     }

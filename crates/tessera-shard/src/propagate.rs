@@ -61,40 +61,38 @@ fn label(tensor: Option<usize>) -> String {
     }
 }
 
-/// The factors of one dim sharded over `axes`: the major factor takes axes (major first) until
-/// it is split completely, then the next one does; an axis that does not divide what is left
-/// of its factor ends the walk (the minor axes stay unassigned).
-fn dim_to_factors(
+/// The factors of one dim sharded over `axes`, each with its run of them, given to `take`:
+/// the major factor takes axes (major first) until it is split completely, then the next one
+/// does; an axis that does not divide what is left of its factor ends the walk (the minor
+/// axes stay unassigned).
+fn dim_to_factors<'s>(
     mesh: &Mesh,
     rule: &FactorRule,
     factors: &[usize],
-    axes: &[String],
-) -> Vec<(usize, Vec<String>)> {
-    let mut out = Vec::new();
-    let mut rest = axes.iter().peekable();
+    axes: &'s [String],
+    mut take: impl FnMut(usize, &'s [String]),
+) {
+    let mut next = 0;
     for &f in factors {
-        if rest.peek().is_none() {
+        if next == axes.len() {
             break;
         }
-        let (mut prod, mut taken) = (1, Vec::new());
-        while prod < rule.sizes[f] {
-            match rest.peek() {
-                Some(a) if rule.sizes[f].is_multiple_of(prod * mesh.axis_size(a).unwrap_or(1)) => {
-                    prod *= mesh.axis_size(a).unwrap_or(1);
-                    taken.push((*a).clone());
-                    rest.next();
-                }
-                _ => break,
+        let (start, mut prod) = (next, 1);
+        while prod < rule.sizes[f] && next < axes.len() {
+            let size = mesh.axis_size(&axes[next]).unwrap_or(1);
+            if !rule.sizes[f].is_multiple_of(prod * size) {
+                break;
             }
+            prod *= size;
+            next += 1;
         }
-        if !taken.is_empty() {
-            out.push((f, taken));
+        if next > start {
+            take(f, &axes[start..next]);
         }
         if prod < rule.sizes[f] {
             break;
         }
     }
-    out
 }
 
 /// The sharding of a tensor whose dims are made of `dims` factors, under an assignment: each
@@ -102,26 +100,30 @@ fn dim_to_factors(
 /// (a dim cannot be split over a minor factor while its major factor is whole).
 pub fn project(mesh: &Mesh, rule: &FactorRule, dims: &[Vec<usize>], axes: &[Vec<String>]) -> Spec {
     dims.iter()
-        .map(|fs| {
-            let mut d = Vec::new();
-            for &f in fs {
-                d.extend(axes[f].iter().cloned());
-                if mesh.group_size(&axes[f]) != rule.sizes[f] {
-                    break;
-                }
-            }
-            d
-        })
+        .map(|fs| project_dim(mesh, rule, fs, axes))
         .collect()
+}
+
+/// `project` of one dim made of the factors `fs`.
+fn project_dim(mesh: &Mesh, rule: &FactorRule, fs: &[usize], axes: &[Vec<String>]) -> Vec<String> {
+    let mut d = Vec::new();
+    for &f in fs {
+        d.extend(axes[f].iter().cloned());
+        if mesh.group_size(&axes[f]) != rule.sizes[f] {
+            break;
+        }
+    }
+    d
 }
 
 /// Settles the sharding of each factor from the tensors' shardings: proposals from larger
 /// tensors first; a factor that needs replication is never split; a mesh axis splits one
 /// factor at most.
 pub fn resolve(mesh: &Mesh, rule: &FactorRule, views: &[View]) -> Assignment {
-    struct Proposal {
+    struct Proposal<'s> {
         factor: usize,
-        axes: Vec<String>,
+        /// A run of one tensor's spec (borrowed: only the winners' are copied).
+        axes: &'s [String],
         elems: usize,
         order: usize,
         /// Which tensor, which dim: for messages.
@@ -130,22 +132,22 @@ pub fn resolve(mesh: &Mesh, rule: &FactorRule, views: &[View]) -> Assignment {
     let mut proposals = Vec::new();
     for (order, v) in views.iter().enumerate() {
         for (d, factors) in rule.dims_of(v.tensor).iter().enumerate() {
-            for (factor, axes) in dim_to_factors(mesh, rule, factors, &v.spec[d]) {
+            dim_to_factors(mesh, rule, factors, &v.spec[d], |factor, axes| {
                 proposals.push(Proposal {
                     factor,
                     axes,
                     elems: v.elems,
                     order,
                     at: (v.tensor, d),
-                });
-            }
+                })
+            });
         }
     }
     proposals.sort_by_key(|p| (std::cmp::Reverse(p.elems), p.order));
     let where_ = |(t, d): (Option<usize>, usize)| format!("dim {d} of {}", label(t));
     let mut axes: Vec<Vec<String>> = vec![Vec::new(); rule.sizes.len()];
     let mut winner: Vec<Option<&Proposal>> = vec![None; rule.sizes.len()];
-    let mut owner: Vec<(String, &Proposal)> = Vec::new();
+    let mut owner: Vec<(&str, &Proposal)> = Vec::new();
     let mut conflicts = Vec::new();
     for p in &proposals {
         if rule.kinds[p.factor] == FactorKind::NeedReplication {
@@ -161,22 +163,22 @@ pub fn resolve(mesh: &Mesh, rule: &FactorRule, views: &[View]) -> Assignment {
                 conflicts.push(format!(
                     "{} split over {} conflicts with {} split over {}; {why}",
                     where_(p.at),
-                    axes_text(&p.axes),
+                    axes_text(p.axes),
                     where_(w.at),
-                    axes_text(&w.axes),
+                    axes_text(w.axes),
                 ));
             }
-        } else if let Some((a, o)) = owner.iter().find(|(a, _)| p.axes.contains(a)) {
+        } else if let Some((a, o)) = owner.iter().find(|(a, _)| p.axes.iter().any(|b| b == a)) {
             conflicts.push(format!(
                 "{} split over {} conflicts with {} split over {}: \"{a}\" splits one dim only",
                 where_(p.at),
-                axes_text(&p.axes),
+                axes_text(p.axes),
                 where_(o.at),
-                axes_text(&o.axes),
+                axes_text(o.axes),
             ));
         } else {
-            owner.extend(p.axes.iter().map(|a| (a.clone(), p)));
-            axes[p.factor] = p.axes.clone();
+            owner.extend(p.axes.iter().map(|a| (a.as_str(), p)));
+            axes[p.factor] = p.axes.to_vec();
             winner[p.factor] = Some(p);
         }
     }
@@ -329,6 +331,15 @@ pub fn propagate(g: &Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Graph, Sha
     Ok(annotated)
 }
 
+/// [`propagate`] on a graph the caller gives up: annotated in place, not copied (the pipeline,
+/// whose passes own their input; the copy was a fifth of the pass's allocation time, perf).
+pub fn propagate_owned(mut g: Graph, mesh: &Mesh, in_specs: &[Spec]) -> Result<Graph, ShardError> {
+    check_input(&g, mesh, in_specs)?;
+    let specs = fixed_point(&g, mesh, in_specs, true)?;
+    annotate(&mut g, mesh, &specs);
+    Ok(g)
+}
+
 /// Every value's sharding in a graph and, for each region node, in each of its bodies.
 #[derive(Clone, Debug, Default)]
 struct Specs {
@@ -419,14 +430,16 @@ fn fixed_point(
         };
         specs.of.insert(id, spec);
     }
-    // Each node's factor rule and operands, found once for every visit of the loop below.
-    let rules: HashMap<NodeId, (FactorRule, Vec<NodeId>)> = order
-        .iter()
-        .filter(|&&id| priority(g.op(id)).is_some() && !matches!(g.op(id), Op::Region(_)))
-        .map(|&id| (id, (rule_of(g, id), g.operands(id))))
-        .collect();
+    // Each node's factor rule and operands, found once for every visit of the loop below, by
+    // node index.
+    let mut rules: Vec<Option<(FactorRule, Vec<NodeId>)>> = vec![None; g.node_bound()];
+    for &id in &order {
+        if priority(g.op(id)).is_some() && !matches!(g.op(id), Op::Region(_)) {
+            rules[id.index()] = Some((rule_of(g, id), g.operands(id)));
+        }
+    }
     let mut regions: HashMap<NodeId, Settled> = HashMap::new();
-    let mut turns = Turns::default();
+    let mut turns = Turns::new(g.node_bound());
     for level in 0..=1 {
         loop {
             let mut changed = false;
@@ -441,7 +454,9 @@ fn fixed_point(
                     }
                     c
                 } else {
-                    let (rule, operands) = &rules[&id];
+                    let (rule, operands) = rules[id.index()]
+                        .as_ref()
+                        .expect("every op with a priority but a region has a rule");
                     match turns.take(id, operands) {
                         Some(stamp) => step(
                             g,
@@ -484,29 +499,42 @@ pub fn turns_taken() -> u64 {
 /// and its turn is skipped. The walk visits the ops in the same order and every turn taken
 /// sees the same shardings as without skipping, so the result is the same, in fewer turns
 /// (the seed step: most of a walk's turns are the last sweeps', which change nothing).
-#[derive(Default)]
 struct Turns {
+    /// Starts at 1: 0 in the tables below is "never".
     clock: u64,
-    /// When each value's sharding last changed (absent: never).
-    changed: HashMap<NodeId, u64>,
-    /// When each op last took its turn (absent: never).
-    took: HashMap<NodeId, u64>,
+    /// When each value's sharding last changed, by node index (0: never).
+    changed: Vec<u64>,
+    /// When each op last took its turn, by node index (0: never).
+    took: Vec<u64>,
     /// When a region's turn last changed a value (its writes are not stamped one by one).
     region: u64,
 }
 
 impl Turns {
+    /// Tables for the nodes of a graph whose indices are below `bound`
+    /// (`StableGraph::node_bound`). Indexed tables, not maps: the walk asks them several times
+    /// per visit, and hashing was a third of the pass (perf, the seed step).
+    fn new(bound: usize) -> Turns {
+        Turns {
+            clock: 1,
+            changed: vec![0; bound],
+            took: vec![0; bound],
+            region: 0,
+        }
+    }
+
     /// Whether op `id` (of `operands`) takes its turn now: `Some` of the stamp for what its
     /// turn changes (later than the turn, so its own writes bring it back), or `None` to skip.
     fn take(&mut self, id: NodeId, operands: &[NodeId]) -> Option<u64> {
-        if let Some(&took) = self.took.get(&id) {
-            let since = |n: &NodeId| self.changed.get(n).is_some_and(|&c| c > took);
+        let took = self.took[id.index()];
+        if took != 0 {
+            let since = |n: &NodeId| self.changed[n.index()] > took;
             if self.region <= took && !operands.iter().chain([&id]).any(since) {
                 return None;
             }
         }
         self.clock += 1;
-        self.took.insert(id, self.clock);
+        self.took[id.index()] = self.clock;
         self.clock += 1;
         TURNS.with(|t| t.set(t.get() + 1));
         Some(self.clock)
@@ -669,7 +697,7 @@ fn step(
     all: &mut Specs,
     closed: &[NodeId],
     level: u8,
-    changed_at: &mut HashMap<NodeId, u64>,
+    changed_at: &mut [u64],
     stamp: u64,
 ) -> bool {
     let specs = &mut all.of;
@@ -701,16 +729,23 @@ fn step(
         if closed.contains(&node) {
             continue;
         }
-        let new = project(mesh, rule, rule.dims_of(tensor), &assignment.axes);
-        let open: Vec<bool> = specs[&node].iter().map(Vec::is_empty).collect();
-        if absorb(specs.get_mut(&node).expect("every value has a spec"), &new) {
+        // `absorb` of the projected spec, one dim at a time, projecting only the open dims
+        // (most turns change nothing, and building the whole spec allocated for every dim).
+        let cur = specs.get_mut(&node).expect("every value has a spec");
+        let mut gained: Vec<String> = Vec::new();
+        for (d, fs) in rule.dims_of(tensor).iter().enumerate() {
+            if !cur[d].is_empty() {
+                continue;
+            }
+            let new = project_dim(mesh, rule, fs, &assignment.axes);
+            if !new.is_empty() && new.iter().all(|a| !cur.iter().flatten().any(|b| b == a)) {
+                gained.push(format!("dim {d} over {}", axes_text(&new)));
+                cur[d] = new;
+            }
+        }
+        if !gained.is_empty() {
             changed = true;
-            changed_at.insert(node, stamp);
-            let after = &specs[&node];
-            let gained: Vec<String> = (0..after.len())
-                .filter(|&d| open[d] && !after[d].is_empty())
-                .map(|d| format!("dim {d} over {}", axes_text(&after[d])))
-                .collect();
+            changed_at[node.index()] = stamp;
             let how = match tensor {
                 None => {
                     let from: Vec<String> = operands

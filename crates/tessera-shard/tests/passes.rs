@@ -73,6 +73,10 @@ fn passes_compose_to_partition_through_their_text() {
                 p.err()
             ),
         };
+        // The pipeline's form, on a graph it gives up: the same program.
+        let owned = tessera_shard::propagate::propagate_owned(g.clone(), &mesh, &specs)
+            .unwrap_or_else(|e| panic!("{name}: propagate_owned: {e}"));
+        assert_eq!(print(&owned), print(&propagated), "{name}: propagate_owned");
         let explicit = insert_collectives(&reparse(&propagated))
             .unwrap_or_else(|e| panic!("{name}: insert_collectives: {e}"));
         assert_eq!(

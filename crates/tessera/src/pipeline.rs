@@ -141,7 +141,8 @@ fn propagate(ctx: &mut Ctx<'_>, graph: Graph) -> Result<Graph> {
     let Target::Sharded { mesh, specs } = ctx.target else {
         unreachable!("`PASSES` runs propagate for sharded targets only")
     };
-    tessera_shard::propagate(&graph, &mesh.mesh, specs).map_err(|e| shard_error(ctx, e))
+    tessera_shard::propagate::propagate_owned(graph, &mesh.mesh, specs)
+        .map_err(|e| shard_error(ctx, e))
 }
 
 /// Whether the program's mesh has Explicit axes: shardings are then types, fixed by each op's
