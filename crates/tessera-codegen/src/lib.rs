@@ -52,9 +52,19 @@ use crate::lower::Tier;
 /// and the IR passes on the calling thread; a product that comes first waits for the query
 /// (a `OnceCell`), a pass for its rules (a `OnceLock`). `tiered`: whether the caller compiles
 /// with `compile_tiered` (the quick ISA and the background thread are started only then).
-pub fn prepare(also: fn(), tiered: bool) {
+/// `threads`: the number of cores, as the caller has already read it. The rayon pool is started
+/// with that many threads (unless `RAYON_NUM_THREADS` is set or the pool has started), so
+/// rayon does not read the cgroup files again on the caller's thread (`cores` reads them: a
+/// third of starting the pool, perf of the seed step's first call).
+pub fn prepare(also: fn(), tiered: bool, threads: usize) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+            // An error: the pool has started already (the program's own, or a product's).
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads.max(1))
+                .build_global();
+        }
         // A panic in `also` stays in its task (a panicking rayon task aborts the process):
         // the first pass that needs its work does it again on the caller's thread, where a
         // panic is that call's (`OnceLock` keeps nothing from a panicked initialization).

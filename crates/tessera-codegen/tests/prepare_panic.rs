@@ -18,7 +18,11 @@ fn panics() {
 
 #[test]
 fn a_panic_in_prepares_task_stays_in_it() {
-    tessera_codegen::prepare(panics, true);
+    tessera_codegen::prepare(panics, true, 3);
+    // The pool starts with the caller's count of cores (3 here, whatever the machine has).
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        assert_eq!(rayon::current_num_threads(), 3);
+    }
     let start = Instant::now();
     while !RAN.load(Ordering::SeqCst) {
         assert!(

@@ -88,9 +88,19 @@ pub fn try_local_device_count() -> Result<usize, String> {
         .clone()
 }
 
+/// The number of cores this process may use (`std::thread::available_parallelism`, 1 if it
+/// cannot tell), read once per process: std reads the cgroup files on every call (tens of
+/// microseconds; 8% of the pmap step's samples when it was read per call). The default device
+/// count, the rayon pool's size (`tessera_codegen::prepare`) and the one-thread launch's test
+/// all read this.
+pub fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// `try_device_count` for the variable's value `v` (`None`: unset).
 pub fn parse_device_count(v: Option<&str>) -> Result<usize, String> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = cores();
     match v.map(str::trim) {
         None | Some("") => Ok(cores),
         Some(v) => v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {

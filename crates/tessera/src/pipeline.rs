@@ -402,7 +402,11 @@ impl<'a> Pipeline<'a> {
         let name = self.options.name.as_str();
         self.rec.stages = keep_stages.then(Vec::new);
         if self.options.backend == Backend::Cranelift {
-            tessera_codegen::prepare(tessera_opt::prepare, tiered_from_env()?);
+            tessera_codegen::prepare(
+                tessera_opt::prepare,
+                tiered_from_env()?,
+                tessera_runtime::cores(),
+            );
         }
         let start = Instant::now();
         let (mut graph, out_def) = {

@@ -193,11 +193,7 @@ impl DeviceProgram {
         inputs: &[Vec<Arc<Literal>>],
     ) -> Option<Result<Vec<Vec<Option<Literal>>>>> {
         let n = self.programs.len();
-        // Read once: `available_parallelism` reads the cgroup files on every call (8% of the
-        // pmap step's samples when it was read per call).
-        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let cores =
-            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
+        let cores = tessera_runtime::cores();
         if !one_thread_pays(n, cores, self.positions.len() == self.devices.len()) {
             return None;
         }
