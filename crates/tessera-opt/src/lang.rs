@@ -18,14 +18,40 @@ use tessera_ir::{BinaryOp, CompareOp, Data, Literal, Mesh, Op, TensorType, Unary
 #[derive(Clone, Debug)]
 pub struct Node {
     pub op: Arc<Op>,
-    key: Arc<str>,
+    key: Key,
     pub children: Vec<Id>,
     /// A parameter's type (other nodes' types come from the type rules).
     pub param_ty: Option<TensorType>,
 }
 
+/// A node's identity apart from its children: the mnemonic of an op without attributes (no
+/// allocation: most of a program's ops), or a text of the op with all its attributes.
+/// Compared as text: a mnemonic is lowercase, never the text of another op.
+#[derive(Clone, Debug)]
+enum Key {
+    Name(&'static str),
+    Text(Arc<str>),
+}
+
+impl Key {
+    fn as_str(&self) -> &str {
+        match self {
+            Key::Name(n) => n,
+            Key::Text(t) => t,
+        }
+    }
+}
+
 impl Node {
     pub fn new(op: Op, children: Vec<Id>, param_ty: Option<TensorType>) -> Node {
+        if let Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::StopGradient = op {
+            return Node {
+                key: Key::Name(op.name()),
+                op: Arc::new(op),
+                children,
+                param_ty,
+            };
+        }
         // Every attribute counts, including those the text format leaves to the result type
         // (a broadcast's shape): two broadcasts of one value to different shapes differ.
         // Constants are keyed by type and value: a splat by its one element, a small array by
@@ -79,7 +105,7 @@ impl Node {
         }
         Node {
             op: Arc::new(op),
-            key: key.into(),
+            key: Key::Text(key.into()),
             children,
             param_ty,
         }
@@ -88,13 +114,13 @@ impl Node {
 
 impl PartialEq for Node {
     fn eq(&self, o: &Node) -> bool {
-        self.key == o.key && self.children == o.children
+        self.key.as_str() == o.key.as_str() && self.children == o.children
     }
 }
 impl Eq for Node {}
 impl Hash for Node {
     fn hash<H: Hasher>(&self, h: &mut H) {
-        self.key.hash(h);
+        self.key.as_str().hash(h);
         self.children.hash(h);
     }
 }
@@ -105,7 +131,7 @@ impl PartialOrd for Node {
 }
 impl Ord for Node {
     fn cmp(&self, o: &Node) -> Ordering {
-        (&self.key, &self.children).cmp(&(&o.key, &o.children))
+        (self.key.as_str(), &self.children).cmp(&(o.key.as_str(), &o.children))
     }
 }
 

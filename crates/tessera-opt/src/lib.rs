@@ -161,7 +161,7 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
     tessera_ir::verify(g).map_err(|e| format!("the input graph is malformed: {e}"))?;
     let mut egraph = EGraph::new(TensorAnalysis::new(g.mesh.clone()));
     let mut class_of: HashMap<NodeId, Id> = HashMap::new();
-    let mut locs: HashMap<Node, String> = HashMap::new();
+    let mut locs: HashMap<Node, &str> = HashMap::new();
     for id in g.topo_order() {
         let node = g.node(id);
         let children: Vec<Id> = g.operands(id).iter().map(|o| class_of[o]).collect();
@@ -181,7 +181,7 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
             matches!(node.op, Op::Parameter(_)).then(|| node.ty.clone()),
         );
         if let Some(l) = &node.loc {
-            locs.insert(n.clone(), l.clone());
+            locs.insert(n.clone(), l.as_str());
         }
         class_of.insert(id, egraph.add(n));
     }
@@ -222,7 +222,7 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
         built.insert(egraph.find(class_of[&p]), np);
     }
     // Locations were recorded under the original children ids; map them to canonical ones.
-    let locs_canon: HashMap<Node, String> = locs
+    let locs_canon: HashMap<Node, &str> = locs
         .into_iter()
         .map(|(n, l)| (n.map_children(|c| egraph.find(c)), l))
         .collect();
@@ -265,7 +265,7 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
             let id = out
                 .add(Op::clone(&node.op), &args)
                 .map_err(|e| format!("extraction built an ill-typed node: {e}"))?;
-            out.node_mut(id).loc = locs_canon.get(node).cloned();
+            out.node_mut(id).loc = locs_canon.get(node).map(|l| l.to_string());
             built.insert(class, id);
             in_progress.remove(&class);
         }
