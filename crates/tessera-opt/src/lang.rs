@@ -24,58 +24,42 @@ pub struct Node {
     pub param_ty: Option<TensorType>,
 }
 
-/// A node's identity apart from its children: the mnemonic of an op without attributes (no
-/// allocation: most of a program's ops), or a text of the op with all its attributes.
-/// Compared as text: a mnemonic is lowercase, never the text of another op.
+/// A node's identity apart from its children. An op without attributes is its mnemonic; an op
+/// whose attributes are integers (shapes, dims, types) is its mnemonic and the op itself,
+/// compared with `==` (formatting it was most of building a node: perf of the seed step's
+/// first call); a constant, a parameter (with its type) and a region are a text of the op with
+/// all its attributes (a float attribute compared as text: a NaN constant equals itself).
+/// Every attribute counts, including those the text format leaves to the result type (a
+/// broadcast's shape): two broadcasts of one value to different shapes differ.
 #[derive(Clone, Debug)]
 enum Key {
     Name(&'static str),
+    Attrs(&'static str),
     Text(Arc<str>),
 }
 
 impl Key {
-    fn as_str(&self) -> &str {
+    /// The variant's rank and its text: equal keys have equal parts, and `Attrs` also equal ops.
+    fn parts(&self) -> (u8, &str) {
         match self {
-            Key::Name(n) => n,
-            Key::Text(t) => t,
+            Key::Name(n) => (0, n),
+            Key::Attrs(n) => (1, n),
+            Key::Text(t) => (2, t),
         }
     }
 }
 
 impl Node {
     pub fn new(op: Op, children: Vec<Id>, param_ty: Option<TensorType>) -> Node {
-        if let Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::StopGradient = op {
-            return Node {
-                key: Key::Name(op.name()),
-                op: Arc::new(op),
-                children,
-                param_ty,
-            };
-        }
-        // Every attribute counts, including those the text format leaves to the result type
-        // (a broadcast's shape): two broadcasts of one value to different shapes differ.
         // Constants are keyed by type and value: a splat by its one element, a small array by
         // its elements, a large one by identity (never merged; printing it would cost more
         // than merging could save).
-        let mut key = match &op {
-            Op::Constant(l) if l.data.is_splat() && !l.data.is_empty() => {
-                format!("constant {} splat {}", l.ty, l.data.element_text(0))
+        let text = |key: String| Key::Text(key.into());
+        let key = match &op {
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::StopGradient => {
+                Key::Name(op.name())
             }
-            Op::Constant(l) if l.data.len() > 64 => {
-                static NEXT: AtomicU64 = AtomicU64::new(0);
-                format!(
-                    "constant {} #{}",
-                    l.ty,
-                    NEXT.fetch_add(1, AtomicOrdering::Relaxed)
-                )
-            }
-            Op::Parameter(_)
-            | Op::Constant(_)
-            | Op::Iota { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
+            Op::Iota { .. }
             | Op::Convert(_)
             | Op::Bitcast(_)
             | Op::BroadcastInDim { .. }
@@ -89,8 +73,6 @@ impl Node {
             | Op::DotGeneral(_)
             | Op::Collective(_)
             | Op::ShardingConstraint(_)
-            | Op::StopGradient
-            | Op::Region(_)
             | Op::GetResult { .. }
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
@@ -98,29 +80,48 @@ impl Node {
             | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. }
-            | Op::Rev { .. } => format!("{op:?}"),
+            | Op::Rev { .. } => Key::Attrs(op.name()),
+            Op::Constant(l) if l.data.is_splat() && !l.data.is_empty() => text(format!(
+                "constant {} splat {}",
+                l.ty,
+                l.data.element_text(0)
+            )),
+            Op::Constant(l) if l.data.len() > 64 => {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                text(format!(
+                    "constant {} #{}",
+                    l.ty,
+                    NEXT.fetch_add(1, AtomicOrdering::Relaxed)
+                ))
+            }
+            Op::Parameter(_) | Op::Constant(_) | Op::Region(_) => match &param_ty {
+                Some(t) => text(format!("{op:?} : {t}")),
+                None => text(format!("{op:?}")),
+            },
         };
-        if let Some(t) = &param_ty {
-            key.push_str(&format!(" : {t}"));
-        }
         Node {
             op: Arc::new(op),
-            key: Key::Text(key.into()),
+            key,
             children,
             param_ty,
         }
+    }
+
+    /// Whether the ops are equal where the keys alone do not tell (`Key::Attrs`).
+    fn same_attrs(&self, o: &Node) -> bool {
+        !matches!(self.key, Key::Attrs(_)) || Arc::ptr_eq(&self.op, &o.op) || self.op == o.op
     }
 }
 
 impl PartialEq for Node {
     fn eq(&self, o: &Node) -> bool {
-        self.key.as_str() == o.key.as_str() && self.children == o.children
+        self.key.parts() == o.key.parts() && self.children == o.children && self.same_attrs(o)
     }
 }
 impl Eq for Node {}
 impl Hash for Node {
     fn hash<H: Hasher>(&self, h: &mut H) {
-        self.key.as_str().hash(h);
+        self.key.parts().hash(h);
         self.children.hash(h);
     }
 }
@@ -131,7 +132,13 @@ impl PartialOrd for Node {
 }
 impl Ord for Node {
     fn cmp(&self, o: &Node) -> Ordering {
-        (self.key.as_str(), &self.children).cmp(&(o.key.as_str(), &o.children))
+        (self.key.parts(), &self.children)
+            .cmp(&(o.key.parts(), &o.children))
+            .then_with(|| match self.same_attrs(o) {
+                true => Ordering::Equal,
+                // Ops of one mnemonic with other integer attributes: their texts differ.
+                false => format!("{:?}", self.op).cmp(&format!("{:?}", o.op)),
+            })
     }
 }
 

@@ -303,6 +303,38 @@ mod tests {
         g
     }
 
+    /// Equal ops on equal operands are one node; an op with other integer attributes (a
+    /// broadcast to another shape) is another; NaN constants of one type are one (compared
+    /// as text).
+    #[test]
+    fn nodes_are_merged_by_op_attributes_and_operands() {
+        use tessera_ir::Shape;
+        let ty = TensorType::new(DType::F32, vec![3]);
+        let mut g = Graph::new("f");
+        let x = g.add_param(ty.clone());
+        let broadcast = |shape: Vec<usize>, dims: Vec<usize>| Op::BroadcastInDim {
+            shape: Shape::new(shape),
+            dims,
+        };
+        let a = g.add(broadcast(vec![2, 3], vec![1]), &[x]).unwrap();
+        let b = g.add(broadcast(vec![2, 3], vec![1]), &[x]).unwrap();
+        let c = g.add(broadcast(vec![3, 2], vec![0]), &[x]).unwrap();
+        let t = g.add(Op::Transpose(vec![1, 0]), &[a]).unwrap();
+        let nan = |g: &mut Graph| {
+            g.add(Op::Constant(Literal::splat(&ty, f64::NAN)), &[])
+                .unwrap()
+        };
+        let (n1, n2) = (nan(&mut g), nan(&mut g));
+        let s = g.add(Op::Binary(BinaryOp::Add), &[n1, n2]).unwrap();
+        g.set_outputs(vec![a, b, c, t, s]);
+        let (out, _) = simplify(&g, Limits::default()).unwrap();
+        let o = out.outputs();
+        assert_eq!(o[0], o[1], "equal broadcasts are one node");
+        assert_ne!(o[0], o[2], "a broadcast to another shape is another node");
+        let add = out.operands(o[4]);
+        assert_eq!(add[0], add[1], "NaN constants of one type are one node");
+    }
+
     #[test]
     fn a_program_over_the_node_limit_is_only_deduplicated_and_the_report_says_so() {
         let g = times_one(10);
