@@ -212,7 +212,7 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
         (runner.egraph, runner.iterations.len(), stop)
     };
     let extractor = Extractor::new(&egraph, Cost { egraph: &egraph });
-    let mut out = Graph::new(g.name.clone());
+    let mut out = Graph::with_capacity(g.name.clone(), g.node_count());
     out.mesh = g.mesh.clone();
     let mut built: HashMap<Id, NodeId> = HashMap::new();
     for &p in g.params() {

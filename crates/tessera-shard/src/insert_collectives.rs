@@ -125,7 +125,7 @@ fn insert_graph(
     let mut p = Inserter {
         g,
         mesh,
-        x: Graph::new(g.name.clone()),
+        x: Graph::with_capacity(g.name.clone(), g.node_count() + g.node_count() / 4),
         at: HashMap::new(),
         results: HashMap::new(),
     };

@@ -100,7 +100,8 @@ pub(crate) fn begin_on(
     mesh: Option<Mesh>,
 ) -> (TraceGuard, Vec<Tensor>) {
     let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut graph = Graph::new(name);
+    // Room for a small program's nodes (a training step traces dozens to hundreds).
+    let mut graph = Graph::with_capacity(name, 64);
     graph.mesh = mesh;
     let nodes: Vec<NodeId> = params.iter().map(|t| graph.add_param(t.clone())).collect();
     let state = Rc::new(TraceState {
