@@ -53,13 +53,18 @@ use crate::lower::Tier;
 /// (a `OnceCell`), a pass for its rules (a `OnceLock`). `tiered`: whether the caller compiles
 /// with `compile_tiered` (the quick ISA and the background thread are started only then).
 /// `threads`: the number of cores, as the caller has already read it. The rayon pool is started
-/// with that many threads (unless `RAYON_NUM_THREADS` is set or the pool has started), so
+/// with that many threads (unless `RAYON_NUM_THREADS` or `RAYON_RS_NUM_CPUS` is set or the
+/// pool has started), so
 /// rayon does not read the cgroup files again on the caller's thread (`cores` reads them: a
 /// third of starting the pool, perf of the seed step's first call).
 pub fn prepare(also: fn(), tiered: bool, threads: usize) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        // Rayon's own variables (and the deprecated one it still reads) keep their say.
+        if ["RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS"]
+            .iter()
+            .all(|v| std::env::var_os(v).is_none())
+        {
             // An error: the pool has started already (the program's own, or a product's).
             let _ = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads.max(1))

@@ -25,10 +25,11 @@ pub struct Node {
 }
 
 /// A node's identity apart from its children. An op without attributes is its mnemonic; an op
-/// whose attributes are integers (shapes, dims, types) is its mnemonic and the op itself,
-/// compared with `==` (formatting it was most of building a node: perf of the seed step's
-/// first call); a constant, a parameter (with its type) and a region are a text of the op with
-/// all its attributes (a float attribute compared as text: a NaN constant equals itself).
+/// whose attributes hold no float (integers, types, axis names) is its mnemonic and the op
+/// itself, compared with `==` and hashed by its attributes (`hash_attrs`; formatting it was
+/// most of building a node: perf of the seed step's first call); a constant, a gather (its
+/// fill value), a parameter (with its type) and a region are a text of the op with all its
+/// attributes (a float attribute compared as text: a NaN constant equals itself).
 /// Every attribute counts, including those the text format leaves to the result type (a
 /// broadcast's shape): two broadcasts of one value to different shapes differ.
 #[derive(Clone, Debug)]
@@ -76,7 +77,6 @@ impl Node {
             | Op::GetResult { .. }
             | Op::Conv(_)
             | Op::ReduceWindow { .. }
-            | Op::Gather(_)
             | Op::Scatter(_)
             | Op::Sort { .. }
             | Op::Cumulative { .. }
@@ -94,7 +94,7 @@ impl Node {
                     NEXT.fetch_add(1, AtomicOrdering::Relaxed)
                 ))
             }
-            Op::Parameter(_) | Op::Constant(_) | Op::Region(_) => match &param_ty {
+            Op::Parameter(_) | Op::Constant(_) | Op::Region(_) | Op::Gather(_) => match &param_ty {
                 Some(t) => text(format!("{op:?} : {t}")),
                 None => text(format!("{op:?}")),
             },
@@ -123,6 +123,63 @@ impl Hash for Node {
     fn hash<H: Hasher>(&self, h: &mut H) {
         self.key.parts().hash(h);
         self.children.hash(h);
+        if let Key::Attrs(_) = self.key {
+            hash_attrs(&self.op, h);
+        }
+    }
+}
+
+/// The attributes of an op keyed `Key::Attrs`, hashed (equal ops hash alike): without them,
+/// every slice or reshape of one value would share a hash, and a program of many (an unrolled
+/// loop's slices) would compare them all pairwise. A collective and a scatter are hashed by
+/// name alone (their attribute types have no `Hash`; a program holds few).
+fn hash_attrs<H: Hasher>(op: &Op, h: &mut H) {
+    match op {
+        Op::Iota { dim, ty } => (dim, ty).hash(h),
+        Op::Convert(d) | Op::Bitcast(d) => d.hash(h),
+        Op::BroadcastInDim { shape, dims } => (shape, dims).hash(h),
+        Op::Reshape(shape) => shape.hash(h),
+        Op::Transpose(perm) => perm.hash(h),
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => (start, limit, stride).hash(h),
+        Op::Concatenate { dim } => dim.hash(h),
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => (low, high, interior).hash(h),
+        Op::Reduce { kind, axes } => (kind, axes).hash(h),
+        Op::ArgMax { axis } => axis.hash(h),
+        Op::DotGeneral(dims) => dims.hash(h),
+        Op::ShardingConstraint(s) => s.hash(h),
+        Op::GetResult { index, ty } => (index, ty).hash(h),
+        Op::Conv(dims) => dims.hash(h),
+        Op::ReduceWindow { kind, win } => (kind, win).hash(h),
+        Op::Sort {
+            dim,
+            num_keys,
+            output,
+        } => (dim, num_keys, output).hash(h),
+        Op::Cumulative {
+            kind,
+            axis,
+            reverse,
+        } => (kind, axis, reverse).hash(h),
+        Op::Rev { dims } => dims.hash(h),
+        Op::Collective(_) | Op::Scatter(_) => {}
+        // Not keyed `Attrs`: their keys say everything.
+        Op::Parameter(_)
+        | Op::Constant(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::StopGradient
+        | Op::Region(_)
+        | Op::Gather(_) => {}
     }
 }
 impl PartialOrd for Node {
@@ -136,7 +193,8 @@ impl Ord for Node {
             .cmp(&(o.key.parts(), &o.children))
             .then_with(|| match self.same_attrs(o) {
                 true => Ordering::Equal,
-                // Ops of one mnemonic with other integer attributes: their texts differ.
+                // Ops of one mnemonic with other attributes: their texts differ (no float in
+                // them, so no NaN prints alike for different bits).
                 false => format!("{:?}", self.op).cmp(&format!("{:?}", o.op)),
             })
     }

@@ -335,6 +335,29 @@ mod tests {
         assert_eq!(add[0], add[1], "NaN constants of one type are one node");
     }
 
+    /// Slices of one value at different offsets hash apart (an unrolled loop's many slices of
+    /// one value would otherwise share one hash and be compared pairwise), equal ones alike.
+    #[test]
+    fn ops_with_attributes_hash_by_them() {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let slice = |start: usize| {
+            let op = Op::Slice {
+                start: vec![start],
+                limit: vec![start + 1],
+                stride: vec![1],
+            };
+            Node::new(op, vec![Id::from(0usize)], None)
+        };
+        let hash = |n: &Node| {
+            BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(n)
+        };
+        assert_eq!(hash(&slice(3)), hash(&slice(3)));
+        assert_eq!(slice(3), slice(3));
+        assert_ne!(slice(3), slice(4));
+        let distinct: HashSet<u64> = (0..100).map(|k| hash(&slice(k))).collect();
+        assert_eq!(distinct.len(), 100);
+    }
+
     #[test]
     fn a_program_over_the_node_limit_is_only_deduplicated_and_the_report_says_so() {
         let g = times_one(10);

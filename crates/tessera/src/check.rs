@@ -959,20 +959,12 @@ mod tests {
         };
         let finite = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]);
         let checker = Checker::new(graph(&finite));
-        let want = checker
-            .check_ops(&[
-                c.try_array().unwrap().literal(),
-                finite.try_array().unwrap().literal(),
-            ])
-            .unwrap();
-        assert_eq!(want.leeway, vec![Leeway::Tolerance]);
+        let leeway = |xs: &Tensor| {
+            let inputs = [&c, xs].map(|t| t.try_array().unwrap().literal());
+            checker.check_ops(&inputs).unwrap().leeway
+        };
+        assert_eq!(leeway(&finite), vec![Leeway::Tolerance]);
         let inf = Tensor::from_vec(vec![1.0f32, f32::INFINITY, 3.0, 4.0], [2, 2]);
-        let want = checker
-            .check_ops(&[
-                c.try_array().unwrap().literal(),
-                inf.try_array().unwrap().literal(),
-            ])
-            .unwrap();
-        assert_eq!(want.leeway, vec![Leeway::NonFinite]);
+        assert_eq!(leeway(&inf), vec![Leeway::NonFinite]);
     }
 }
