@@ -258,12 +258,21 @@ impl Graph {
 
     /// The operands of `id`, in position order.
     pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
+        let mut ops = Vec::new();
+        self.operands_into(id, &mut ops);
+        ops
+    }
+
+    /// [`Graph::operands`] into `ops` (emptied first), reusing its room: a loop over every
+    /// node (the verifier's) allocates once, not once a node.
+    pub fn operands_into(&self, id: NodeId, ops: &mut Vec<NodeId>) {
         // Each edge's weight is its operand's position, 0..n once each in a well-formed graph:
-        // each operand goes straight to its place, one allocation (this runs for every node
-        // of every pass). Positions that are not exactly 0..n (a graph the verifier rejects)
-        // take the sort below, which orders whatever is there.
+        // each operand goes straight to its place (this runs for every node of every pass).
+        // Positions that are not exactly 0..n (a graph the verifier rejects) take the sort
+        // below, which orders whatever is there.
         let n = self.graph.edges_directed(id, Direction::Incoming).count();
-        let mut ops = vec![NodeId::end(); n];
+        ops.clear();
+        ops.resize(n, NodeId::end());
         let mut placed = true;
         for e in self.graph.edges_directed(id, Direction::Incoming) {
             match ops.get_mut(*e.weight()) {
@@ -272,7 +281,7 @@ impl Graph {
             }
         }
         if placed {
-            return ops;
+            return;
         }
         let mut edges: Vec<(usize, NodeId)> = self
             .graph
@@ -280,7 +289,8 @@ impl Graph {
             .map(|e| (*e.weight(), e.source()))
             .collect();
         edges.sort_unstable();
-        edges.into_iter().map(|(_, n)| n).collect()
+        ops.clear();
+        ops.extend(edges.into_iter().map(|(_, n)| n));
     }
 
     /// The distinct nodes that use `id` as an operand, in id order.

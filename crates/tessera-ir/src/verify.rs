@@ -107,6 +107,8 @@ fn verify_at(g: &Graph, depth: usize) -> Result<(), VerifyError> {
             return Err(whole("an output is not a node of the graph".into()));
         }
     }
+    // One pair of vectors for every node's operands and their types.
+    let (mut operands, mut types): (Vec<NodeId>, Vec<&TensorType>) = (Vec::new(), Vec::new());
     // A node's name in the printed text is its place in this order.
     for (name, &id) in order.iter().enumerate() {
         let node = g.node(id);
@@ -138,8 +140,9 @@ fn verify_at(g: &Graph, depth: usize) -> Result<(), VerifyError> {
             }
         } else {
             let op = &node.op;
-            let operands = g.operands(id);
-            let types: Vec<&TensorType> = operands.iter().map(|&o| g.ty(o)).collect();
+            g.operands_into(id, &mut operands);
+            types.clear();
+            types.extend(operands.iter().map(|&o| g.ty(o)));
             let ty = op
                 .infer_type(&types, g.mesh.as_ref())
                 .map_err(|e| at(e.to_string()))?;
