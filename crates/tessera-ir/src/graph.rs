@@ -57,7 +57,8 @@ impl Graph {
 
     /// An empty graph with room for `nodes` nodes (and twice as many edges) before its
     /// vectors grow: a node is about 300 bytes, and growing them one doubling at a time copied
-    /// every node again (a fifth of adding nodes while tracing the seed step, perf).
+    /// every node again (a third of adding nodes while tracing the seed step: 38 of 110 perf
+    /// samples of `Graph::add` in 30 first calls).
     pub fn with_capacity(name: impl Into<String>, nodes: usize) -> Graph {
         Graph {
             graph: StableDiGraph::with_capacity(nodes, nodes.saturating_mul(2)),

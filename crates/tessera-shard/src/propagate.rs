@@ -513,7 +513,8 @@ struct Turns {
 impl Turns {
     /// Tables for the nodes of a graph whose indices are below `bound`
     /// (`StableGraph::node_bound`). Indexed tables, not maps: the walk asks them several times
-    /// per visit, and hashing was a third of the pass (perf, the seed step).
+    /// per visit (on the seed step the pass went from 92 to 84 us warm with them, a probe
+    /// running it 3000 times).
     fn new(bound: usize) -> Turns {
         Turns {
             clock: 1,
