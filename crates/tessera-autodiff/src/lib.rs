@@ -95,7 +95,7 @@ pub fn vjp(
             active.insert(id);
         }
     }
-    let mut ct: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut ct: HashMap<NodeId, NodeId> = HashMap::with_capacity(active.len());
     // The cotangent of each result of a region node, from its `get_result`s.
     let mut result_ct: HashMap<(NodeId, usize), NodeId> = HashMap::new();
     let mut b = Builder {

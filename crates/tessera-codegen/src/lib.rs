@@ -76,14 +76,21 @@ pub fn prepare(also: fn(), tiered: bool, threads: usize) {
         rayon::spawn(move || {
             let _ = std::panic::catch_unwind(also);
         });
+        // The ISAs first, in a task of their own: the first compile waits for them, and
+        // building the host ISA runs CPUID (each a trap to the hypervisor in a VM), which
+        // also fills std's cache of CPU features that fusion reads (`vmath::Tail::tanh`).
         rayon::spawn(move || {
-            let _ = *gemm_common::cache::CACHE_INFO;
             // An error here is the first compile's to report.
             let _ = lower::host_isa();
             if tiered && tier::enabled() {
                 let _ = lower::quick_isa();
                 tier::start_thread();
             }
+        });
+        // Only the first run's first product needs the caches' sizes; reading them takes a
+        // worker 0.6 ms (sysfs, perf of the seed step's first call on a Xeon VM).
+        rayon::spawn(move || {
+            let _ = *gemm_common::cache::CACHE_INFO;
         })
     });
 }

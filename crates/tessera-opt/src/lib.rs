@@ -160,11 +160,12 @@ pub fn simplify(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
 fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String> {
     tessera_ir::verify(g).map_err(|e| format!("the input graph is malformed: {e}"))?;
     let mut egraph = EGraph::new(TensorAnalysis::new(g.mesh.clone()));
-    let mut class_of: HashMap<NodeId, Id> = HashMap::new();
-    let mut locs: HashMap<Node, &str> = HashMap::new();
+    // Each node's e-class, by node index (`topo_order` fills a node's operands first).
+    let mut class_of: Vec<Id> = vec![Id::from(0usize); g.node_bound()];
+    let mut locs: HashMap<Node, &str> = HashMap::with_capacity(g.node_count());
     for id in g.topo_order() {
         let node = g.node(id);
-        let children: Vec<Id> = g.operands(id).iter().map(|o| class_of[o]).collect();
+        let children: Vec<Id> = g.operands(id).iter().map(|o| class_of[o.index()]).collect();
         let mut op = node.op.clone();
         if let Op::Region(r) = &mut op {
             // Each body is simplified as a function of its own: its parameters and outputs
@@ -183,9 +184,9 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
         if let Some(l) = &node.loc {
             locs.insert(n.clone(), l.as_str());
         }
-        class_of.insert(id, egraph.add(n));
+        class_of[id.index()] = egraph.add(n);
     }
-    let roots: Vec<Id> = g.outputs().iter().map(|o| class_of[o]).collect();
+    let roots: Vec<Id> = g.outputs().iter().map(|o| class_of[o.index()]).collect();
     let size = egraph.total_size();
     let (egraph, iterations, stop) = if size > limits.nodes {
         // egg would stop before its first search; say why in the report.
@@ -214,12 +215,12 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
     let extractor = Extractor::new(&egraph, Cost { egraph: &egraph });
     let mut out = Graph::with_capacity(g.name.clone(), g.node_count());
     out.mesh = g.mesh.clone();
-    let mut built: HashMap<Id, NodeId> = HashMap::new();
+    let mut built: HashMap<Id, NodeId> = HashMap::with_capacity(g.node_count());
     for &p in g.params() {
         let np = out.add_param(g.ty(p).clone());
         out.node_mut(np).loc = g.node(p).loc.clone();
         out.node_mut(np).sharding = g.node(p).sharding.clone();
-        built.insert(egraph.find(class_of[&p]), np);
+        built.insert(egraph.find(class_of[p.index()]), np);
     }
     // Locations were recorded under the original children ids; map them to canonical ones.
     let locs_canon: HashMap<Node, &str> = locs
@@ -356,6 +357,50 @@ mod tests {
         assert_ne!(slice(3), slice(4));
         let distinct: HashSet<u64> = (0..100).map(|k| hash(&slice(k))).collect();
         assert_eq!(distinct.len(), 100);
+    }
+
+    /// Nodes compare equal exactly when they order equal (egg keeps both views of them): a
+    /// gather's fill is a float, so gathers filling NaNs of different bits (which print
+    /// alike) must not be equal by their attributes and equal by their text.
+    #[test]
+    fn equality_and_order_agree_for_nan_filled_gathers() {
+        use tessera_ir::{GatherDims, IndexMode};
+        let gather = |fill: f64| {
+            let dims = GatherDims {
+                offset_dims: vec![],
+                collapsed_slice_dims: vec![0],
+                start_index_map: vec![0],
+                operand_batching_dims: vec![],
+                start_indices_batching_dims: vec![],
+                index_vector_dim: 1,
+                slice_sizes: vec![1],
+                mode: IndexMode::Fill,
+                fill,
+            };
+            Node::new(
+                Op::Gather(Box::new(dims)),
+                vec![Id::from(0usize), Id::from(1usize)],
+                None,
+            )
+        };
+        let quiet = f64::NAN;
+        let payload = f64::from_bits(f64::NAN.to_bits() | 1);
+        assert_ne!(quiet.to_bits(), payload.to_bits());
+        for (a, b) in [
+            (gather(quiet), gather(payload)),
+            (gather(quiet), gather(quiet)),
+            (gather(1.0), gather(2.0)),
+            (gather(0.0), gather(-0.0)),
+        ] {
+            assert_eq!(
+                a == b,
+                a.cmp(&b) == std::cmp::Ordering::Equal,
+                "{:?} against {:?}",
+                a.op,
+                b.op
+            );
+        }
+        assert_eq!(gather(quiet), gather(quiet), "a NaN fill equals itself");
     }
 
     #[test]

@@ -263,3 +263,56 @@ impl<V> Cache<V> {
         Ok(v)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Leaves;
+
+    /// One leaf whose flattening compiles another signature in the cache it is looked up in:
+    /// what a hand-written `flatten_into` that calls its own jit does.
+    struct CallsBack<'a> {
+        x: Tensor,
+        cache: &'a Cache<u32>,
+        other: Tensor,
+    }
+
+    impl Tree for CallsBack<'_> {
+        fn flatten_into(&self, leaves: &mut Vec<Tensor>) -> TreeDef {
+            let sig = Signature::unplaced(std::slice::from_ref(&self.other), TreeDef::Leaf);
+            let _ = self.cache.get_or_compile(sig, |_, _| Ok(2));
+            self.x.flatten_into(leaves)
+        }
+
+        fn unflatten_from(_: &TreeDef, _: &mut Leaves<'_>) -> Result<Self> {
+            Err(crate::Error::Config(
+                "CallsBack is an argument only: never rebuilt".into(),
+            ))
+        }
+    }
+
+    #[test]
+    fn the_last_call_evicted_while_the_arguments_flatten_is_not_served() {
+        let mut cache: Cache<u32> = Cache::new("t".into());
+        cache.set_capacity(1);
+        let x = Tensor::zeros([2]);
+        let first = Signature::unplaced(std::slice::from_ref(&x), TreeDef::Leaf);
+        assert_eq!(*cache.get_or_compile(first, |_, _| Ok(1)).unwrap(), 1);
+        let mut leaves = Vec::new();
+        // Not evicted: served without a lookup.
+        assert_eq!(
+            cache.last_hit_of(&x, &mut leaves, false).as_deref(),
+            Some(&1)
+        );
+        // The flattening compiles `other`, which evicts `x`'s entry (capacity 1): the last
+        // call's program is no longer an entry, and the call must look it up again.
+        let args = CallsBack {
+            x: x.clone(),
+            cache: &cache,
+            other: Tensor::zeros([3]),
+        };
+        assert_eq!(cache.last_hit_of(&args, &mut leaves, false), None);
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.trace_count(), 2);
+    }
+}

@@ -161,7 +161,7 @@ fn linearize<P: Tree, O: Tree>(
     }
 
     // Replay the forward part: every node that does not depend on a cotangent.
-    let mut env: HashMap<NodeId, Tensor> = HashMap::new();
+    let mut env: HashMap<NodeId, Tensor> = HashMap::with_capacity(graph.node_count());
     let params = graph.params().to_vec();
     for (p, t) in params.iter().zip(leaves.iter().chain(&rec.captures)) {
         env.insert(*p, t.clone());
