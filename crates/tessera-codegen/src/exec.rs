@@ -1787,7 +1787,9 @@ impl Executable {
     }
 
     /// Runs step `i`, the fused kernel `k`, on the bound buffers: split in two halves of its
-    /// outermost index over two threads when it is large and not a reduction.
+    /// outermost index over two threads when it is large (its elements times the elements
+    /// each one reduces) and its function computes the range it is given
+    /// (`lower::splits_outer`: a reduction too, each element summed in the same order).
     fn run_kernel(&self, i: usize, k: &Kernel, ptrs: &[*mut u8], args: &mut Vec<*mut u8>) {
         let step = &self.schedule.steps[i];
         args.clear();
@@ -1797,15 +1799,9 @@ impl Executable {
         let (tail, out_at) = (self.tails[i], step.inputs.len());
         debug_assert_eq!(k.n_inputs, out_at, "the output follows the inputs");
         let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
-        let n: usize = k.out_dims.iter().product();
-        // A scatter's updates apply in order (repeated indices), so it runs on one thread, as
-        // does a scan along the outermost dim (the split one).
-        if k.reduce.is_none()
-            && k.scatter.is_none()
-            && k.scan.is_none_or(|s| s.axis != 0)
-            && n >= self.kernel_threads_from()
-            && outer >= 2
-        {
+        let reduced: usize = k.reduce.as_ref().map_or(1, |(_, d)| d.iter().product());
+        let work = k.out_dims.iter().product::<usize>().saturating_mul(reduced);
+        if work >= self.kernel_threads_from() && outer >= 2 && crate::lower::splits_outer(k) {
             // A rank-1 split falls on a multiple of 8 so both halves keep whole vector
             // iterations.
             let mid = if k.out_dims.len() == 1 {
@@ -1814,8 +1810,11 @@ impl Executable {
                 outer / 2
             };
             let a = SendArgs(args.as_ptr());
+            #[cfg(test)]
+            SPLITS.with(|c| c.set(c.get() + 1));
             // SAFETY: as below; the halves write disjoint parts of the output and only read
-            // the inputs, and each applies the tail to its own rows.
+            // the inputs (a reduction's half sets and accumulates its own part of the result
+            // alone: `lower::splits_outer`), and each applies the tail to its own rows.
             rayon::join(
                 || unsafe {
                     f(a.get(), 0, mid);
@@ -2303,6 +2302,8 @@ impl Executable {
 thread_local! {
     /// How many pairs `run_pair` ran on this thread (for the test that a pair runs).
     static PAIRS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// How many kernels `run_kernel` split over two threads on this thread.
+    static SPLITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// `g`'s product, every batch element, on `par`'s threads.
@@ -2385,6 +2386,64 @@ unsafe fn apply_tail(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Large reductions whose elements each reduce a row (`lower::splits_outer`) run in two
+    /// halves of their result's outermost dim on two threads, with the bits of one thread and
+    /// of the interpreter: sums and maxima of rows, an argmax; a column sum (in memory or in
+    /// registers) and a sum to one value run whole.
+    #[test]
+    fn large_row_reductions_split_over_two_threads_with_the_bits_of_one() {
+        let cases: [(&str, &[usize], bool); 7] = [
+            ("reduce_sum %0 axes=[1] : f32[512]", &[512, 256], true),
+            ("reduce_max %0 axes=[1] : f32[700]", &[700, 97], true),
+            (
+                "reduce_sum %0 axes=[2,3] : f32[64,5]",
+                &[64, 5, 16, 16],
+                true,
+            ),
+            ("argmax %0 axis=1 : i32[64,100]", &[64, 40, 100], true),
+            ("reduce_sum %0 axes=[0] : f32[1000]", &[300, 1000], false),
+            ("reduce_sum %0 axes=[0] : f32[32]", &[2048, 32], false),
+            ("reduce_sum %0 axes=[0,1] : f32[]", &[512, 256], false),
+        ];
+        for (op, dims, splits) in cases {
+            let ty = dims
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            let g = tessera_ir::parse(&format!(
+                "func @f(%0: f32[{ty}]) {{\n  %1 = {op}\n  return %1\n}}\n"
+            ))
+            .unwrap();
+            let n: usize = dims.iter().product();
+            let v = (0..n)
+                .map(|i| ((i * 7919 + 13) % 1013) as f32 * 0.37 - 150.0)
+                .collect();
+            let x = Literal::new(dims.to_vec(), Data::F32(v)).unwrap();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap();
+            let (split, splits_run) = pool.install(|| {
+                let exe = crate::compile(&g).unwrap();
+                let before = SPLITS.with(|c| c.get());
+                let out = exe.run(&[&x], &tessera_transport::SingleDevice).unwrap();
+                (out, SPLITS.with(|c| c.get()) - before)
+            });
+            let whole = crate::compile(&g)
+                .unwrap()
+                .single_threaded()
+                .run(&[&x], &tessera_transport::SingleDevice)
+                .unwrap();
+            assert_eq!(splits_run, usize::from(splits), "{op}");
+            assert!(split[0].data.bits_eq(&whole[0].data), "{op}");
+            // Each element combines its inputs in the order of the reduced indices, as the
+            // interpreter does.
+            let reference = tessera_interp::run(&g, std::slice::from_ref(&x)).unwrap();
+            assert!(split[0].data.bits_eq(&reference[0].data), "{op}");
+        }
+    }
 
     /// A kernel ending in an f32 tanh gets the host's full-width tail when it has one (the
     /// AVX-512 and AVX2 hosts), and the result is the bits of the kernel's own tanh (the
