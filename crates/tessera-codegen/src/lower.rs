@@ -535,6 +535,23 @@ pub(crate) fn splits_outer(k: &Kernel) -> bool {
         && matches!(form(k), Form::Loops { .. })
 }
 
+/// How many result elements of a reduction `elements_jammed` computes at once.
+const JAM: usize = 4;
+
+/// Whether `k`, a kernel of loops over its result (`Form::Loops`), computes `JAM` result
+/// elements of its innermost dim at once (`elements_jammed`): a sum, maximum or minimum whose
+/// result's innermost dim has at least `JAM` elements and whose body is short enough to copy
+/// `JAM` times (`unrolls`). Not an argmax (its index), not a sum to one value (accumulated in
+/// f64).
+fn jams(k: &Kernel) -> bool {
+    matches!(&k.reduce, Some((how, _)) if *how != Combine::ArgMax)
+        && k.out_dims.last().is_some_and(|&d| d >= JAM)
+        && k.scatter.is_none()
+        && k.scan.is_none()
+        && matches!(form(k), Form::Loops { .. })
+        && unrolls(k)
+}
+
 /// Whether `k`'s vector loop runs two f32x4 copies of its body an iteration.
 pub(crate) fn unrolls(k: &Kernel) -> bool {
     k.code_weight() <= UNROLL_MAX_WEIGHT
@@ -1303,9 +1320,77 @@ impl Lower<'_, '_> {
             });
             return;
         }
+        if level == nout - 1 && jams(k) {
+            self.for_loop(level, start, end, JAM as i64, &mut |s| {
+                s.elements_jammed(k, out_strides)
+            });
+            let at = self.b.use_var(self.vars[level]);
+            self.for_loop(level, at, end, 1, &mut |s| s.element(k, out_strides));
+            return;
+        }
         self.for_loop(level, start, end, 1, &mut |s| {
             s.loops(k, level + 1, out_strides, vector)
         });
+    }
+
+    /// `JAM` consecutive result elements of a reduction along the innermost result dim, from
+    /// the one its variable holds (restored after): each reduced index adds into all their
+    /// accumulators, so `JAM` chains of additions are in flight where `element` has one (a
+    /// row sum was one add at a time, its latency: 0.8 ns an element). Each element still
+    /// combines its inputs in the order of the reduced indices: `element`'s bits.
+    fn elements_jammed(&mut self, k: &Kernel, out_strides: &[i64]) {
+        let Some((how, dims)) = &k.reduce else {
+            unreachable!("`jams` accepts reductions only")
+        };
+        let nout = k.out_dims.len();
+        let var = nout - 1;
+        let body_ty = k.body.dtype();
+        let first = self.b.use_var(self.vars[var]);
+        let at: Vec<Value> = (0..JAM as i64)
+            .map(|q| self.b.ins().iadd_imm_s(first, q))
+            .collect();
+        let accs: Vec<Variable> = (0..JAM)
+            .map(|_| {
+                let acc = self.b.declare_var(clif_type(k.out_dtype));
+                let init = match how {
+                    Combine::Sum => self.const_of(body_ty, Scalar::F(0.0), Scalar::I(0)),
+                    Combine::Max => self.const_of(
+                        body_ty,
+                        Scalar::F(f64::NEG_INFINITY),
+                        Scalar::I(int_range(body_ty).0),
+                    ),
+                    Combine::Min => self.const_of(
+                        body_ty,
+                        Scalar::F(f64::INFINITY),
+                        Scalar::I(int_range(body_ty).1),
+                    ),
+                    Combine::ArgMax => unreachable!("`jams` refuses argmax"),
+                };
+                self.b.def_var(acc, init);
+                acc
+            })
+            .collect();
+        self.reduce_loops(k, nout, dims, &mut |s| {
+            for (&e, &acc) in at.iter().zip(&accs) {
+                s.b.def_var(s.vars[var], e);
+                let v = s.expr(&k.body, Lanes::One);
+                let a = s.b.use_var(acc);
+                let next = match how {
+                    Combine::Sum => s.binary(BinaryOp::Add, body_ty, a, v),
+                    Combine::Max => s.binary(BinaryOp::Max, body_ty, a, v),
+                    Combine::Min => s.binary(BinaryOp::Min, body_ty, a, v),
+                    Combine::ArgMax => unreachable!("`jams` refuses argmax"),
+                };
+                s.b.def_var(acc, next);
+            }
+        });
+        for (&e, &acc) in at.iter().zip(&accs) {
+            self.b.def_var(self.vars[var], e);
+            let off = self.out_offset(out_strides);
+            let v = self.b.use_var(acc);
+            self.store(k.out_dtype, v, off, Lanes::One);
+        }
+        self.b.def_var(self.vars[var], first);
     }
 
     /// `for var in start..end` with `body` on f32x4 vectors: two vectors per iteration while
@@ -2476,6 +2561,125 @@ mod tests {
             4,
             "rows of 3: one loop over the 768 elements"
         );
+    }
+
+    /// Reductions of rows compute `JAM` result elements at once (`elements_jammed`), with the
+    /// interpreter's bits (NaNs aside): every combine and dtype, results of 4 to 9 along the
+    /// innermost dim (remainders of 0 to 3; a result of 1 runs one element at a time), NaNs,
+    /// signed zeros and infinities among the inputs, an i32 sum that wraps. The kernel's code
+    /// holds `JAM` copies of the combine and one for the remainder.
+    #[test]
+    fn row_reductions_run_four_elements_at_once_with_the_interpreters_bits() {
+        use tessera_ir::{Data, Literal};
+        let specials = [
+            f64::NAN,
+            -0.0,
+            0.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e30,
+            -1e30,
+            3.5,
+        ];
+        for (op, dtype) in [
+            ("reduce_sum", DType::F32),
+            ("reduce_max", DType::F32),
+            ("reduce_min", DType::F32),
+            ("reduce_sum", DType::F64),
+            ("reduce_max", DType::F64),
+            ("reduce_sum", DType::I32),
+            ("reduce_min", DType::I32),
+        ] {
+            for (dims, axes, out) in [
+                (vec![9, 13], "[1]", vec![9]),
+                (vec![5, 7, 3], "[2]", vec![5, 7]),
+                (vec![2, 3, 4, 6], "[1,3]", vec![2, 4]),
+                (vec![1, 40], "[1]", vec![1]),
+                (vec![8, 2], "[1]", vec![8]),
+            ] {
+                let show = |d: &[usize]| {
+                    d.iter()
+                        .map(|x| x.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                let name = format!("{op} {dtype} {dims:?} axes={axes}");
+                let g = tessera_ir::parse(&format!(
+                    "func @f(%0: {dtype}[{}]) {{\n  %1 = {op} %0 axes={axes} : {dtype}[{}]\n  \
+                     return %1\n}}\n",
+                    show(&dims),
+                    show(&out)
+                ))
+                .unwrap();
+                let n: usize = dims.iter().product();
+                let data = match dtype {
+                    DType::F32 => Data::F32(
+                        (0..n)
+                            .map(|i| match (i + 5) % 23 {
+                                0 => specials[((i + 5) / 23 + 2) % 8] as f32,
+                                _ => ((i * 7919) % 1013) as f32 * 0.37 - 150.0,
+                            })
+                            .collect(),
+                    ),
+                    DType::F64 => Data::F64(
+                        (0..n)
+                            .map(|i| match (i + 5) % 23 {
+                                0 => specials[((i + 5) / 23 + 2) % 8],
+                                _ => ((i * 7919) % 1013) as f64 * 0.37 - 150.0,
+                            })
+                            .collect(),
+                    ),
+                    _ => Data::I32(
+                        (0..n)
+                            .map(|i| (i as i32).wrapping_mul(0x3000_0001))
+                            .collect(),
+                    ),
+                };
+                let x = Literal::new(dims.clone(), data).unwrap();
+                let k = kernels_of(&g).pop().expect("the reduction's kernel");
+                assert_eq!(jams(&k), out[out.len() - 1] >= JAM, "{name}");
+                let got = crate::compile(&g)
+                    .unwrap()
+                    .run(&[&x], &tessera_transport::SingleDevice)
+                    .unwrap();
+                let want = tessera_interp::run(&g, std::slice::from_ref(&x)).unwrap();
+                // NaNs aside (their sign and payload), as everywhere between the two.
+                let (got, want) = (got[0].to_f64_vec(), want[0].to_f64_vec());
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()),
+                    "{name}: {got:?} against {want:?}"
+                );
+                assert!(want.iter().any(|v| !v.is_nan()), "{name}");
+            }
+        }
+        let row_sum = |dims: Vec<usize>| {
+            kernel_of(
+                Op::Reduce {
+                    kind: tessera_ir::ReduceKind::Sum,
+                    axes: vec![1],
+                },
+                &[dims],
+            )
+        };
+        assert_eq!(clif_count(&row_sum(vec![64, 100]), Opcode::Fadd), JAM + 1);
+        // A sum to one value runs as one element (in f64), a column sum is not a loop form.
+        let total = kernel_of(
+            Op::Reduce {
+                kind: tessera_ir::ReduceKind::Sum,
+                axes: vec![0, 1],
+            },
+            &[vec![64, 100]],
+        );
+        assert!(!jams(&total));
+        assert!(!jams(&kernel_of(
+            Op::Reduce {
+                kind: tessera_ir::ReduceKind::Sum,
+                axes: vec![0],
+            },
+            &[vec![64, 100]],
+        )));
     }
 
     /// The bias gradient of a dense layer (a sum over the batch of [256, 32]) accumulates in
