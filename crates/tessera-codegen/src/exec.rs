@@ -1801,14 +1801,22 @@ impl Executable {
         let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
         let reduced: usize = k.reduce.as_ref().map_or(1, |(_, d)| d.iter().product());
         let work = k.out_dims.iter().product::<usize>().saturating_mul(reduced);
-        if work >= self.kernel_threads_from() && outer >= 2 && crate::lower::splits_outer(k) {
-            // A rank-1 split falls on a multiple of 8 so both halves keep whole vector
-            // iterations.
-            let mid = if k.out_dims.len() == 1 {
+        let split = (work >= self.kernel_threads_from()
+            && outer >= 2
+            && crate::lower::splits_outer(k))
+        .then(|| {
+            // A rank-1 vector loop splits on a multiple of 8 so both halves keep whole vector
+            // iterations; a loop of single elements (a reduction of rows) anywhere.
+            let vector = crate::lower::form(k) == crate::lower::Form::Loops { vector: true };
+            if k.out_dims.len() == 1 && vector {
                 (outer / 2) & !7
             } else {
                 outer / 2
-            };
+            }
+        })
+        // Fewer than 16 rows of a vector loop: one half would be empty.
+        .filter(|&mid| mid > 0);
+        if let Some(mid) = split {
             let a = SendArgs(args.as_ptr());
             #[cfg(test)]
             SPLITS.with(|c| c.set(c.get() + 1));
@@ -2393,8 +2401,9 @@ mod tests {
     /// registers) and a sum to one value run whole.
     #[test]
     fn large_row_reductions_split_over_two_threads_with_the_bits_of_one() {
-        let cases: [(&str, &[usize], bool); 7] = [
+        let cases: [(&str, &[usize], bool); 8] = [
             ("reduce_sum %0 axes=[1] : f32[512]", &[512, 256], true),
+            ("reduce_sum %0 axes=[1] : f32[12]", &[12, 8000], true),
             ("reduce_max %0 axes=[1] : f32[700]", &[700, 97], true),
             (
                 "reduce_sum %0 axes=[2,3] : f32[64,5]",

@@ -1324,8 +1324,15 @@ impl Lower<'_, '_> {
             self.for_loop(level, start, end, JAM as i64, &mut |s| {
                 s.elements_jammed(k, out_strides)
             });
-            let at = self.b.use_var(self.vars[level]);
-            self.for_loop(level, at, end, 1, &mut |s| s.element(k, out_strides));
+            // The remainder, unless the extent is known to have none (an inner dim).
+            let whole = matches!(
+                (self.known_int(start), self.known_int(end)),
+                (Some(lo), Some(hi)) if (hi - lo) % JAM as i64 == 0
+            );
+            if !whole {
+                let at = self.b.use_var(self.vars[level]);
+                self.for_loop(level, at, end, 1, &mut |s| s.element(k, out_strides));
+            }
             return;
         }
         self.for_loop(level, start, end, 1, &mut |s| {
@@ -1346,8 +1353,13 @@ impl Lower<'_, '_> {
         let var = nout - 1;
         let body_ty = k.body.dtype();
         let first = self.b.use_var(self.vars[var]);
+        // As sums `first + q` (`add_i64`), so each element's addresses are the first one's
+        // plus a displacement (`address_at`).
         let at: Vec<Value> = (0..JAM as i64)
-            .map(|q| self.b.ins().iadd_imm_s(first, q))
+            .map(|q| {
+                let q = self.iconst(q);
+                self.add_i64(first, q)
+            })
             .collect();
         let accs: Vec<Variable> = (0..JAM)
             .map(|_| {
@@ -2664,6 +2676,18 @@ mod tests {
             )
         };
         assert_eq!(clif_count(&row_sum(vec![64, 100]), Opcode::Fadd), JAM + 1);
+        // An inner result dim of a multiple of four needs no remainder.
+        let inner = |dims: Vec<usize>| {
+            kernel_of(
+                Op::Reduce {
+                    kind: tessera_ir::ReduceKind::Sum,
+                    axes: vec![2],
+                },
+                &[dims],
+            )
+        };
+        assert_eq!(clif_count(&inner(vec![3, 8, 50]), Opcode::Fadd), JAM);
+        assert_eq!(clif_count(&inner(vec![3, 9, 50]), Opcode::Fadd), JAM + 1);
         // A sum to one value runs as one element (in f64), a column sum is not a loop form.
         let total = kernel_of(
             Op::Reduce {
