@@ -1364,20 +1364,7 @@ impl Lower<'_, '_> {
         let accs: Vec<Variable> = (0..JAM)
             .map(|_| {
                 let acc = self.b.declare_var(clif_type(k.out_dtype));
-                let init = match how {
-                    Combine::Sum => self.const_of(body_ty, Scalar::F(0.0), Scalar::I(0)),
-                    Combine::Max => self.const_of(
-                        body_ty,
-                        Scalar::F(f64::NEG_INFINITY),
-                        Scalar::I(int_range(body_ty).0),
-                    ),
-                    Combine::Min => self.const_of(
-                        body_ty,
-                        Scalar::F(f64::INFINITY),
-                        Scalar::I(int_range(body_ty).1),
-                    ),
-                    Combine::ArgMax => unreachable!("`jams` refuses argmax"),
-                };
+                let init = self.identity(*how, body_ty);
                 self.b.def_var(acc, init);
                 acc
             })
@@ -1387,12 +1374,7 @@ impl Lower<'_, '_> {
                 s.b.def_var(s.vars[var], e);
                 let v = s.expr(&k.body, Lanes::One);
                 let a = s.b.use_var(acc);
-                let next = match how {
-                    Combine::Sum => s.binary(BinaryOp::Add, body_ty, a, v),
-                    Combine::Max => s.binary(BinaryOp::Max, body_ty, a, v),
-                    Combine::Min => s.binary(BinaryOp::Min, body_ty, a, v),
-                    Combine::ArgMax => unreachable!("`jams` refuses argmax"),
-                };
+                let next = s.combine(*how, body_ty, a, v);
                 s.b.def_var(acc, next);
             }
         });
@@ -1654,17 +1636,7 @@ impl Lower<'_, '_> {
                 let idx = self.b.declare_var(I64);
                 let init = match how {
                     Combine::Sum if wide => self.b.ins().f64const(0.0),
-                    Combine::Sum => self.const_of(body_ty, Scalar::F(0.0), Scalar::I(0)),
-                    Combine::Max | Combine::ArgMax => self.const_of(
-                        body_ty,
-                        Scalar::F(f64::NEG_INFINITY),
-                        Scalar::I(int_range(body_ty).0),
-                    ),
-                    Combine::Min => self.const_of(
-                        body_ty,
-                        Scalar::F(f64::INFINITY),
-                        Scalar::I(int_range(body_ty).1),
-                    ),
+                    _ => self.identity(*how, body_ty),
                 };
                 self.b.def_var(acc, init);
                 let z = self.iconst(0);
@@ -1681,9 +1653,9 @@ impl Lower<'_, '_> {
                             let w = s.b.ins().fpromote(F64, v);
                             s.b.ins().fadd(a, w)
                         }
-                        Combine::Sum => s.binary(BinaryOp::Add, body_ty, a, v),
-                        Combine::Max => s.binary(BinaryOp::Max, body_ty, a, v),
-                        Combine::Min => s.binary(BinaryOp::Min, body_ty, a, v),
+                        Combine::Sum | Combine::Max | Combine::Min => {
+                            s.combine(*how, body_ty, a, v)
+                        }
                         Combine::ArgMax => {
                             let take = s.argmax_take(body_ty, a, v, f);
                             let i = s.b.use_var(idx);
@@ -1709,6 +1681,28 @@ impl Lower<'_, '_> {
         };
         let off = self.out_offset(out_strides);
         self.store(k.out_dtype, value, off, Lanes::One);
+    }
+
+    /// The value a reduction's accumulator of type `ty` starts from (an argmax's: the
+    /// maximum's).
+    fn identity(&mut self, how: Combine, ty: DType) -> Value {
+        match how {
+            Combine::Sum => self.const_of(ty, Scalar::F(0.0), Scalar::I(0)),
+            Combine::Max | Combine::ArgMax => {
+                self.const_of(ty, Scalar::F(f64::NEG_INFINITY), Scalar::I(int_range(ty).0))
+            }
+            Combine::Min => self.const_of(ty, Scalar::F(f64::INFINITY), Scalar::I(int_range(ty).1)),
+        }
+    }
+
+    /// `a` combined with the next value `v` (of type `ty`) by a sum, maximum or minimum.
+    fn combine(&mut self, how: Combine, ty: DType, a: Value, v: Value) -> Value {
+        match how {
+            Combine::Sum => self.binary(BinaryOp::Add, ty, a, v),
+            Combine::Max => self.binary(BinaryOp::Max, ty, a, v),
+            Combine::Min => self.binary(BinaryOp::Min, ty, a, v),
+            Combine::ArgMax => unreachable!("an argmax also keeps its index (`element`)"),
+        }
     }
 
     /// Whether `v` replaces the best `a` so far: at the first index, when `a` is not NaN and
