@@ -161,11 +161,18 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
     tessera_ir::verify(g).map_err(|e| format!("the input graph is malformed: {e}"))?;
     let mut egraph = EGraph::new(TensorAnalysis::new(g.mesh.clone()));
     // Each node's e-class, by node index (`topo_order` fills a node's operands first).
-    let mut class_of: Vec<Id> = vec![Id::from(0usize); g.node_bound()];
+    let mut class_of: Vec<Option<Id>> = vec![None; g.node_bound()];
+    let class = |class_of: &[Option<Id>], o: NodeId| {
+        class_of[o.index()].expect("topo_order gives a node after its operands")
+    };
     let mut locs: HashMap<Node, &str> = HashMap::with_capacity(g.node_count());
     for id in g.topo_order() {
         let node = g.node(id);
-        let children: Vec<Id> = g.operands(id).iter().map(|o| class_of[o.index()]).collect();
+        let children: Vec<Id> = g
+            .operands(id)
+            .iter()
+            .map(|&o| class(&class_of, o))
+            .collect();
         let mut op = node.op.clone();
         if let Op::Region(r) = &mut op {
             // Each body is simplified as a function of its own: its parameters and outputs
@@ -184,9 +191,9 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
         if let Some(l) = &node.loc {
             locs.insert(n.clone(), l.as_str());
         }
-        class_of[id.index()] = egraph.add(n);
+        class_of[id.index()] = Some(egraph.add(n));
     }
-    let roots: Vec<Id> = g.outputs().iter().map(|o| class_of[o.index()]).collect();
+    let roots: Vec<Id> = g.outputs().iter().map(|&o| class(&class_of, o)).collect();
     let size = egraph.total_size();
     let (egraph, iterations, stop) = if size > limits.nodes {
         // egg would stop before its first search; say why in the report.
@@ -220,7 +227,7 @@ fn simplify_counted(g: &Graph, limits: Limits) -> Result<(Graph, Report), String
         let np = out.add_param(g.ty(p).clone());
         out.node_mut(np).loc = g.node(p).loc.clone();
         out.node_mut(np).sharding = g.node(p).sharding.clone();
-        built.insert(egraph.find(class_of[p.index()]), np);
+        built.insert(egraph.find(class(&class_of, p)), np);
     }
     // Locations were recorded under the original children ids; map them to canonical ones.
     let locs_canon: HashMap<Node, &str> = locs
