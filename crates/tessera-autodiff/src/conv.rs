@@ -421,6 +421,9 @@ pub(super) fn reduce_window_vjp(
     if !xt.dtype.is_float() {
         return Ok(vec![]);
     }
+    if tiles(win) {
+        return Ok(vec![Some(tiled_vjp(b, kind, win, x, y, g)?)]);
+    }
     let pdims = padded_dims(win, xt.dims())?;
     let out = b.ty(y).dims().to_vec();
     let mut total: Option<NodeId> = None;
@@ -434,13 +437,6 @@ pub(super) fn reduce_window_vjp(
                 .collect::<Result<_>>()?
         }
     };
-    if tiles(win) && !parts.is_empty() {
-        // Non-overlapping windows: each operand element gets one part's value; assemble the
-        // parts by concatenation instead of summing a padded copy of each.
-        let gks: Vec<NodeId> = parts.into_iter().map(|(_, gk)| gk).collect();
-        let gp = tiled(b, win, &out, &pdims, gks)?;
-        return Ok(vec![Some(unpad(b, win, xt.dims(), gp)?)]);
-    }
     for (p, gk) in parts {
         let s = unslice(b, &p, &pdims, gk)?;
         total = Some(match total {
@@ -470,55 +466,149 @@ fn tiles(win: &WindowDims) -> bool {
     unpadded(win) && win.window_dilation.iter().all(|&d| d == 1) && win.strides == win.window
 }
 
-/// The cotangent of a tiling `reduce_window` from each window position's share `parts` (in
-/// row-major window order, each shaped like the result `out`): every part reshaped to
-/// `[o0, 1, o1, 1, ..]`, the window positions concatenated dim by dim (last first) into
-/// `[o0, w0, o1, w1, ..]`, reshaped to `[o0 * w0, ..]`, and zero-padded at the high end of
-/// each dim the windows do not reach.
-fn tiled(
+/// The VJP of a tiling `reduce_window` (`tiles`), written over the operand's elements in
+/// one pass each, whatever the window: with `o` the result's dims and `w` the window's, the
+/// covered part of `x` is viewed as `E = [o0, w0, o1, w1, ..]` (a dim's `w` only when it is
+/// longer than 1), where each element is one window position of one window.
+/// - A sum's cotangent is `g` broadcast over `E`.
+/// - A max's (min's) is `g` where the position `k` (row-major in the window) is the first
+///   whose element equals the result, 0 elsewhere: the first is the minimum over the window
+///   of `k` where the element equals the result, else the window's size (a NaN result, or
+///   none equal), a reduction. This selects what `first_hits` does, position by position,
+///   but in two kernels over the operand's elements where that takes a pass per window
+///   position and a copy to assemble them.
+///
+/// The result is reshaped to the covered dims and zero-padded at the high end of each dim
+/// the windows do not reach.
+fn tiled_vjp(
     b: &mut Builder,
+    kind: ReduceKind,
     win: &WindowDims,
-    out: &[usize],
-    pdims: &[usize],
-    parts: Vec<NodeId>,
+    x: NodeId,
+    y: NodeId,
+    g: NodeId,
 ) -> Result<NodeId> {
+    let xt = b.ty(x);
+    let out = b.ty(y).dims().to_vec();
     let r = out.len();
-    let expanded: Vec<usize> = out.iter().flat_map(|&o| [o, 1]).collect();
-    let mut level: Vec<NodeId> = parts
-        .into_iter()
-        .map(|p| b.reshape(p, &Shape::new(expanded.clone())))
-        .collect::<Result<_>>()?;
-    for d in (0..r).rev() {
-        let w = win.window[d];
-        if w == 1 {
-            continue;
-        }
-        level = level
-            .chunks(w)
-            .map(|group| b.add(Op::Concatenate { dim: 2 * d + 1 }, group))
-            .collect::<Result<_>>()?;
+    if out.contains(&0) {
+        // No window fits (a window may then be as long as the type allows).
+        return b.full_like(x, 0.0);
     }
-    let Some(&joined) = level.first() else {
-        return Err(AutodiffError::Malformed(
-            "reduce_window: a tiling gradient with no window positions".into(),
-        ));
-    };
+    // At most the operand's dims: a window fits in each.
     let covered: Vec<usize> = (0..r).map(|d| out[d] * win.window[d]).collect();
-    let flat = b.reshape(joined, &Shape::new(covered.clone()))?;
-    if covered == pdims {
-        return Ok(flat);
+    // E's dims, where each result dim lands in it, and the window dims in it with the size
+    // of a step of each (row-major over the window).
+    let (mut e, mut at_out, mut at_win) = (Vec::new(), Vec::new(), Vec::new());
+    let mut step = 1usize;
+    for d in (0..r).rev() {
+        if win.window[d] > 1 {
+            at_win.push((d, step));
+            step = step.saturating_mul(win.window[d]);
+        }
     }
-    let zero = b.zero_scalar(b.ty(flat).dtype)?;
-    let high = (0..r)
-        .map(|d| fit("reduce_window", pdims[d] as i128 - covered[d] as i128))
+    let positions = step;
+    for (&o, &w) in out.iter().zip(&win.window) {
+        at_out.push(e.len());
+        e.push(o);
+        if w > 1 {
+            e.push(w);
+        }
+    }
+    let e = Shape::new(e);
+    let ge = b.broadcast(g, &e, at_out.clone())?;
+    let gp = match kind {
+        ReduceKind::Sum => ge,
+        ReduceKind::Max | ReduceKind::Min => {
+            let xc = if covered == xt.dims() {
+                x
+            } else {
+                b.add(
+                    Op::Slice {
+                        start: vec![0; r],
+                        limit: covered.clone(),
+                        stride: vec![1; r],
+                    },
+                    &[x],
+                )?
+            };
+            let xe = b.reshape(xc, &e)?;
+            let ye = b.broadcast(y, &e, at_out.clone())?;
+            let eq = b.cmp(CompareOp::Eq, xe, ye)?;
+            // Positions as f32 while exact there (a window of up to 2^24), so the reduction
+            // and the selection run on vectors; else as i64.
+            let it = if positions <= 1 << 24 {
+                tessera_ir::DType::F32
+            } else {
+                tessera_ir::DType::I64
+            };
+            let ity = tessera_ir::TensorType::new(it, e.dims().to_vec());
+            let mut k: Option<NodeId> = None;
+            for &(d, size) in &at_win {
+                let dim = at_out[d] + 1;
+                let i = b.add(
+                    Op::Iota {
+                        dim,
+                        ty: ity.clone(),
+                    },
+                    &[],
+                )?;
+                let term = if size == 1 {
+                    i
+                } else {
+                    let s = b.full_like(i, size as f64)?;
+                    b.mul(i, s)?
+                };
+                k = Some(match k {
+                    None => term,
+                    Some(k) => b.bin(BinaryOp::Add, k, term)?,
+                });
+            }
+            let Some(k) = k else {
+                // No window dim longer than 1: each result is its one element.
+                let zeros = b.full_like(g, 0.0)?;
+                let eq = b.cmp(CompareOp::Eq, x, y)?;
+                let gp = b.select(eq, g, zeros)?;
+                return pad_high(b, gp, xt.dims());
+            };
+            let none = b.full_like(k, positions as f64)?;
+            let hit_at = b.select(eq, k, none)?;
+            let mut axes: Vec<usize> = at_win.iter().map(|&(d, _)| at_out[d] + 1).collect();
+            axes.sort_unstable();
+            let first = b.add(
+                Op::Reduce {
+                    kind: ReduceKind::Min,
+                    axes,
+                },
+                &[hit_at],
+            )?;
+            let first = b.broadcast(first, &e, at_out.clone())?;
+            let hit = b.cmp(CompareOp::Eq, k, first)?;
+            let zeros = b.full_like(ge, 0.0)?;
+            b.select(hit, ge, zeros)?
+        }
+    };
+    let flat = b.reshape(gp, &Shape::new(covered))?;
+    pad_high(b, flat, xt.dims())
+}
+
+/// `v` zero-padded at the high end of each dim to `dims`.
+fn pad_high(b: &mut Builder, v: NodeId, dims: &[usize]) -> Result<NodeId> {
+    let have = b.ty(v).dims().to_vec();
+    if have == dims {
+        return Ok(v);
+    }
+    let zero = b.zero_scalar(b.ty(v).dtype)?;
+    let high = (0..dims.len())
+        .map(|d| fit("reduce_window", dims[d] as i128 - have[d] as i128))
         .collect::<Result<_>>()?;
     b.add(
         Op::Pad {
-            low: vec![0; r],
+            low: vec![0; dims.len()],
             high,
-            interior: vec![0; r],
+            interior: vec![0; dims.len()],
         },
-        &[flat, zero],
+        &[v, zero],
     )
 }
 

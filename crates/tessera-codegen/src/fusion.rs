@@ -394,6 +394,11 @@ impl Fuser<'_> {
                 };
                 (StepKind::Window(Box::new(step)), inputs)
             }
+            Op::ReduceWindow { kind, win } if window_as_kernel(win, g.ty(operands[0]), &ty) => {
+                let mut inputs = Vec::new();
+                let k = self.reduce_window_kernel(name, operands[0], *kind, win, &ty, &mut inputs);
+                (StepKind::Kernel(k), inputs)
+            }
             Op::ReduceWindow { kind, win } => {
                 let inputs = vec![self.materialized_buf(operands[0])];
                 let step = crate::window::WindowStep::ReduceWindow {
@@ -1026,6 +1031,99 @@ impl Fuser<'_> {
         }
     }
 
+    /// `reduce_window` as a reduction kernel (`window_as_kernel` says when): the result's dims,
+    /// then one loop variable for each window dim longer than 1, innermost last, so each
+    /// element combines its window in row-major window order from the combine's identity, the
+    /// interpreter's order (`tessera_interp::conv::reduce_window`). Operand dim `d` is read at
+    /// `stride * o + window_dilation * w - low`, divided by the base dilation; padding and
+    /// dilation holes are guarded loads that give the identity, which the interpreter skips:
+    /// the same result, since a maximum or minimum with its identity is unchanged and a sum
+    /// starts from +0 and so is never -0, where adding +0 would change it.
+    fn reduce_window_kernel(
+        &mut self,
+        name: String,
+        operand: NodeId,
+        kind: ReduceKind,
+        win: &tessera_ir::WindowDims,
+        ty: &TensorType,
+        inputs: &mut Vec<usize>,
+    ) -> Kernel {
+        let src = self.g.ty(operand).clone();
+        let r = src.rank();
+        let reduced: Vec<usize> = (0..r).filter(|&d| win.window[d] != 1).collect();
+        let nvars = r + reduced.len();
+        let mut lins: Vec<Lin> = (0..r)
+            .map(|d| {
+                Lin::var(nvars, d)
+                    .scale(win.strides[d] as i64)
+                    .offset(-win.padding[d].0)
+            })
+            .collect();
+        for (j, &d) in reduced.iter().enumerate() {
+            let w = Lin::var(nvars, r + j).scale(win.window_dilation[d] as i64);
+            lins[d] = lins[d].add(&w);
+        }
+        let how = combine(kind);
+        let identity = match (how, src.dtype.is_float()) {
+            (Combine::Sum, true) => Scalar::F(0.0),
+            (Combine::Max, true) => Scalar::F(f64::NEG_INFINITY),
+            (Combine::Min, true) => Scalar::F(f64::INFINITY),
+            (Combine::Sum, false) => Scalar::I(0),
+            (Combine::Max, false) => Scalar::I(crate::lower::int_range(src.dtype).0),
+            (Combine::Min, false) => Scalar::I(crate::lower::int_range(src.dtype).1),
+            (Combine::ArgMax, _) => unreachable!("a reduce_window sums, or takes a max or min"),
+        };
+        let guarded = win.padding.iter().any(|&(lo, hi)| lo != 0 || hi != 0)
+            || win.base_dilation.iter().any(|&d| d != 1);
+        let body = if src.numel() == 0 {
+            // Every window is padding: nothing to read (a clamped load of an empty buffer
+            // would have no element to read).
+            Expr::Const(src.dtype, identity)
+        } else {
+            let b = Self::slot(inputs, self.materialized_buf(operand));
+            let strides = row_major(src.dims());
+            if guarded {
+                let coords = (0..r)
+                    .map(|d| Coord {
+                        lin: lins[d].clone(),
+                        div: win.base_dilation[d] as i64,
+                        clamp: Some(src.dims()[d] as i64),
+                    })
+                    .collect();
+                let conds = (0..r)
+                    .map(|d| Cond {
+                        lin: lins[d].clone(),
+                        div: win.base_dilation[d] as i64,
+                        extent: src.dims()[d] as i64,
+                    })
+                    .collect();
+                Expr::Guard {
+                    dtype: src.dtype,
+                    conds,
+                    then: Box::new(Expr::Load {
+                        buf: b,
+                        dtype: src.dtype,
+                        strides,
+                        coords,
+                    }),
+                    otherwise: Box::new(Expr::Const(src.dtype, identity)),
+                }
+            } else {
+                load(b, src.dtype, strides, &lins)
+            }
+        };
+        Kernel {
+            name,
+            out_dtype: ty.dtype,
+            out_dims: ty.dims().to_vec(),
+            reduce: Some((how, reduced.iter().map(|&d| win.window[d]).collect())),
+            body,
+            n_inputs: inputs.len(),
+            scatter: None,
+            scan: None,
+        }
+    }
+
     /// `column_product`'s matrix-vector product as a reduction kernel over the result's `m`
     /// elements (`[m]`: the result's unit dims dropped, the same bytes), summing the lhs's
     /// rows times the vector's elements in order: `out[j] = sum_i lhs[i, j] * v[i]`, the
@@ -1310,6 +1408,41 @@ pub(crate) fn is_transcendental(op: &Op) -> bool {
     }
 }
 
+/// The largest coordinate a `reduce_window` kernel may compute: its loop bounds and
+/// coordinates are i64, so every term is kept far from overflow.
+const WINDOW_KERNEL_COORD_MAX: i128 = 1 << 60;
+
+/// A `reduce_window` kernel's window has at most this many positions, or as many as its
+/// operand has elements.
+const WINDOW_KERNEL_POSITIONS: usize = 4096;
+
+/// Whether `reduce_window` runs as a reduction kernel (`Fuser::reduce_window_kernel`) rather
+/// than the window step's direct loop (`window.rs`): when every coordinate it computes stays
+/// below `WINDOW_KERNEL_COORD_MAX` (a window or padding near the type's limits takes the
+/// direct loop, whose tables check their sizes), its window is not much larger than its
+/// operand, and the operand has a dim (a scalar's window is the scalar).
+fn window_as_kernel(win: &tessera_ir::WindowDims, src: &TensorType, out: &TensorType) -> bool {
+    let r = src.rank();
+    let fits = (0..r).all(|d| {
+        let o = out.dims()[d].saturating_sub(1) as i128;
+        let w = win.window[d].saturating_sub(1) as i128;
+        let (lo, hi) = win.padding[d];
+        let reach = win.strides[d] as i128 * o
+            + win.window_dilation[d] as i128 * w
+            + (lo as i128).abs()
+            + (hi as i128).abs()
+            + win.base_dilation[d] as i128
+            + win.window[d] as i128
+            + src.dims()[d] as i128;
+        reach < WINDOW_KERNEL_COORD_MAX
+    });
+    let window: Option<usize> = win.window.iter().try_fold(1usize, |n, &w| n.checked_mul(w));
+    // A window far larger than its operand (mostly padding) would loop over every position;
+    // the direct loop visits what the window covers.
+    let room = src.numel().max(WINDOW_KERNEL_POSITIONS);
+    r > 0 && fits && window.is_some_and(|n| n <= room)
+}
+
 fn combine(k: ReduceKind) -> Combine {
     match k {
         ReduceKind::Sum => Combine::Sum,
@@ -1426,6 +1559,136 @@ mod tests {
                 | StepKind::Native(_) => None,
             })
             .collect()
+    }
+
+    /// `reduce_window` of every kind and dtype runs as a reduction kernel with the
+    /// interpreter's bits (NaNs aside, as everywhere between the two), over windows that tile,
+    /// overlap, reach past the operand, hold one element, or read padding (negative too) and
+    /// dilation holes, on operands holding NaN, infinities and both zeros (a sum of -0s is
+    /// +0). A window much larger than its operand keeps the direct loop.
+    #[test]
+    fn reduce_windows_run_as_kernels_with_the_interpreters_bits() {
+        use tessera_ir::{Data, Literal, ReduceKind, WindowDims};
+        let win = |window: Vec<usize>, strides: Vec<usize>, padding: Vec<(i64, i64)>| {
+            let n = window.len();
+            WindowDims {
+                window,
+                strides,
+                padding,
+                base_dilation: vec![1; n],
+                window_dilation: vec![1; n],
+            }
+        };
+        let mut dilated = win(vec![2, 3, 1], vec![1, 2, 3], vec![(1, 0), (-1, 2), (0, 1)]);
+        dilated.base_dilation = vec![1, 2, 1];
+        dilated.window_dilation = vec![2, 1, 1];
+        let cases: Vec<(Vec<usize>, WindowDims)> = vec![
+            // A 2x2 max-pool of NHWC, and a SAME 3x3 one that overlaps.
+            (
+                vec![2, 6, 6, 5],
+                win(vec![1, 2, 2, 1], vec![1, 2, 2, 1], vec![(0, 0); 4]),
+            ),
+            (
+                vec![2, 5, 7, 3],
+                win(
+                    vec![1, 3, 3, 1],
+                    vec![1; 4],
+                    vec![(0, 0), (1, 1), (1, 1), (0, 0)],
+                ),
+            ),
+            (vec![3, 9, 4], dilated),
+            // Windows longer than the operand, of padding only, of one element.
+            (vec![4], win(vec![6], vec![1], vec![(3, 2)])),
+            (vec![3], win(vec![2], vec![1], vec![(4, 4)])),
+            (
+                vec![3, 4],
+                win(vec![1, 1], vec![2, 3], vec![(0, 0), (1, 0)]),
+            ),
+            (
+                vec![0, 3],
+                win(vec![1, 1], vec![1, 1], vec![(1, 1), (0, 0)]),
+            ),
+            (
+                vec![5, 0],
+                win(vec![2, 1], vec![2, 1], vec![(0, 0), (0, 0)]),
+            ),
+        ];
+        let specials = [f64::NAN, -0.0, 0.0, f64::INFINITY, f64::NEG_INFINITY, 1e30];
+        let float = |i: usize| match (i * 5 + 3) % 11 {
+            0..=5 => specials[(i * 5 + 3) % 11],
+            _ => ((i * 7919) % 1013) as f64 * 0.37 - 150.0,
+        };
+        for (dims, w) in &cases {
+            for kind in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min] {
+                for dtype in [DType::F32, DType::F64, DType::I32, DType::U32, DType::I64] {
+                    let mut g = Graph::new("w");
+                    let x = g.add_param(TensorType::new(dtype, dims.clone()));
+                    let op = Op::ReduceWindow {
+                        kind,
+                        win: Box::new(w.clone()),
+                    };
+                    let y = g.add(op, &[x]).unwrap();
+                    g.set_outputs(vec![y]);
+                    let s = fuse(&g);
+                    assert!(
+                        s.steps
+                            .iter()
+                            .all(|st| matches!(st.kind, StepKind::Kernel(_))),
+                        "{kind:?} {dtype} {dims:?}"
+                    );
+                    let n: usize = dims.iter().product();
+                    // The last two dims' first elements are -0: some sums are of -0s alone.
+                    let data = match dtype {
+                        DType::F32 => Data::F32((0..n).map(|i| float(i) as f32).collect()),
+                        DType::F64 => Data::F64((0..n).map(float).collect()),
+                        DType::I32 => Data::I32(
+                            (0..n)
+                                .map(|i| (i as i32).wrapping_mul(0x3000_0001))
+                                .collect(),
+                        ),
+                        DType::U32 => Data::U32(
+                            (0..n)
+                                .map(|i| (i as u32).wrapping_mul(0x9000_0001))
+                                .collect(),
+                        ),
+                        _ => Data::I64(
+                            (0..n as i64)
+                                .map(|i| i.wrapping_mul(0x3000_0000_0000_0001))
+                                .collect(),
+                        ),
+                    };
+                    let lit = Literal::new(dims.clone(), data).unwrap();
+                    let got = crate::compile(&g)
+                        .unwrap()
+                        .run(&[&lit], &tessera_transport::SingleDevice)
+                        .unwrap();
+                    let want = tessera_interp::run(&g, std::slice::from_ref(&lit)).unwrap();
+                    let same = match (&got[0].data, &want[0].data) {
+                        (Data::I64(a), Data::I64(b)) => a == b,
+                        (a, b) => (0..a.len()).all(|i| {
+                            let (p, q) = (a.get_f64(i), b.get_f64(i));
+                            (p.is_nan() && q.is_nan()) || p.to_bits() == q.to_bits()
+                        }),
+                    };
+                    assert!(
+                        same && got[0].ty == want[0].ty,
+                        "{kind:?} {dtype} {dims:?} {w:?}: {:?} against {:?}",
+                        got[0],
+                        want[0]
+                    );
+                }
+            }
+        }
+        // A window of 2^13 positions over three elements keeps the direct loop.
+        let mut g = Graph::new("w");
+        let x = g.add_param(TensorType::new(DType::F32, vec![3]));
+        let op = Op::ReduceWindow {
+            kind: ReduceKind::Max,
+            win: Box::new(win(vec![1 << 13], vec![1], vec![(1 << 12, (1 << 12) - 1)])),
+        };
+        let y = g.add(op, &[x]).unwrap();
+        g.set_outputs(vec![y]);
+        assert!(matches!(fuse(&g).steps[0].kind, StepKind::Window(_)));
     }
 
     fn nodes(e: &Expr) -> usize {

@@ -570,7 +570,7 @@ fn clif_type(d: DType) -> Type {
 }
 
 /// The lowest and highest value of integer type `d` (max's and min's identities).
-fn int_range(d: DType) -> (i64, i64) {
+pub(crate) fn int_range(d: DType) -> (i64, i64) {
     match d {
         DType::U32 => (0, u32::MAX as i64),
         DType::I64 => (i64::MIN, i64::MAX),
@@ -1953,6 +1953,11 @@ impl Lower<'_, '_> {
             Expr::Index(d, l) => {
                 let v = self.lin(l);
                 match d {
+                    // `vectorizable`: the same index in every lane.
+                    DType::F32 if lanes == Lanes::Four => {
+                        let x = self.b.ins().fcvt_from_sint(F32, v);
+                        self.b.ins().splat(F32X4, x)
+                    }
                     DType::F32 => self.b.ins().fcvt_from_sint(F32, v),
                     DType::F64 => self.b.ins().fcvt_from_sint(F64, v),
                     DType::I64 => v,
@@ -2474,7 +2479,8 @@ fn row_major_strides(dims: &[usize]) -> Vec<i64> {
 }
 
 /// Whether the innermost result loop (variable `lane`) can run on f32x4: an f32 kernel whose
-/// loads are contiguous or constant along it, with no index values, guards or conversions.
+/// loads are contiguous or constant along it, with no guards, conversions or index values
+/// other than f32 ones constant along it.
 fn vectorizable(body: &Expr, lane: usize) -> bool {
     let mut ok = body.dtype() == DType::F32;
     body.walk(&mut |e| match e {
@@ -2497,11 +2503,11 @@ fn vectorizable(body: &Expr, lane: usize) -> bool {
         Expr::Binary(op, d, _, _) => ok &= *d == DType::F32 && *op != BinaryOp::Rem,
         Expr::Compare(_, d, _, _) => ok &= *d == DType::F32,
         Expr::Select(d, ..) => ok &= *d == DType::F32,
-        Expr::Index(..)
-        | Expr::Gather { .. }
-        | Expr::Guard { .. }
-        | Expr::Convert { .. }
-        | Expr::Bitcast { .. } => ok = false,
+        // An f32 index the same along the vector (a window position's): one value splat.
+        Expr::Index(d, l) => ok &= *d == DType::F32 && l.coef[lane] == 0,
+        Expr::Gather { .. } | Expr::Guard { .. } | Expr::Convert { .. } | Expr::Bitcast { .. } => {
+            ok = false
+        }
     });
     ok
 }

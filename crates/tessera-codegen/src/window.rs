@@ -1,6 +1,8 @@
 //! Native kernels of the windowed ops, run as schedule steps of their own
 //! (`StepKind::Window`): `conv_general_dilated` as im2col + GEMM (the `gemm` crate, as
-//! `dot_general`), and `reduce_window` as a direct loop.
+//! `dot_general`), and `reduce_window` as a direct loop when fusion does not make it a
+//! reduction kernel (`fusion::window_as_kernel`: a window far larger than its operand, or
+//! coordinates near i64's limits).
 //!
 //! Both see the window through per-dim tables: for result position `p` and window position
 //! `k` along a dim, the operand index read, or none in the padding (a dilation hole, or beyond

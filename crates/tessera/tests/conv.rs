@@ -144,3 +144,73 @@ fn an_overflowing_dilated_window_gives_an_empty_result() {
         assert_eq!(y.shape(), &[1, 1, 0], "rhs_dilation {d}");
     }
 }
+
+/// A tiling pool's gradient (`tessera_autodiff::conv::tiled_vjp`): a max's (min's) cotangent
+/// goes to the first position of each window, in row-major window order, whose element equals
+/// the result (-0 equals +0; a NaN result passes none), a sum's to every position, and the
+/// rows and columns no window reaches get zero. Checked bit for bit against that rule written
+/// as loops, eagerly and under `jit` on both backends, with ties in every window.
+#[test]
+fn tiling_pool_gradients_go_to_the_first_extreme_of_each_window() {
+    let dims = [2usize, 5, 7, 3];
+    let (window, strides) = ([1usize, 2, 3, 1], [1usize, 2, 3, 1]);
+    let n: usize = dims.iter().product();
+    let pick = [
+        2.0f32,
+        -1.0,
+        0.0,
+        -0.0,
+        2.0,
+        f32::NAN,
+        -1.0,
+        f32::INFINITY,
+        0.0,
+    ];
+    let xs: Vec<f32> = (0..n).map(|i| pick[(i * 7 + i / 5) % pick.len()]).collect();
+    let x = Tensor::from_vec(xs.clone(), dims.to_vec());
+    let out = [2usize, 2, 2, 3];
+    let m: usize = out.iter().product();
+    let ws: Vec<f32> = (0..m).map(|i| 1.0 + i as f32).collect();
+    let w = Tensor::from_vec(ws.clone(), out.to_vec());
+    let at = |d: [usize; 4], shape: [usize; 4]| {
+        ((d[0] * shape[1] + d[1]) * shape[2] + d[2]) * shape[3] + d[3]
+    };
+    for kind in [ReduceKind::Max, ReduceKind::Min, ReduceKind::Sum] {
+        let pool = move |x: &Tensor| x.reduce_window(kind, &window, &strides, "VALID");
+        let y = pool(&x).to_vec::<f32>();
+        let mut want = vec![0f32; n];
+        for o in 0..m {
+            let od = [o / 12, o / 6 % 2, o / 3 % 2, o % 3];
+            let mut first = true;
+            for p in 0..2 {
+                for q in 0..3 {
+                    let i = at([od[0], od[1] * 2 + p, od[2] * 3 + q, od[3]], dims);
+                    let hit = match kind {
+                        ReduceKind::Sum => true,
+                        ReduceKind::Max | ReduceKind::Min => first && xs[i] == y[o],
+                    };
+                    if hit {
+                        want[i] = ws[o];
+                        first = kind == ReduceKind::Sum;
+                    }
+                }
+            }
+        }
+        // Some windows tie, and some hold a NaN (no gradient there).
+        assert!(y.iter().any(|v| v.is_nan()) || kind == ReduceKind::Sum);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let loss = move |x: &Tensor, w: &Tensor| pool(x).mul(w).sum();
+        let eager = grad(|x: &Tensor| loss(x, &w))(&x);
+        assert_eq!(bits(&eager.to_vec::<f32>()), bits(&want), "{kind:?} eager");
+        for backend in [Backend::Interpreter, Backend::Cranelift] {
+            let j = jit(move |(x, w): (Tensor, Tensor)| grad(|x: &Tensor| loss(x, &w))(&x))
+                .backend(backend);
+            let got = j.call((x.clone(), w.clone())).unwrap();
+            assert_eq!(
+                bits(&got.to_vec::<f32>()),
+                bits(&want),
+                "{kind:?} {backend:?}"
+            );
+        }
+    }
+}

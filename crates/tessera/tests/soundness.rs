@@ -525,10 +525,24 @@ fn hostile_windows_and_paddings_are_errors() {
             }
         }
     }
-    // A pool gradient unrolls one slice per window position: a window of 2^62 positions is an
-    // error naming the op (it was a capacity-overflow panic).
+    // An overlapping pool's gradient unrolls one slice per window position: a window of 2^62
+    // positions is an error naming the op (it was a capacity-overflow panic). A tiling one
+    // is computed over the operand's elements: no window fits, so the gradient is zero.
     let e = jit_error(|| {
         jit(|x: Tensor| {
+            grad(|x: &Tensor| {
+                x.reduce_window(tessera::ir::ReduceKind::Max, &[1 << 62], &[1], "VALID")
+                    .sum()
+            })(&x)
+        })
+        .call(Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], vec![4]))
+    });
+    assert!(
+        e.contains("reduce_window is not differentiable") && e.contains("window position"),
+        "{e}"
+    );
+    for backend in [Backend::Cranelift, Backend::Interpreter] {
+        let g = jit(|x: Tensor| {
             grad(|x: &Tensor| {
                 x.reduce_window(
                     tessera::ir::ReduceKind::Max,
@@ -539,12 +553,11 @@ fn hostile_windows_and_paddings_are_errors() {
                 .sum()
             })(&x)
         })
+        .backend(backend)
         .call(Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], vec![4]))
-    });
-    assert!(
-        e.contains("reduce_window is not differentiable") && e.contains("window position"),
-        "{e}"
-    );
+        .expect("a tiling window past the operand has a zero gradient");
+        assert_eq!(g.to_vec::<f32>(), vec![0.0; 4], "{backend:?}");
+    }
     // The interpreter (and eager mode) visit the operand's elements, not the window's 2^40
     // positions: a huge SAME window answers at once with the max/sum of what it covers.
     let x3 = || Tensor::from_vec(vec![1f32, 5.0, 2.0], vec![3]);
