@@ -520,21 +520,6 @@ fn tiled_vjp(
     let gp = match kind {
         ReduceKind::Sum => ge,
         ReduceKind::Max | ReduceKind::Min => {
-            let xc = if covered == xt.dims() {
-                x
-            } else {
-                b.add(
-                    Op::Slice {
-                        start: vec![0; r],
-                        limit: covered.clone(),
-                        stride: vec![1; r],
-                    },
-                    &[x],
-                )?
-            };
-            let xe = b.reshape(xc, &e)?;
-            let ye = b.broadcast(y, &e, at_out.clone())?;
-            let eq = b.cmp(CompareOp::Eq, xe, ye)?;
             // Positions as f32 while exact there (a window of up to 2^24), so the reduction
             // and the selection run on vectors; else as i64.
             let it = if positions <= 1 << 24 {
@@ -556,7 +541,7 @@ fn tiled_vjp(
                 let term = if size == 1 {
                     i
                 } else {
-                    let s = b.full_like(i, size as f64)?;
+                    let s = full_count(b, i, size)?;
                     b.mul(i, s)?
                 };
                 k = Some(match k {
@@ -571,7 +556,22 @@ fn tiled_vjp(
                 let gp = b.select(eq, g, zeros)?;
                 return pad_high(b, gp, xt.dims());
             };
-            let none = b.full_like(k, positions as f64)?;
+            let xc = if covered == xt.dims() {
+                x
+            } else {
+                b.add(
+                    Op::Slice {
+                        start: vec![0; r],
+                        limit: covered.clone(),
+                        stride: vec![1; r],
+                    },
+                    &[x],
+                )?
+            };
+            let xe = b.reshape(xc, &e)?;
+            let ye = b.broadcast(y, &e, at_out.clone())?;
+            let eq = b.cmp(CompareOp::Eq, xe, ye)?;
+            let none = full_count(b, k, positions)?;
             let hit_at = b.select(eq, k, none)?;
             let mut axes: Vec<usize> = at_win.iter().map(|&(d, _)| at_out[d] + 1).collect();
             axes.sort_unstable();
@@ -590,6 +590,20 @@ fn tiled_vjp(
     };
     let flat = b.reshape(gp, &Shape::new(covered))?;
     pad_high(b, flat, xt.dims())
+}
+
+/// A tensor shaped like `like` (f32 holding counts up to 2^24, or i64) filled with the count
+/// `v`, exactly (an i64 constant is built from its integer, not through f64).
+fn full_count(b: &mut Builder, like: NodeId, v: usize) -> Result<NodeId> {
+    let ty = b.ty(like);
+    if ty.dtype != tessera_ir::DType::I64 {
+        return b.full_like(like, v as f64);
+    }
+    let v = i64::try_from(v).unwrap_or(i64::MAX);
+    let lit = tessera_ir::Literal::new(Vec::<usize>::new(), tessera_ir::Data::I64(vec![v]))
+        .ok_or_else(|| AutodiffError::Malformed("an i64 scalar literal".into()))?;
+    let c = b.add(Op::Constant(lit), &[])?;
+    b.broadcast(c, &ty.shape, vec![])
 }
 
 /// `v` zero-padded at the high end of each dim to `dims`.

@@ -1218,13 +1218,22 @@ impl Executable {
                 StepKind::Collective(op) => self.run_collective(step, op, ptrs, collectives)?,
                 StepKind::Region(r) => self.run_region(i, r, ptrs, collectives)?,
                 StepKind::Window(w) => {
-                    let inputs: Vec<*const u8> =
-                        step.inputs.iter().map(|&b| ptrs[b] as *const u8).collect();
+                    // A conv's two operands or a reduce_window's one, in place (no vector
+                    // per run).
+                    let mut inputs = [std::ptr::null::<u8>(); 2];
+                    assert!(
+                        step.inputs.len() <= inputs.len(),
+                        "a windowed op's operands"
+                    );
+                    for (slot, &b) in inputs.iter_mut().zip(&step.inputs) {
+                        *slot = ptrs[b] as *const u8;
+                    }
+                    let inputs = &inputs[..step.inputs.len()];
                     // SAFETY: each input buffer holds a value of its operand's type (its step
                     // ran, or it is an input or constant), and the output is this step's own
                     // temporary of the result's type, which no input overlaps (plan.rs).
                     unsafe {
-                        crate::window::run(w, &inputs, ptrs[step.output], self.gemm_threads_from())
+                        crate::window::run(w, inputs, ptrs[step.output], self.gemm_threads_from())
                     }?
                 }
                 StepKind::Native(op) => self.run_native(step, op, ptrs)?,

@@ -1427,13 +1427,19 @@ fn window_as_kernel(win: &tessera_ir::WindowDims, src: &TensorType, out: &Tensor
         let o = out.dims()[d].saturating_sub(1) as i128;
         let w = win.window[d].saturating_sub(1) as i128;
         let (lo, hi) = win.padding[d];
-        let reach = win.strides[d] as i128 * o
-            + win.window_dilation[d] as i128 * w
-            + (lo as i128).abs()
-            + (hi as i128).abs()
-            + win.base_dilation[d] as i128
-            + win.window[d] as i128
-            + src.dims()[d] as i128;
+        // Saturating: a dilated window past i128 (the type rule admits one past the
+        // operand, with an empty result) is simply too far.
+        let reach = [
+            (win.strides[d] as i128).saturating_mul(o),
+            (win.window_dilation[d] as i128).saturating_mul(w),
+            (lo as i128).abs(),
+            (hi as i128).abs(),
+            win.base_dilation[d] as i128,
+            win.window[d] as i128,
+            src.dims()[d] as i128,
+        ]
+        .into_iter()
+        .fold(0i128, i128::saturating_add);
         reach < WINDOW_KERNEL_COORD_MAX
     });
     let window: Option<usize> = win.window.iter().try_fold(1usize, |n, &w| n.checked_mul(w));

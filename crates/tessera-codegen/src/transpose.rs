@@ -350,6 +350,24 @@ impl<T> Dst<T> {
     }
 }
 
+/// `dst`, row-major `[cols, rows]`, the transpose of `src`, row-major `[rows, cols]` (a
+/// conv's lhs with its features moved innermost, `window.rs`), through the tiles of
+/// `copy_row_major`.
+pub(crate) fn transpose_into<T: Copy + Default + Send + Sync>(
+    src: &[T],
+    (rows, cols): (usize, usize),
+    dst: &mut [T],
+) {
+    assert!(rows.checked_mul(cols) == Some(src.len()) && dst.len() == src.len());
+    if src.is_empty() {
+        return;
+    }
+    // SAFETY: the view `src[nn * cols + kk]`, `nn < rows`, `kk < cols`, is `src` itself
+    // (asserted: `rows * cols` elements), borrowed shared for the call, so not written;
+    // `stride = cols >= k = cols`; `dst` holds `cols * rows` values (`ld = rows >= n`).
+    unsafe { copy_row_major(Src(src.as_ptr()), cols, (rows, rows), dst, false) }
+}
+
 /// `dst[kk * ld + nn] = src[nn * stride + kk]` for the `k = dst.len() / ld` rows of `dst`, a
 /// band of `TILE` rows a task (the padding between `n` and `ld` is left as it is).
 ///

@@ -21,6 +21,7 @@ use tessera_interp::scalar::{fmax, fmin};
 use tessera_interp::unravel;
 use tessera_ir::{ConvDims, DType, ReduceKind, TensorType, WindowDims};
 
+use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
 use tessera_interp::InterpError;
@@ -381,6 +382,13 @@ pub struct ConvPlan {
     p_out: Vec<usize>,
     lhs_strides: Vec<usize>,
     repack: bool,
+    /// The kernel's strides of its output and input features, and the result's of its
+    /// features and batch (read by every run: kept here, not computed per run).
+    rhs_oi: (usize, usize),
+    out_cb: (usize, usize),
+    /// The result's layout is the product's (`[batch, positions, features]`, row-major, as
+    /// NHWC): each group's product is written into it directly, no copy after.
+    direct_out: bool,
 }
 
 impl ConvPlan {
@@ -461,44 +469,102 @@ impl ConvPlan {
                     .sum()
             })
             .collect();
-        let p_out = ps
+        let p_out: Vec<usize> = ps
             .iter()
             .map(|p| (0..s).map(|j| p[j] * os[cd.out_spec[2 + j]]).sum())
             .collect();
+        let o_feat = od[cd.out_spec[1]];
+        let direct_out = os[cd.out_spec[1]] == 1
+            && os[cd.out_spec[0]] == np * o_feat
+            && p_out.iter().enumerate().all(|(pf, &at)| at == pf * o_feat);
         Ok(ConvPlan {
             sp_off,
             k_off,
             p_out,
             lhs_strides: ls,
             repack,
+            rhs_oi: (rs[cd.rhs_spec[0]], rs[cd.rhs_spec[1]]),
+            out_cb: (os[cd.out_spec[1]], os[cd.out_spec[0]]),
+            direct_out,
         })
     }
 }
 
-/// `l` (row-major over `dims`) copied into the layout with `strides`, a permutation of it.
-fn repack<T: Copy + Default>(
-    op: &str,
-    l: &[T],
-    dims: &[usize],
-    strides: &[usize],
-) -> Result<Vec<T>, InterpError> {
-    let mut out = table(op, Some(l.len()), Some(T::default()))?;
-    let r = dims.len();
-    let mut idx = vec![0usize; r];
-    let mut off = 0usize;
-    for &v in l {
-        out[off] = v;
-        for d in (0..r).rev() {
-            idx[d] += 1;
-            off += strides[d];
-            if idx[d] < dims[d] {
-                break;
-            }
-            off -= strides[d] * dims[d];
-            idx[d] = 0;
-        }
+/// `l` (row-major over `dims`) with dim `feat` moved innermost (the other dims row-major in
+/// order): for each index of the dims before `feat`, a transpose of `[F, B]` into `[B, F]`.
+fn repack<T: Copy + Default + Send + Sync>(l: &[T], dims: &[usize], feat: usize, out: &mut [T]) {
+    let f = dims[feat];
+    let b: usize = dims[feat + 1..].iter().product();
+    let block = f * b;
+    if block == 0 {
+        return;
     }
-    Ok(out)
+    for (src, dst) in l.chunks_exact(block).zip(out.chunks_exact_mut(block)) {
+        crate::transpose::transpose_into(src, (f, b), dst);
+    }
+}
+
+thread_local! {
+    /// Each thread's work memory for a conv's shared parts (the repacked lhs, the kernel
+    /// matrix), kept between runs: it only grows, so a steady-state step allocates nothing
+    /// for its convs.
+    static CONV_SHARED: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// Likewise for each part of a conv's rows (its patches and its product).
+    static CONV_PART: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with `len` values of `T` (f32 or f64) of this thread's conv scratch `key`, grown
+/// (with zeros) when short; or an error naming the op when that memory cannot be had
+/// (`None`: more than `usize` counts). A conv on this thread inside another (a task taken
+/// while the outer one waits in rayon) finds the scratch taken and gets memory of its own.
+fn with_conv_scratch<T: Elem, R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<u64>>>,
+    len: Option<usize>,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> Result<R, InterpError> {
+    const { assert!(std::mem::size_of::<T>() <= 8 && std::mem::align_of::<T>() <= 8) };
+    let words = len
+        .and_then(|n| n.checked_mul(std::mem::size_of::<T>()))
+        .map(|b| b.div_ceil(8));
+    let grow = |v: &mut Vec<u64>, words: Option<usize>| -> Result<(), InterpError> {
+        let want = words.ok_or_else(|| too_large(None))?;
+        if v.len() < want {
+            v.try_reserve_exact(want - v.len())
+                .map_err(|_| too_large(Some(want)))?;
+            v.resize(want, 0);
+        }
+        Ok(())
+    };
+    let view = |v: &mut [u64]| -> &mut [T] {
+        let n = len.unwrap_or(0);
+        // SAFETY: `v` holds at least `n * size_of::<T>()` bytes (grown above), 8-aligned
+        // (u64 words), and `T` (f32 or f64: `Elem`) is at most 8 bytes and 8-aligned, with
+        // every bit pattern a value; the borrow of `v` is exclusive and outlives the slice.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut T, n) }
+    };
+    key.with(|s| match s.try_borrow_mut() {
+        Ok(mut scratch) => {
+            grow(&mut scratch, words)?;
+            Ok(f(view(&mut scratch)))
+        }
+        Err(_) => {
+            let mut own = Vec::new();
+            grow(&mut own, words)?;
+            Ok(f(view(&mut own)))
+        }
+    })
+}
+
+/// The error of a conv whose work memory cannot be allocated.
+fn too_large(words: Option<usize>) -> InterpError {
+    InterpError::Op {
+        op: "conv_general_dilated".into(),
+        message: format!(
+            "cannot allocate a work table of {} bytes (the window and padding are too large)",
+            words.map_or("more than usize::MAX".into(), |w| (w as u128 * 8)
+                .to_string())
+        ),
+    }
 }
 
 /// The most patch-matrix elements one GEMM of a conv takes (16 MiB of f32): the batch is
@@ -508,7 +574,8 @@ const PATCH_ELEMENTS: usize = 1 << 22;
 /// im2col + GEMM per group over chunks of the result batch: the patch matrix
 /// `[batch * positions, K * cin]` (columns: window position, then input feature, so an NHWC
 /// operand's features are copied contiguously) times the group's kernel matrix
-/// `[K * cin, O / G]`, scattered into the result's layout.
+/// `[K * cin, O / G]`, written into the result when its layout is the product's (NHWC,
+/// `direct_out`), else scattered into it. The work memory is the thread's conv scratch.
 ///
 /// # Safety
 /// As [`run`].
@@ -519,7 +586,6 @@ unsafe fn conv<T: Elem>(
     (inputs, out): (&[*const u8], *mut u8),
     parallel_from: usize,
 ) -> Result<(), InterpError> {
-    let op = "conv_general_dilated";
     let n_out = ot.numel();
     // SAFETY: the caller's contract: each buffer holds a value of its type, the output does not
     // overlap the inputs.
@@ -534,14 +600,7 @@ unsafe fn conv<T: Elem>(
         return Ok(());
     }
     let (ld, rd, od) = (lt.dims(), rt.dims(), ot.dims());
-    let (ls, rs, os) = (&plan.lhs_strides, rt.shape.strides(), ot.shape.strides());
-    let repacked;
-    let l: &[T] = if plan.repack {
-        repacked = repack(op, l, ld, ls)?;
-        &repacked
-    } else {
-        l
-    };
+    let ls = &plan.lhs_strides;
     let (fg, bg) = (cd.feature_group_count, cd.batch_group_count);
     let groups = fg * bg;
     let cin = ld[cd.lhs_spec[1]] / fg;
@@ -553,109 +612,361 @@ unsafe fn conv<T: Elem>(
     let np = p_out.len();
     let kk = cin * nk;
     let (lc, lbs) = (ls[cd.lhs_spec[1]], ls[cd.lhs_spec[0]]);
-    let (oc, obs) = (os[cd.out_spec[1]], os[cd.out_spec[0]]);
+    let ((oc, obs), (ro, ri)) = (plan.out_cb, plan.rhs_oi);
     if !r.iter().all(|w| w.is_finite()) {
         // im2col writes the padding as zeros, and a zero times an inf or NaN weight is NaN
         // where XLA (and the interpreter) skip the padding: such kernels take direct loops,
         // in the interpreter's order (input features, then the window row-major).
-        for gi in 0..groups {
-            let ch0 = if fg > 1 { gi * cin } else { 0 };
-            for b in 0..nb {
-                let lb = if bg > 1 { gi * nb + b } else { b };
-                let base = lb * lbs;
-                let ob = b * obs;
-                for pf in 0..np {
-                    for oo in 0..og {
-                        let of = gi * og + oo;
-                        let mut acc = T::default();
-                        for i in 0..cin {
-                            let cb = base + (ch0 + i) * lc;
-                            let wb = of * rs[cd.rhs_spec[0]] + i * rs[cd.rhs_spec[1]];
-                            for kf in 0..nk {
-                                if let Some(off) = sp_off[pf * nk + kf] {
-                                    acc = acc + l[cb + off] * r[wb + k_off[kf]];
+        let rep_len = Some(if plan.repack { l.len() } else { 0 });
+        return with_conv_scratch::<T, _>(&CONV_SHARED, rep_len, |rep| {
+            let l: &[T] = if plan.repack {
+                repack(l, ld, cd.lhs_spec[1], rep);
+                rep
+            } else {
+                l
+            };
+            for gi in 0..groups {
+                let ch0 = if fg > 1 { gi * cin } else { 0 };
+                for b in 0..nb {
+                    let lb = if bg > 1 { gi * nb + b } else { b };
+                    let base = lb * lbs;
+                    let ob = b * obs;
+                    for pf in 0..np {
+                        for oo in 0..og {
+                            let of = gi * og + oo;
+                            let mut acc = T::default();
+                            for i in 0..cin {
+                                let cb = base + (ch0 + i) * lc;
+                                let wb = of * ro + i * ri;
+                                for kf in 0..nk {
+                                    if let Some(off) = sp_off[pf * nk + kf] {
+                                        acc = acc + l[cb + off] * r[wb + k_off[kf]];
+                                    }
                                 }
                             }
+                            o[ob + of * oc + p_out[pf]] = acc;
                         }
-                        o[ob + of * oc + p_out[pf]] = acc;
                     }
                 }
             }
-        }
-        return Ok(());
+        });
     }
+    // Large convs run in parts of the batch, one thread each: a part copies its patches and
+    // multiplies them on one core, in that core's cache (the library's split of one product
+    // of these shapes over both cores ran 2-3x slower in the small CNN's step).
+    let parts = if nb.saturating_mul(np).saturating_mul(og).saturating_mul(kk) >= parallel_from {
+        rayon::current_num_threads().clamp(1, nb)
+    } else {
+        1
+    };
+    #[cfg(test)]
+    if parts > 1 {
+        PARTED.with(|c| c.set(c.get() + 1));
+    }
+    let per_part = nb.div_ceil(parts);
     // Result batch elements per GEMM: as many as keep the patch matrix within PATCH_ELEMENTS.
     let per_b = np.saturating_mul(kk).max(1);
-    let chunk = (PATCH_ELEMENTS / per_b).clamp(1, nb);
+    let chunk = (PATCH_ELEMENTS / per_b).clamp(1, per_part);
     let rows = chunk * np;
-    let mut patches = table(op, rows.checked_mul(kk), Some(T::default()))?;
-    let mut wmat = table(op, kk.checked_mul(og), Some(T::default()))?;
-    let mut res = table(op, rows.checked_mul(og), Some(T::default()))?;
-    for gi in 0..groups {
-        // The group's kernel matrix: row (k, i), column o'.
-        for (kf, &ko) in k_off.iter().enumerate() {
-            for i in 0..cin {
-                for oo in 0..og {
-                    let of = gi * og + oo;
-                    wmat[(kf * cin + i) * og + oo] =
-                        r[of * rs[cd.rhs_spec[0]] + i * rs[cd.rhs_spec[1]] + ko];
-                }
-            }
-        }
-        let ch0 = if fg > 1 { gi * cin } else { 0 };
-        for b0 in (0..nb).step_by(chunk) {
-            let n = chunk.min(nb - b0);
-            for bi in 0..n {
-                let b = b0 + bi;
-                let lb = if bg > 1 { gi * nb + b } else { b };
-                let base = lb * lbs + ch0 * lc;
-                for pf in 0..np {
-                    let row = &mut patches[(bi * np + pf) * kk..(bi * np + pf + 1) * kk];
-                    for (kf, cols) in row.chunks_exact_mut(cin.max(1)).enumerate().take(nk) {
-                        match sp_off[pf * nk + kf] {
-                            // Features adjacent in memory (NHWC): one copy.
-                            Some(off) if lc == 1 => {
-                                cols.copy_from_slice(&l[base + off..base + off + cols.len()]);
-                            }
-                            Some(off) => {
-                                for (i, c) in cols.iter_mut().enumerate() {
-                                    *c = l[base + off + i * lc];
-                                }
-                            }
-                            None => cols.fill(T::default()),
+    // The shared scratch: the repacked lhs and the kernel matrix; each part's: its patches
+    // and its product (none when the product is written into the result).
+    let rep_len = if plan.repack { l.len() } else { 0 };
+    let wmat_len = kk.checked_mul(og);
+    let shared_len = wmat_len.and_then(|w| w.checked_add(rep_len));
+    let res_len = if plan.direct_out {
+        Some(0)
+    } else {
+        rows.checked_mul(og)
+    };
+    let part_len = rows.checked_mul(kk).and_then(|p| p.checked_add(res_len?));
+    let out = OutRows {
+        o: o.as_mut_ptr(),
+        len: n_out,
+    };
+    with_conv_scratch::<T, _>(&CONV_SHARED, shared_len, |shared| {
+        let (rep, wmat) = shared.split_at_mut(rep_len);
+        let l: &[T] = if plan.repack {
+            repack(l, ld, cd.lhs_spec[1], rep);
+            rep
+        } else {
+            l
+        };
+        for gi in 0..groups {
+            // The group's kernel matrix: row (k, i), column o', each row a copy when the
+            // output features are adjacent in the kernel (HWIO and its gradients).
+            for (kf, &ko) in k_off.iter().enumerate() {
+                for i in 0..cin {
+                    let row = &mut wmat[(kf * cin + i) * og..][..og];
+                    let at = gi * og * ro + i * ri + ko;
+                    if ro == 1 {
+                        row.copy_from_slice(&r[at..at + og]);
+                    } else {
+                        for (oo, w) in row.iter_mut().enumerate() {
+                            *w = r[at + oo * ro];
                         }
                     }
                 }
             }
-            let m = n * np;
-            let par = if m.saturating_mul(og).saturating_mul(kk) >= parallel_from {
-                gemm::Parallelism::Rayon(0)
-            } else {
-                gemm::Parallelism::None
-            };
-            // SAFETY: the three views lie within `patches` (m x kk of its rows x kk,
-            // row-major), `wmat` (kk x og) and `res` (m x og of its rows x og), distinct live
-            // vectors of T = the dtype's type.
-            unsafe {
-                gemm_view(
-                    T::DTYPE,
-                    (m, og, kk),
-                    (patches.as_ptr() as *const u8, [kk as isize, 1]),
-                    (wmat.as_ptr() as *const u8, [og as isize, 1]),
-                    (res.as_mut_ptr() as *mut u8, [og as isize, 1]),
-                    par,
-                );
-            }
-            for bi in 0..n {
-                let ob = (b0 + bi) * obs;
-                for pf in 0..np {
-                    let src = &res[(bi * np + pf) * og..(bi * np + pf + 1) * og];
-                    for (oo, &v) in src.iter().enumerate() {
-                        o[ob + (gi * og + oo) * oc + p_out[pf]] = v;
+            let wmat: &[T] = wmat;
+            let ch0 = if fg > 1 { gi * cin } else { 0 };
+            // Batch elements `bs..be`: patches, product, and the product into the result.
+            let part = |(bs, be): (usize, usize)| {
+                with_conv_scratch::<T, _>(&CONV_PART, part_len, |scratch| {
+                    let (patches, res) = scratch.split_at_mut(rows * kk);
+                    for b0 in (bs..be).step_by(chunk) {
+                        let n = chunk.min(be - b0);
+                        for bi in 0..n {
+                            let b = b0 + bi;
+                            let lb = if bg > 1 { gi * nb + b } else { b };
+                            let base = lb * lbs + ch0 * lc;
+                            for pf in 0..np {
+                                let row = &mut patches[(bi * np + pf) * kk..][..kk];
+                                im2col_row(row, &sp_off[pf * nk..][..nk], l, base, (cin, lc));
+                            }
+                        }
+                        let m = n * np;
+                        let (dst, dst_rows) = if plan.direct_out {
+                            // Rows (b, position) from batch element b0, columns the group's
+                            // features: `b0 * obs + gi * og + row * o_feat + col`, below
+                            // `(b0 + n) * obs <= n_out` (`obs = np * o_feat`, `direct_out`).
+                            (out.at(b0 * obs + gi * og), o_feat)
+                        } else {
+                            (res.as_mut_ptr(), og)
+                        };
+                        // SAFETY: the three views lie within `patches` (m x kk of its rows x
+                        // kk, row-major), `wmat` (kk x og) and the result view (m x og, rows
+                        // `dst_rows` apart: `res`, or this part's batch elements of the
+                        // result as above, which no other part writes), which overlaps
+                        // neither (scratch and result are distinct memory), of T = the
+                        // dtype's type.
+                        unsafe {
+                            gemm_view(
+                                T::DTYPE,
+                                (m, og, kk),
+                                (patches.as_ptr() as *const u8, [kk as isize, 1]),
+                                (wmat.as_ptr() as *const u8, [og as isize, 1]),
+                                (dst as *mut u8, [dst_rows as isize, 1]),
+                                gemm::Parallelism::None,
+                            );
+                        }
+                        if plan.direct_out {
+                            continue;
+                        }
+                        for bi in 0..n {
+                            let ob = (b0 + bi) * obs;
+                            for pf in 0..np {
+                                let src = &res[(bi * np + pf) * og..][..og];
+                                for (oo, &v) in src.iter().enumerate() {
+                                    out.put(ob + (gi * og + oo) * oc + p_out[pf], v);
+                                }
+                            }
+                        }
                     }
+                })
+            };
+            if parts > 1 {
+                use rayon::prelude::*;
+                (0..parts)
+                    .into_par_iter()
+                    .map(|p| part((p * per_part, ((p + 1) * per_part).min(nb))))
+                    .collect::<Result<(), InterpError>>()?;
+            } else {
+                part((0, nb))?;
+            }
+        }
+        Ok(())
+    })?
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many convs this thread ran in batch parts on several threads (tests).
+    static PARTED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// One row of the patch matrix: for each window position, the `cin` input features at its
+/// offset (`None`: padding, zeros), read `lc` apart from `base`.
+fn im2col_row<T: Elem>(
+    row: &mut [T],
+    offs: &[Option<usize>],
+    l: &[T],
+    base: usize,
+    (cin, lc): (usize, usize),
+) {
+    if cin == 0 {
+        // No input features: an empty row (the product sums nothing, zeros).
+        return;
+    }
+    if cin == 1 {
+        for (c, off) in row.iter_mut().zip(offs) {
+            *c = off.map_or(T::default(), |off| l[base + off]);
+        }
+        return;
+    }
+    for (cols, off) in row.chunks_exact_mut(cin).zip(offs) {
+        match *off {
+            // Features adjacent in memory (NHWC): one copy.
+            Some(off) if lc == 1 => cols.copy_from_slice(&l[base + off..base + off + cin]),
+            Some(off) => {
+                for (i, c) in cols.iter_mut().enumerate() {
+                    *c = l[base + off + i * lc];
+                }
+            }
+            None => cols.fill(T::default()),
+        }
+    }
+}
+
+/// A conv's result, written by its parts at disjoint batch elements.
+struct OutRows<T> {
+    o: *mut T,
+    len: usize,
+}
+
+// SAFETY: the parts write through the pointer at disjoint elements (their own batch
+// elements), inside the result the caller of `run` vouches for, while the conv blocks.
+unsafe impl<T: Send> Send for OutRows<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for OutRows<T> {}
+
+impl<T> OutRows<T> {
+    /// Element `i`'s address (`i < len`).
+    fn at(&self, i: usize) -> *mut T {
+        assert!(i < self.len, "a conv result index inside the result");
+        // SAFETY: `i < len`, inside the result's allocation.
+        unsafe { self.o.add(i) }
+    }
+
+    /// Writes element `i` (`i < len`).
+    fn put(&self, i: usize, v: T) {
+        // SAFETY: `at` checked the index; the element is this part's alone (the caller's
+        // batch elements).
+        unsafe { self.at(i).write(v) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::{Data, Graph, Literal, Op};
+
+    /// Convs large enough to run in batch parts on several threads, in every layout the
+    /// parts handle (the result written directly (NHWC) or scattered (NCHW); the lhs
+    /// repacked per batch element (NCHW) or whole (a kernel gradient's batch read as
+    /// features); one input feature; feature and batch groups), in f32 and f64: each result
+    /// within the products' accumulated bound of the interpreter's, every work buffer from
+    /// the threads' scratch.
+    #[test]
+    fn large_convs_run_in_batch_parts_close_to_the_interpreter() {
+        let nhwc = |cd: &mut ConvDims| {
+            cd.lhs_spec = vec![0, 3, 1, 2];
+            cd.rhs_spec = vec![3, 2, 0, 1];
+            cd.out_spec = vec![0, 3, 1, 2];
+        };
+        // Name, dims, lhs and rhs shapes, and whether the result is written directly and
+        // the lhs repacked.
+        type Case = (&'static str, ConvDims, Vec<usize>, Vec<usize>, bool, bool);
+        let mut cases: Vec<Case> = Vec::new();
+        let mut cd = ConvDims::nchw(2);
+        nhwc(&mut cd);
+        cd.padding = vec![(1, 1), (1, 1)];
+        cases.push((
+            "NHWC SAME",
+            cd,
+            vec![16, 8, 8, 8],
+            vec![3, 3, 8, 16],
+            true,
+            false,
+        ));
+        let mut cd = ConvDims::nchw(2);
+        cd.padding = vec![(1, 1), (1, 1)];
+        cd.strides = vec![2, 1];
+        cd.rhs_dilation = vec![1, 2];
+        cd.feature_group_count = 2;
+        cases.push((
+            "NCHW grouped",
+            cd,
+            vec![16, 8, 16, 16],
+            vec![16, 4, 3, 3],
+            false,
+            true,
+        ));
+        let mut cd = ConvDims::nchw(2);
+        cd.lhs_spec = vec![3, 0, 1, 2];
+        cd.rhs_spec = vec![3, 0, 1, 2];
+        cd.out_spec = vec![2, 3, 0, 1];
+        cd.padding = vec![(1, 1), (1, 1)];
+        cases.push((
+            "kernel gradient",
+            cd,
+            vec![32, 6, 6, 8],
+            vec![32, 6, 6, 16],
+            false,
+            true,
+        ));
+        let mut cd = ConvDims::nchw(2);
+        cd.batch_group_count = 2;
+        cases.push((
+            "batch groups",
+            cd,
+            vec![16, 8, 10, 10],
+            vec![16, 8, 3, 3],
+            false,
+            true,
+        ));
+        let mut cd = ConvDims::nchw(2);
+        nhwc(&mut cd);
+        cd.padding = vec![(1, 1), (1, 1)];
+        cases.push((
+            "one feature",
+            cd,
+            vec![64, 12, 12, 1],
+            vec![3, 3, 1, 16],
+            true,
+            false,
+        ));
+        for (name, cd, ld, rd, direct, repacked) in cases {
+            for dtype in [DType::F32, DType::F64] {
+                let mut g = Graph::new("c");
+                let x = g.add_param(TensorType::new(dtype, ld.clone()));
+                let w = g.add_param(TensorType::new(dtype, rd.clone()));
+                let y = g.add(Op::Conv(Box::new(cd.clone())), &[x, w]).unwrap();
+                g.set_outputs(vec![y]);
+                let (lt, rt, ot) = (g.ty(x).clone(), g.ty(w).clone(), g.ty(y).clone());
+                let plan = ConvPlan::new(&cd, &lt, &rt, &ot).unwrap();
+                assert_eq!((plan.direct_out, plan.repack), (direct, repacked), "{name}");
+                let lit = |t: &TensorType, seed: usize| {
+                    let n = t.numel();
+                    let v = (0..n).map(|i| ((i * 7919 + seed) % 2001) as f64 / 1000.0 - 1.0);
+                    let data = match dtype {
+                        DType::F32 => Data::F32(v.map(|x| x as f32).collect()),
+                        _ => Data::F64(v.collect()),
+                    };
+                    Literal::new(t.dims().to_vec(), data).unwrap()
+                };
+                let (xl, wl) = (lit(&lt, 3), lit(&rt, 11));
+                let parted = PARTED.with(|c| c.get());
+                let got = crate::compile(&g)
+                    .unwrap()
+                    .run(&[&xl, &wl], &tessera_transport::SingleDevice)
+                    .unwrap();
+                assert!(
+                    PARTED.with(|c| c.get()) > parted,
+                    "{name} {dtype}: in parts"
+                );
+                let want = tessera_interp::run(&g, &[xl, wl]).unwrap();
+                // Every term is at most 1 in magnitude: the sums' accumulated bound.
+                let terms = (lt.numel() + rt.numel()) as f64;
+                let eps = if dtype == DType::F32 { 1.2e-7 } else { 2.3e-16 };
+                let (a, b) = (got[0].to_f64_vec(), want[0].to_f64_vec());
+                assert_eq!(a.len(), ot.numel());
+                for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                    assert!(
+                        (p - q).abs() <= terms * eps,
+                        "{name} {dtype} [{i}]: {p} vs {q}"
+                    );
                 }
             }
         }
     }
-    Ok(())
 }

@@ -167,7 +167,8 @@ fn bound(op: &Op) -> Bound {
         // the composition in which the region is compiled alone.
         Op::Region(_) | Op::GetResult { .. } => Bound::Unchecked,
         Op::Conv(_) => Bound::Accumulated,
-        // The native kernel combines each window in the interpreter's order (window.rs).
+        // Each window combined in the interpreter's order, from the identity: by a reduction
+        // kernel (`fusion.rs::reduce_window_kernel`) or the direct loop (`window.rs`).
         Op::ReduceWindow { .. } => Bound::Exact,
         // A gather copies elements; the compiled scatter applies its updates in the
         // interpreter's order (row-major over the updates, on one thread: `ScatterPhase`), so

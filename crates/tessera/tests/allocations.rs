@@ -367,3 +367,29 @@ fn pmap_steady(n: usize) -> (usize, usize, usize) {
     });
     steady(&mut p, &x, &y, |p, x, y| f.call((p, x, y)).unwrap().0)
 }
+
+/// A conv and its gradients (im2col + GEMM, the lhs repacked for the kernel's gradient) take
+/// their work memory from the thread's scratch: after warm-up a call allocates its outputs
+/// and what the `gemm` crate makes, nothing of ours (20 allocations before: each conv
+/// allocated its patch matrix, kernel matrix, product and strides on every call, and the
+/// run a vector of its operands).
+#[test]
+fn a_conv_and_its_gradients_allocate_only_their_outputs() {
+    let _alone = alone();
+    let x = random::normal(&Key::new(1), [4, 1, 6, 6]);
+    let w = random::normal(&Key::new(2), [3, 1, 3, 3]);
+    let f = jit(|(x, w): (Tensor, Tensor)| {
+        let (l, g) =
+            value_and_grad(|xw: &(Tensor, Tensor)| xw.0.conv(&xw.1, &[1, 1], "SAME").sum())(&(
+                x, w,
+            ));
+        (l, g.0, g.1)
+    });
+    for _ in 0..3 {
+        f.call((x.clone(), w.clone())).unwrap();
+    }
+    let (a, _) = per_step(10, || drop(f.call((x.clone(), w.clone())).unwrap()));
+    println!("conv value and gradients: {a} allocations per call");
+    // The gemm crate's two: one of the three products packs (its table and its buffer).
+    assert_eq!(a, 3 * PER_OUTPUT + 2, "{a} allocations per call");
+}
