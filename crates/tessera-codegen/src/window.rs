@@ -567,9 +567,12 @@ fn too_large(words: Option<usize>) -> InterpError {
     }
 }
 
-/// The most patch-matrix elements one GEMM of a conv takes (16 MiB of f32): the batch is
-/// folded into the GEMM's rows in chunks of at most this.
-const PATCH_ELEMENTS: usize = 1 << 22;
+/// The most patch-matrix elements one GEMM of a conv takes (256 KiB of f32, so a chunk's
+/// patches are still in the core's cache when its product reads them): the batch is folded
+/// into the GEMM's rows in chunks of at most this (or one batch element, if that is more).
+/// The small CNN's step on the Xeon of docs/PERFORMANCE.md, by this budget: 1.66 ms at 2^22,
+/// 1.63 at 2^20, 1.60 at 2^18, 1.52 at 2^16, 1.61 at 2^14 (criterion, one run each).
+const PATCH_ELEMENTS: usize = 1 << 16;
 
 /// im2col + GEMM per group over chunks of the result batch: the patch matrix
 /// `[batch * positions, K * cin]` (columns: window position, then input feature, so an NHWC
@@ -651,22 +654,33 @@ unsafe fn conv<T: Elem>(
             }
         });
     }
-    // Large convs run in parts of the batch, one thread each: a part copies its patches and
-    // multiplies them on one core, in that core's cache (the library's split of one product
-    // of these shapes over both cores ran 2-3x slower in the small CNN's step).
-    let parts = if nb.saturating_mul(np).saturating_mul(og).saturating_mul(kk) >= parallel_from {
-        rayon::current_num_threads().clamp(1, nb)
+    // Result batch elements per GEMM: as many as keep the patch matrix within PATCH_ELEMENTS,
+    // whatever the threads, so each chunk's product (and so its sums' order) is the same on
+    // every machine.
+    let per_b = np.saturating_mul(kk).max(1);
+    let chunk = (PATCH_ELEMENTS / per_b).clamp(1, nb);
+    let chunks = nb.div_ceil(chunk);
+    // A large conv's chunks are shared out among the threads, a part of whole chunks each: a
+    // part copies its patches and multiplies them on one core, in that core's cache (the
+    // library's split of one product of these shapes over both cores ran 2-3x slower in the
+    // small CNN's step). A conv of one chunk splits its product instead, as the library does
+    // (the same sums). `usize::MAX` means never.
+    let large = parallel_from < usize::MAX
+        && nb.saturating_mul(np).saturating_mul(og).saturating_mul(kk) >= parallel_from;
+    let parts = if large {
+        rayon::current_num_threads().clamp(1, chunks)
     } else {
         1
+    };
+    let product_par = if large && parts == 1 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
     };
     #[cfg(test)]
     if parts > 1 {
         PARTED.with(|c| c.set(c.get() + 1));
     }
-    let per_part = nb.div_ceil(parts);
-    // Result batch elements per GEMM: as many as keep the patch matrix within PATCH_ELEMENTS.
-    let per_b = np.saturating_mul(kk).max(1);
-    let chunk = (PATCH_ELEMENTS / per_b).clamp(1, per_part);
     let rows = chunk * np;
     // The shared scratch: the repacked lhs and the kernel matrix; each part's: its patches
     // and its product (none when the product is written into the result).
@@ -746,7 +760,7 @@ unsafe fn conv<T: Elem>(
                                 (patches.as_ptr() as *const u8, [kk as isize, 1]),
                                 (wmat.as_ptr() as *const u8, [og as isize, 1]),
                                 (dst as *mut u8, [dst_rows as isize, 1]),
-                                gemm::Parallelism::None,
+                                product_par,
                             );
                         }
                         if plan.direct_out {
@@ -766,9 +780,11 @@ unsafe fn conv<T: Elem>(
             };
             if parts > 1 {
                 use rayon::prelude::*;
+                // Part `p` takes chunks `p * chunks / parts ..`: whole chunks, none empty.
+                let batch = |c: usize| (c * chunk).min(nb);
                 (0..parts)
                     .into_par_iter()
-                    .map(|p| part((p * per_part, ((p + 1) * per_part).min(nb))))
+                    .map(|p| part((batch(p * chunks / parts), batch((p + 1) * chunks / parts))))
                     .collect::<Result<(), InterpError>>()?;
             } else {
                 part((0, nb))?;
@@ -851,13 +867,13 @@ mod tests {
     use tessera_ir::{Data, Graph, Literal, Op};
 
     /// Convs large enough to run in batch parts on several threads, in every layout the
-    /// parts handle (the result written directly (NHWC) or scattered (NCHW); the lhs
-    /// repacked per batch element (NCHW) or whole (a kernel gradient's batch read as
-    /// features); one input feature; feature and batch groups), in f32 and f64: each result
-    /// within the products' accumulated bound of the interpreter's, every work buffer from
-    /// the threads' scratch.
+    /// parts handle (the result written directly (NHWC, grouped too) or scattered (NCHW);
+    /// the lhs repacked per batch element (NCHW) or whole (a kernel gradient's batch read as
+    /// features); one input feature; feature and batch groups), in f32 and f64: on two
+    /// threads in parts, with the bits of one thread (each chunk's product is the same
+    /// whatever the threads), and within the products' accumulated bound of the interpreter.
     #[test]
-    fn large_convs_run_in_batch_parts_close_to_the_interpreter() {
+    fn large_convs_run_in_batch_parts_with_the_bits_of_one_thread() {
         let nhwc = |cd: &mut ConvDims| {
             cd.lhs_spec = vec![0, 3, 1, 2];
             cd.rhs_spec = vec![3, 2, 0, 1];
@@ -872,9 +888,18 @@ mod tests {
         cd.padding = vec![(1, 1), (1, 1)];
         cases.push((
             "NHWC SAME",
-            cd,
+            cd.clone(),
             vec![16, 8, 8, 8],
             vec![3, 3, 8, 16],
+            true,
+            false,
+        ));
+        cd.feature_group_count = 2;
+        cases.push((
+            "NHWC grouped",
+            cd,
+            vec![64, 8, 8, 8],
+            vec![3, 3, 4, 16],
             true,
             false,
         ));
@@ -886,7 +911,7 @@ mod tests {
         cases.push((
             "NCHW grouped",
             cd,
-            vec![16, 8, 16, 16],
+            vec![64, 8, 16, 16],
             vec![16, 4, 3, 3],
             false,
             true,
@@ -909,7 +934,7 @@ mod tests {
         cases.push((
             "batch groups",
             cd,
-            vec![16, 8, 10, 10],
+            vec![64, 8, 10, 10],
             vec![16, 8, 3, 3],
             false,
             true,
@@ -925,6 +950,13 @@ mod tests {
             true,
             false,
         ));
+        let pool = |n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        };
+        let (one, two) = (pool(1), pool(2));
         for (name, cd, ld, rd, direct, repacked) in cases {
             for dtype in [DType::F32, DType::F64] {
                 let mut g = Graph::new("c");
@@ -945,22 +977,30 @@ mod tests {
                     Literal::new(t.dims().to_vec(), data).unwrap()
                 };
                 let (xl, wl) = (lit(&lt, 3), lit(&rt, 11));
-                let parted = PARTED.with(|c| c.get());
-                let got = crate::compile(&g)
-                    .unwrap()
-                    .run(&[&xl, &wl], &tessera_transport::SingleDevice)
-                    .unwrap();
+                // Each run on the pool's thread, where its parts are counted.
+                let run = |p: &rayon::ThreadPool| {
+                    p.install(|| {
+                        let parted = PARTED.with(|c| c.get());
+                        let got = crate::compile(&g)
+                            .unwrap()
+                            .run(&[&xl, &wl], &tessera_transport::SingleDevice)
+                            .unwrap();
+                        (got[0].to_f64_vec(), PARTED.with(|c| c.get()) > parted)
+                    })
+                };
+                let ((a, in_parts), (b, alone)) = (run(&two), run(&one));
                 assert!(
-                    PARTED.with(|c| c.get()) > parted,
-                    "{name} {dtype}: in parts"
+                    in_parts && !alone,
+                    "{name} {dtype}: in parts on two threads only ({in_parts} {alone})"
                 );
-                let want = tessera_interp::run(&g, &[xl, wl]).unwrap();
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{name} {dtype}: the bits of one thread");
+                let want = tessera_interp::run(&g, &[xl.clone(), wl.clone()]).unwrap();
                 // Every term is at most 1 in magnitude: the sums' accumulated bound.
                 let terms = (lt.numel() + rt.numel()) as f64;
                 let eps = if dtype == DType::F32 { 1.2e-7 } else { 2.3e-16 };
-                let (a, b) = (got[0].to_f64_vec(), want[0].to_f64_vec());
                 assert_eq!(a.len(), ot.numel());
-                for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                for (i, (p, q)) in a.iter().zip(&want[0].to_f64_vec()).enumerate() {
                     assert!(
                         (p - q).abs() <= terms * eps,
                         "{name} {dtype} [{i}]: {p} vs {q}"
