@@ -3,7 +3,7 @@ one per process, printing `jax PROGRAM dev=N first_ms=.. loop_ms=..` (the first 
 compile and one step, blocked; then the mean of a loop of steps with the params chained and one
 block at the end).
 
-usage: python3 benches/jax_side_by_side.py PROGRAM DEVICES STEPS   (seed | host | pmap | big)
+usage: python3 benches/jax_side_by_side.py PROGRAM DEVICES STEPS   (seed | host | pmap | big | cnn)
 """
 import os
 import sys
@@ -62,8 +62,19 @@ elif program == "pmap":
     x = jax.random.normal(key(1), (n * 64, 10)).reshape(n, 64, 10)
     y = jax.random.normal(key(2), (n * 64, 1)).reshape(n, 64, 1)
     f = jax.pmap(pstep, axis_name="i")
+elif program == "cnn":
+    # benches/jax_compare.py's CNN step (examples/cnn_digits.rs's), on random data of the
+    # digits' shapes, one device.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from jax_compare import cnn_init, cnn_step  # noqa: E402
+    cp = cnn_init(key(0))
+    zeros = jax.tree.map(jnp.zeros_like, cp)
+    p = (cp, zeros, zeros, jnp.float32(0.0))
+    x = jax.random.uniform(key(1), (128, 64), maxval=16.0)
+    y = jax.random.randint(key(2), (128,), 0, 10)
+    f = jax.jit(cnn_step)
 else:
-    sys.exit(f"unknown program {program!r} (seed, host, pmap, big)")
+    sys.exit(f"unknown program {program!r} (seed, host, pmap, big, cnn)")
 
 t = time.perf_counter()
 p, l = f(p, x, y)

@@ -10,7 +10,9 @@
 //!   parameters replicated (the README's program);
 //! - `host`: the seed step as a plain `jit` on host values (no mesh);
 //! - `pmap`: the seed pmap step (params stacked, `pmean` of the gradients);
-//! - `big`: the 784-1024-1024-10 tanh MLP, batch 512, as `seed` over every device.
+//! - `big`: the 784-1024-1024-10 tanh MLP, batch 512, as `seed` over every device;
+//! - `cnn`: the small CNN of `examples/cnn_digits.rs` (two 3x3 convs with max-pools, Adam,
+//!   batch 128), the batch over every device.
 
 use std::time::Instant;
 
@@ -18,6 +20,10 @@ use tessera::prelude::*;
 
 #[path = "common/mlp.rs"]
 mod mlp;
+
+#[allow(dead_code)]
+#[path = "cnn_digits.rs"]
+mod cnn_digits;
 use mlp::{Layer, Mlp, deep_sgd_step, init, init_deep, loss, seed_data, sgd_step};
 
 /// Runs `step` once (the first call), then `steps` times, chaining the params; returns
@@ -100,6 +106,24 @@ fn pmapped(steps: usize) -> Result<(f64, f64)> {
     time(p, steps, |p| step.call((p, x.clone(), y.clone())))
 }
 
+/// The small CNN of `examples/cnn_digits.rs` (Adam, batch 128 of the digits, the batch over
+/// a mesh of every device), as `benches/cnn.rs` runs it.
+fn cnn(steps: usize) -> Result<(f64, f64)> {
+    use cnn_digits::{BATCH, digits, init, step};
+    let data = digits::load();
+    let mesh = Mesh::new([device_count()], ["dp"]);
+    let split = NamedSharding::new(&mesh, P!["dp"]);
+    let p = init(Key::new(0));
+    let state = device_put(
+        (p.clone(), digits::adam_init(&p)),
+        NamedSharding::new(&mesh, P![]),
+    );
+    let (x, y) = data.batch(0, BATCH);
+    let (x, y) = (device_put(x, &split), device_put(y, &split));
+    let f = jit(|(s, x, y)| step(s, x, y));
+    time(state, steps, |s| f.call((s, x.clone(), y.clone())))
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let program = args.first().map(String::as_str).unwrap_or("seed");
@@ -109,9 +133,10 @@ fn main() -> Result<()> {
         "big" => sharded(&[784, 1024, 1024, 10], 512, steps)?,
         "host" => host(steps)?,
         "pmap" => pmapped(steps)?,
+        "cnn" => cnn(steps)?,
         other => {
             return Err(Error::Config(format!(
-                "side_by_side: unknown program {other:?} (seed, host, pmap, big)"
+                "side_by_side: unknown program {other:?} (seed, host, pmap, big, cnn)"
             )));
         }
     };
