@@ -214,3 +214,39 @@ fn tiling_pool_gradients_go_to_the_first_extreme_of_each_window() {
         }
     }
 }
+
+/// The tiling pool's gradient composes with the other transformations: under `vmap` it is
+/// each example's gradient, and differentiated again it is zero (the pool's gradient is
+/// piecewise constant in the operand), on both backends.
+#[test]
+fn tiling_pool_gradients_compose_with_vmap_and_grad() {
+    let n = 3 * 4 * 6;
+    let xs: Vec<f32> = (0..n).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+    let x = Tensor::from_vec(xs, vec![3, 4, 6]);
+    let w = Tensor::from_vec((1..=4).map(|v| v as f32).collect(), vec![2, 2]);
+    let pool = |x: &Tensor| x.reduce_window(ReduceKind::Max, &[2, 3], &[2, 3], "VALID");
+    let g = |x: &Tensor, w: &Tensor| grad(|x: &Tensor| pool(x).mul(w).sum())(x);
+    let batched = vmap(|x: &Tensor| g(x, &w)).call(&x);
+    let bits = |t: &Tensor| {
+        t.to_vec::<f32>()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    for i in 0..3 {
+        let one = g(&x.slice(&[i, 0, 0], &[i + 1, 4, 6]).reshape([4, 6]), &w);
+        let row = batched.slice(&[i, 0, 0], &[i + 1, 4, 6]).reshape([4, 6]);
+        assert_eq!(bits(&row), bits(&one), "example {i}");
+        // Each window's cotangent lands once.
+        assert_eq!(one.sum().to_vec::<f32>(), vec![10.0]);
+    }
+    let x0 = x.slice(&[1, 0, 0], &[2, 4, 6]).reshape([4, 6]);
+    for backend in [Backend::Interpreter, Backend::Cranelift] {
+        let second = jit(|(x, w): (Tensor, Tensor)| grad(|x: &Tensor| g(x, &w).mul(x).sum())(&x))
+            .backend(backend)
+            .call((x0.clone(), w.clone()))
+            .unwrap();
+        // d/dx sum(g(x) * x) = g(x) + (dg/dx)^T x = g(x): the second term is zero.
+        assert_eq!(bits(&second), bits(&g(&x0, &w)), "{backend:?}");
+    }
+}
