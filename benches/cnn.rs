@@ -13,23 +13,14 @@ use tessera::prelude::*;
 #[allow(dead_code)]
 #[path = "../examples/cnn_digits.rs"]
 mod cnn_digits;
-use cnn_digits::{BATCH, digits, init, step};
+use cnn_digits::{digits, step, step_inputs};
 
 fn inputs() -> (
     (cnn_digits::Cnn, digits::Adam<cnn_digits::Cnn>),
     Tensor,
     Tensor,
 ) {
-    let data = digits::load();
-    let mesh = Mesh::new([device_count()], ["dp"]);
-    let split = NamedSharding::new(&mesh, P!["dp"]);
-    let p = init(Key::new(0));
-    let state = device_put(
-        (p.clone(), digits::adam_init(&p)),
-        NamedSharding::new(&mesh, P![]),
-    );
-    let (x, y) = data.batch(0, BATCH);
-    (state, device_put(x, &split), device_put(y, &split))
+    step_inputs(&digits::load())
 }
 
 fn cnn_step(c: &mut Criterion) {

@@ -62,6 +62,21 @@ pub fn step((p, s): State<Cnn>, images: Tensor, labels: Tensor) -> (State<Cnn>, 
     ((p, s), l)
 }
 
+/// One step's arguments as `benches/cnn.rs` and `examples/side_by_side.rs` time it: the
+/// initial parameters and Adam state, replicated, and the first batch of the training images
+/// split over a mesh of every device (`dp`).
+pub fn step_inputs(data: &Digits) -> (State<Cnn>, Tensor, Tensor) {
+    let mesh = Mesh::new([device_count()], ["dp"]);
+    let split = NamedSharding::new(&mesh, P!["dp"]);
+    let p = init(Key::new(0));
+    let state = device_put(
+        (p.clone(), digits::adam_init(&p)),
+        NamedSharding::new(&mesh, P![]),
+    );
+    let (x, y) = data.batch(0, BATCH);
+    (state, device_put(x, &split), device_put(y, &split))
+}
+
 /// Trains `epochs` passes over the training images on `backend`, the batch split over every
 /// device; returns each epoch's mean loss and the final parameters.
 pub fn train(data: &Digits, epochs: usize, backend: Backend) -> Result<(Vec<f32>, Cnn)> {

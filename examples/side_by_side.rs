@@ -109,17 +109,8 @@ fn pmapped(steps: usize) -> Result<(f64, f64)> {
 /// The small CNN of `examples/cnn_digits.rs` (Adam, batch 128 of the digits, the batch over
 /// a mesh of every device), as `benches/cnn.rs` runs it.
 fn cnn(steps: usize) -> Result<(f64, f64)> {
-    use cnn_digits::{BATCH, digits, init, step};
-    let data = digits::load();
-    let mesh = Mesh::new([device_count()], ["dp"]);
-    let split = NamedSharding::new(&mesh, P!["dp"]);
-    let p = init(Key::new(0));
-    let state = device_put(
-        (p.clone(), digits::adam_init(&p)),
-        NamedSharding::new(&mesh, P![]),
-    );
-    let (x, y) = data.batch(0, BATCH);
-    let (x, y) = (device_put(x, &split), device_put(y, &split));
+    use cnn_digits::{digits, step, step_inputs};
+    let (state, x, y) = step_inputs(&digits::load());
     let f = jit(|(s, x, y)| step(s, x, y));
     time(state, steps, |s| f.call((s, x.clone(), y.clone())))
 }

@@ -421,11 +421,28 @@ pub(super) fn reduce_window_vjp(
     if !xt.dtype.is_float() {
         return Ok(vec![]);
     }
-    if tiles(win) {
+    let out = b.ty(y).dims().to_vec();
+    if tiles(win, &out) {
         return Ok(vec![Some(tiled_vjp(b, kind, win, x, y, g)?)]);
     }
     let pdims = padded_dims(win, xt.dims())?;
-    let out = b.ty(y).dims().to_vec();
+    // Each window position's share is a pad of the whole padded operand: past
+    // `MAX_VJP_ELEMENTS` in all, an error naming the op, not memory the machine lacks (a
+    // window of 100,000 over 3 elements wanted 7.8 GB).
+    let positions = win.window.iter().try_fold(1usize, |n, &w| n.checked_mul(w));
+    let padded = pdims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    let work = positions.zip(padded).and_then(|(a, b)| a.checked_mul(b));
+    if work.is_none_or(|w| w > MAX_VJP_ELEMENTS) {
+        return Err(AutodiffError::NotDifferentiable {
+            op: "reduce_window".into(),
+            why: format!(
+                ": its gradient over overlapping windows takes one pass over the padded \
+                 operand {pdims:?} per window position ({:?}), more than {MAX_VJP_ELEMENTS} \
+                 elements in all",
+                win.window
+            ),
+        });
+    }
     let mut total: Option<NodeId> = None;
     let parts: Vec<(Patch, NodeId)> = match kind {
         ReduceKind::Sum => patches(win, &out)?.into_iter().map(|p| (p, g)).collect(),
@@ -460,13 +477,21 @@ pub(super) fn reduce_window_vjp(
     Ok(vec![Some(unpad(b, win, xt.dims(), gp)?)])
 }
 
-/// Whether the windows tile the operand: no padding or dilation, and each stride equal to its
-/// window (so every operand element is in at most one window).
-fn tiles(win: &WindowDims) -> bool {
-    unpadded(win) && win.window_dilation.iter().all(|&d| d == 1) && win.strides == win.window
+/// Whether the windows tile the operand: no padding or dilation, and along each dim the
+/// stride equal to the window or one window only (a global pool with any stride), so every
+/// operand element is in at most one window. `out`: the result's dims.
+fn tiles(win: &WindowDims, out: &[usize]) -> bool {
+    unpadded(win)
+        && win.window_dilation.iter().all(|&d| d == 1)
+        && (0..out.len()).all(|d| win.strides[d] == win.window[d] || out[d] <= 1)
 }
 
-/// The VJP of a tiling `reduce_window` (`tiles`), written over the operand's elements in
+/// The most elements the gradient of an overlapping `reduce_window` builds (window positions
+/// times the padded operand's elements): 2^28, a GiB of f32.
+const MAX_VJP_ELEMENTS: usize = 1 << 28;
+
+/// The VJP of a tiling `reduce_window` (`tiles`; a dim of one window may have any stride),
+/// written over the operand's elements in
 /// one pass each, whatever the window: with `o` the result's dims and `w` the window's, the
 /// covered part of `x` is viewed as `E = [o0, w0, o1, w1, ..]` (a dim's `w` only when it is
 /// longer than 1), where each element is one window position of one window.

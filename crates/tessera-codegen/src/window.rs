@@ -252,12 +252,32 @@ pub struct PoolPlan {
     /// result position's window starts at `sum(p[d] * step[d])` and holds the offsets `kofs`
     /// (row-major window order).
     dense: Option<(Vec<usize>, Vec<usize>)>,
+    /// A window of many more positions than its operand has elements (mostly padding): no
+    /// tables, which grow with the window (16 bytes a position: 6.3 GB for 2^28); each result
+    /// visits the operand elements its window covers (`window_offsets`, the interpreter's
+    /// walk, in the same order).
+    sparse: Option<(WindowDims, Vec<usize>)>,
 }
+
+/// A window with more positions than this and than its operand has elements takes the
+/// sparse walk (`PoolPlan::sparse`).
+const SPARSE_WINDOW_FROM: usize = 1 << 16;
 
 impl PoolPlan {
     fn new(win: &WindowDims, in_dims: &[usize], out_dims: &[usize]) -> Result<Self, InterpError> {
         let op = "reduce_window";
         let r = in_dims.len();
+        let positions = win.window.iter().try_fold(1usize, |a, &w| a.checked_mul(w));
+        let elements: usize = in_dims.iter().product();
+        if positions.is_none_or(|n| n > SPARSE_WINDOW_FROM.max(elements)) {
+            return Ok(PoolPlan {
+                offs: Vec::new(),
+                window: win.window.clone(),
+                ks: Vec::new(),
+                dense: None,
+                sparse: Some((win.clone(), in_dims.to_vec())),
+            });
+        }
         let strides = tessera_ir::Shape::new(in_dims.to_vec()).strides();
         let offs = (0..r)
             .map(|d| {
@@ -299,6 +319,7 @@ impl PoolPlan {
             window: win.window.clone(),
             ks,
             dense,
+            sparse: None,
         })
     }
 }
@@ -318,6 +339,13 @@ fn reduce_window<T: Copy>(
         // A scalar: its one element, combined once.
         if let (Some(slot), Some(&v)) = (o.first_mut(), x.first()) {
             *slot = f(init, v);
+        }
+        return;
+    }
+    if let Some((win, in_dims)) = &plan.sparse {
+        for (at, slot) in o.iter_mut().enumerate() {
+            let offs = tessera_interp::conv::window_offsets(win, in_dims, out_dims, at);
+            *slot = offs.iter().fold(init, |acc, &i| f(acc, x[i]));
         }
         return;
     }
