@@ -1685,6 +1685,16 @@ mod tests {
                 }
             }
         }
+        // A dilated window near 2^127 (its result empty, which the type rule admits) is
+        // refused without overflowing i128 (this test's build checks overflow).
+        let src = TensorType::new(DType::F32, vec![1]);
+        let mut w = win(vec![(1 << 63) + 1], vec![1], vec![(0, 0)]);
+        w.window_dilation = vec![usize::MAX];
+        assert!(!window_as_kernel(
+            &w,
+            &src,
+            &TensorType::new(DType::F32, vec![0])
+        ));
         // A window of 2^13 positions over three elements keeps the direct loop.
         let mut g = Graph::new("w");
         let x = g.add_param(TensorType::new(DType::F32, vec![3]));
