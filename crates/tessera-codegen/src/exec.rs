@@ -486,6 +486,29 @@ unsafe fn gemm_dense(
     par: gemm::Parallelism,
 ) {
     let parts = row_parts((m, n, k), ls, par);
+    if parts == 2 && crate::team::threads() == 2 {
+        let size = dtype.byte_width() as isize;
+        let views = RowViews { l, r, o };
+        let half = m.div_ceil(2);
+        // Rows `m0..m1` on one thread.
+        let rows = |(m0, m1): (usize, usize)| {
+            let (l, r, o) = views.get();
+            let at = m0 as isize;
+            // SAFETY: rows `m0..m1` of the caller's views, as in the parts below.
+            unsafe {
+                gemm_dense(
+                    dtype,
+                    (m1 - m0, n, k),
+                    (l.offset(at * ls[0] * size), ls),
+                    (r, rs),
+                    (o.offset(at * os[0] * size), os),
+                    gemm::Parallelism::None,
+                )
+            }
+        };
+        crate::team::join(|| rows((0, half)), || rows((half, m)));
+        return;
+    }
     if parts >= 2 {
         use rayon::prelude::*;
         let size = dtype.byte_width() as isize;
@@ -512,6 +535,8 @@ unsafe fn gemm_dense(
         });
         return;
     }
+    // The library spreads a product over the rayon pool itself: the team's helper parks.
+    let _quiet = matches!(par, gemm::Parallelism::Rayon(_)).then(crate::team::Quiet::new);
     // SAFETY: forwarded from the caller.
     unsafe {
         match dtype {
@@ -1190,6 +1215,11 @@ impl Executable {
         // `fused`: the all-reduce step a shared product did along with its GEMM; `partner`:
         // a step that ran together with the one before it.
         let mut partner = None;
+        // A run that splits its ops over threads (a one-device program's, or one with the
+        // machine to itself) splits them over the team (`team.rs`), when it can have it.
+        let _team = (self.kernel_threads_from() < usize::MAX)
+            .then(crate::team::lead)
+            .flatten();
         for (i, step) in self.schedule.steps.iter().enumerate().skip(from) {
             if fused == Some(i) || partner == Some(i) || self.skipped[i] {
                 continue;
@@ -1832,7 +1862,7 @@ impl Executable {
             // SAFETY: as below; the halves write disjoint parts of the output and only read
             // the inputs (a reduction's half sets and accumulates its own part of the result
             // alone: `lower::splits_outer`), and each applies the tail to its own rows.
-            rayon::join(
+            crate::team::join(
                 || unsafe {
                     f(a.get(), 0, mid);
                     apply_tail(tail, k, a.get().add(out_at), 0..mid);
@@ -2302,7 +2332,7 @@ impl Executable {
         // SAFETY: the caller's contract; each side only reads its operands and writes its own
         // output, and both return before `join` does. A product on one thread never enters
         // rayon, so neither side can take the other's task while it holds its scratch.
-        rayon::join(
+        crate::team::join(
             || unsafe {
                 let (l, r, o) = va.get();
                 gemm_spec(ga, (l as *mut u8, r as *mut u8, o), one)

@@ -26,6 +26,7 @@ pub mod narrow;
 mod native;
 pub mod pairs;
 pub mod plan;
+mod team;
 mod thin;
 mod tier;
 pub mod together;

@@ -126,7 +126,7 @@ pub(crate) unsafe fn run(
     };
     let half = (m / 2) & !15;
     if parallel && m.saturating_mul(n).saturating_mul(k) >= PARALLEL_FROM && half >= 16 {
-        rayon::join(|| part(0, half), || part(half, m - half));
+        crate::team::join(|| part(0, half), || part(half, m - half));
     } else {
         part(0, m)
     }

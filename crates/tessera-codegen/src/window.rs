@@ -686,7 +686,13 @@ unsafe fn conv<T: Elem>(
     // whatever the threads, so each chunk's product (and so its sums' order) is the same on
     // every machine.
     let per_b = np.saturating_mul(kk).max(1);
-    let chunk = (PATCH_ELEMENTS / per_b).clamp(1, nb);
+    // The batch in 2^j equal chunks, the fewest that fit: the halves of a batch in two parts
+    // are the halves the next kernel's split takes (`team.rs`: each on the core that wrote it).
+    let fit = (PATCH_ELEMENTS / per_b).clamp(1, nb);
+    let mut chunk = nb;
+    while chunk > fit {
+        chunk = chunk.div_ceil(2);
+    }
     let chunks = nb.div_ceil(chunk);
     // A large conv's chunks are shared out among the threads, a part of whole chunks each: a
     // part copies its patches and multiplies them on one core, in that core's cache (the
@@ -696,7 +702,7 @@ unsafe fn conv<T: Elem>(
     let large = parallel_from < usize::MAX
         && nb.saturating_mul(np).saturating_mul(og).saturating_mul(kk) >= parallel_from;
     let parts = if large {
-        rayon::current_num_threads().clamp(1, chunks)
+        crate::team::threads().clamp(1, chunks)
     } else {
         1
     };
@@ -806,10 +812,16 @@ unsafe fn conv<T: Elem>(
                     }
                 })
             };
-            if parts > 1 {
+            // Part `p` takes chunks `p * chunks / parts ..`: whole chunks, none empty.
+            let batch = |c: usize| (c * chunk).min(nb);
+            if parts == 2 {
+                let (a, b) = crate::team::join(
+                    || part((0, batch(chunks / 2))),
+                    || part((batch(chunks / 2), nb)),
+                );
+                a.and(b)?;
+            } else if parts > 1 {
                 use rayon::prelude::*;
-                // Part `p` takes chunks `p * chunks / parts ..`: whole chunks, none empty.
-                let batch = |c: usize| (c * chunk).min(nb);
                 (0..parts)
                     .into_par_iter()
                     .map(|p| part((batch(p * chunks / parts), batch((p + 1) * chunks / parts))))

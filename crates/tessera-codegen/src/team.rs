@@ -1,0 +1,349 @@
+//! A team of two threads for a run that has the machine to itself (`Executable`'s `alone`):
+//! the thread running it (the leader) and one helper thread, which spins while the run goes on
+//! and takes the second half of each split kernel, conv and product (`join`).
+//!
+//! Why not rayon's `join`: handing a half to a sleeping pool worker and waiting for it costs a
+//! futex wake each way, 12-65 us an empty `rayon::join` on the Xeon VM of docs/PERFORMANCE.md
+//! (and the leader, outside the pool, sleeps in turn); the small CNN's step splits 15 ops.
+//! A spinning helper answers in 0.2-0.5 us. And the halves land on the same cores every time:
+//! the first half of every op on the leader, the second on the helper, so a batch half written
+//! by one op is read by the next from its own core's cache (moving a line between the cores
+//! of that VM costs about 0.5 ns an f32: the step pinned to one core ran faster, 1.30 ms, than
+//! on two unpinned, 1.56 ms).
+//!
+//! The protocol (one mailbox for the process; one leader at a time, `lead`): the leader
+//! writes the job and sets `POSTED`; the helper claims it (`POSTED -> TAKEN`), runs it and sets
+//! `DONE`; the leader, after its own half, either takes the job back (`POSTED -> IDLE`) and
+//! runs it itself, or waits for `DONE`. A job is only ever run by the one that moved it out
+//! of `POSTED`, and the leader returns only once it is finished, so a job may borrow the
+//! leader's stack. The helper spins for `SPIN` after its last job while a leader holds the
+//! team, and otherwise parks; a leader wakes it when it posts to a parked helper, and meanwhile
+//! runs both halves itself if the helper has not come. On the helper, and inside a job, `join`
+//! runs its halves one after the other: a job never waits for a thread the leader may hold.
+
+use std::cell::{Cell, UnsafeCell};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// No job; only the leader writes the mailbox's job in this state.
+const IDLE: u32 = 0;
+/// A job waits for the helper (or the leader, to take back).
+const POSTED: u32 = 1;
+/// The helper runs the job.
+const TAKEN: u32 = 2;
+/// The helper finished the job.
+const DONE: u32 = 3;
+/// The job panicked on the helper.
+const PANICKED: u32 = 4;
+
+/// How long the helper spins after its last job before it parks (while a leader holds the
+/// team). Longer than the gaps between split ops of a step (a few us) and between the steps
+/// of a training loop; short enough that a run that stops splitting gives its core back soon.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// A job: runs the second half of a `join` (a pointer to the leader's closure, alive while
+/// the job is posted or taken: see `join`).
+type Job = *const (dyn Fn() + Sync);
+
+struct Mailbox {
+    state: AtomicU32,
+    /// Written by the leader in state `IDLE` only; read by the helper after it moves the state
+    /// from `POSTED` to `TAKEN`, which the leader's write happens before (release/acquire).
+    job: UnsafeCell<Option<Job>>,
+    /// A thread holds the team (`Lease`).
+    led: AtomicBool,
+    /// The leader wants the cores to itself for a while (`Quiet`): the helper parks.
+    quiet: AtomicBool,
+    /// The helper is parked or about to park: a poster must unpark it.
+    parked: AtomicBool,
+}
+
+// SAFETY: `job` is the only field without its own synchronization; the protocol above orders
+// every access to it (the leader writes it only in `IDLE`, when no helper reads it; the helper
+// reads it only between its `POSTED -> TAKEN` and its `DONE`/`PANICKED`, during which the
+// leader neither writes it nor returns).
+unsafe impl Sync for Mailbox {}
+
+static TEAM: Mailbox = Mailbox {
+    state: AtomicU32::new(IDLE),
+    job: UnsafeCell::new(None),
+    led: AtomicBool::new(false),
+    quiet: AtomicBool::new(false),
+    parked: AtomicBool::new(true),
+};
+
+/// The helper thread, started by the first lease (`None`: it could not be started, and there
+/// is no team).
+static HELPER: OnceLock<Option<std::thread::Thread>> = OnceLock::new();
+
+thread_local! {
+    /// This thread holds the team.
+    static LEADING: Cell<bool> = const { Cell::new(false) };
+    /// This thread is inside a `join` (either half) or is the helper: `join` runs in turn.
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The team, held by one thread for a run (`lead`); released when dropped. Not `Send`: the
+/// lease is the thread's.
+pub(crate) struct Lease {
+    _thread_bound: std::marker::PhantomData<*const ()>,
+}
+
+/// Takes the team for this thread, if no other thread holds it, the rayon pool has two threads
+/// and the helper runs: `join` then splits over the two. `None` (another run leads, or this thread already does): `join`
+/// is rayon's.
+pub(crate) fn lead() -> Option<Lease> {
+    // Two threads: the team is the pool's size here (a larger pool keeps rayon's splits,
+    // which use every core).
+    if LEADING.with(Cell::get) || INSIDE.with(Cell::get) || rayon::current_num_threads() != 2 {
+        return None;
+    }
+    HELPER.get_or_init(start_helper).as_ref()?;
+    TEAM.led
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .ok()?;
+    LEADING.with(|l| l.set(true));
+    Some(Lease {
+        _thread_bound: std::marker::PhantomData,
+    })
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        LEADING.with(|l| l.set(false));
+        TEAM.quiet.store(false, Ordering::Relaxed);
+        TEAM.led.store(false, Ordering::Release);
+    }
+}
+
+/// While alive, the helper parks and `join` is rayon's: for a product the gemm library spreads
+/// over the rayon pool itself, whose threads need both cores.
+pub(crate) struct Quiet {
+    was: bool,
+}
+
+impl Quiet {
+    pub(crate) fn new() -> Quiet {
+        let was = LEADING.with(Cell::get) && !TEAM.quiet.swap(true, Ordering::Relaxed);
+        Quiet { was }
+    }
+}
+
+impl Drop for Quiet {
+    fn drop(&mut self) {
+        if self.was {
+            TEAM.quiet.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The threads `join` splits over on this thread: 2 for a leader (the team), else rayon's.
+pub(crate) fn threads() -> usize {
+    if leads() {
+        2
+    } else {
+        rayon::current_num_threads()
+    }
+}
+
+/// This thread holds the team and may post a job now.
+fn leads() -> bool {
+    LEADING.with(Cell::get) && !INSIDE.with(Cell::get) && !TEAM.quiet.load(Ordering::Relaxed)
+}
+
+/// Runs `a` and `b`, possibly at once, and returns both results. On a leader, `a` runs on this
+/// thread and `b` on the helper (or here, after `a`, when the helper has not taken it); inside
+/// a job or on the helper, one after the other; elsewhere, `rayon::join`. A panic in either is
+/// resumed here once both have finished.
+pub(crate) fn join<A, B, RA, RB>(a: A, b: B) -> (RA, RB)
+where
+    A: FnOnce() -> RA + Send,
+    B: Fn() -> RB + Sync + Send,
+    RA: Send,
+    RB: Send,
+{
+    if INSIDE.with(Cell::get) {
+        return (a(), b());
+    }
+    if !leads() {
+        return rayon::join(a, b);
+    }
+    let slot: std::sync::Mutex<Option<RB>> = std::sync::Mutex::new(None);
+    let job = || {
+        let r = b();
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    };
+    let job_ref: &(dyn Fn() + Sync) = &job;
+    // SAFETY: only the pointer's lifetime is erased (same layout). The helper calls it only
+    // between taking the job (`POSTED -> TAKEN`) and setting `DONE`/`PANICKED`, and this
+    // function returns only after that (or after taking the job back, when no helper will
+    // call it), so `job` and what it borrows outlive every call.
+    let ptr: Job = unsafe { std::mem::transmute::<*const (dyn Fn() + Sync + '_), Job>(job_ref) };
+    // SAFETY: the state is `IDLE` (every `join` leaves it so, and this thread is the only
+    // leader), so no helper reads the job now.
+    unsafe { *TEAM.job.get() = Some(ptr) };
+    TEAM.state.store(POSTED, Ordering::SeqCst);
+    if TEAM.parked.load(Ordering::SeqCst) {
+        wake();
+    }
+    INSIDE.with(|i| i.set(true));
+    let ra = catch_unwind(AssertUnwindSafe(a));
+    let rb = match TEAM
+        .state
+        .compare_exchange(POSTED, IDLE, Ordering::AcqRel, Ordering::Acquire)
+    {
+        // Not taken: this thread runs it.
+        Ok(_) => catch_unwind(AssertUnwindSafe(&job)),
+        Err(_) => {
+            // Taken: the helper is running it (a finite computation: a kernel half, a conv
+            // part or a product on one thread, none of which waits for another thread).
+            let mut spins = 0u32;
+            let end = loop {
+                let s = TEAM.state.load(Ordering::Acquire);
+                if s == DONE || s == PANICKED {
+                    break s;
+                }
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(4096) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            };
+            TEAM.state.store(IDLE, Ordering::Release);
+            if end == DONE {
+                Ok(())
+            } else {
+                Err(Box::new("a team job panicked on the helper thread") as Box<_>)
+            }
+        }
+    };
+    // SAFETY: the state is `IDLE` again: no helper reads the job.
+    unsafe { *TEAM.job.get() = None };
+    INSIDE.with(|i| i.set(false));
+    let ra = ra.unwrap_or_else(|p| resume_unwind(p));
+    if let Err(p) = rb {
+        resume_unwind(p);
+    }
+    let rb = slot
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .expect("the job ran to completion and stored its result");
+    (ra, rb)
+}
+
+/// Unparks the helper.
+fn wake() {
+    TEAM.parked.store(false, Ordering::SeqCst);
+    if let Some(Some(t)) = HELPER.get() {
+        t.unpark();
+    }
+}
+
+/// Starts the helper thread; `None` when the system refuses a thread.
+fn start_helper() -> Option<std::thread::Thread> {
+    std::thread::Builder::new()
+        .name("tessera-team".into())
+        .spawn(helper)
+        .ok()
+        .map(|h| h.thread().clone())
+}
+
+/// The helper's loop: takes posted jobs while a leader holds the team, spinning up to `SPIN`
+/// after the last; parks otherwise.
+fn helper() {
+    INSIDE.with(|i| i.set(true));
+    let mut last = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if TEAM.state.load(Ordering::Acquire) == POSTED
+            && TEAM
+                .state
+                .compare_exchange(POSTED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            // SAFETY: taken: the leader wrote the job before posting it and keeps it alive
+            // until this thread sets `DONE` or `PANICKED` (see `join`).
+            let job = unsafe { *TEAM.job.get() };
+            let ok = match job {
+                // SAFETY: as above: the closure is alive and `Sync`.
+                Some(f) => catch_unwind(AssertUnwindSafe(|| unsafe { (*f)() })).is_ok(),
+                None => false,
+            };
+            TEAM.state
+                .store(if ok { DONE } else { PANICKED }, Ordering::Release);
+            last = Instant::now();
+            spins = 0;
+            continue;
+        }
+        spins = spins.wrapping_add(1);
+        let busy = TEAM.led.load(Ordering::Relaxed) && !TEAM.quiet.load(Ordering::Relaxed);
+        if busy && (!spins.is_multiple_of(256) || last.elapsed() < SPIN) {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Park, unless a job was posted meanwhile: a poster that sees `parked` unparks, and
+        // one that posted before this store is seen by the load after it (both SeqCst).
+        TEAM.parked.store(true, Ordering::SeqCst);
+        if TEAM.state.load(Ordering::SeqCst) != POSTED {
+            std::thread::park();
+        }
+        TEAM.parked.store(false, Ordering::SeqCst);
+        last = Instant::now();
+        spins = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A leader's `join` runs `b` on the helper once it spins, every result comes back, and
+    /// a panic in either half reaches the caller after both finished.
+    #[test]
+    fn a_leaders_halves_run_on_two_threads_and_panics_come_back() {
+        // The team is the process's: wait for it if another test holds it.
+        let lease = loop {
+            if let Some(l) = lead() {
+                break l;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let me = std::thread::current().id();
+        // The helper takes a half once it is awake (the first post wakes it; a loaded machine
+        // may keep it waiting for a core, so this allows seconds).
+        let start = Instant::now();
+        let mut elsewhere = 0;
+        for i in 0u64.. {
+            let (a, (b, id)) = join(|| i * 2, || (i * 3, std::thread::current().id()));
+            assert_eq!((a, b), (i * 2, i * 3));
+            elsewhere += usize::from(id != me);
+            if elsewhere >= 100 || start.elapsed() > Duration::from_secs(20) {
+                break;
+            }
+        }
+        assert!(
+            elsewhere >= 100,
+            "the helper took {elsewhere} halves in 20 s"
+        );
+        // Nested: in turn, on whichever thread runs the half.
+        let (x, y) = join(|| join(|| 1, || 2), || join(|| 3, || 4));
+        assert_eq!((x, y), ((1, 2), (3, 4)));
+        for side in 0..2 {
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                join(
+                    || assert!(side != 0, "left"),
+                    || assert!(side != 1, "right"),
+                )
+            }));
+            assert!(r.is_err(), "side {side}'s panic came back");
+        }
+        // The team still works after the panics.
+        assert_eq!(join(|| 5, || 6), (5, 6));
+        drop(lease);
+        // Without a lease: rayon's join.
+        assert_eq!(join(|| 7, || 8), (7, 8));
+    }
+}
