@@ -2493,6 +2493,85 @@ mod tests {
         }
     }
 
+    /// A one-device program run from a thread outside the rayon pool splits its large kernels
+    /// over the team (`team.rs`) when the pool is two threads wide, as the machines of
+    /// docs/PERFORMANCE.md are, with the bits of one thread; never from a pool's worker, nor
+    /// with a wider pool (rayon's halves then).
+    #[test]
+    fn one_device_runs_split_over_the_team_with_the_bits_of_one_thread() {
+        let g = tessera_ir::parse(
+            "func @f(%0: f32[512,256], %1: f32[512,256]) {\n  %2 = tanh %0 : f32[512,256]\n  \
+             %3 = mul %2, %1 : f32[512,256]\n  %4 = reduce_sum %3 axes=[1] : f32[512]\n  \
+             return %3, %4\n}\n",
+        )
+        .unwrap();
+        let lit = |seed: usize| {
+            let v = (0..512 * 256)
+                .map(|i| ((i * 7919 + seed) % 1013) as f32 * 0.01 - 5.0)
+                .collect();
+            Literal::new(vec![512, 256], Data::F32(v)).unwrap()
+        };
+        let (x, y) = (lit(13), lit(101));
+        let whole = crate::compile(&g)
+            .unwrap()
+            .single_threaded()
+            .run(&[&x, &y], &tessera_transport::SingleDevice)
+            .unwrap();
+        let exe = crate::compile(&g).unwrap();
+        let team = rayon::current_num_threads() == 2
+            && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+        // Another test may hold the team for a while: run until a run gets it.
+        let start = std::time::Instant::now();
+        loop {
+            let before = crate::team::POSTS.with(|p| p.get());
+            let out = exe
+                .run(&[&x, &y], &tessera_transport::SingleDevice)
+                .unwrap();
+            let posts = crate::team::POSTS.with(|p| p.get()) - before;
+            for (a, b) in out.iter().zip(&whole) {
+                assert!(a.data.bits_eq(&b.data));
+            }
+            if !team {
+                assert_eq!(
+                    posts,
+                    0,
+                    "no team with {} threads",
+                    rayon::current_num_threads()
+                );
+                break;
+            }
+            if posts > 0 {
+                // Both kernels split (the tanh-mul and the row sum).
+                assert_eq!(posts, 2);
+                break;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(60),
+                "no run got the team"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        // From a worker of a two-thread pool: rayon's halves, not the team.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (posts, splits) = pool.install(|| {
+            let exe = crate::compile(&g).unwrap();
+            let (p, s) = (
+                crate::team::POSTS.with(|p| p.get()),
+                SPLITS.with(|c| c.get()),
+            );
+            exe.run(&[&x, &y], &tessera_transport::SingleDevice)
+                .unwrap();
+            (
+                crate::team::POSTS.with(|c| c.get()) - p,
+                SPLITS.with(|c| c.get()) - s,
+            )
+        });
+        assert_eq!((posts, splits), (0, 2));
+    }
+
     /// A kernel ending in an f32 tanh gets the host's full-width tail when it has one (the
     /// AVX-512 and AVX2 hosts), and the result is the bits of the kernel's own tanh (the
     /// interpreter's tanh is glibc's, so the reference is the tail's own test: here, that the

@@ -327,6 +327,7 @@ pub(crate) unsafe fn with_row_major_chunks<T, F>(
         };
         if parallel {
             use rayon::prelude::*;
+            let _quiet = crate::team::Quiet::new();
             (0..chunks).into_par_iter().for_each(chunk);
         } else {
             (0..chunks).for_each(chunk);
@@ -420,6 +421,7 @@ unsafe fn copy_row_major<T: Copy + Default + Send + Sync>(
     };
     if parallel {
         use rayon::prelude::*;
+        let _quiet = crate::team::Quiet::new();
         dst.par_chunks_mut(TILE * ld).enumerate().for_each(band);
     } else {
         dst.chunks_mut(TILE * ld).enumerate().for_each(band);

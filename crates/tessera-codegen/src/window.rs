@@ -686,14 +686,20 @@ unsafe fn conv<T: Elem>(
     // whatever the threads, so each chunk's product (and so its sums' order) is the same on
     // every machine.
     let per_b = np.saturating_mul(kk).max(1);
-    // The batch in 2^j equal chunks, the fewest that fit: the halves of a batch in two parts
-    // are the halves the next kernel's split takes (`team.rs`: each on the core that wrote it).
+    // The batch in `2^shift` chunks, the fewest that fit, chunk `c` the elements from
+    // `c * nb >> shift` (`bound`): two parts split it at `nb / 2`, where the next kernel's
+    // split does (`team.rs`: each half on the core that wrote it).
     let fit = (PATCH_ELEMENTS / per_b).clamp(1, nb);
-    let mut chunk = nb;
-    while chunk > fit {
-        chunk = chunk.div_ceil(2);
+    let mut shift = 0u32;
+    while 1usize
+        .checked_shl(shift)
+        .is_some_and(|d| nb.div_ceil(d) > fit)
+    {
+        shift += 1;
     }
-    let chunks = nb.div_ceil(chunk);
+    let chunks = 1usize << shift;
+    let chunk = nb.div_ceil(chunks);
+    let bound = |c: usize| ((c as u128 * nb as u128) >> shift) as usize;
     // A large conv's chunks are shared out among the threads, a part of whole chunks each: a
     // part copies its patches and multiplies them on one core, in that core's cache (the
     // library's split of one product of these shapes over both cores ran 2-3x slower in the
@@ -706,7 +712,14 @@ unsafe fn conv<T: Elem>(
     } else {
         1
     };
-    let product_par = if large && parts == 1 {
+    // On a team's leader, a product under 2^23 multiply-adds stays on this thread: the
+    // library's split over the rayon pool parks the helper and wakes it again, which cost
+    // more than it saved (the small CNN's first kernel gradient, 9 x 16 x 8192: 123-163 us
+    // split, about 108 us here).
+    let product_par = if large
+        && parts == 1
+        && (!crate::team::leads() || (chunk * np).saturating_mul(og).saturating_mul(kk) >= 1 << 23)
+    {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
@@ -757,12 +770,15 @@ unsafe fn conv<T: Elem>(
             }
             let wmat: &[T] = wmat;
             let ch0 = if fg > 1 { gi * cin } else { 0 };
-            // Batch elements `bs..be`: patches, product, and the product into the result.
-            let part = |(bs, be): (usize, usize)| {
+            // Chunks `c0..c1`: patches, product, and the product into the result.
+            let part = |(c0, c1): (usize, usize)| {
                 with_conv_scratch::<T, _>(&CONV_PART, part_len, |scratch| {
                     let (patches, res) = scratch.split_at_mut(rows * kk);
-                    for b0 in (bs..be).step_by(chunk) {
-                        let n = chunk.min(be - b0);
+                    for c in c0..c1 {
+                        let (b0, n) = (bound(c), bound(c + 1) - bound(c));
+                        if n == 0 {
+                            continue;
+                        }
                         for bi in 0..n {
                             let b = b0 + bi;
                             let lb = if bg > 1 { gi * nb + b } else { b };
@@ -812,22 +828,19 @@ unsafe fn conv<T: Elem>(
                     }
                 })
             };
-            // Part `p` takes chunks `p * chunks / parts ..`: whole chunks, none empty.
-            let batch = |c: usize| (c * chunk).min(nb);
+            // Part `p` takes chunks `p * chunks / parts ..`: whole chunks.
             if parts == 2 {
-                let (a, b) = crate::team::join(
-                    || part((0, batch(chunks / 2))),
-                    || part((batch(chunks / 2), nb)),
-                );
+                let (a, b) =
+                    crate::team::join(|| part((0, chunks / 2)), || part((chunks / 2, chunks)));
                 a.and(b)?;
             } else if parts > 1 {
                 use rayon::prelude::*;
                 (0..parts)
                     .into_par_iter()
-                    .map(|p| part((batch(p * chunks / parts), batch((p + 1) * chunks / parts))))
+                    .map(|p| part((p * chunks / parts, (p + 1) * chunks / parts)))
                     .collect::<Result<(), InterpError>>()?;
             } else {
-                part((0, nb))?;
+                part((0, chunks))?;
             }
         }
         Ok(())
