@@ -492,9 +492,11 @@ pub(crate) enum Form {
     /// with, each element whole (a reduction's inner loop included); the innermost one
     /// vectorized when `vector`.
     Loops { vector: bool },
-    /// A reduction into the result in memory (`accumulate`), every element of it.
+    /// A reduction into the result in memory (`accumulate`): the rows of the outermost result
+    /// dim in the range the function is called with when the result has two dims or more,
+    /// else every element.
     Accumulate,
-    /// A reduction into registers (`accumulate_in_registers`), every element of the result.
+    /// A reduction into registers (`accumulate_in_registers`), the rows likewise.
     InRegisters,
 }
 
@@ -532,7 +534,13 @@ pub(crate) fn splits_outer(k: &Kernel) -> bool {
     !k.out_dims.is_empty()
         && k.scatter.is_none()
         && k.scan.is_none_or(|s| s.axis != 0)
-        && matches!(form(k), Form::Loops { .. })
+        && match form(k) {
+            Form::Loops { .. } => true,
+            // Rows of a reduction whose vector lane is not the outermost dim: a max-pool's
+            // windows (`[n, h, w, c]` over `[2, 2]`), each row's elements combined in the same
+            // order over the reduced indices whatever the range.
+            Form::Accumulate | Form::InRegisters => k.out_dims.len() >= 2,
+        }
 }
 
 /// How many result elements of a reduction `elements_jammed` computes at once.
@@ -1491,9 +1499,15 @@ impl Lower<'_, '_> {
             Combine::Max | Combine::ArgMax => f64::NEG_INFINITY,
             Combine::Min => f64::INFINITY,
         };
-        // Fill the result with the identity, through the first result variable as a flat index.
-        let zero = self.iconst(0);
-        let end = self.iconst(total);
+        // Fill the result with the identity, through the first result variable as a flat index:
+        // the called rows (`ranged_nest`), or all of a one-dim result.
+        let (zero, end) = if nout >= 2 {
+            let row = self.iconst(out_strides[0]);
+            let (from, to) = self.range;
+            (self.b.ins().imul(from, row), self.b.ins().imul(to, row))
+        } else {
+            (self.iconst(0), self.iconst(total))
+        };
         self.for_loop(0, zero, end, 1, &mut |s| {
             let v = s.b.ins().f32const(identity as f32);
             let flat = s.b.use_var(s.vars[0]);
@@ -1503,7 +1517,7 @@ impl Lower<'_, '_> {
             (0..nout - 1).map(|j| (j, k.out_dims[j] as i64)).collect();
         order.extend(dims.iter().enumerate().map(|(j, &d)| (nout + j, d as i64)));
         let lane = nout - 1;
-        self.nest(&order, &mut |s| {
+        self.ranged_nest(&order, &mut |s| {
             let zero = s.iconst(0);
             let end = s.iconst(k.out_dims[lane] as i64);
             s.vector_loop(lane, zero, end, &mut |s, lanes| {
@@ -1555,7 +1569,7 @@ impl Lower<'_, '_> {
             .enumerate()
             .map(|(j, &d)| (nout + j, d as i64))
             .collect();
-        self.nest(&outer, &mut |s| {
+        self.ranged_nest(&outer, &mut |s| {
             let accs: Vec<Variable> = parts
                 .iter()
                 .map(|&(_, lanes)| {
@@ -1594,6 +1608,18 @@ impl Lower<'_, '_> {
                 s.b.ins().store(mem(), v, addr, disp);
             }
         });
+    }
+
+    /// `nest`, the loop of result variable 0 (when it comes first) over the range the function
+    /// is called with rather than its whole extent.
+    fn ranged_nest(&mut self, order: &[(usize, i64)], body: &mut dyn FnMut(&mut Self)) {
+        match order.split_first() {
+            Some((&(0, _), rest)) => {
+                let (from, to) = self.range;
+                self.for_loop(0, from, to, 1, &mut |s| s.nest(rest, body));
+            }
+            _ => self.nest(order, body),
+        }
     }
 
     /// Nested loops over `(var, extent)` pairs, outermost first, around `body`.
@@ -2737,8 +2763,8 @@ mod tests {
     /// called with and writes nothing else, in every case `splits_outer` accepts (so
     /// `Executable::run_kernel` may give the halves to two threads): after a call over
     /// `0..mid` the other rows still hold what was there, and the two calls give the bits of
-    /// one over everything. It refuses a reduction into memory or registers and a sum to one
-    /// value.
+    /// one over everything: reductions into memory and registers with a result of two dims or
+    /// more too. It refuses those of a one-dim result and a sum to one value.
     #[test]
     fn split_kernels_compute_only_the_rows_they_are_called_for() {
         use tessera_ir::{ReduceKind, UnaryOp};
@@ -2749,6 +2775,10 @@ mod tests {
             (reduce(ReduceKind::Sum, vec![2, 3]), vec![9, 5, 7, 12]),
             (Op::ArgMax { axis: 1 }, vec![9, 40, 100]),
             (Op::Unary(UnaryOp::Exp), vec![21, 13]),
+            // Reductions into memory and into registers, by rows of their outermost dim.
+            (reduce(ReduceKind::Sum, vec![1]), vec![9, 40, 200]),
+            (reduce(ReduceKind::Max, vec![1, 2]), vec![9, 6, 4, 16]),
+            (reduce(ReduceKind::Min, vec![1]), vec![7, 50, 3, 9]),
         ];
         for (op, dims) in cases {
             let name = format!("{op:?} over {dims:?}");
@@ -2783,6 +2813,15 @@ mod tests {
                 assert_eq!(out, whole, "{name}, halves at {mid}");
             }
         }
+        let forms = [
+            (vec![1], vec![9, 40, 200], Form::Accumulate),
+            (vec![1, 2], vec![9, 6, 4, 16], Form::InRegisters),
+            (vec![1], vec![7, 50, 3, 9], Form::InRegisters),
+        ];
+        for (axes, dims, f) in forms {
+            assert_eq!(form(&kernel_of(reduce(ReduceKind::Sum, axes), &[dims])), f);
+        }
+        // A one-dim result's reduction sets and adds into every element.
         let columns = kernel_of(reduce(ReduceKind::Sum, vec![0]), &[vec![64, 200]]);
         assert_eq!(form(&columns), Form::Accumulate);
         let narrow = kernel_of(reduce(ReduceKind::Sum, vec![0]), &[vec![64, 32]]);
