@@ -2440,8 +2440,11 @@ mod tests {
     /// registers) and a sum to one value run whole.
     #[test]
     fn large_row_reductions_split_over_two_threads_with_the_bits_of_one() {
-        let cases: [(&str, &[usize], bool); 8] = [
+        let cases: [(&str, &[usize], bool); 10] = [
             ("reduce_sum %0 axes=[1] : f32[512]", &[512, 256], true),
+            // Into memory and into registers, by rows of a result of two dims.
+            ("reduce_max %0 axes=[1] : f32[64,200]", &[64, 40, 200], true),
+            ("reduce_sum %0 axes=[1] : f32[64,16]", &[64, 512, 16], true),
             ("reduce_sum %0 axes=[1] : f32[12]", &[12, 8000], true),
             ("reduce_max %0 axes=[1] : f32[700]", &[700, 97], true),
             (

@@ -78,7 +78,7 @@ static TEAM: Mailbox = Mailbox {
     parked: AtomicBool::new(true),
 };
 
-/// The helper thread, started by the first lease (`None`: it could not be started, and there
+/// The helper thread, started by the first post (`None`: it could not be started, and there
 /// is no team).
 static HELPER: OnceLock<Option<std::thread::Thread>> = OnceLock::new();
 
@@ -117,13 +117,17 @@ pub(crate) fn lead() -> Option<Lease> {
     take()
 }
 
-/// Takes the team, if the helper runs, no other thread holds the team and this thread is not
-/// already leading or inside a join.
+/// Takes the team, if no other thread holds it, this thread is not already leading or inside a
+/// join, and the helper has not failed to start.
 fn take() -> Option<Lease> {
     if LEADING.with(Cell::get) || INSIDE.with(Cell::get) {
         return None;
     }
-    HELPER.get_or_init(start_helper).as_ref()?;
+    // The helper starts at the first post (`join`): a program that never splits (the seed
+    // step) never pays for the thread; one known not to start means no team.
+    if HELPER.get().is_some_and(Option::is_none) {
+        return None;
+    }
     TEAM.led
         .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
         .ok()?;
@@ -201,7 +205,7 @@ where
     if INSIDE.with(Cell::get) {
         return (a(), b());
     }
-    if !leads() {
+    if !leads() || HELPER.get_or_init(start_helper).is_none() {
         return rayon::join(a, b);
     }
     // `b`'s result or its panic, kept for this thread: a panic's payload is resumed (and
@@ -344,9 +348,9 @@ mod tests {
     /// a panic in either half reaches the caller after both finished.
     #[test]
     fn a_leaders_halves_run_on_two_threads_and_panics_come_back() {
-        // One CPU to run on: no helper, no team (explicitly, not a skipped test).
+        // One CPU to run on: no helper, so no team (explicitly, not a skipped test).
         if std::thread::available_parallelism().map_or(true, |n| n.get() < 2) {
-            assert!(take().is_none());
+            assert!(HELPER.get_or_init(start_helper).is_none() && take().is_none());
             return;
         }
         // The team is the process's: wait for it if another test holds it.
