@@ -124,7 +124,7 @@ fn take() -> Option<Lease> {
         return None;
     }
     // The helper starts at the first post (`join`): a program that never splits (the seed
-    // step) never pays for the thread; one known not to start means no team.
+    // step) never pays for the thread; one that failed to start means no team.
     if HELPER.get().is_some_and(Option::is_none) {
         return None;
     }
@@ -205,15 +205,21 @@ where
     if INSIDE.with(Cell::get) {
         return (a(), b());
     }
-    if !leads() || HELPER.get_or_init(start_helper).is_none() {
+    if !leads() || !may_post() || HELPER.get_or_init(start_helper).is_none() {
         return rayon::join(a, b);
     }
+    // The helper computes with this thread's floating-point controls (a caller's
+    // flush-to-zero applies to both halves).
+    let controls = float_controls();
     // `b`'s result or its panic, kept for this thread: a panic's payload is resumed (and
     // dropped) here, never on the helper.
     type Caught<R> = std::thread::Result<R>;
     let slot: std::sync::Mutex<Option<Caught<RB>>> = std::sync::Mutex::new(None);
     let job = || {
+        let theirs = float_controls();
+        set_float_controls(controls);
         let r = catch_unwind(AssertUnwindSafe(&b));
+        set_float_controls(theirs);
         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
     };
     let job_ref: &(dyn Fn() + Sync) = &job;
@@ -271,6 +277,50 @@ where
     }
 }
 
+/// Whether this thread may post to the helper: it may run on two CPUs or more (read once a
+/// thread: a thread pinned to one CPU would share it with the helper it starts, and a pinned
+/// thread's halves are better run by rayon's workers).
+fn may_post() -> bool {
+    thread_local! {
+        static WIDE: bool =
+            std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    }
+    WIDE.with(|w| *w)
+}
+
+/// This thread's floating-point control register (MXCSR: rounding, flush-to-zero,
+/// denormals-are-zero, exception masks).
+#[cfg(target_arch = "x86_64")]
+fn float_controls() -> u32 {
+    let mut v = 0u32;
+    // SAFETY: `stmxcsr` stores the 32-bit register into `v`, a valid, aligned u32 this
+    // function owns; it touches no other memory and no flags.
+    unsafe {
+        std::arch::asm!("stmxcsr [{}]", in(reg) &mut v, options(nostack, preserves_flags));
+    }
+    v
+}
+
+/// Sets this thread's MXCSR to `v`, a value read by `float_controls` (so its reserved bits
+/// are zero, and `ldmxcsr` does not fault).
+#[cfg(target_arch = "x86_64")]
+fn set_float_controls(v: u32) {
+    // SAFETY: `ldmxcsr` loads 4 bytes from `v`, a valid u32 on this stack frame; `v` came
+    // from `stmxcsr` on this machine, so its reserved bits are clear (no #GP); it changes
+    // only this thread's floating-point controls, which the caller restores.
+    unsafe {
+        std::arch::asm!("ldmxcsr [{}]", in(reg) &v, options(nostack, readonly, preserves_flags));
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn float_controls() -> u32 {
+    0
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn set_float_controls(_: u32) {}
+
 /// Unparks the helper.
 fn wake() {
     TEAM.parked.store(false, Ordering::SeqCst);
@@ -279,12 +329,9 @@ fn wake() {
     }
 }
 
-/// Starts the helper thread; `None` when the system refuses a thread, or when this thread
-/// may run on one CPU only (the helper would inherit that affinity: both on one core).
+/// Starts the helper thread (from a thread that may run on two CPUs or more, whose affinity
+/// it inherits: `may_post`); `None` when the system refuses a thread.
 fn start_helper() -> Option<std::thread::Thread> {
-    if std::thread::available_parallelism().map_or(true, |n| n.get() < 2) {
-        return None;
-    }
     std::thread::Builder::new()
         .name("tessera-team".into())
         .spawn(helper)
@@ -348,11 +395,6 @@ mod tests {
     /// a panic in either half reaches the caller after both finished.
     #[test]
     fn a_leaders_halves_run_on_two_threads_and_panics_come_back() {
-        // One CPU to run on: no helper, so no team (explicitly, not a skipped test).
-        if std::thread::available_parallelism().map_or(true, |n| n.get() < 2) {
-            assert!(HELPER.get_or_init(start_helper).is_none() && take().is_none());
-            return;
-        }
         // The team is the process's: wait for it if another test holds it.
         let start = Instant::now();
         let lease = loop {
@@ -365,6 +407,13 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(1));
         };
+        // One CPU to run on: nothing is posted (explicitly, not a skipped test).
+        if !may_post() {
+            let before = POSTS.with(Cell::get);
+            assert_eq!(join(|| 1, || 2), (1, 2));
+            assert_eq!(POSTS.with(Cell::get), before);
+            return;
+        }
         let me = std::thread::current().id();
         // The helper takes a half once it is awake (the first post wakes it; a loaded machine
         // may keep it waiting for a core, so this allows seconds).
@@ -405,6 +454,26 @@ mod tests {
         }
         // The team still works after the panics.
         assert_eq!(join(|| 5, || 6), (5, 6));
+        // Both halves compute under the leader's floating-point controls (flush-to-zero and
+        // denormals-are-zero here: bits every x86-64 CPU's MXCSR has), and the helper's own
+        // come back after.
+        let mine = float_controls();
+        #[cfg(target_arch = "x86_64")]
+        set_float_controls(mine | 0x8040);
+        let ftz = if cfg!(target_arch = "x86_64") {
+            0x8040
+        } else {
+            0
+        };
+        for _ in 0..100 {
+            assert_eq!(
+                join(float_controls, float_controls),
+                (mine | ftz, mine | ftz)
+            );
+        }
+        set_float_controls(mine);
+        let (_, theirs) = join(|| (), || (float_controls(), std::thread::current().id()));
+        assert_eq!(theirs.0, mine, "on {:?}", theirs.1);
         drop(lease);
         // Without a lease: rayon's join.
         assert_eq!(join(|| 7, || 8), (7, 8));
