@@ -486,37 +486,14 @@ unsafe fn gemm_dense(
     par: gemm::Parallelism,
 ) {
     let parts = row_parts((m, n, k), ls, par);
-    if parts == 2 && crate::team::threads() == 2 {
-        let size = dtype.byte_width() as isize;
-        let views = RowViews { l, r, o };
-        let half = m.div_ceil(2);
-        // Rows `m0..m1` on one thread.
-        let rows = |(m0, m1): (usize, usize)| {
-            let (l, r, o) = views.get();
-            let at = m0 as isize;
-            // SAFETY: rows `m0..m1` of the caller's views, as in the parts below.
-            unsafe {
-                gemm_dense(
-                    dtype,
-                    (m1 - m0, n, k),
-                    (l.offset(at * ls[0] * size), ls),
-                    (r, rs),
-                    (o.offset(at * os[0] * size), os),
-                    gemm::Parallelism::None,
-                )
-            }
-        };
-        crate::team::join(|| rows((0, half)), || rows((half, m)));
-        return;
-    }
     if parts >= 2 {
-        use rayon::prelude::*;
         let size = dtype.byte_width() as isize;
-        let rows = m.div_ceil(parts);
+        let per = m.div_ceil(parts);
         let views = RowViews { l, r, o };
-        (0..parts).into_par_iter().for_each(|p| {
+        // Part `p`: rows `p * per ..` of the product, on one thread.
+        let part = |p: usize| {
             let (l, r, o) = views.get();
-            let (m0, m1) = (p * rows, ((p + 1) * rows).min(m));
+            let (m0, m1) = (p * per, ((p + 1) * per).min(m));
             if m0 < m1 {
                 let at = m0 as isize;
                 // SAFETY: rows `m0..m1` of the caller's views: the same strides, offset by
@@ -532,7 +509,13 @@ unsafe fn gemm_dense(
                     )
                 }
             }
-        });
+        };
+        if parts == 2 && crate::team::threads() == 2 {
+            crate::team::join(|| part(0), || part(1));
+        } else {
+            use rayon::prelude::*;
+            (0..parts).into_par_iter().for_each(part);
+        }
         return;
     }
     // The library spreads a product over the rayon pool itself: the team's helper parks.
