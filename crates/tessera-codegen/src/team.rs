@@ -1,4 +1,4 @@
-//! A team of two threads for a run that has the machine to itself (`Executable`'s `alone`):
+//! A team of two threads for a run that splits its ops (a one-device program's, `steps_from`):
 //! the thread running it (the leader) and one helper thread, which spins while the run goes on
 //! and takes the second half of each split kernel, conv and product (`join`).
 //!
