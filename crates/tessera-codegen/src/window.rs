@@ -14,7 +14,9 @@
 //! operand's type: the interpreter's order, so the results agree bit for bit. A conv's sums
 //! run in the GEMM's order (an accumulated bound, as `dot_general`); a kernel holding an inf
 //! or NaN takes direct loops that skip the padding, as XLA does (im2col's zeros would make
-//! `0 * inf` NaNs there).
+//! `0 * inf` NaNs there). A kernel gradient (the batch read as the features, outermost)
+//! sums over two halves of the features, one per core, and adds the halves' sums in a fixed
+//! order (`conv_halves`).
 
 use tessera_interp::conv::source_index;
 use tessera_interp::scalar::{fmax, fmin};
@@ -644,10 +646,26 @@ unsafe fn conv<T: Elem>(
     let kk = cin * nk;
     let (lc, lbs) = (ls[cd.lhs_spec[1]], ls[cd.lhs_spec[0]]);
     let ((oc, obs), (ro, ri)) = (plan.out_cb, plan.rhs_oi);
-    if !r.iter().all(|w| w.is_finite()) {
-        // im2col writes the padding as zeros, and a zero times an inf or NaN weight is NaN
-        // where XLA (and the interpreter) skip the padding: such kernels take direct loops,
-        // in the interpreter's order (input features, then the window row-major).
+    // A large conv's work is shared out among the threads. `usize::MAX` means never.
+    let large = parallel_from < usize::MAX
+        && nb.saturating_mul(np).saturating_mul(og).saturating_mul(kk) >= parallel_from;
+    let halves = sums_in_halves(cd, ld, plan, (nb.saturating_mul(np), og, kk));
+    // im2col writes the padding as zeros, and a zero times an inf or NaN weight is NaN where
+    // XLA (and the interpreter) skip the padding: such kernels take direct loops, in the
+    // interpreter's order (input features, then the window row-major). A conv summed in
+    // halves checks its kernel in its parts, each the half it reads (a kernel gradient's
+    // kernel is the cotangent, as large as the activations).
+    let finite = if halves {
+        let parts = if large {
+            crate::team::threads().clamp(1, 2)
+        } else {
+            1
+        };
+        conv_halves((cd, ld, od), plan, (l, r, o), parts)?
+    } else {
+        r.iter().all(|w| w.is_finite())
+    };
+    if !finite {
         let rep_len = Some(if plan.repack { l.len() } else { 0 });
         return with_conv_scratch::<T, _>(&CONV_SHARED, rep_len, |rep| {
             let l: &[T] = if plan.repack {
@@ -682,31 +700,21 @@ unsafe fn conv<T: Elem>(
             }
         });
     }
+    if halves {
+        return Ok(());
+    }
     // Result batch elements per GEMM: as many as keep the patch matrix within PATCH_ELEMENTS,
     // whatever the threads, so each chunk's product (and so its sums' order) is the same on
-    // every machine.
-    let per_b = np.saturating_mul(kk).max(1);
-    // The batch in `2^shift` chunks, the fewest that fit, chunk `c` the elements from
-    // `c * nb >> shift` (`bound`): two parts split it at `nb / 2`, where the next kernel's
-    // split does (`team.rs`: each half on the core that wrote it).
-    let fit = (PATCH_ELEMENTS / per_b).clamp(1, nb);
-    let mut shift = 0u32;
-    while 1usize
-        .checked_shl(shift)
-        .is_some_and(|d| nb.div_ceil(d) > fit)
-    {
-        shift += 1;
-    }
+    // every machine. Two parts split the batch at `nb / 2`, where the next kernel's split
+    // does (`team.rs`: each half on the core that wrote it).
+    let (shift, bound) = batch_chunks(nb, np.saturating_mul(kk));
     let chunks = 1usize << shift;
     let chunk = nb.div_ceil(chunks);
-    let bound = |c: usize| ((c as u128 * nb as u128) >> shift) as usize;
     // A large conv's chunks are shared out among the threads, a part of whole chunks each: a
     // part copies its patches and multiplies them on one core, in that core's cache (the
     // library's split of one product of these shapes over both cores ran 2-3x slower in the
     // small CNN's step). A conv of one chunk splits its product instead, as the library does
-    // (the same sums). `usize::MAX` means never.
-    let large = parallel_from < usize::MAX
-        && nb.saturating_mul(np).saturating_mul(og).saturating_mul(kk) >= parallel_from;
+    // (the same sums).
     let parts = if large {
         crate::team::threads().clamp(1, chunks)
     } else {
@@ -851,6 +859,191 @@ unsafe fn conv<T: Elem>(
 thread_local! {
     /// How many convs this thread ran in batch parts on several threads (tests).
     static PARTED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// How many convs this thread summed in two halves of the input features (tests).
+    static HALVED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The batch of `nb` elements of `per_b` patch-matrix elements each in `2^shift` chunks, the
+/// fewest of at most `PATCH_ELEMENTS` (or one element) each; chunk `c` holds the elements
+/// from `bound(c)` to `bound(c + 1)` (`c * nb >> shift`: near-equal, the first half of the
+/// chunks the first `nb / 2` elements).
+fn batch_chunks(nb: usize, per_b: usize) -> (u32, impl Fn(usize) -> usize) {
+    let fit = (PATCH_ELEMENTS / per_b.max(1)).clamp(1, nb.max(1));
+    let mut shift = 0u32;
+    while 1usize
+        .checked_shl(shift)
+        .is_some_and(|d| nb.div_ceil(d) > fit)
+    {
+        shift += 1;
+    }
+    (shift, move |c: usize| {
+        ((c as u128 * nb as u128) >> shift) as usize
+    })
+}
+
+/// Products of fewer multiply-adds than this are summed whole (`sums_in_halves`).
+const HALVES_FROM: usize = 1 << 16;
+
+/// Whether a conv sums over its input features in two halves (`conv_halves`): one group, the
+/// lhs's features its outermost dim in memory and not innermost (a kernel gradient, which
+/// reads the batch as the features), and a contraction of at least twice the product's
+/// `rows` (the partial results are small beside the patches). Shapes alone decide, so the
+/// bits never depend on the threads.
+fn sums_in_halves(
+    cd: &ConvDims,
+    ld: &[usize],
+    plan: &ConvPlan,
+    (rows, og, kk): (usize, usize, usize),
+) -> bool {
+    let feat = cd.lhs_spec[1];
+    cd.feature_group_count == 1
+        && cd.batch_group_count == 1
+        && plan.repack
+        && ld[..feat].iter().all(|&d| d == 1)
+        && ld[feat] >= 2
+        && kk >= rows.saturating_mul(2)
+        && rows.saturating_mul(og).saturating_mul(kk) >= HALVES_FROM
+}
+
+/// A conv (as `sums_in_halves` admits) summed over two halves of its input features: half
+/// `p` of the `f` features (`p * f / 2 ..`) transposes its rows of the lhs (contiguous: the
+/// features are outermost) into its own repacked copy, gathers its rows of the kernel matrix
+/// and its patches (`[chunk rows, K * f_p]`), and multiplies them into its partial result;
+/// each result element is then the first half's sum plus the second's, in that order on any
+/// number of threads. With `parts == 2` the halves run at once (`team::join`): for a kernel
+/// gradient, the halves of the batch the previous op's split wrote, each read on the core
+/// that wrote it.
+///
+/// `false`, with nothing written, when the kernel holds an inf or NaN (each half checks the
+/// kernel rows it gathered, which together are the whole kernel): the caller then takes the
+/// direct loops.
+fn conv_halves<T: Elem>(
+    (cd, ld, od): (&ConvDims, &[usize], &[usize]),
+    plan: &ConvPlan,
+    (l, r, o): (&[T], &[T], &mut [T]),
+    parts: usize,
+) -> Result<bool, InterpError> {
+    let feat = cd.lhs_spec[1];
+    let f = ld[feat];
+    // The lhs is `[f, rest]` row-major (every dim before the features is 1).
+    let rest = l.len() / f;
+    let half = [(0, f / 2), (f / 2, f)];
+    let (sp_off, k_off, p_out) = (&plan.sp_off, &plan.k_off, &plan.p_out);
+    let (nk, np) = (k_off.len(), p_out.len());
+    let og = od[cd.out_spec[1]];
+    let nb = od[cd.out_spec[0]];
+    let rows = nb * np;
+    let ((oc, obs), (ro, ri)) = (plan.out_cb, plan.rhs_oi);
+    // The repacked lhs's batch stride and window offsets are multiples of `f` (the features
+    // innermost): a half's copy, `f_p` features wide, has them times `f_p / f`.
+    let lbs = plan.lhs_strides[cd.lhs_spec[0]];
+    let (shift, bound) = batch_chunks(nb, np.saturating_mul(nk * (f - f / 2)));
+    let chunks = 1usize << shift;
+    let chunk = nb.div_ceil(chunks);
+    #[cfg(test)]
+    HALVED.with(|c| c.set(c.get() + 1));
+    #[cfg(test)]
+    if parts > 1 {
+        PARTED.with(|c| c.set(c.get() + 1));
+    }
+    let sums_len = rows.checked_mul(og).and_then(|n| n.checked_mul(2));
+    with_conv_scratch::<T, _>(&CONV_SHARED, sums_len, |sums| {
+        let sums_out = OutRows {
+            o: sums.as_mut_ptr(),
+            len: sums.len(),
+        };
+        let part = |p: usize| {
+            let (i0, i1) = half[p];
+            let fp = i1 - i0;
+            let kkp = nk * fp;
+            let len = (rest.checked_mul(fp))
+                .and_then(|n| n.checked_add(kkp.checked_mul(og)?))
+                .and_then(|n| n.checked_add(chunk.checked_mul(np)?.checked_mul(kkp)?));
+            with_conv_scratch::<T, _>(&CONV_PART, len, |scratch| {
+                let (rep, scratch) = scratch.split_at_mut(rest * fp);
+                let (wmat, patches) = scratch.split_at_mut(kkp * og);
+                crate::transpose::transpose_into(&l[i0 * rest..i1 * rest], (fp, rest), rep);
+                // The kernel matrix's rows (k, i) for this half's features.
+                for (kf, &ko) in k_off.iter().enumerate() {
+                    for i in 0..fp {
+                        let row = &mut wmat[(kf * fp + i) * og..][..og];
+                        let at = (i0 + i) * ri + ko;
+                        if ro == 1 {
+                            row.copy_from_slice(&r[at..at + og]);
+                        } else {
+                            for (oo, w) in row.iter_mut().enumerate() {
+                                *w = r[at + oo * ro];
+                            }
+                        }
+                    }
+                }
+                let wmat: &[T] = wmat;
+                if !wmat.iter().fold(true, |all, w| all & w.is_finite()) {
+                    return false;
+                }
+                for c in 0..chunks {
+                    let (b0, n) = (bound(c), bound(c + 1) - bound(c));
+                    if n == 0 {
+                        continue;
+                    }
+                    for bi in 0..n {
+                        let base = (b0 + bi) * (lbs / f) * fp;
+                        for pf in 0..np {
+                            let row = &mut patches[(bi * np + pf) * kkp..][..kkp];
+                            let offs = &sp_off[pf * nk..][..nk];
+                            for (cols, off) in row.chunks_exact_mut(fp).zip(offs) {
+                                match *off {
+                                    Some(off) => {
+                                        let at = base + off / f * fp;
+                                        cols.copy_from_slice(&rep[at..at + fp]);
+                                    }
+                                    None => cols.fill(T::default()),
+                                }
+                            }
+                        }
+                    }
+                    // Rows (b, position) from `b0`, of this half's partial sums.
+                    let dst = sums_out.at((p * rows + b0 * np) * og);
+                    // SAFETY: the views lie within `patches` (n * np rows of kkp, row-major),
+                    // `wmat` (kkp x og) and this half's partial sums (rows `b0 * np ..
+                    // (b0 + n) * np` of `rows`, og wide, in the half's own `rows * og`
+                    // elements of `sums`, which no other part writes), which overlaps neither
+                    // (distinct scratch), of T = the dtype's type.
+                    unsafe {
+                        gemm_view(
+                            T::DTYPE,
+                            (n * np, og, kkp),
+                            (patches.as_ptr() as *const u8, [kkp as isize, 1]),
+                            (wmat.as_ptr() as *const u8, [og as isize, 1]),
+                            (dst as *mut u8, [og as isize, 1]),
+                            gemm::Parallelism::None,
+                        );
+                    }
+                }
+                true
+            })
+        };
+        let finite = if parts == 2 {
+            let (a, b) = crate::team::join(|| part(0), || part(1));
+            a? & b?
+        } else {
+            part(0)? && part(1)?
+        };
+        if !finite {
+            return Ok(false);
+        }
+        let (first, second) = sums.split_at(rows * og);
+        for b in 0..nb {
+            for pf in 0..np {
+                let at = (b * np + pf) * og;
+                let (s0, s1) = (&first[at..at + og], &second[at..at + og]);
+                for (oo, (&x, &y)) in s0.iter().zip(s1).enumerate() {
+                    o[b * obs + oo * oc + p_out[pf]] = x + y;
+                }
+            }
+        }
+        Ok(true)
+    })?
 }
 
 /// One row of the patch matrix: for each window position, the `cin` input features at its
@@ -921,10 +1114,12 @@ mod tests {
 
     /// Convs large enough to run in batch parts on several threads, in every layout the
     /// parts handle (the result written directly (NHWC, grouped too) or scattered (NCHW);
-    /// the lhs repacked per batch element (NCHW) or whole (a kernel gradient's batch read as
-    /// features); one input feature; feature and batch groups), in f32 and f64: on two
-    /// threads in parts, with the bits of one thread (each chunk's product is the same
-    /// whatever the threads), and within the products' accumulated bound of the interpreter.
+    /// the lhs repacked per batch element (NCHW); one input feature; feature and batch
+    /// groups), and kernel gradients (the batch read as features, outermost), which sum in
+    /// two halves of the features (an even and an odd count), in f32 and f64: on two threads
+    /// in parts, with the bits of one thread (each chunk's product, and each half's sums,
+    /// are the same whatever the threads), and within the products' accumulated bound of the
+    /// interpreter.
     #[test]
     fn large_convs_run_in_batch_parts_with_the_bits_of_one_thread() {
         let nhwc = |cd: &mut ConvDims| {
@@ -932,9 +1127,17 @@ mod tests {
             cd.rhs_spec = vec![3, 2, 0, 1];
             cd.out_spec = vec![0, 3, 1, 2];
         };
-        // Name, dims, lhs and rhs shapes, and whether the result is written directly and
-        // the lhs repacked.
-        type Case = (&'static str, ConvDims, Vec<usize>, Vec<usize>, bool, bool);
+        // Name, dims, lhs and rhs shapes, and whether the result is written directly, the
+        // lhs repacked and the sums taken in halves of the features.
+        type Case = (
+            &'static str,
+            ConvDims,
+            Vec<usize>,
+            Vec<usize>,
+            bool,
+            bool,
+            bool,
+        );
         let mut cases: Vec<Case> = Vec::new();
         let mut cd = ConvDims::nchw(2);
         nhwc(&mut cd);
@@ -946,6 +1149,7 @@ mod tests {
             vec![3, 3, 8, 16],
             true,
             false,
+            false,
         ));
         cd.feature_group_count = 2;
         cases.push((
@@ -954,6 +1158,7 @@ mod tests {
             vec![64, 8, 8, 8],
             vec![3, 3, 4, 16],
             true,
+            false,
             false,
         ));
         let mut cd = ConvDims::nchw(2);
@@ -968,6 +1173,7 @@ mod tests {
             vec![16, 4, 3, 3],
             false,
             true,
+            false,
         ));
         let mut cd = ConvDims::nchw(2);
         cd.lhs_spec = vec![3, 0, 1, 2];
@@ -976,10 +1182,20 @@ mod tests {
         cd.padding = vec![(1, 1), (1, 1)];
         cases.push((
             "kernel gradient",
-            cd,
+            cd.clone(),
             vec![32, 6, 6, 8],
             vec![32, 6, 6, 16],
             false,
+            true,
+            true,
+        ));
+        cases.push((
+            "kernel gradient, odd features",
+            cd,
+            vec![33, 8, 8, 3],
+            vec![33, 8, 8, 16],
+            false,
+            true,
             true,
         ));
         let mut cd = ConvDims::nchw(2);
@@ -991,6 +1207,7 @@ mod tests {
             vec![16, 8, 3, 3],
             false,
             true,
+            false,
         ));
         let mut cd = ConvDims::nchw(2);
         nhwc(&mut cd);
@@ -1002,6 +1219,7 @@ mod tests {
             vec![3, 3, 1, 16],
             true,
             false,
+            false,
         ));
         let pool = |n| {
             rayon::ThreadPoolBuilder::new()
@@ -1010,7 +1228,7 @@ mod tests {
                 .unwrap()
         };
         let (one, two) = (pool(1), pool(2));
-        for (name, cd, ld, rd, direct, repacked) in cases {
+        for (name, cd, ld, rd, direct, repacked, halved) in cases {
             for dtype in [DType::F32, DType::F64] {
                 let mut g = Graph::new("c");
                 let x = g.add_param(TensorType::new(dtype, ld.clone()));
@@ -1030,14 +1248,19 @@ mod tests {
                     Literal::new(t.dims().to_vec(), data).unwrap()
                 };
                 let (xl, wl) = (lit(&lt, 3), lit(&rt, 11));
-                // Each run on the pool's thread, where its parts are counted.
+                // Each run on the pool's thread, where its parts and halves are counted.
                 let run = |p: &rayon::ThreadPool| {
                     p.install(|| {
-                        let parted = PARTED.with(|c| c.get());
+                        let (parted, halves) = (PARTED.with(|c| c.get()), HALVED.with(|c| c.get()));
                         let got = crate::compile(&g)
                             .unwrap()
                             .run(&[&xl, &wl], &tessera_transport::SingleDevice)
                             .unwrap();
+                        assert_eq!(
+                            HALVED.with(|c| c.get()) > halves,
+                            halved,
+                            "{name} {dtype}: summed in halves of the features"
+                        );
                         (got[0].to_f64_vec(), PARTED.with(|c| c.get()) > parted)
                     })
                 };
@@ -1057,6 +1280,64 @@ mod tests {
                     assert!(
                         (p - q).abs() <= terms * eps,
                         "{name} {dtype} [{i}]: {p} vs {q}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A kernel gradient whose cotangent (its kernel) holds an inf in one half of the
+    /// features and a NaN in the other, each alone: the halves find it and the conv takes
+    /// the direct loops, with the interpreter's bits (the padded taps add nothing), on one
+    /// thread and on two.
+    #[test]
+    fn kernel_gradients_with_an_inf_or_nan_take_the_direct_loops_in_either_half() {
+        let mut cd = ConvDims::nchw(2);
+        cd.lhs_spec = vec![3, 0, 1, 2];
+        cd.rhs_spec = vec![3, 0, 1, 2];
+        cd.out_spec = vec![2, 3, 0, 1];
+        cd.padding = vec![(1, 1), (1, 1)];
+        let (ld, rd) = (vec![32usize, 6, 6, 8], vec![32usize, 6, 6, 16]);
+        let mut g = Graph::new("c");
+        let x = g.add_param(TensorType::new(DType::F32, ld.clone()));
+        let w = g.add_param(TensorType::new(DType::F32, rd.clone()));
+        let y = g.add(Op::Conv(Box::new(cd.clone())), &[x, w]).unwrap();
+        g.set_outputs(vec![y]);
+        let lit = |dims: &[usize], seed: usize| -> Vec<f32> {
+            let n: usize = dims.iter().product();
+            (0..n)
+                .map(|i| ((i * 7919 + seed) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let xl = Literal::new(ld.clone(), Data::F32(lit(&ld, 3))).unwrap();
+        let per_feature = rd[1..].iter().product::<usize>();
+        // Feature 2 is in the first half, feature 30 in the second; window position (5, 5)
+        // meets the padding for the last result row and column.
+        for (feature, bad) in [(2, f32::NAN), (30, f32::INFINITY)] {
+            let mut wv = lit(&rd, 11);
+            wv[feature * per_feature + (5 * 6 + 5) * 16 + 5] = bad;
+            let wl = Literal::new(rd.clone(), Data::F32(wv)).unwrap();
+            let want = tessera_interp::run(&g, &[xl.clone(), wl.clone()]).unwrap();
+            let want = want[0].to_f64_vec();
+            assert!(want.iter().any(|v| !v.is_finite()) && want.iter().any(|v| v.is_finite()));
+            for threads in [1, 2] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let got = pool.install(|| {
+                    let halves = HALVED.with(|c| c.get());
+                    let got = crate::compile(&g)
+                        .unwrap()
+                        .run(&[&xl, &wl], &tessera_transport::SingleDevice)
+                        .unwrap();
+                    assert!(HALVED.with(|c| c.get()) > halves, "summed in halves first");
+                    got[0].to_f64_vec()
+                });
+                for (i, (p, q)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()),
+                        "{bad} in feature {feature}, {threads} threads [{i}]: {p} vs {q}"
                     );
                 }
             }
