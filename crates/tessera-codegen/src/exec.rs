@@ -26,6 +26,11 @@ pub struct Executable {
     /// Each kernel step's tail: a function applied in place to the rows the kernel wrote
     /// (`vmath::split_tail`).
     tails: Vec<Option<crate::vmath::Tail>>,
+    /// Each kernel step's split over two threads (`run_kernel`), decided once (both
+    /// `lower::splits_outer` and `lower::form` walk the kernel's expression, on a stack they
+    /// allocate): `None` when its function computes everything whatever the range it is
+    /// called with, else whether its halves meet on a multiple of 8 (a rank-1 vector loop).
+    splits: Vec<Option<bool>>,
     /// Shared by the executables `fork` makes: one compilation serves every device.
     _code: Arc<Compiled>,
     /// With tiered compilation, the optimized code of the kernels `_code` has at the quick
@@ -660,6 +665,17 @@ impl Executable {
         let reduced_by = reduced_by(&schedule);
         let multiply_adds = Executable::count_multiply_adds(&schedule, &regions);
         let kernel_elements = count_kernel_elements(&schedule, &[]);
+        let splits = schedule
+            .steps
+            .iter()
+            .map(|step| match &step.kind {
+                StepKind::Kernel(k) => crate::lower::splits_outer(k).then(|| {
+                    k.out_dims.len() == 1
+                        && crate::lower::form(k) == crate::lower::Form::Loops { vector: true }
+                }),
+                _ => None,
+            })
+            .collect();
         Executable {
             reduced_by,
             skipped: vec![false; schedule.steps.len()],
@@ -671,6 +687,7 @@ impl Executable {
             schedule,
             kernels,
             tails,
+            splits,
             quick_functions: code.quick,
             _code: Arc::new(code),
             upgrade: None,
@@ -799,6 +816,7 @@ impl Executable {
             schedule: self.schedule.clone(),
             kernels: self.kernels.clone(),
             tails: self.tails.clone(),
+            splits: self.splits.clone(),
             _code: self._code.clone(),
             upgrade: self.upgrade.clone(),
             quick_functions: self.quick_functions,
@@ -1823,21 +1841,19 @@ impl Executable {
         let outer = k.out_dims.first().copied().unwrap_or(1) as i64;
         let reduced: usize = k.reduce.as_ref().map_or(1, |(_, d)| d.iter().product());
         let work = k.out_dims.iter().product::<usize>().saturating_mul(reduced);
-        let split = (work >= self.kernel_threads_from()
-            && outer >= 2
-            && crate::lower::splits_outer(k))
-        .then(|| {
-            // A rank-1 vector loop splits on a multiple of 8 so both halves keep whole vector
-            // iterations; a loop of single elements (a reduction of rows) anywhere.
-            let vector = crate::lower::form(k) == crate::lower::Form::Loops { vector: true };
-            if k.out_dims.len() == 1 && vector {
-                (outer / 2) & !7
-            } else {
-                outer / 2
-            }
-        })
-        // Fewer than 16 rows of a vector loop: one half would be empty.
-        .filter(|&mid| mid > 0);
+        let split = self.splits[i]
+            .filter(|_| work >= self.kernel_threads_from() && outer >= 2)
+            .map(|rank1_vector| {
+                // A rank-1 vector loop splits on a multiple of 8 so both halves keep whole
+                // vector iterations; a loop of single elements (a reduction of rows) anywhere.
+                if rank1_vector {
+                    (outer / 2) & !7
+                } else {
+                    outer / 2
+                }
+            })
+            // Fewer than 16 rows of a vector loop: one half would be empty.
+            .filter(|&mid| mid > 0);
         if let Some(mid) = split {
             let a = SendArgs(args.as_ptr());
             #[cfg(test)]

@@ -3,7 +3,9 @@
 //! its outputs and nothing else of ours; with donation, only the outputs that were not
 //! donated (`the_seed_step_allocates_only_its_outputs`,
 //! `donated_parameters_are_reused_for_the_outputs`). A pmap step allocates no slice or output
-//! per device (`the_pmap_step_allocates_no_slice_or_output_per_device`).
+//! per device (`the_pmap_step_allocates_no_slice_or_output_per_device`). A one-device step
+//! split over the team allocates nothing on the helper either
+//! (`a_step_split_over_the_team_allocates_only_its_outputs`, counted on every thread).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,8 +22,11 @@ thread_local! {
     static ON: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Counting on every thread (`per_step_everywhere`: the team's helper too).
+static EVERYWHERE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn note(bytes: usize) {
-    if ON.with(|c| c.get()) {
+    if EVERYWHERE.load(Ordering::Relaxed) || ON.with(|c| c.get()) {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
         BYTES.fetch_add(bytes, Ordering::Relaxed);
     }
@@ -392,4 +397,68 @@ fn a_conv_and_its_gradients_allocate_only_their_outputs() {
     println!("conv value and gradients: {a} allocations per call");
     // The gemm crate's two: one of the three products packs (its table and its buffer).
     assert_eq!(a, 3 * PER_OUTPUT + 2, "{a} allocations per call");
+}
+
+/// A one-device step large enough to split its ops over the team (`team.rs`: this thread and
+/// the helper each run a half of the NHWC conv, its kernel gradient's halves of the
+/// features, and the tanh and its gradient): after warm-up, counted on every thread of the
+/// process, a call allocates its two outputs and nothing else: not the jobs the helper
+/// takes, nor the halves' work memory, nor the split decisions (16 a step while each split
+/// kernel decided by walking its expression on an allocated stack). None of its products
+/// packs in the `gemm` crate on an AVX-512 host (the n <= 16 products are `thin.rs`'s).
+#[test]
+fn a_step_split_over_the_team_allocates_only_its_outputs() {
+    let _alone = alone();
+    let x = random::normal(&Key::new(1), [64, 8, 8, 8]);
+    let k = random::normal(&Key::new(2), [3, 3, 8, 16]) * 0.1;
+    let f = jit(|(k, x): (Tensor, Tensor)| {
+        let (l, g) = value_and_grad(|k: &Tensor| {
+            let opts = ConvOptions::new()
+                .padding("SAME")
+                .layout("NHWC", "HWIO", "NHWC");
+            x.conv_general_dilated(k, opts).tanh().square().mean()
+        })(&k);
+        (k - g * 0.01, l)
+    });
+    let mut k = k;
+    let upgraded = tessera_codegen::optimized_in_background();
+    for _ in 0..3 {
+        k = f.call((k, x.clone())).unwrap().0;
+    }
+    // The step's small kernels are compiled again in the background after its second call
+    // (`tier.rs`), on a thread whose allocations the window would count: wait until that
+    // compile is in (and nothing else has been for 200 ms), then call once more to take it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut last = (upgraded, std::time::Instant::now());
+    while std::time::Instant::now() < deadline {
+        let now = tessera_codegen::optimized_in_background();
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        } else if now > upgraded && last.1.elapsed() > std::time::Duration::from_millis(200) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(last.0 > upgraded, "the step's quick kernels were optimized");
+    k = f.call((k, x.clone())).unwrap().0;
+    let threads = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "tessera-team")
+            .count()
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(threads(), usize::from(cpus >= 2), "the team's helper runs");
+    let mut run = || {
+        let old = std::mem::replace(&mut k, x.clone());
+        k = f.call((old, x.clone())).unwrap().0;
+    };
+    EVERYWHERE.store(true, Ordering::Relaxed);
+    let (a, bytes) = per_step(10, &mut run);
+    let (again, _) = per_step(10, &mut run);
+    EVERYWHERE.store(false, Ordering::Relaxed);
+    println!("split over the team: {a} then {again} allocations, {bytes} bytes per step");
+    assert_eq!(a, again, "the count is the same in every window");
+    assert_eq!(a, 2 * PER_OUTPUT, "{a} allocations per step");
 }
