@@ -28,8 +28,9 @@ pub struct Executable {
     tails: Vec<Option<crate::vmath::Tail>>,
     /// Each kernel step's split over two threads (`run_kernel`), decided once (both
     /// `lower::splits_outer` and `lower::form` walk the kernel's expression, on a stack they
-    /// allocate): `None` when its function computes everything whatever the range it is
-    /// called with, else whether its halves meet on a multiple of 8 (a rank-1 vector loop).
+    /// allocate): `None` for a step that is not a kernel or whose kernel does not split
+    /// (`splits_outer`: a scatter, a scan along its outermost dim, a result of no dims...),
+    /// else whether its halves meet on a multiple of 8 (a rank-1 vector loop).
     splits: Vec<Option<bool>>,
     /// Shared by the executables `fork` makes: one compilation serves every device.
     _code: Arc<Compiled>,

@@ -14,9 +14,9 @@
 //! operand's type: the interpreter's order, so the results agree bit for bit. A conv's sums
 //! run in the GEMM's order (an accumulated bound, as `dot_general`); a kernel holding an inf
 //! or NaN takes direct loops that skip the padding, as XLA does (im2col's zeros would make
-//! `0 * inf` NaNs there). A kernel gradient (the batch read as the features, outermost)
-//! sums over two halves of the features, one per core, and adds the halves' sums in a fixed
-//! order (`conv_halves`).
+//! `0 * inf` NaNs there). A conv whose lhs features are outermost (a kernel gradient's batch
+//! read as the features) sums over two halves of the features, one per core, and adds the
+//! halves' sums in a fixed order (`conv_halves`).
 
 use tessera_interp::conv::source_index;
 use tessera_interp::scalar::{fmax, fmin};
@@ -608,7 +608,9 @@ const PATCH_ELEMENTS: usize = 1 << 16;
 /// `[batch * positions, K * cin]` (columns: window position, then input feature, so an NHWC
 /// operand's features are copied contiguously) times the group's kernel matrix
 /// `[K * cin, O / G]`, written into the result when its layout is the product's (NHWC,
-/// `direct_out`), else scattered into it. The work memory is the thread's conv scratch.
+/// `direct_out`), else scattered into it; or, for a conv whose lhs features are outermost
+/// (`sums_in_halves`), over two halves of the features (`conv_halves`). The work memory is the
+/// thread's conv scratch.
 ///
 /// # Safety
 /// As [`run`].
@@ -656,12 +658,8 @@ unsafe fn conv<T: Elem>(
     // halves checks its kernel in its parts, each the half it reads (a kernel gradient's
     // kernel is the cotangent, as large as the activations).
     let finite = if halves {
-        let parts = if large {
-            crate::team::threads().clamp(1, 2)
-        } else {
-            1
-        };
-        conv_halves((cd, ld, od), plan, (l, r, o), parts)?
+        let threads = if large { crate::team::threads() } else { 1 };
+        conv_halves((cd, ld, od), plan, (l, r, o), threads)?
     } else {
         r.iter().all(|w| w.is_finite())
     };
@@ -886,9 +884,9 @@ const HALVES_FROM: usize = 1 << 16;
 
 /// Whether a conv sums over its input features in two halves (`conv_halves`): one group, the
 /// lhs's features its outermost dim in memory and not innermost (a kernel gradient, which
-/// reads the batch as the features), and a contraction of at least twice the product's
-/// `rows` (the partial results are small beside the patches). Shapes alone decide, so the
-/// bits never depend on the threads.
+/// reads the batch as the features; or a conv of one batch element in NCHW), and a
+/// contraction of at least twice the product's `rows` (the partial results are small beside
+/// the patches). Shapes alone decide, so the bits never depend on the threads.
 fn sums_in_halves(
     cd: &ConvDims,
     ld: &[usize],
@@ -910,9 +908,14 @@ fn sums_in_halves(
 /// features are outermost) into its own repacked copy, gathers its rows of the kernel matrix
 /// and its patches (`[chunk rows, K * f_p]`), and multiplies them into its partial result;
 /// each result element is then the first half's sum plus the second's, in that order on any
-/// number of threads. With `parts == 2` the halves run at once (`team::join`): for a kernel
+/// number of threads. With `threads >= 2` the halves run at once (`team::join`): for a kernel
 /// gradient, the halves of the batch the previous op's split wrote, each read on the core
-/// that wrote it.
+/// that wrote it; with more than two, each half's products are also split over the pool, as
+/// the library splits a product (the same sums).
+///
+/// Each part keeps its copy of half the lhs in its thread's scratch, sized for the larger
+/// half whichever it runs (the leader runs the second half when the helper has not taken it).
+/// The sums' buffer is the caller's thread's.
 ///
 /// `false`, with nothing written, when the kernel holds an inf or NaN (each half checks the
 /// kernel rows it gathered, which together are the whole kernel): the caller then takes the
@@ -921,7 +924,7 @@ fn conv_halves<T: Elem>(
     (cd, ld, od): (&ConvDims, &[usize], &[usize]),
     plan: &ConvPlan,
     (l, r, o): (&[T], &[T], &mut [T]),
-    parts: usize,
+    threads: usize,
 ) -> Result<bool, InterpError> {
     let feat = cd.lhs_spec[1];
     let f = ld[feat];
@@ -940,12 +943,22 @@ fn conv_halves<T: Elem>(
     let (shift, bound) = batch_chunks(nb, np.saturating_mul(nk * (f - f / 2)));
     let chunks = 1usize << shift;
     let chunk = nb.div_ceil(chunks);
+    let product_par = if threads > 2 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
     #[cfg(test)]
     HALVED.with(|c| c.set(c.get() + 1));
     #[cfg(test)]
-    if parts > 1 {
+    if threads > 1 {
         PARTED.with(|c| c.set(c.get() + 1));
     }
+    // Each part's scratch, for the larger half: its lhs copy, kernel rows and patches.
+    let (fp_max, kk_max) = (f - f / 2, nk * (f - f / 2));
+    let len = (rest.checked_mul(fp_max))
+        .and_then(|n| n.checked_add(kk_max.checked_mul(og)?))
+        .and_then(|n| n.checked_add(chunk.checked_mul(np)?.checked_mul(kk_max)?));
     let sums_len = rows.checked_mul(og).and_then(|n| n.checked_mul(2));
     with_conv_scratch::<T, _>(&CONV_SHARED, sums_len, |sums| {
         let sums_out = OutRows {
@@ -956,9 +969,6 @@ fn conv_halves<T: Elem>(
             let (i0, i1) = half[p];
             let fp = i1 - i0;
             let kkp = nk * fp;
-            let len = (rest.checked_mul(fp))
-                .and_then(|n| n.checked_add(kkp.checked_mul(og)?))
-                .and_then(|n| n.checked_add(chunk.checked_mul(np)?.checked_mul(kkp)?));
             with_conv_scratch::<T, _>(&CONV_PART, len, |scratch| {
                 let (rep, scratch) = scratch.split_at_mut(rest * fp);
                 let (wmat, patches) = scratch.split_at_mut(kkp * og);
@@ -1016,14 +1026,14 @@ fn conv_halves<T: Elem>(
                             (patches.as_ptr() as *const u8, [kkp as isize, 1]),
                             (wmat.as_ptr() as *const u8, [og as isize, 1]),
                             (dst as *mut u8, [og as isize, 1]),
-                            gemm::Parallelism::None,
+                            product_par,
                         );
                     }
                 }
                 true
             })
         };
-        let finite = if parts == 2 {
+        let finite = if threads >= 2 {
             let (a, b) = crate::team::join(|| part(0), || part(1));
             a? & b?
         } else {
@@ -1079,14 +1089,16 @@ fn im2col_row<T: Elem>(
     }
 }
 
-/// A conv's result, written by its parts at disjoint batch elements.
+/// A conv's result (or `conv_halves`' two buffers of sums), written by its parts at
+/// disjoint elements: their own batch elements (their own half's sums).
 struct OutRows<T> {
     o: *mut T,
     len: usize,
 }
 
 // SAFETY: the parts write through the pointer at disjoint elements (their own batch
-// elements), inside the result the caller of `run` vouches for, while the conv blocks.
+// elements, or their own half's sums), inside the result the caller of `run` vouches for (or
+// the sums' scratch, borrowed for the whole conv), while the conv blocks.
 unsafe impl<T: Send> Send for OutRows<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for OutRows<T> {}
@@ -1094,15 +1106,15 @@ unsafe impl<T: Send> Sync for OutRows<T> {}
 impl<T> OutRows<T> {
     /// Element `i`'s address (`i < len`).
     fn at(&self, i: usize) -> *mut T {
-        assert!(i < self.len, "a conv result index inside the result");
-        // SAFETY: `i < len`, inside the result's allocation.
+        assert!(i < self.len, "a conv index inside its buffer");
+        // SAFETY: `i < len`, inside the buffer's allocation.
         unsafe { self.o.add(i) }
     }
 
     /// Writes element `i` (`i < len`).
     fn put(&self, i: usize, v: T) {
         // SAFETY: `at` checked the index; the element is this part's alone (the caller's
-        // batch elements).
+        // batch elements, or its half's sums).
         unsafe { self.at(i).write(v) }
     }
 }
@@ -1198,6 +1210,35 @@ mod tests {
             true,
             true,
         ));
+        // NCHW's kernel gradient into OIHW, strided: the kernel's output features are not
+        // adjacent (its rows gathered one by one).
+        let mut cd = ConvDims::nchw(2);
+        cd.lhs_spec = vec![1, 0, 2, 3];
+        cd.rhs_spec = vec![1, 0, 2, 3];
+        cd.out_spec = vec![1, 0, 2, 3];
+        cd.padding = vec![(1, 1), (1, 1)];
+        cd.strides = vec![2, 1];
+        cases.push((
+            "NCHW kernel gradient, strided",
+            cd,
+            vec![32, 4, 8, 8],
+            vec![32, 16, 8, 8],
+            false,
+            true,
+            true,
+        ));
+        // One NCHW image: its features are outermost too.
+        let mut cd = ConvDims::nchw(2);
+        cd.padding = vec![(1, 1), (1, 1)];
+        cases.push((
+            "one NCHW image",
+            cd,
+            vec![1, 64, 8, 8],
+            vec![16, 64, 3, 3],
+            false,
+            true,
+            true,
+        ));
         let mut cd = ConvDims::nchw(2);
         cd.batch_group_count = 2;
         cases.push((
@@ -1289,7 +1330,7 @@ mod tests {
     /// A kernel gradient whose cotangent (its kernel) holds an inf in one half of the
     /// features and a NaN in the other, each alone: the halves find it and the conv takes
     /// the direct loops, with the interpreter's bits (the padded taps add nothing), on one
-    /// thread and on two.
+    /// thread and on two, in f32 and f64.
     #[test]
     fn kernel_gradients_with_an_inf_or_nan_take_the_direct_loops_in_either_half() {
         let mut cd = ConvDims::nchw(2);
@@ -1298,49 +1339,115 @@ mod tests {
         cd.out_spec = vec![2, 3, 0, 1];
         cd.padding = vec![(1, 1), (1, 1)];
         let (ld, rd) = (vec![32usize, 6, 6, 8], vec![32usize, 6, 6, 16]);
+        for dtype in [DType::F32, DType::F64] {
+            let mut g = Graph::new("c");
+            let x = g.add_param(TensorType::new(dtype, ld.clone()));
+            let w = g.add_param(TensorType::new(dtype, rd.clone()));
+            let y = g.add(Op::Conv(Box::new(cd.clone())), &[x, w]).unwrap();
+            g.set_outputs(vec![y]);
+            let lit = |dims: &[usize], v: Vec<f64>| {
+                let data = match dtype {
+                    DType::F32 => Data::F32(v.iter().map(|&x| x as f32).collect()),
+                    _ => Data::F64(v),
+                };
+                Literal::new(dims.to_vec(), data).unwrap()
+            };
+            let values = |n: usize, seed: usize| -> Vec<f64> {
+                (0..n)
+                    .map(|i| ((i * 7919 + seed) % 2001) as f64 / 1000.0 - 1.0)
+                    .collect()
+            };
+            let xl = lit(&ld, values(ld.iter().product(), 3));
+            let per_feature = rd[1..].iter().product::<usize>();
+            // Feature 2 is in the first half, feature 30 in the second; window position
+            // (5, 5) meets the padding for the last result row and column.
+            for (feature, bad) in [(2, f64::NAN), (30, f64::INFINITY)] {
+                let mut wv = values(rd.iter().product(), 11);
+                wv[feature * per_feature + (5 * 6 + 5) * 16 + 5] = bad;
+                let wl = lit(&rd, wv);
+                let want = tessera_interp::run(&g, &[xl.clone(), wl.clone()]).unwrap();
+                let want = want[0].to_f64_vec();
+                assert!(want.iter().any(|v| !v.is_finite()) && want.iter().any(|v| v.is_finite()));
+                for threads in [1, 2] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let got = pool.install(|| {
+                        let halves = HALVED.with(|c| c.get());
+                        let got = crate::compile(&g)
+                            .unwrap()
+                            .run(&[&xl, &wl], &tessera_transport::SingleDevice)
+                            .unwrap();
+                        assert!(HALVED.with(|c| c.get()) > halves, "summed in halves first");
+                        got[0].to_f64_vec()
+                    });
+                    for (i, (p, q)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()),
+                            "{dtype} {bad} in feature {feature}, {threads} threads [{i}]: \
+                             {p} vs {q}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A kernel gradient run from a thread outside the rayon pool (a one-device program's
+    /// caller) sums its halves on the team (`team.rs`: the second half on the helper) when
+    /// the pool is two threads wide, with the bits of one thread.
+    #[test]
+    fn kernel_gradients_sum_their_halves_on_the_team_with_the_bits_of_one_thread() {
+        let mut cd = ConvDims::nchw(2);
+        cd.lhs_spec = vec![3, 0, 1, 2];
+        cd.rhs_spec = vec![3, 0, 1, 2];
+        cd.out_spec = vec![2, 3, 0, 1];
+        cd.padding = vec![(1, 1), (1, 1)];
+        let (ld, rd) = (vec![64usize, 8, 8, 8], vec![64usize, 8, 8, 16]);
         let mut g = Graph::new("c");
         let x = g.add_param(TensorType::new(DType::F32, ld.clone()));
         let w = g.add_param(TensorType::new(DType::F32, rd.clone()));
-        let y = g.add(Op::Conv(Box::new(cd.clone())), &[x, w]).unwrap();
+        let y = g.add(Op::Conv(Box::new(cd)), &[x, w]).unwrap();
         g.set_outputs(vec![y]);
-        let lit = |dims: &[usize], seed: usize| -> Vec<f32> {
+        let lit = |dims: &[usize], seed: usize| {
             let n: usize = dims.iter().product();
-            (0..n)
+            let v = (0..n)
                 .map(|i| ((i * 7919 + seed) % 2001) as f32 / 1000.0 - 1.0)
-                .collect()
+                .collect();
+            Literal::new(dims.to_vec(), Data::F32(v)).unwrap()
         };
-        let xl = Literal::new(ld.clone(), Data::F32(lit(&ld, 3))).unwrap();
-        let per_feature = rd[1..].iter().product::<usize>();
-        // Feature 2 is in the first half, feature 30 in the second; window position (5, 5)
-        // meets the padding for the last result row and column.
-        for (feature, bad) in [(2, f32::NAN), (30, f32::INFINITY)] {
-            let mut wv = lit(&rd, 11);
-            wv[feature * per_feature + (5 * 6 + 5) * 16 + 5] = bad;
-            let wl = Literal::new(rd.clone(), Data::F32(wv)).unwrap();
-            let want = tessera_interp::run(&g, &[xl.clone(), wl.clone()]).unwrap();
-            let want = want[0].to_f64_vec();
-            assert!(want.iter().any(|v| !v.is_finite()) && want.iter().any(|v| v.is_finite()));
-            for threads in [1, 2] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let got = pool.install(|| {
-                    let halves = HALVED.with(|c| c.get());
-                    let got = crate::compile(&g)
-                        .unwrap()
-                        .run(&[&xl, &wl], &tessera_transport::SingleDevice)
-                        .unwrap();
-                    assert!(HALVED.with(|c| c.get()) > halves, "summed in halves first");
-                    got[0].to_f64_vec()
-                });
-                for (i, (p, q)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()),
-                        "{bad} in feature {feature}, {threads} threads [{i}]: {p} vs {q}"
-                    );
-                }
+        let (xl, wl) = (lit(&ld, 3), lit(&rd, 11));
+        let one = crate::compile(&g)
+            .unwrap()
+            .single_threaded()
+            .run(&[&xl, &wl], &tessera_transport::SingleDevice)
+            .unwrap();
+        let exe = crate::compile(&g).unwrap();
+        let team = rayon::current_num_threads() == 2
+            && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+        // Another test may hold the team for a while: run until a run gets it.
+        let start = std::time::Instant::now();
+        loop {
+            let (posts, halves) = (
+                crate::team::POSTS.with(|p| p.get()),
+                HALVED.with(|c| c.get()),
+            );
+            let out = exe
+                .run(&[&xl, &wl], &tessera_transport::SingleDevice)
+                .unwrap();
+            assert!(out[0].data.bits_eq(&one[0].data), "the bits of one thread");
+            assert!(HALVED.with(|c| c.get()) > halves, "summed in halves");
+            let posts = crate::team::POSTS.with(|p| p.get()) - posts;
+            if !team || posts > 0 {
+                assert_eq!(posts, usize::from(team), "one join: the two halves");
+                break;
             }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(60),
+                "no run got the team"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
 }

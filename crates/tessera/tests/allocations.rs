@@ -133,10 +133,17 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
     // on the calling thread, where what they allocate is counted. (The other tests run on
     // one device either way.)
     static DEVICES: std::sync::Once = std::sync::Once::new();
+    // Two rayon threads whatever the host, so a one-device run leads the team (`team.rs`
+    // takes pools of two threads only); no tiered compilation, whose background compiles would
+    // allocate inside the windows counted on every thread.
     DEVICES.call_once(|| {
         // SAFETY: every test calls this first, holding `ALONE`, before any device or pool
         // thread starts; no other thread of this process reads the environment meanwhile.
-        unsafe { std::env::set_var("TESSERA_DEVICES", "8") };
+        unsafe {
+            std::env::set_var("TESSERA_DEVICES", "8");
+            std::env::set_var("RAYON_NUM_THREADS", "2");
+            std::env::set_var("TESSERA_TIERED", "0");
+        }
     });
     guard
 }
@@ -404,8 +411,10 @@ fn a_conv_and_its_gradients_allocate_only_their_outputs() {
 /// features, and the tanh and its gradient): after warm-up, counted on every thread of the
 /// process, a call allocates its two outputs and nothing else: not the jobs the helper
 /// takes, nor the halves' work memory, nor the split decisions (16 a step while each split
-/// kernel decided by walking its expression on an allocated stack). None of its products
-/// packs in the `gemm` crate on an AVX-512 host (the n <= 16 products are `thin.rs`'s).
+/// kernel decided by walking its expression on an allocated stack). On an AVX-512F host the
+/// step's products are all `thin.rs`'s (at most 16 columns); elsewhere the `gemm` crate
+/// computes them and allocates when it packs (its buffer and its table, on whichever thread
+/// runs the product), up to two a product.
 #[test]
 fn a_step_split_over_the_team_allocates_only_its_outputs() {
     let _alone = alone();
@@ -421,35 +430,19 @@ fn a_step_split_over_the_team_allocates_only_its_outputs() {
         (k - g * 0.01, l)
     });
     let mut k = k;
-    let upgraded = tessera_codegen::optimized_in_background();
     for _ in 0..3 {
         k = f.call((k, x.clone())).unwrap().0;
     }
-    // The step's small kernels are compiled again in the background after its second call
-    // (`tier.rs`), on a thread whose allocations the window would count: wait until that
-    // compile is in (and nothing else has been for 200 ms), then call once more to take it.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let mut last = (upgraded, std::time::Instant::now());
-    while std::time::Instant::now() < deadline {
-        let now = tessera_codegen::optimized_in_background();
-        if now != last.0 {
-            last = (now, std::time::Instant::now());
-        } else if now > upgraded && last.1.elapsed() > std::time::Duration::from_millis(200) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert!(last.0 > upgraded, "the step's quick kernels were optimized");
-    k = f.call((k, x.clone())).unwrap().0;
-    let threads = || {
-        std::fs::read_dir("/proc/self/task")
+    #[cfg(target_os = "linux")]
+    {
+        let helpers = std::fs::read_dir("/proc/self/task")
             .unwrap()
             .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
             .filter(|name| name.trim() == "tessera-team")
-            .count()
-    };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    assert_eq!(threads(), usize::from(cpus >= 2), "the team's helper runs");
+            .count();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(helpers, usize::from(cpus >= 2), "the team's helper runs");
+    }
     let mut run = || {
         let old = std::mem::replace(&mut k, x.clone());
         k = f.call((old, x.clone())).unwrap().0;
@@ -460,5 +453,16 @@ fn a_step_split_over_the_team_allocates_only_its_outputs() {
     EVERYWHERE.store(false, Ordering::Relaxed);
     println!("split over the team: {a} then {again} allocations, {bytes} bytes per step");
     assert_eq!(a, again, "the count is the same in every window");
-    assert_eq!(a, 2 * PER_OUTPUT, "{a} allocations per step");
+    #[cfg(target_arch = "x86_64")]
+    let thin =
+        std::is_x86_feature_detected!("avx512f") && std::env::var_os("TESSERA_NO_THIN").is_none();
+    #[cfg(not(target_arch = "x86_64"))]
+    let thin = false;
+    if thin {
+        assert_eq!(a, 2 * PER_OUTPUT, "{a} allocations per step");
+    } else {
+        // The conv's 8 chunks and its kernel gradient's 2 x 4, at most two each.
+        println!("no AVX-512F: the gemm crate's packing is counted too");
+        assert!(a <= 2 * PER_OUTPUT + 2 * 16, "{a} allocations per step");
+    }
 }
