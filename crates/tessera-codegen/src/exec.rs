@@ -2521,39 +2521,21 @@ mod tests {
             .run(&[&x, &y], &tessera_transport::SingleDevice)
             .unwrap();
         let exe = crate::compile(&g).unwrap();
-        let team = rayon::current_num_threads() == 2
-            && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
-        // Another test may hold the team for a while: run until a run gets it.
-        let start = std::time::Instant::now();
-        loop {
-            let before = crate::team::POSTS.with(|p| p.get());
+        let (posts, team) = crate::team::posts_once_the_team_is_free(|| {
             let out = exe
                 .run(&[&x, &y], &tessera_transport::SingleDevice)
                 .unwrap();
-            let posts = crate::team::POSTS.with(|p| p.get()) - before;
             for (a, b) in out.iter().zip(&whole) {
                 assert!(a.data.bits_eq(&b.data));
             }
-            if !team {
-                assert_eq!(
-                    posts,
-                    0,
-                    "no team with {} threads",
-                    rayon::current_num_threads()
-                );
-                break;
-            }
-            if posts > 0 {
-                // Both kernels split (the tanh-mul and the row sum).
-                assert_eq!(posts, 2);
-                break;
-            }
-            assert!(
-                start.elapsed() < std::time::Duration::from_secs(60),
-                "no run got the team"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        });
+        // Both kernels split (the tanh-mul and the row sum), on the team when there is one.
+        assert_eq!(
+            posts,
+            if team { 2 } else { 0 },
+            "{} threads",
+            rayon::current_num_threads()
+        );
         // From a worker of a two-thread pool: rayon's halves, not the team.
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)

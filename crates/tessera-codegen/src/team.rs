@@ -387,6 +387,30 @@ fn helper() {
     }
 }
 
+/// For tests of runs that split: calls `run` until a call posts to the team, when this thread
+/// can lead it (a pool of two threads, two CPUs; another test may hold the team for a while,
+/// so up to a minute), or once when it cannot; returns how many joins that call posted, and
+/// whether this thread could lead.
+#[cfg(test)]
+pub(crate) fn posts_once_the_team_is_free(mut run: impl FnMut()) -> (usize, bool) {
+    let team = rayon::current_num_threads() == 2
+        && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    let start = std::time::Instant::now();
+    loop {
+        let before = POSTS.with(Cell::get);
+        run();
+        let posts = POSTS.with(Cell::get) - before;
+        if !team || posts > 0 {
+            return (posts, team);
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no run got the team"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1424,30 +1424,14 @@ mod tests {
             .run(&[&xl, &wl], &tessera_transport::SingleDevice)
             .unwrap();
         let exe = crate::compile(&g).unwrap();
-        let team = rayon::current_num_threads() == 2
-            && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
-        // Another test may hold the team for a while: run until a run gets it.
-        let start = std::time::Instant::now();
-        loop {
-            let (posts, halves) = (
-                crate::team::POSTS.with(|p| p.get()),
-                HALVED.with(|c| c.get()),
-            );
+        let (posts, team) = crate::team::posts_once_the_team_is_free(|| {
+            let halves = HALVED.with(|c| c.get());
             let out = exe
                 .run(&[&xl, &wl], &tessera_transport::SingleDevice)
                 .unwrap();
             assert!(out[0].data.bits_eq(&one[0].data), "the bits of one thread");
             assert!(HALVED.with(|c| c.get()) > halves, "summed in halves");
-            let posts = crate::team::POSTS.with(|p| p.get()) - posts;
-            if !team || posts > 0 {
-                assert_eq!(posts, usize::from(team), "one join: the two halves");
-                break;
-            }
-            assert!(
-                start.elapsed() < std::time::Duration::from_secs(60),
-                "no run got the team"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        });
+        assert_eq!(posts, usize::from(team), "one join: the two halves");
     }
 }
