@@ -766,7 +766,7 @@ unsafe fn conv<T: Elem>(
                     let row = &mut wmat[(kf * cin + i) * og..][..og];
                     let at = gi * og * ro + i * ri + ko;
                     if ro == 1 {
-                        row.copy_from_slice(&r[at..at + og]);
+                        copy_row(row, &r[at..at + og]);
                     } else {
                         for (oo, w) in row.iter_mut().enumerate() {
                             *w = r[at + oo * ro];
@@ -979,7 +979,7 @@ fn conv_halves<T: Elem>(
                         let row = &mut wmat[(kf * fp + i) * og..][..og];
                         let at = (i0 + i) * ri + ko;
                         if ro == 1 {
-                            row.copy_from_slice(&r[at..at + og]);
+                            copy_row(row, &r[at..at + og]);
                         } else {
                             for (oo, w) in row.iter_mut().enumerate() {
                                 *w = r[at + oo * ro];
@@ -1005,7 +1005,7 @@ fn conv_halves<T: Elem>(
                                 match *off {
                                     Some(off) => {
                                         let at = base + off / f * fp;
-                                        cols.copy_from_slice(&rep[at..at + fp]);
+                                        copy_row(cols, &rep[at..at + fp]);
                                     }
                                     None => cols.fill(T::default()),
                                 }
@@ -1078,7 +1078,7 @@ fn im2col_row<T: Elem>(
     for (cols, off) in row.chunks_exact_mut(cin).zip(offs) {
         match *off {
             // Features adjacent in memory (NHWC): one copy.
-            Some(off) if lc == 1 => cols.copy_from_slice(&l[base + off..base + off + cin]),
+            Some(off) if lc == 1 => copy_row(cols, &l[base + off..base + off + cin]),
             Some(off) => {
                 for (i, c) in cols.iter_mut().enumerate() {
                     *c = l[base + off + i * lc];
@@ -1086,6 +1086,19 @@ fn im2col_row<T: Elem>(
             }
             None => cols.fill(T::default()),
         }
+    }
+}
+
+/// `dst.copy_from_slice(src)`, inline for the short rows of 8, 16 and 32 elements a conv's
+/// patches and kernel matrix copy most (features and output features of small CNNs), where a
+/// call of `memcpy` per row cost more than the copy.
+#[inline(always)]
+fn copy_row<T: Copy>(dst: &mut [T], src: &[T]) {
+    match dst.len() {
+        8 => dst[..8].copy_from_slice(&src[..8]),
+        16 => dst[..16].copy_from_slice(&src[..16]),
+        32 => dst[..32].copy_from_slice(&src[..32]),
+        _ => dst.copy_from_slice(src),
     }
 }
 
