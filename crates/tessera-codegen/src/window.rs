@@ -761,19 +761,7 @@ unsafe fn conv<T: Elem>(
         for gi in 0..groups {
             // The group's kernel matrix: row (k, i), column o', each row a copy when the
             // output features are adjacent in the kernel (HWIO and its gradients).
-            for (kf, &ko) in k_off.iter().enumerate() {
-                for i in 0..cin {
-                    let row = &mut wmat[(kf * cin + i) * og..][..og];
-                    let at = gi * og * ro + i * ri + ko;
-                    if ro == 1 {
-                        copy_row(row, &r[at..at + og]);
-                    } else {
-                        for (oo, w) in row.iter_mut().enumerate() {
-                            *w = r[at + oo * ro];
-                        }
-                    }
-                }
-            }
+            kernel_rows(wmat, r, k_off, gi * og * ro, (cin, og), (ro, ri));
             let wmat: &[T] = wmat;
             let ch0 = if fg > 1 { gi * cin } else { 0 };
             // Chunks `c0..c1`: patches, product, and the product into the result.
@@ -974,19 +962,7 @@ fn conv_halves<T: Elem>(
                 let (wmat, patches) = scratch.split_at_mut(kkp * og);
                 crate::transpose::transpose_into(&l[i0 * rest..i1 * rest], (fp, rest), rep);
                 // The kernel matrix's rows (k, i) for this half's features.
-                for (kf, &ko) in k_off.iter().enumerate() {
-                    for i in 0..fp {
-                        let row = &mut wmat[(kf * fp + i) * og..][..og];
-                        let at = (i0 + i) * ri + ko;
-                        if ro == 1 {
-                            copy_row(row, &r[at..at + og]);
-                        } else {
-                            for (oo, w) in row.iter_mut().enumerate() {
-                                *w = r[at + oo * ro];
-                            }
-                        }
-                    }
-                }
+                kernel_rows(wmat, r, k_off, i0 * ri, (fp, og), (ro, ri));
                 let wmat: &[T] = wmat;
                 if !wmat.iter().fold(true, |all, w| all & w.is_finite()) {
                     return false;
@@ -1089,6 +1065,32 @@ fn im2col_row<T: Elem>(
     }
 }
 
+/// The kernel matrix `wmat` (`[K * cin, og]`): row `(k, i)`, column `o` is the kernel's
+/// element at `at0 + i * ri + k_off[k] + o * ro` (one copy per row when the output features
+/// are adjacent, `ro == 1`).
+fn kernel_rows<T: Copy>(
+    wmat: &mut [T],
+    r: &[T],
+    k_off: &[usize],
+    at0: usize,
+    (cin, og): (usize, usize),
+    (ro, ri): (usize, usize),
+) {
+    for (kf, &ko) in k_off.iter().enumerate() {
+        for i in 0..cin {
+            let row = &mut wmat[(kf * cin + i) * og..][..og];
+            let at = at0 + i * ri + ko;
+            if ro == 1 {
+                copy_row(row, &r[at..at + og]);
+            } else {
+                for (oo, w) in row.iter_mut().enumerate() {
+                    *w = r[at + oo * ro];
+                }
+            }
+        }
+    }
+}
+
 /// `dst.copy_from_slice(src)`, inline for the short rows of 8, 16 and 32 elements a conv's
 /// patches and kernel matrix copy most (features and output features of small CNNs), where a
 /// call of `memcpy` per row cost more than the copy.
@@ -1142,7 +1144,8 @@ mod tests {
     /// the lhs repacked per batch element (NCHW); one input feature; feature and batch
     /// groups), and kernel gradients (the batch read as features, outermost), which sum in
     /// two halves of the features (an even and an odd count), in f32 and f64: on two threads
-    /// in parts, with the bits of one thread (each chunk's product, and each half's sums,
+    /// in parts (and on three: three parts, or each half's products over the pool), with the
+    /// bits of one thread (each chunk's product, and each half's sums,
     /// are the same whatever the threads), and within the products' accumulated bound of the
     /// interpreter.
     #[test]
@@ -1281,7 +1284,7 @@ mod tests {
                 .build()
                 .unwrap()
         };
-        let (one, two) = (pool(1), pool(2));
+        let (one, two, three) = (pool(1), pool(2), pool(3));
         for (name, cd, ld, rd, direct, repacked, halved) in cases {
             for dtype in [DType::F32, DType::F64] {
                 let mut g = Graph::new("c");
@@ -1302,6 +1305,7 @@ mod tests {
                     Literal::new(t.dims().to_vec(), data).unwrap()
                 };
                 let (xl, wl) = (lit(&lt, 3), lit(&rt, 11));
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 // Each run on the pool's thread, where its parts and halves are counted.
                 let run = |p: &rayon::ThreadPool| {
                     p.install(|| {
@@ -1319,11 +1323,18 @@ mod tests {
                     })
                 };
                 let ((a, in_parts), (b, alone)) = (run(&two), run(&one));
+                // Three threads: three parts of chunks, or each half's products split over
+                // the pool.
+                let (c, _) = run(&three);
+                assert_eq!(
+                    bits(&c),
+                    bits(&b),
+                    "{name} {dtype}: three threads, one's bits"
+                );
                 assert!(
                     in_parts && !alone,
                     "{name} {dtype}: in parts on two threads only ({in_parts} {alone})"
                 );
-                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{name} {dtype}: the bits of one thread");
                 let want = tessera_interp::run(&g, &[xl.clone(), wl.clone()]).unwrap();
                 // Every term is at most 1 in magnitude: the sums' accumulated bound.
