@@ -453,11 +453,12 @@ fn a_step_split_over_the_team_allocates_only_its_outputs() {
     assert_eq!(a, 2 * PER_OUTPUT, "{a} allocations per step");
 }
 
-/// A step whose products are the `gemm` crate's, large enough that the crate packs both
-/// operands and splits each product over the rayon pool (a 784-256-10 MLP, batch 256: the
-/// big MLP's layers, narrower): after warm-up, counted on every thread, a call allocates its
-/// five outputs and nothing else. Before `vendor/gemm-common` kept each thread's packing
-/// buffer and table of packed blocks, its six products allocated 12 times a step.
+/// A step of the `gemm` crate's products (a 784-256-10 MLP, batch 256: the big MLP's layers,
+/// narrower): `x @ w1` and `x^T @ g1` split over the rayon pool (their parts on the workers
+/// take tables of packed blocks), `x^T @ g1` and `h^T @ g2` pack their rhs, and `g2 @ w2^T`'s
+/// two row parts prepack their lhs. After warm-up, counted on every thread, a call allocates
+/// its five outputs and nothing else. Before `vendor/gemm-common` kept each thread's packing
+/// buffer and table of packed blocks, those products allocated 12 times a step (27 in all).
 #[test]
 fn a_step_of_packed_products_allocates_only_its_outputs() {
     let _alone = alone();

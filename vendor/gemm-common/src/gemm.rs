@@ -65,8 +65,8 @@ thread_local! {
 // Tessera's patch (`PATCHED.md` beside `Cargo.toml`): a call's packing buffer and its
 // table of packed blocks are kept on the thread that made them, for that thread's next call,
 // instead of being allocated and freed on every call. A call that finds the kept one too
-// small, or in use by a call further up the same thread's stack, allocates its own, and the
-// larger of the two is kept when it returns.
+// small frees it and allocates (and later keeps) its own; one that finds it in use by a call
+// further up the same thread's stack allocates its own, and the larger is kept.
 #[cfg(feature = "std")]
 thread_local! {
     static KEPT_PACKING: core::cell::Cell<Option<dyn_stack::MemBuffer>> =
