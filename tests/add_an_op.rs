@@ -27,6 +27,8 @@ const COPIED: &[&str] = &[
     "tests",
     "examples",
     "benches",
+    // The patched gemm-common of `[patch.crates-io]`.
+    "vendor",
 ];
 
 /// How many rounds of check-and-patch before giving up (the crate graph is about five deep).

@@ -3,7 +3,8 @@
 //! Consumes a verified graph; produces a `Schedule`: the buffers (inputs, constants,
 //! temporaries) and the steps that fill them, in order. A node is materialized into a buffer
 //! when it is a parameter, an output, a non-splat constant, a dot, a reduction, an argmax, a
-//! collective, an operand of reshape/pad/concatenate/dot, or used more than once and not free to
+//! collective, an operand of reshape/pad/concatenate/dot (but not a reshape's that only merges
+//! dims for elementwise readers: `Refinement`), or used more than once and not free to
 //! recompute. Every other node (elementwise ops, broadcasts, transposes, slices, splat constants,
 //! iota) is inlined into the kernel of each materialized node that uses it, as index arithmetic
 //! and scalar expressions: one loop nest per materialized node.
@@ -129,6 +130,142 @@ struct Fuser<'a> {
     g: &'a Graph,
     materialized: HashMap<NodeId, usize>,
     sched: Schedule,
+    /// The kernels that iterate finer dims than their result's (`Refinement`): a refined
+    /// reshape's chain of readers, and the reshape itself, whichever get buffers.
+    refined: HashMap<NodeId, Refinement>,
+}
+
+/// A reshape that only merges dims (`[128, 4, 2, 4, 2, 16]` to `[128, 8, 8, 16]`), of a
+/// single-use elementwise result, read by an elementwise op: the reader's kernel iterates the
+/// operand's finer dims, where the reshape is the identity and every other load of the
+/// reader's expression is still affine (result dim `i` is `sum_j stride_j * var_j` over the
+/// fine dims it merges), so the operand is inlined rather than written to a buffer. The
+/// kernel writes its result in the same row-major order either way. The reader's own
+/// single-use elementwise readers join the chain; its last gets the buffer. (A pool's
+/// gradient: the cotangent routed to each window's maximum in the pool's 6-D shape, then
+/// multiplied by the activation's gradient in the 4-D one.)
+#[derive(Clone, Debug)]
+struct Refinement {
+    /// The operand's dims.
+    operand: Vec<usize>,
+    /// The kernel's loop: the operand's dims other than 1s.
+    fine: Vec<usize>,
+    /// For each dim of the reshape's result, the range of `fine` dims it merges.
+    groups: Vec<std::ops::Range<usize>>,
+}
+
+impl Refinement {
+    /// The refinement of `reshape` (with `users` counted, outputs included, and each node's
+    /// `reader`) and its chain of readers, the first reading the reshape, each next the only
+    /// reader of the one before; `None` where the operand needs a buffer.
+    fn of(
+        g: &Graph,
+        reshape: NodeId,
+        reader: &HashMap<NodeId, NodeId>,
+        users: &HashMap<NodeId, usize>,
+    ) -> Option<(Vec<NodeId>, Refinement)> {
+        let operand = g.operands(reshape)[0];
+        let single = |id: NodeId| users.get(&id).copied() == Some(1) && !g.outputs().contains(&id);
+        if !single(operand) || !single(reshape) || !is_elementwise(g.op(operand)) {
+            return None;
+        }
+        let coarse = g.ty(reshape).dims();
+        let joins = |id: NodeId| is_elementwise(g.op(id)) && g.ty(id).dims() == coarse;
+        let mut chain = vec![*reader.get(&reshape).filter(|&&r| joins(r))?];
+        while let Some(&last) = chain.last()
+            && single(last)
+            && let Some(&next) = reader.get(&last)
+            && joins(next)
+        {
+            chain.push(next);
+        }
+        let dims = g.ty(operand).dims();
+        if dims.contains(&0) {
+            return None;
+        }
+        // Each coarse dim the product of the next run of the operand's dims, counted without
+        // its 1s (the loop's dims).
+        let fine: Vec<usize> = dims.iter().copied().filter(|&d| d != 1).collect();
+        let mut groups = Vec::with_capacity(coarse.len());
+        let mut j = 0;
+        for &d in coarse {
+            let start = j;
+            let mut p = 1usize;
+            while p < d && j < fine.len() {
+                p = p.checked_mul(fine[j])?;
+                j += 1;
+            }
+            if p != d {
+                return None;
+            }
+            groups.push(start..j);
+        }
+        if j != fine.len() {
+            return None;
+        }
+        // The loop's outermost and innermost dims are the result's (or the result's are 1):
+        // the kernel splits over the threads by the one and vectorizes along the other as
+        // before, or better.
+        let whole = |r: Option<&std::ops::Range<usize>>| r.is_none_or(|r| r.len() <= 1);
+        if !whole(groups.first()) || !whole(groups.last()) {
+            return None;
+        }
+        let operand = dims.to_vec();
+        Some((
+            chain,
+            Refinement {
+                operand,
+                fine,
+                groups,
+            },
+        ))
+    }
+
+    /// Whether `self` and `other` refine to the same loop and coordinates.
+    fn same(&self, other: &Refinement) -> bool {
+        self.operand == other.operand && self.fine == other.fine && self.groups == other.groups
+    }
+
+    /// The operand's coordinates over the loop's variables (0 along its dims of 1).
+    fn operand_map(&self) -> Vec<Lin> {
+        let n = self.fine.len();
+        let mut next = 0;
+        self.operand
+            .iter()
+            .map(|&d| {
+                if d == 1 {
+                    Lin::zero(n)
+                } else {
+                    next += 1;
+                    Lin::var(n, next - 1)
+                }
+            })
+            .collect()
+    }
+
+    /// The coarse dims' coordinates over the fine loop's variables.
+    fn coarse_map(&self) -> Vec<Lin> {
+        let n = self.fine.len();
+        let strides = row_major(&self.fine);
+        self.groups
+            .iter()
+            .map(|r| {
+                let mut l = Lin::zero(n);
+                for j in r.clone() {
+                    l.coef[j] = strides[j] / strides[r.end - 1];
+                }
+                l
+            })
+            .collect()
+    }
+}
+
+/// Whether `op` computes each element from its operands' elements at the same index.
+fn is_elementwise(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert(_)
+    )
 }
 
 /// Builds the schedule of `g` (see the module doc).
@@ -136,16 +273,20 @@ pub fn fuse(g: &Graph) -> Schedule {
     let order = g.topo_order();
     let mut users: HashMap<NodeId, usize> = HashMap::new();
     let mut forced: HashSet<NodeId> = HashSet::new();
+    // Each node's reader (the last one seen: `Refinement` follows single-use nodes only).
+    let mut reader: HashMap<NodeId, NodeId> = HashMap::new();
     for &id in &order {
         for o in g.operands(id) {
             *users.entry(o).or_default() += 1;
+            reader.insert(o, id);
         }
         // Operands that must be buffers: what a kernel cannot index affinely, a GEMM's
         // operands, and what the transport reads and writes as whole buffers.
         let must_be_buffers = match g.op(id) {
             Op::DotGeneral(dd) => !is_outer_product(dd, g.ty(g.operands(id)[0])),
-            Op::Reshape(_)
-            | Op::Pad { .. }
+            // Decided once every node's users are counted (`Refinement`).
+            Op::Reshape(_) => false,
+            Op::Pad { .. }
             | Op::Concatenate { .. }
             | Op::Collective(_)
             | Op::Region(_)
@@ -186,6 +327,30 @@ pub fn fuse(g: &Graph) -> Schedule {
     for &o in g.outputs() {
         *users.entry(o).or_default() += 1;
     }
+    // A reshape's operand gets a buffer, unless the reshape is refined into its readers'
+    // kernel (`Refinement`; a chain refined one way only), whose last reader gets the buffer.
+    let mut refined: HashMap<NodeId, Refinement> = HashMap::new();
+    for &id in &order {
+        if let Op::Reshape(_) = g.op(id) {
+            let fits = |chain: &[NodeId], r: &Refinement| {
+                chain
+                    .iter()
+                    .all(|c| refined.get(c).is_none_or(|other| other.same(r)))
+            };
+            match Refinement::of(g, id, &reader, &users) {
+                Some((chain, r)) if fits(&chain, &r) => {
+                    forced.extend(chain.last());
+                    for c in chain {
+                        refined.insert(c, r.clone());
+                    }
+                    refined.insert(id, r);
+                }
+                Some(_) | None => {
+                    forced.insert(g.operands(id)[0]);
+                }
+            }
+        }
+    }
     let mut f = Fuser {
         g,
         materialized: HashMap::new(),
@@ -194,6 +359,7 @@ pub fn fuse(g: &Graph) -> Schedule {
             steps: Vec::new(),
             outputs: Vec::new(),
         },
+        refined,
     };
     // Free to recompute in every user: splat constants, iota, views of such or of buffers, and
     // small arithmetic without transcendental functions (as XLA duplicates cheap producers
@@ -523,14 +689,20 @@ impl Fuser<'_> {
             | Op::StopGradient
             | Op::Gather(_)
             | Op::Rev { .. } => {
-                let n = ty.rank();
-                let map: Vec<Lin> = (0..n).map(|j| Lin::var(n, j)).collect();
+                let (out_dims, map) = match self.refined.get(&id) {
+                    Some(r) => (r.fine.clone(), r.coarse_map()),
+                    None => {
+                        let n = ty.rank();
+                        (ty.dims().to_vec(), (0..n).map(|j| Lin::var(n, j)).collect())
+                    }
+                };
+                let n = out_dims.len();
                 let mut inputs = Vec::new();
                 let body = self.expr_inner(id, &map, n, &mut inputs);
                 let k = Kernel {
                     name,
                     out_dtype: ty.dtype,
-                    out_dims: ty.dims().to_vec(),
+                    out_dims,
                     reduce: None,
                     body,
                     n_inputs: inputs.len(),
@@ -642,7 +814,7 @@ impl Fuser<'_> {
                 let y = self.expr(ops[1], &rmap, nvars, inputs);
                 Expr::Binary(tessera_ir::BinaryOp::Mul, dt, Box::new(x), Box::new(y))
             }
-            Op::Reshape(shape) => self.reshape_expr(ops[0], &shape, map, inputs),
+            Op::Reshape(shape) => self.reshape_expr(id, ops[0], &shape, map, inputs),
             Op::Pad { low, interior, .. } => {
                 self.pad_expr(ops[0], ops[1], &low, &interior, dt, map, nvars, inputs)
             }
@@ -691,15 +863,24 @@ impl Fuser<'_> {
     }
 
     /// The operand is a buffer (fusion forces it): the reshape reads it at the row-major
-    /// offset of the reshaped index.
+    /// offset of the reshaped index. Or it is refined (`Refinement`): the kernel iterates the
+    /// operand's dims, and the operand's expression is inlined at them.
     fn reshape_expr(
         &mut self,
+        reshape: NodeId,
         operand: NodeId,
         shape: &tessera_ir::Shape,
         map: &[Lin],
         inputs: &mut Vec<usize>,
     ) -> Expr {
-        let b = self.materialized_buf(operand);
+        let Some(&b) = self.materialized.get(&operand) else {
+            // A refined reshape (`Refinement`): only its readers' kernel (or its own) reads
+            // it, iterating the operand's dims (1s aside), where it is the identity.
+            let r = self.refined.get(&reshape).filter(|r| r.coarse_map() == map);
+            let r = r.expect("fusion: a reshape's operand unbuffered outside its refined kernel");
+            let (at, n) = (r.operand_map(), r.fine.len());
+            return self.expr(operand, &at, n, inputs);
+        };
         load(
             Self::slot(inputs, b),
             self.g.ty(operand).dtype,
@@ -1565,6 +1746,136 @@ mod tests {
                 | StepKind::Native(_) => None,
             })
             .collect()
+    }
+
+    /// Compiles `text` (f32 parameters), checks its schedule has `steps` steps, and runs it
+    /// on a 2-thread pool and on one thread, on values with specials: the interpreter's bits.
+    fn fused_with_the_interpreters_bits(text: &str, steps: usize) {
+        use tessera_ir::{Data, Literal};
+        let g = tessera_ir::parse(text).unwrap();
+        let s = fuse(&g);
+        assert_eq!(s.steps.len(), steps, "{text}");
+        let specials = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, 3e38];
+        let args: Vec<Literal> = g
+            .params()
+            .iter()
+            .enumerate()
+            .map(|(salt, &p)| {
+                let ty = g.ty(p);
+                let v = (0..ty.numel())
+                    .map(|i| match (i * 7 + salt) % 13 {
+                        0..=5 => specials[(i * 7 + salt) % 13],
+                        _ => ((i * 7919 + salt) % 1013) as f32 * 0.37 - 150.0,
+                    })
+                    .collect();
+                Literal::new(ty.dims().to_vec(), Data::F32(v)).unwrap()
+            })
+            .collect();
+        let reference = tessera_interp::run(&g, &args).unwrap();
+        let args: Vec<&Literal> = args.iter().collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let pooled = pool.install(|| {
+            crate::compile(&g)
+                .unwrap()
+                .run(&args, &tessera_transport::SingleDevice)
+                .unwrap()
+        });
+        let alone = crate::compile(&g)
+            .unwrap()
+            .single_threaded()
+            .run(&args, &tessera_transport::SingleDevice)
+            .unwrap();
+        for (i, want) in reference.iter().enumerate() {
+            assert!(pooled[i].data.bits_eq(&want.data), "{text}");
+            assert!(alone[i].data.bits_eq(&want.data), "{text}");
+        }
+    }
+
+    /// A reshape that only merges dims of a single-use elementwise result, read by elementwise
+    /// ops, fuses into one kernel over the finer dims (`Refinement`) that writes the
+    /// interpreter's bits: dims of 1 anywhere (the operand's and the result's), a broadcast
+    /// operand in the reader, specials, and a size the team splits. One that splits the
+    /// result's outermost or innermost dim (not of 1) keeps the operand's buffer (two
+    /// kernels), still with the interpreter's bits.
+    #[test]
+    fn refined_reshapes_fuse_with_the_interpreters_bits() {
+        let dims = |d: &[usize]| {
+            d.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let cases: [(&[usize], &[usize], usize); 10] = [
+            (&[2, 2, 2, 2, 2, 3], &[2, 4, 4, 3], 1),
+            (&[3, 1, 2, 5, 1], &[1, 6, 5], 1),
+            (&[128, 4, 2, 4, 2, 16], &[128, 8, 8, 16], 1),
+            (&[1, 1], &[1], 1),
+            (&[4, 1, 3, 2, 5], &[4, 1, 6, 5], 1),
+            (&[1, 1, 8, 2, 16], &[1, 16, 16], 1),
+            // The outermost and the innermost dim split: a buffer.
+            (&[2, 8, 16], &[16, 16], 2),
+            (&[4, 8, 2], &[4, 16], 2),
+            (&[5, 7], &[35], 2),
+            (&[4, 3, 1], &[12, 1], 2),
+        ];
+        for (fine, coarse, steps) in cases {
+            let last = coarse[coarse.len() - 1];
+            let text = format!(
+                "func @f(%0: f32[{f}], %1: f32[{c}], %2: f32[{last}]) {{\n  \
+                 %3 = mul %0, %0 : f32[{f}]\n  %4 = reshape %3 : f32[{c}]\n  \
+                 %5 = broadcast_in_dim %2 dims=[{d}] : f32[{c}]\n  \
+                 %6 = sub %4, %1 : f32[{c}]\n  %7 = mul %6, %5 : f32[{c}]\n  \
+                 return %7\n}}\n",
+                f = dims(fine),
+                c = dims(coarse),
+                d = coarse.len() - 1,
+            );
+            fused_with_the_interpreters_bits(&text, steps);
+        }
+        // Two reshapes refined the same way, and a transpose and an iota in the readers.
+        fused_with_the_interpreters_bits(
+            "func @f(%0: f32[4,2,2,3], %1: f32[4,2,2,3], %2: f32[3,4,4]) {\n  \
+             %3 = mul %0, %0 : f32[4,2,2,3]\n  %4 = reshape %3 : f32[4,4,3]\n  \
+             %5 = neg %1 : f32[4,2,2,3]\n  %6 = reshape %5 : f32[4,4,3]\n  \
+             %7 = add %4, %6 : f32[4,4,3]\n  %8 = transpose %2 perm=[2,1,0] : f32[4,4,3]\n  \
+             %9 = iota dim=1 : f32[4,4,3]\n  %10 = mul %8, %9 : f32[4,4,3]\n  \
+             %11 = add %7, %10 : f32[4,4,3]\n  return %11\n}\n",
+            1,
+        );
+    }
+
+    /// A refined reshape's chain of readers longer than a kernel's depth bound
+    /// (`MAX_FUSED_DEPTH`): the nodes written out on the way iterate the finer dims too, and
+    /// the last kernels load them there, with the interpreter's bits.
+    #[test]
+    fn a_refined_chain_deeper_than_a_kernel_keeps_its_bits() {
+        let mut text = String::from(
+            "func @f(%0: f32[4,2,2,8], %1: f32[4,4,8]) {\n  %2 = neg %0 : f32[4,2,2,8]\n  \
+             %3 = reshape %2 : f32[4,4,8]\n",
+        );
+        let n = MAX_FUSED_DEPTH + 40;
+        for i in 0..n {
+            let op = if i % 2 == 0 { "add" } else { "mul" };
+            text.push_str(&format!(
+                "  %{} = {op} %{}, %1 : f32[4,4,8]\n",
+                i + 4,
+                i + 3
+            ));
+        }
+        text.push_str(&format!("  return %{}\n}}\n", n + 3));
+        let g = tessera_ir::parse(&text).unwrap();
+        let s = fuse(&g);
+        assert!(s.steps.len() >= 2, "the depth bound writes out a node");
+        assert!(
+            kernels(&s)
+                .iter()
+                .all(|k| k.out_dims == [4, 2, 2, 8] || k.is_flat()),
+            "every kernel iterates the finer dims"
+        );
+        fused_with_the_interpreters_bits(&text, s.steps.len());
     }
 
     /// `reduce_window` of every kind and dtype runs as a reduction kernel with the
