@@ -7,6 +7,10 @@
 # both sides). JAX runs only when `python3 -c "import
 # jax"` finds version 0.10.2 (`pip install jax==0.10.2`); without it the table has Tessera's
 # column alone. The CPU is printed above the table: compare ratios, not absolute times.
+# "best rounds" is JAX's fastest round over Tessera's fastest (a shared machine's load only
+# adds time, so each side's best round is its least disturbed). Below the table, the big step
+# on 8 devices over 1 device with the two in turn in one process (`side_by_side meshes`), once
+# a round.
 #
 # Usage: bash benches/side_by_side.sh [ROUNDS]
 set -euo pipefail
@@ -30,8 +34,9 @@ workloads=("big 1 20" "big 8 20" "seed 1 2000" "host 1 2000" "seed 8 1000" "pmap
 # rows "seed+cache" and "big+cache", where only the first-call columns are of interest.
 cached=("seed 1 1" "big 1 1")
 out=$(mktemp)
+meshes=$(mktemp)
 caches=$(mktemp -d)
-trap 'rm -rf "$out" "$caches"' EXIT
+trap 'rm -rf "$out" "$meshes" "$caches"' EXIT
 jax_cache() {
     JAX_COMPILATION_CACHE_DIR="$caches/jax" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 "$@"
@@ -58,6 +63,9 @@ for ((r = 1; r <= rounds; r++)); do
             fi
         fi
     done
+    # The big step on 8 devices over 1 device, the two in turn in one process (the table's two
+    # rows come from processes minutes apart, whose machine load can differ).
+    TESSERA_DEVICES=8 "$bin" meshes 20 >>"$meshes"
     for w in "${cached[@]}"; do
         read -r prog dev steps <<<"$w"
         TESSERA_CACHE_DIR="$caches/tessera" TESSERA_DEVICES=$dev "$bin" "$prog" "$steps" |
@@ -83,8 +91,8 @@ function key(p, d) { return p " on " d (d == 1 ? " device" : " devices") }
     runs[sys, k]++; per[sys, k, runs[sys, k]] = l[2]
 }
 END {
-    print "| workload | Tessera ms/step | JAX ms/step | JAX time / Tessera time | per round | first call: Tessera ms | JAX ms |"
-    print "| --- | --- | --- | --- | --- | --- | --- |"
+    print "| workload | Tessera ms/step | JAX ms/step | JAX time / Tessera time | per round | best rounds | first call: Tessera ms | JAX ms |"
+    print "| --- | --- | --- | --- | --- | --- | --- | --- |"
     for (i = 1; i <= n; i++) {
         k = name[i]
         t = sprintf("%.4g-%.4g", v["tessera", k, "lo"], v["tessera", k, "hi"])
@@ -100,7 +108,13 @@ END {
                 if (hi == "" || x > hi) hi = x
             }
             pr = sprintf("%.2f-%.2fx", lo, hi)
-        } else { j = "-"; r = "-"; jf = "-"; pr = "-" }
-        print "| " k " | " t " | " j " | " r " | " pr " | " tf " | " jf " |"
+            # The fastest round of each side: the load of a shared machine only adds time.
+            b = sprintf("%.2fx", v["jax", k, "lo"] / v["tessera", k, "lo"])
+        } else { j = "-"; r = "-"; jf = "-"; pr = "-"; b = "-" }
+        print "| " k " | " t " | " j " | " r " | " pr " | " b " | " tf " | " jf " |"
     }
 }' "$out"
+# One line for the in-process pairs: each round's median ratio of its pairs.
+awk '{ split($4, o, "="); split($5, a, "="); split($6, r, "=")
+       line = line sep sprintf("%.3f (%s / %s ms)", r[2], a[2], o[2]); sep = ", " }
+     END { if (NR) print "\nbig step, 8 devices / 1 device, in turn in one process (`side_by_side meshes`), per round: " line }' "$meshes"

@@ -13,6 +13,13 @@
 //! - `big`: the 784-1024-1024-10 tanh MLP, batch 512, as `seed` over every device;
 //! - `cnn`: the small CNN of `examples/cnn_digits.rs` (two 3x3 convs with max-pools, Adam,
 //!   batch 128), the batch over every device.
+//!
+//! and `meshes`: the `big` step on a mesh of one device and on a mesh of every device, one
+//! step of each in turn in this one process, printing
+//! `tessera meshes dev=N one_ms=.. all_ms=.. ratio=..` (each mesh's median step and the median
+//! of the per-pair ratios, all devices over one): what the devices cost over one device,
+//! measured where a change in the machine's load moves both sides of a pair alike (separate
+//! processes a minute apart measured the same one-device step at 40-54 ms on a shared VM).
 
 use std::time::Instant;
 
@@ -119,6 +126,9 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let program = args.first().map(String::as_str).unwrap_or("seed");
     let steps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+    if program == "meshes" {
+        return meshes(steps);
+    }
     let (first, step) = match program {
         "seed" => sharded(&[10, 32, 1], 256, steps)?,
         "big" => sharded(&[784, 1024, 1024, 10], 512, steps)?,
@@ -127,13 +137,58 @@ fn main() -> Result<()> {
         "cnn" => cnn(steps)?,
         other => {
             return Err(Error::Config(format!(
-                "side_by_side: unknown program {other:?} (seed, host, pmap, big, cnn)"
+                "side_by_side: unknown program {other:?} (seed, host, pmap, big, cnn, meshes)"
             )));
         }
     };
     println!(
         "tessera {program} dev={} first_ms={first:.2} loop_ms={step:.4}",
         device_count()
+    );
+    Ok(())
+}
+
+/// The `big` step on a one-device mesh and on a mesh of every device, in turn (`meshes`).
+fn meshes(steps: usize) -> Result<()> {
+    let widths = [784, 1024, 1024, 10];
+    let setup = |devices: usize| {
+        let mesh = Mesh::new([devices], ["dp"]);
+        let data = NamedSharding::new(&mesh, P!["dp"]);
+        let x = device_put(random::normal(&Key::new(1), [512, widths[0]]), &data);
+        let y = device_put(random::normal(&Key::new(2), [512, widths[3]]), &data);
+        let p = device_put(
+            init_deep(Key::new(0), &widths),
+            NamedSharding::new(&mesh, P![]),
+        );
+        (p, x, y)
+    };
+    let step = jit(|(p, x, y): (Vec<Layer>, Tensor, Tensor)| deep_sgd_step(p, x, y));
+    let mut sides = [setup(1), setup(device_count())];
+    let mut times = [Vec::new(), Vec::new()];
+    for round in 0..steps.min(50) + steps.max(1) {
+        for (side, t) in sides.iter_mut().zip(&mut times) {
+            let (p, x, y) = side.clone();
+            let start = Instant::now();
+            let (p, l) = step.call((p, x, y))?;
+            let _ = l.to_vec::<f32>();
+            if round >= steps.min(50) {
+                t.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            side.0 = p;
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let ratios: Vec<f64> = times[1].iter().zip(&times[0]).map(|(a, o)| a / o).collect();
+    println!(
+        "tessera meshes dev={} one_ms={:.3} all_ms={:.3} ratio={:.3}",
+        device_count(),
+        median(&times[0]),
+        median(&times[1]),
+        median(&ratios)
     );
     Ok(())
 }
