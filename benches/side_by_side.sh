@@ -116,5 +116,5 @@ END {
 }' "$out"
 # One line for the in-process pairs: each round's median ratio of its pairs.
 awk '{ split($4, o, "="); split($5, a, "="); split($6, r, "=")
-       line = line sep sprintf("%.3f (%s / %s ms)", r[2], a[2], o[2]); sep = ", " }
+       line = line sep sprintf("%.3f (8 devices %.1f ms, 1 device %.1f ms)", r[2], a[2], o[2]); sep = ", " }
      END { if (NR) print "\nbig step, 8 devices / 1 device, in turn in one process (`side_by_side meshes`), per round: " line }' "$meshes"
