@@ -8,9 +8,9 @@
 # jax"` finds version 0.10.2 (`pip install jax==0.10.2`); without it the table has Tessera's
 # column alone. The CPU is printed above the table: compare ratios, not absolute times.
 # "best rounds" is JAX's fastest round over Tessera's fastest (a shared machine's load only
-# adds time, so each side's best round is its least disturbed). Below the table, the big step
-# on 8 devices over 1 device with the two in turn in one process (`side_by_side meshes`), once
-# a round.
+# adds time, so each side's best round is its least disturbed). Below the table, once a round,
+# the seed step on a one-device mesh over the host path with the two in turn inside one
+# process (`side_by_side paths`).
 #
 # Usage: bash benches/side_by_side.sh [ROUNDS]
 set -euo pipefail
@@ -34,9 +34,9 @@ workloads=("big 1 20" "big 8 20" "seed 1 2000" "host 1 2000" "seed 8 1000" "pmap
 # rows "seed+cache" and "big+cache", where only the first-call columns are of interest.
 cached=("seed 1 1" "big 1 1")
 out=$(mktemp)
-meshes=$(mktemp)
+paths=$(mktemp)
 caches=$(mktemp -d)
-trap 'rm -rf "$out" "$meshes" "$caches"' EXIT
+trap 'rm -rf "$out" "$paths" "$caches"' EXIT
 jax_cache() {
     JAX_COMPILATION_CACHE_DIR="$caches/jax" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 "$@"
@@ -63,9 +63,9 @@ for ((r = 1; r <= rounds; r++)); do
             fi
         fi
     done
-    # The big step on 8 devices over 1 device, the two in turn in one process (the table's two
-    # rows come from processes minutes apart, whose machine load can differ).
-    TESSERA_DEVICES=8 "$bin" meshes 20 >>"$meshes"
+    # The seed step on a one-device mesh over the host path, the two in turn in one process
+    # (the table's two rows come from processes minutes apart, whose load can differ).
+    TESSERA_DEVICES=1 "$bin" paths 2000 >>"$paths"
     for w in "${cached[@]}"; do
         read -r prog dev steps <<<"$w"
         TESSERA_CACHE_DIR="$caches/tessera" TESSERA_DEVICES=$dev "$bin" "$prog" "$steps" |
@@ -114,7 +114,7 @@ END {
         print "| " k " | " t " | " j " | " r " | " pr " | " b " | " tf " | " jf " |"
     }
 }' "$out"
-# One line for the in-process pairs: each round's median ratio of its pairs.
-awk '{ split($4, o, "="); split($5, a, "="); split($6, r, "=")
-       line = line sep sprintf("%.3f (8 devices %.1f ms, 1 device %.1f ms)", r[2], a[2], o[2]); sep = ", " }
-     END { if (NR) print "\nbig step, 8 devices / 1 device, in turn in one process (`side_by_side meshes`), per round: " line }' "$meshes"
+# The in-process line: each round's median ratio of its pairs.
+awk '{ split($4, m, "="); split($5, h, "="); split($6, r, "=")
+       line = line sep sprintf("%.3f (mesh %.1f us, host %.1f us)", r[2], m[2], h[2]); sep = ", " }
+     END { if (NR) print "\nseed step, one-device mesh / host path, in turn in one process (`side_by_side paths`), per round: " line }' "$paths"

@@ -14,12 +14,19 @@
 //! - `cnn`: the small CNN of `examples/cnn_digits.rs` (two 3x3 convs with max-pools, Adam,
 //!   batch 128), the batch over every device.
 //!
-//! and `meshes`: the `big` step on a mesh of one device and on a mesh of every device, one
-//! step of each in turn in this one process, printing
-//! `tessera meshes dev=N one_ms=.. all_ms=.. ratio=..` (each mesh's median step and the median
-//! of the per-pair ratios, all devices over one): what the devices cost over one device,
-//! measured where a change in the machine's load moves both sides of a pair alike (separate
-//! processes a minute apart measured the same one-device step at 40-54 ms on a shared VM).
+//! and two comparisons inside one process, the two sides in turn (in the order A B, then B A),
+//! where a change in the machine's load moves both sides of a pair alike (separate processes
+//! within half an hour measured the same one-device big step at 40.6-56 ms on a shared VM),
+//! each printing both sides' median time and the median of the per-pair ratios:
+//! - `meshes`: the `big` step on a mesh of one device (set up first) and on a mesh of every
+//!   device, 5 steps of each in turn: `tessera meshes dev=N one_ms=.. all_ms=.. ratio=..` (ms a
+//!   step; all over one). Not a measure of what the devices cost: with the two programs'
+//!   buffers in one heap, outputs allocated and freed every step went back to the system
+//!   every step (about 1340 page faults a step of either program, `perf stat -e
+//!   page-faults`; none with the setups the other way round), and 8 devices over 1 measured
+//!   1.12-1.27 against 1.00-1.06 (docs/PERFORMANCE.md, twenty-second pass);
+//! - `paths`: the seed step on a mesh of one device and as `host`, 50 steps of each in turn:
+//!   `tessera paths dev=1 mesh_us=.. host_us=.. ratio=..` (mesh over host).
 
 use std::time::Instant;
 
@@ -122,33 +129,37 @@ fn cnn(steps: usize) -> Result<(f64, f64)> {
     time(state, steps, |s| f.call((s, x.clone(), y.clone())))
 }
 
-fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let program = args.first().map(String::as_str).unwrap_or("seed");
-    let steps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
-    if program == "meshes" {
-        return meshes(steps);
-    }
-    let (first, step) = match program {
-        "seed" => sharded(&[10, 32, 1], 256, steps)?,
-        "big" => sharded(&[784, 1024, 1024, 10], 512, steps)?,
-        "host" => host(steps)?,
-        "pmap" => pmapped(steps)?,
-        "cnn" => cnn(steps)?,
-        other => {
-            return Err(Error::Config(format!(
-                "side_by_side: unknown program {other:?} (seed, host, pmap, big, cnn, meshes)"
-            )));
+/// Runs `sides[k]` for `k` in 0, 1 and then 1, 0, round after round: `warm` rounds, then
+/// `rounds` timed ones. Returns the two sides' median time (ms) and the median of the
+/// per-round ratios of side 1 over side 0 (the upper median of an even count; a median of
+/// ratios, which can differ from the ratio of the medians).
+fn in_turn(
+    warm: usize,
+    rounds: usize,
+    sides: &mut [&mut dyn FnMut() -> Result<()>; 2],
+) -> Result<(f64, f64, f64)> {
+    let mut times = [Vec::new(), Vec::new()];
+    for round in 0..warm + rounds {
+        for k in 0..2 {
+            let side = if round % 2 == 0 { k } else { 1 - k };
+            let start = Instant::now();
+            (sides[side])()?;
+            if round >= warm {
+                times[side].push(start.elapsed().as_secs_f64() * 1e3);
+            }
         }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
     };
-    println!(
-        "tessera {program} dev={} first_ms={first:.2} loop_ms={step:.4}",
-        device_count()
-    );
-    Ok(())
+    let ratios: Vec<f64> = times[1].iter().zip(&times[0]).map(|(b, a)| b / a).collect();
+    Ok((median(&times[0]), median(&times[1]), median(&ratios)))
 }
 
-/// The `big` step on a one-device mesh and on a mesh of every device, in turn (`meshes`).
+/// The `big` step on a one-device mesh and on a mesh of every device, 5 steps of each in turn
+/// (`meshes`).
 fn meshes(steps: usize) -> Result<()> {
     let widths = [784, 1024, 1024, 10];
     let setup = |devices: usize| {
@@ -162,33 +173,117 @@ fn meshes(steps: usize) -> Result<()> {
         );
         (p, x, y)
     };
-    let step = jit(|(p, x, y): (Vec<Layer>, Tensor, Tensor)| deep_sgd_step(p, x, y));
-    let mut sides = [setup(1), setup(device_count())];
-    let mut times = [Vec::new(), Vec::new()];
-    for round in 0..steps.min(50) + steps.max(1) {
-        for (side, t) in sides.iter_mut().zip(&mut times) {
-            let (p, x, y) = side.clone();
-            let start = Instant::now();
-            let (p, l) = step.call((p, x, y))?;
-            let _ = l.to_vec::<f32>();
-            if round >= steps.min(50) {
-                t.push(start.elapsed().as_secs_f64() * 1e3);
+    // Each side's own `jit`, as a program of one mesh has (one `jit` called on both would miss
+    // its last call's entry every time).
+    type Args = (Vec<Layer>, Tensor, Tensor);
+    type Step = fn(Args) -> (Vec<Layer>, Tensor);
+    let big_step: Step = |(p, x, y)| deep_sgd_step(p, x, y);
+    let (one_step, all_step) = (jit(big_step), jit(big_step));
+    // CHUNK steps with the params chained (moved into each call, as `time` does), the last
+    // loss read.
+    const CHUNK: usize = 5;
+    let run =
+        |step: &Jitted<Step, Args, (Vec<Layer>, Tensor)>, (p, x, y): &mut Args| -> Result<()> {
+            let mut last = None;
+            for _ in 0..CHUNK {
+                let (next, l) = step.call((std::mem::take(p), x.clone(), y.clone()))?;
+                *p = next;
+                last = Some(l);
             }
-            side.0 = p;
-        }
-    }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let ratios: Vec<f64> = times[1].iter().zip(&times[0]).map(|(a, o)| a / o).collect();
+            if let Some(l) = last {
+                let _ = l.to_vec::<f32>();
+            }
+            Ok(())
+        };
+    let (mut one, mut all) = (setup(1), setup(device_count()));
+    let rounds = steps.div_ceil(CHUNK).max(1);
+    let (one_ms, all_ms, ratio) = in_turn(
+        rounds.min(4),
+        rounds,
+        &mut [&mut || run(&one_step, &mut one), &mut || {
+            run(&all_step, &mut all)
+        }],
+    )?;
+    let (one_ms, all_ms) = (one_ms / CHUNK as f64, all_ms / CHUNK as f64);
     println!(
-        "tessera meshes dev={} one_ms={:.3} all_ms={:.3} ratio={:.3}",
+        "tessera meshes dev={} one_ms={one_ms:.3} all_ms={all_ms:.3} ratio={ratio:.3}",
+        device_count()
+    );
+    Ok(())
+}
+
+/// The seed step on a one-device mesh and on host values, 50 steps of each in turn (`paths`).
+fn paths(steps: usize) -> Result<()> {
+    let mesh = Mesh::new([1], ["dp"]);
+    let data = NamedSharding::new(&mesh, P!["dp"]);
+    let (x, y) = seed_data(256);
+    let (xm, ym) = (device_put(x.clone(), &data), device_put(y.clone(), &data));
+    let replicated = NamedSharding::new(&mesh, P![]);
+    let mut on_mesh = Some(device_put(init(Key::new(0), 10, 32, 1), replicated));
+    let mut on_host = Some(init(Key::new(0), 10, 32, 1));
+    // Each side's own `jit`, as in `meshes`.
+    type Step = fn((Mlp, Tensor, Tensor)) -> (Mlp, Tensor);
+    let seed_step: Step = |(p, x, y)| sgd_step(p, x, y);
+    let (host_step, mesh_step) = (jit(seed_step), jit(seed_step));
+    const CHUNK: usize = 50;
+    // CHUNK steps with the params chained (moved into each call, as `time` does).
+    let run = |step: &Jitted<Step, (Mlp, Tensor, Tensor), (Mlp, Tensor)>,
+               slot: &mut Option<Mlp>,
+               x: &Tensor,
+               y: &Tensor|
+     -> Result<()> {
+        let Some(mut p) = slot.take() else {
+            return Err(Error::Config("paths: a side's params were lost".into()));
+        };
+        for _ in 0..CHUNK {
+            p = step.call((p, x.clone(), y.clone()))?.0;
+        }
+        *slot = Some(p);
+        Ok(())
+    };
+    let rounds = steps.div_ceil(CHUNK).max(1);
+    let (host_ms, mesh_ms, ratio) = in_turn(
+        rounds.min(20),
+        rounds,
+        &mut [&mut || run(&host_step, &mut on_host, &x, &y), &mut || {
+            run(&mesh_step, &mut on_mesh, &xm, &ym)
+        }],
+    )?;
+    let us = |ms: f64| ms * 1e3 / CHUNK as f64;
+    println!(
+        "tessera paths dev={} mesh_us={:.2} host_us={:.2} ratio={:.3}",
         device_count(),
-        median(&times[0]),
-        median(&times[1]),
-        median(&ratios)
+        us(mesh_ms),
+        us(host_ms),
+        ratio
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let program = args.first().map(String::as_str).unwrap_or("seed");
+    let steps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+    match program {
+        "meshes" => return meshes(steps),
+        "paths" => return paths(steps),
+        _ => {}
+    }
+    let (first, step) = match program {
+        "seed" => sharded(&[10, 32, 1], 256, steps)?,
+        "big" => sharded(&[784, 1024, 1024, 10], 512, steps)?,
+        "host" => host(steps)?,
+        "pmap" => pmapped(steps)?,
+        "cnn" => cnn(steps)?,
+        other => {
+            return Err(Error::Config(format!(
+                "side_by_side: unknown program {other:?} (seed, host, pmap, big, cnn, meshes, paths)"
+            )));
+        }
+    };
+    println!(
+        "tessera {program} dev={} first_ms={first:.2} loop_ms={step:.4}",
+        device_count()
     );
     Ok(())
 }

@@ -1034,10 +1034,10 @@ fn conv_halves<T: Elem>(
 
 /// One row of the patch matrix: for each window position, the `cin` input features at its
 /// offset (`None`: padding, zeros), read `lc` apart from `base`. Inlined into the loop over a
-/// chunk's rows, where the feature count's cases are decided once for the loop, not per row
-/// (a row of one feature is nine copies for a 3x3 window: a call per row cost as much as the
-/// copies; the small CNN's first conv alone, Zen 3, eight alternating pairs of processes:
-/// 93-161 -> 87-132 us, faster in seven, docs/PERFORMANCE.md).
+/// chunk's rows: no call per row, a row of one feature being nine copies for a 3x3 window
+/// (the small CNN's first conv alone, Zen 3, eight alternating pairs of processes: 93-161 ->
+/// 87-132 us, faster in seven, the ranges overlapping on a loaded machine;
+/// docs/PERFORMANCE.md).
 #[inline(always)]
 fn im2col_row<T: Elem>(
     row: &mut [T],
