@@ -204,6 +204,13 @@ pub(crate) const PARALLEL_KERNEL_FROM: usize = 1 << 16;
 /// the operand again.
 const SHARED_GEMM_FROM: usize = 1 << 22;
 
+/// Whether a pooled buffer `d` can hold an output of type `ty`: the same dtype, room for its
+/// elements, and at most twice as many (a larger one is left for a larger output).
+fn fits(d: &Data, ty: &TensorType) -> bool {
+    let n = ty.numel();
+    d.dtype() == ty.dtype && d.capacity() >= n && d.capacity() <= n.max(1) * 2
+}
+
 /// The elements written by the kernels of `schedule`'s steps, but for those `skipped` marks
 /// (none when it is empty).
 fn count_kernel_elements(schedule: &Schedule, skipped: &[bool]) -> usize {
@@ -1727,12 +1734,18 @@ impl Executable {
         Ok(())
     }
 
-    /// Gives `data` (a buffer no one else holds, a donated input's) to the next runs: an
-    /// output of its dtype and element count is written into it instead of a new vector. At
-    /// most one buffer per program output is kept; the others are freed.
+    /// Gives `data` (a buffer no one else holds: an argument the caller gave up) to the next
+    /// runs: an output of its dtype and element count is written into it instead of a new
+    /// vector. It is kept only if some output could take it (`fits`), and at most one buffer
+    /// per program output; the others are freed (a large argument no output fits is not held
+    /// for the executable's lifetime).
     pub fn recycle(&self, mut data: Data) {
+        let outputs = &self.schedule.outputs;
+        let fits_one = outputs
+            .iter()
+            .any(|&b| fits(&data, &self.schedule.bufs[b].ty));
         let mut pool = self.pool.borrow_mut();
-        if pool.len() < self.schedule.outputs.len() {
+        if fits_one && pool.len() < outputs.len() {
             data.clear();
             pool.push(data);
         }
@@ -1741,10 +1754,7 @@ impl Executable {
     /// A pooled buffer for an output of type `ty`, emptied.
     fn take_pooled(&self, ty: &TensorType) -> Option<Data> {
         let mut pool = self.pool.borrow_mut();
-        let n = ty.numel();
-        let at = pool.iter().position(|d| {
-            d.dtype() == ty.dtype && d.capacity() >= n && d.capacity() <= n.max(1) * 2
-        })?;
+        let at = pool.iter().position(|d| fits(d, ty))?;
         Some(pool.swap_remove(at))
     }
 
@@ -2584,6 +2594,36 @@ mod tests {
         let expected: Vec<_> = crate::vmath::Tail::tanh().into_iter().collect();
         assert_eq!(tails(&program(true)), expected);
         assert!(tails(&program(false)).is_empty());
+    }
+
+    /// A given-up buffer is kept only if an output fits it (its dtype, room for its elements,
+    /// at most twice as many), and at most one per output: a large argument no output takes
+    /// is freed, not held for the executable's lifetime.
+    #[test]
+    fn the_pool_keeps_only_buffers_an_output_fits() {
+        use tessera_ir::{Graph, Op, TensorType, UnaryOp};
+        let mut g = Graph::new("p");
+        let x = g.add_param(TensorType::new(DType::F32, vec![8]));
+        let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+        g.set_outputs(vec![y]);
+        let exe = crate::compile(&g).unwrap();
+        let pooled = || exe.pool.borrow().len();
+        exe.recycle(Data::F32(Vec::with_capacity(1 << 20)));
+        exe.recycle(Data::F32(Vec::with_capacity(4)));
+        exe.recycle(Data::I32(Vec::with_capacity(8)));
+        assert_eq!(pooled(), 0, "too large, too small, another dtype");
+        exe.recycle(Data::F32(Vec::with_capacity(16)));
+        assert_eq!(pooled(), 1);
+        exe.recycle(Data::F32(Vec::with_capacity(8)));
+        assert_eq!(pooled(), 1, "one per output");
+        // The next run's output is written into the pooled buffer.
+        let lit = Literal::new([8], Data::F32(vec![1.0; 8])).unwrap();
+        let out = exe.run(&[&lit], &tessera_transport::SingleDevice).unwrap();
+        let Data::F32(got) = &out[0].data else {
+            panic!("an f32 result")
+        };
+        assert_eq!(got, &vec![-1.0; 8]);
+        assert_eq!(pooled(), 0);
     }
 
     /// Two independent large products run as a pair, one core each, and give the bits of

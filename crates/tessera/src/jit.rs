@@ -32,8 +32,6 @@ enum JitEntry {
         out_def: TreeDef,
         program: BackendProgram,
         checker: Option<Checker>,
-        /// Per input leaf, whether it is donated (`Jitted::donate`).
-        donated: Vec<bool>,
     },
     /// Sharded inputs: the per-device program runs on every device of the mesh.
     Sharded {
@@ -44,8 +42,6 @@ enum JitEntry {
         /// Each output's layout, built once: every call's outputs share it.
         out_layouts: Vec<Arc<ShardSpec>>,
         checker: Option<Checker>,
-        /// Per input leaf, whether it is donated (`Jitted::donate`; honoured on one device).
-        donated: Vec<bool>,
     },
 }
 
@@ -100,17 +96,15 @@ pub struct Jitted<F, In, Out> {
     /// `in_shardings`/`out_shardings`, JAX's.
     in_shardings: Option<Shardings>,
     out_shardings: Option<Shardings>,
-    /// `donate_argnums`: top-level arguments whose buffers the outputs may reuse.
-    donate: Vec<usize>,
     /// The vectors a call reuses from the last one.
     scratch: RefCell<CallScratch>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
 /// What a call keeps for the next (issue 14): with them, a steady-state call of a one-device
-/// program allocates its outputs and nothing else, and with donation only the outputs no
-/// donated argument's allocations held. Every vector is emptied at the end of a call (an
-/// error may leave outputs until the next).
+/// program allocates only the outputs no given-up argument's allocations held
+/// (`take_given_up`). Every vector is emptied at the end of a call (an error may leave outputs
+/// until the next).
 #[derive(Default)]
 struct CallScratch {
     /// The argument leaves.
@@ -129,20 +123,20 @@ struct CallScratch {
     placed_shells: Vec<PlacedShell>,
 }
 
-/// Drops the leaves when some are donated (`donated[k]` for leaf `k`), each donated one
-/// through `split`, which gives a buffer no one else holds to the program's pool and returns
-/// its allocations, kept in `shells` for the next outputs (at most `keep`).
-fn take_donated<S>(
+/// Drops the leaves after a run, each through `split`: for a leaf no one else holds (an
+/// argument the caller moved into the call and kept no clone of), `split` gives its buffer to
+/// the program's pool and returns its allocations, kept in `shells` for the next outputs (at
+/// most `keep`); a leaf another tensor shares is only dropped. So a loop that passes the
+/// parameters back in allocates nothing for them in steady state, and no output buffer is
+/// freed and allocated again every step (which glibc can give back to the system and fault
+/// in again each time: docs/PERFORMANCE.md, twenty-second pass).
+fn take_given_up<S>(
     leaves: &mut Vec<Tensor>,
-    donated: &[bool],
     keep: usize,
     shells: &mut Vec<S>,
     split: impl Fn(Tensor) -> Option<S>,
 ) {
-    if !donated.contains(&true) {
-        return;
-    }
-    for (t, _) in leaves.drain(..).zip(donated).filter(|(_, d)| **d) {
+    for t in leaves.drain(..) {
         if let Some(shell) = split(t)
             && shells.len() < keep
         {
@@ -181,7 +175,6 @@ pub fn jit<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> Jitted<F, In, Out> {
         check: None,
         in_shardings: None,
         out_shardings: None,
-        donate: Vec::new(),
         scratch: RefCell::default(),
         _types: PhantomData,
     }
@@ -276,18 +269,16 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self.cache.len()
     }
 
-    /// Donates the top-level arguments at `argnums` (JAX's `donate_argnums`; argument 0 of a
-    /// lone tensor is the tensor): after a call, the buffers of their leaves go to the
-    /// compiled program's output pool, and the next call's outputs of the same dtype and size
-    /// are written into them (and wrapped in the donated tensors' own allocations) instead of
-    /// new allocations, so a training loop that passes the parameters back in allocates
-    /// nothing for them in steady state.
-    ///
-    /// `call` takes its arguments by value, so using a donated argument after the call is a
-    /// compile error (use of a moved value). A leaf whose buffer another tensor still shares
-    /// (a clone kept alive) is not reused: that tensor keeps its value. Donation applies to
-    /// programs on one device, on the host or on a one-device mesh; on a mesh of several
-    /// devices the arguments are not reused.
+    /// JAX's `donate_argnums`, accepted for its API: a call already does what donation asks.
+    /// `call` takes its arguments by value, so an argument moved into it cannot be used after
+    /// (a compile error: use of a moved value); after the run, the buffer of every argument
+    /// leaf no other tensor shares goes to the compiled program's output pool, and the next
+    /// call's outputs of the same dtype and size are written into it (and wrapped in that
+    /// tensor's own allocations) instead of new allocations, so a training loop that passes
+    /// the parameters back in allocates nothing for them in steady state, donated or not. A
+    /// leaf whose buffer another tensor still shares (a clone kept alive) is not reused: that
+    /// tensor keeps its value. This applies to programs on one device, on the host or on a
+    /// one-device mesh; on a mesh of several devices the arguments are not reused.
     ///
     /// ```
     /// use tessera::prelude::*;
@@ -299,10 +290,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// }
     /// assert_eq!(w.to_vec::<f32>(), [-0.5; 3]);
     /// ```
-    pub fn donate(mut self, argnums: &[usize]) -> Self {
-        self.donate = argnums.to_vec();
-        // Programs compiled before know other donated leaves.
-        self.cache.clear();
+    pub fn donate(self, argnums: &[usize]) -> Self {
+        let _ = argnums;
         self
     }
 
@@ -346,21 +335,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         self.out_shardings = Some(shardings.into());
         self.cache.clear();
         self
-    }
-
-    /// Which leaves of a call of structure `def` are donated (`donate`'s top-level
-    /// arguments: the elements of a tuple argument, or the whole argument for `0`).
-    fn donated_leaves(&self, def: &TreeDef) -> Vec<bool> {
-        match def {
-            TreeDef::Node { kind, children, .. } if kind == "tuple" => children
-                .iter()
-                .enumerate()
-                .flat_map(|(arg, c)| {
-                    std::iter::repeat_n(self.donate.contains(&arg), c.num_leaves())
-                })
-                .collect(),
-            _ => vec![self.donate.contains(&0); def.num_leaves()],
-        }
     }
 
     /// The argument leaves where `in_shardings` wants them.
@@ -519,7 +493,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         };
         let compiled = match hit {
             Some(hit) => {
-                // The leaves hold the values now: a donated buffer must have no other owner.
+                // The leaves hold the values now: a given-up buffer must have no other owner.
                 drop(args);
                 hit
             }
@@ -550,7 +524,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 out_def,
                 program,
                 checker,
-                donated,
             } => {
                 let mut inputs = relifetime(std::mem::take(&mut scratch.inputs));
                 for t in leaves.iter() {
@@ -574,7 +547,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 }
                 scratch.inputs = relifetime(inputs);
                 let keep = outputs.len();
-                take_donated(leaves, donated, keep, &mut scratch.shells, |t| {
+                take_given_up(leaves, keep, &mut scratch.shells, |t| {
                     let (shell, data) = t.into_shell()?;
                     program.recycle(data);
                     Some(shell)
@@ -596,7 +569,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 out_specs,
                 out_layouts,
                 checker,
-                donated,
             } => {
                 // One device: its program on the calling thread, on the kept vectors.
                 if checker.is_none() && program.positions.len() == 1 {
@@ -626,7 +598,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     if let Some(run) = run {
                         run?;
                         let keep = outputs.len();
-                        take_donated(leaves, donated, keep, &mut scratch.placed_shells, |t| {
+                        take_given_up(leaves, keep, &mut scratch.placed_shells, |t| {
                             let (shell, data) = t.into_placed_shell()?;
                             program.recycle_one(data);
                             Some(shell)
@@ -811,7 +783,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 program: pipeline.schedule(&lowered, 1, &[])?.remove(0),
                 out_def: lowered.out_def,
                 checker,
-                donated: self.donated_leaves(&sig.def),
             },
             Target::Sharded { mesh, .. } => {
                 let (mesh, devices) = (mesh.mesh.clone(), mesh.devices.clone());
@@ -841,7 +812,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     })
                     .collect();
                 JitEntry::Sharded {
-                    donated: self.donated_leaves(&sig.def),
                     out_types: lowered.out_types(),
                     out_layouts,
                     program: DeviceProgram::new(programs, mesh, devices),

@@ -739,7 +739,7 @@ pub(crate) enum BackendProgram {
 }
 
 impl BackendProgram {
-    /// Gives a donated input's buffer to the native program's output pool (the interpreter
+    /// Gives a given-up input's buffer to the native program's output pool (the interpreter
     /// allocates its own values: dropped).
     pub(crate) fn recycle(&self, data: tessera_ir::Data) {
         match self {

@@ -157,7 +157,7 @@ impl DeviceProgram {
 }
 
 impl DeviceProgram {
-    /// Gives a donated input's buffer to a one-device program's output pool (`recycle`);
+    /// Gives a given-up input's buffer to a one-device program's output pool (`recycle`);
     /// dropped on several devices, or while the program runs elsewhere.
     pub(crate) fn recycle_one(&self, data: tessera_ir::Data) {
         // One device always runs on the calling thread (`run_one_into`).

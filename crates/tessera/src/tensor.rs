@@ -288,7 +288,7 @@ impl Tensor {
     }
 
     /// The array's allocations and elements apart, when this tensor is the only holder of an
-    /// unplaced buffer (what donation recycles, [`Array::into_shell`]); `None` for a shared,
+    /// unplaced buffer (what a call recycles, [`Array::into_shell`]); `None` for a shared,
     /// placed or traced tensor.
     pub(crate) fn into_shell(self) -> Option<(tessera_runtime::Shell, tessera_ir::Data)> {
         match self.repr {
