@@ -159,9 +159,27 @@ fn eager_random(c: &mut Criterion) {
     g.finish();
 }
 
+/// A step over many small parameters (`p * 0.5 + 1` of each of 1,000 and of 4,000 [16]s,
+/// chained): the per-run cost of an executable's outputs, which should grow linearly with
+/// their count (docs/PERFORMANCE.md, twenty-third pass: the scans it replaced made 4,000 take
+/// 11.6 ms a step where 1,000 took 0.7).
+fn many_outputs(c: &mut Criterion) {
+    let mut g = c.benchmark_group("many_outputs");
+    for n in [1000usize, 4000] {
+        let f = jit(|ps: Vec<Tensor>| ps.iter().map(|p| p * 0.5 + 1.0).collect::<Vec<Tensor>>());
+        let mut ps: Option<Vec<Tensor>> =
+            Some((0..n).map(|i| Tensor::full([16], i as f32)).collect());
+        g.bench_function(format!("{n}_params"), |b| {
+            b.iter(|| ps = Some(f.call(ps.take().unwrap()).unwrap()))
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     seed_step,
+    many_outputs,
     big_mlp_step,
     first_call,
     elementwise,

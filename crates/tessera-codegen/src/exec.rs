@@ -15,6 +15,7 @@ use crate::fusion::{BufKind, GemmSpec, RegionStep, Schedule, Step, StepKind};
 use crate::kernel::Kernel;
 use crate::lower::{Compiled, KernelFn};
 use crate::plan::Plan;
+use crate::pool::Pool;
 use std::ops::Range;
 
 /// A compiled program. `run` may be called from one thread at a time per executable (each
@@ -43,9 +44,16 @@ pub struct Executable {
     mesh: Option<Mesh>,
     /// The arena, kept between runs so a step allocates nothing.
     arena: RefCell<Vec<u64>>,
-    /// Buffers given back (`recycle`: a donated input's), taken by the next runs' outputs of
-    /// the same dtype and element count instead of allocating.
-    pool: RefCell<Vec<Data>>,
+    /// Buffers given back (`recycle`: a given-up input's), taken by the next runs' outputs of
+    /// the same dtype and element count instead of allocating (`pool.rs`).
+    pool: RefCell<Pool>,
+    /// Each buffer's first position among the program's outputs, if it is one (what `bind`,
+    /// `collect` and `place` ask of every buffer: a scan of the outputs made a run O(n^2) in
+    /// its outputs).
+    output_index: Vec<Option<usize>>,
+    /// Each collective step's op, shared, for the pauses at it (`Meeting::Collective`: a
+    /// clone of its axes' names was two allocations a device and collective each step).
+    collective_ops: Vec<Option<Arc<CollectiveOp>>>,
     /// The run's vectors (`Scratch`).
     scratch: RefCell<Scratch>,
     /// Use both cores for GEMMs this large (m*n*k), when running alone on the machine.
@@ -130,7 +138,7 @@ pub(crate) enum Meeting {
     /// into `output` (the devices' operands, in group order, give every member's result), then
     /// advances again.
     Collective {
-        op: CollectiveOp,
+        op: Arc<CollectiveOp>,
         input: *const u8,
         input_type: TensorType,
         output: *mut u8,
@@ -203,13 +211,6 @@ pub(crate) const PARALLEL_KERNEL_FROM: usize = 1 << 16;
 /// all devices (`Executable::single_threaded`): below it the meeting costs more than packing
 /// the operand again.
 const SHARED_GEMM_FROM: usize = 1 << 22;
-
-/// Whether a pooled buffer `d` can hold an output of type `ty`: the same dtype, room for its
-/// elements, and at most twice as many (a larger one is left for a larger output).
-fn fits(d: &Data, ty: &TensorType) -> bool {
-    let n = ty.numel();
-    d.dtype() == ty.dtype && d.capacity() >= n && d.capacity() <= n.max(1) * 2
-}
 
 /// The elements written by the kernels of `schedule`'s steps, but for those `skipped` marks
 /// (none when it is empty).
@@ -684,13 +685,31 @@ impl Executable {
                 _ => None,
             })
             .collect();
+        let pool = Pool::new(schedule.outputs.iter().map(|&b| &schedule.bufs[b].ty));
+        let mut output_index = vec![None; schedule.bufs.len()];
+        for (k, &b) in schedule.outputs.iter().enumerate().rev() {
+            output_index[b] = Some(k);
+        }
+        let collective_ops = schedule
+            .steps
+            .iter()
+            .map(|step| {
+                if let StepKind::Collective(Op::Collective(op)) = &step.kind {
+                    Some(Arc::new(op.clone()))
+                } else {
+                    None
+                }
+            })
+            .collect();
         Executable {
+            collective_ops,
             reduced_by,
             skipped: vec![false; schedule.steps.len()],
             dropped: vec![false; schedule.bufs.len()],
             // Allocated by the first run (`run_partial`), where a failure is an error.
             arena: RefCell::new(Vec::new()),
-            pool: RefCell::new(Vec::new()),
+            pool: RefCell::new(pool),
+            output_index,
             scratch: RefCell::new(Scratch::default()),
             schedule,
             kernels,
@@ -831,7 +850,9 @@ impl Executable {
             plan: self.plan.clone(),
             mesh: self.mesh.clone(),
             arena: RefCell::new(Vec::new()),
-            pool: RefCell::new(Vec::new()),
+            pool: RefCell::new(self.pool.borrow().emptied()),
+            output_index: self.output_index.clone(),
+            collective_ops: self.collective_ops.clone(),
             scratch: RefCell::new(Scratch::default()),
             parallel_gemm_from: self.parallel_gemm_from,
             parallel_kernel_from: self.parallel_kernel_from,
@@ -1407,9 +1428,9 @@ impl Executable {
     /// their buffers as this one (`groups_as`) in the region `group_region(devices)` of one of
     /// them, which stays allocated and is not sized again until every such run is finished
     /// or abandoned, with `index < devices` and no two of the runs at one index (`bind`).
-    pub(crate) unsafe fn start(
+    pub(crate) unsafe fn start<L: std::ops::Deref<Target = Literal>>(
         &self,
-        inputs: &[&Literal],
+        inputs: &[L],
         group: Option<GroupPlace>,
     ) -> Result<(), InterpError> {
         debug_assert!(group.is_none_or(|g| g.index < g.devices));
@@ -1479,7 +1500,9 @@ impl Executable {
                     message: "a collective without an operand".into(),
                 })?;
                 Meeting::Collective {
-                    op: op.clone(),
+                    op: self.collective_ops[i]
+                        .clone()
+                        .unwrap_or_else(|| Arc::new(op.clone())),
                     input: ptrs[*input] as *const u8,
                     input_type: bufs[*input].ty.clone(),
                     output: ptrs[step.output],
@@ -1642,9 +1665,10 @@ impl Executable {
         Ok(())
     }
 
-    /// The outputs of a started run that `advance` completed, as `run_partial` returns them;
+    /// The outputs of a started run that `advance` completed, appended to `out` as
+    /// `run_partial` returns them;
     /// an error (and the run dropped) if it has not completed, as its outputs are not written.
-    pub(crate) fn finish(&self) -> Result<Vec<Option<Literal>>, InterpError> {
+    pub(crate) fn finish(&self, out: &mut Vec<Option<Literal>>) -> Result<(), InterpError> {
         if self.cursor.get() != self.schedule.steps.len() || self.awaiting.get() {
             self.abandon();
             return Err(InterpError::Op {
@@ -1654,14 +1678,13 @@ impl Executable {
         }
         let mut scratch = self.scratch.borrow_mut();
         let Scratch { ptrs, args, outs } = &mut *scratch;
-        let mut out = Vec::with_capacity(self.schedule.outputs.len());
         self.collect(ptrs, outs, |o| out.push(o));
         ptrs.clear();
         args.clear();
         outs.clear();
         self.alone.set(false);
         self.group_base.set((0, 0));
-        Ok(out)
+        Ok(())
     }
 
     /// Drops a started run (a device failed): its buffers are freed, nothing is returned.
@@ -1713,7 +1736,7 @@ impl Executable {
                 // Kernels only read input buffers, so handing out `*mut` is sound.
                 BufKind::Input(k) => inputs[*k] as *mut u8,
                 BufKind::Constant(lit) => data_ptr(&lit.data) as *mut u8,
-                BufKind::Temp => match outs.iter().position(|&o| o == i) {
+                BufKind::Temp => match self.output_index[i] {
                     Some(k) => outputs[k],
                     // SAFETY: the plan places every temporary inside the arena, which holds
                     // `arena_bytes` bytes.
@@ -1736,26 +1759,11 @@ impl Executable {
 
     /// Gives `data` (a buffer no one else holds: an argument the caller gave up) to the next
     /// runs: an output of its dtype and element count is written into it instead of a new
-    /// vector. It is kept only if some output could take it (`fits`), and at most one buffer
-    /// per program output; the others are freed (a large argument no output fits is not held
-    /// for the executable's lifetime).
-    pub fn recycle(&self, mut data: Data) {
-        let outputs = &self.schedule.outputs;
-        let fits_one = outputs
-            .iter()
-            .any(|&b| fits(&data, &self.schedule.bufs[b].ty));
-        let mut pool = self.pool.borrow_mut();
-        if fits_one && pool.len() < outputs.len() {
-            data.clear();
-            pool.push(data);
-        }
-    }
-
-    /// A pooled buffer for an output of type `ty`, emptied.
-    fn take_pooled(&self, ty: &TensorType) -> Option<Data> {
-        let mut pool = self.pool.borrow_mut();
-        let at = pool.iter().position(|d| fits(d, ty))?;
-        Some(pool.swap_remove(at))
+    /// vector. It is kept only if the largest outputs of its dtype it can hold fit it
+    /// (`pool::fits`), and at most one buffer per such output; the others are freed (a large
+    /// argument no output fits is not held for the executable's lifetime).
+    pub fn recycle(&self, data: Data) {
+        self.pool.borrow_mut().give(data);
     }
 
     /// Sizes the arena and gives every buffer its address: an input's or constant's own
@@ -1766,10 +1774,10 @@ impl Executable {
     /// `group` must describe a region of `devices * grouped_bytes` writable bytes from `base`
     /// (8-aligned) that only the group's runs use while this run is bound, `index <
     /// devices`, each run with its own index.
-    fn bind(
+    fn bind<L: std::ops::Deref<Target = Literal>>(
         &self,
         arena: &mut Vec<u64>,
-        inputs: &[&Literal],
+        inputs: &[L],
         ptrs: &mut Vec<*mut u8>,
         outs: &mut Vec<(usize, Option<Data>)>,
         group: Option<GroupPlace>,
@@ -1809,8 +1817,9 @@ impl Executable {
                 BufKind::Constant(lit) => data_ptr(&lit.data) as *mut u8,
                 // Never written, never read: no step that touches it runs.
                 BufKind::Temp if self.dropped[i] => std::ptr::null_mut(),
-                BufKind::Temp if self.schedule.outputs.contains(&i) => {
-                    let mut v = match self.take_pooled(&b.ty) {
+                BufKind::Temp if let Some(k) = self.output_index[i] => {
+                    let pooled = self.pool.borrow_mut().take(k);
+                    let mut v = match pooled {
                         Some(v) => v,
                         None => out_data(&b.ty)?,
                     };
@@ -2235,10 +2244,11 @@ impl Executable {
                 continue;
             }
             each(Some(
+                // `bind` pushed the owned buffers in ascending order.
                 match owned
-                    .iter_mut()
-                    .find(|(o, _)| *o == b)
-                    .and_then(|(_, d)| d.take())
+                    .binary_search_by_key(&b, |&(o, _)| o)
+                    .ok()
+                    .and_then(|at| owned[at].1.take())
                 {
                     Some(data) => Literal {
                         ty: bufs[b].ty.clone(),
@@ -2262,7 +2272,7 @@ impl Executable {
     unsafe fn place(&self, ptrs: &mut [*mut u8], b: usize, block: *const u8, g: &GemmSpec) {
         let size = g.dtype.byte_width();
         if g.out == [g.n as isize, 1] {
-            if !self.schedule.outputs.contains(&b) {
+            if self.output_index[b].is_none() {
                 ptrs[b] = block as *mut u8;
             } else {
                 // SAFETY: both hold `m x n` dense elements (the caller's contract).

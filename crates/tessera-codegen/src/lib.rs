@@ -26,6 +26,7 @@ pub mod narrow;
 mod native;
 pub mod pairs;
 pub mod plan;
+mod pool;
 mod team;
 mod thin;
 mod tier;

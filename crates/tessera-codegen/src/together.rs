@@ -179,6 +179,78 @@ pub fn run_together(
     inputs: &[Vec<&Literal>],
     positions: &[usize],
 ) -> Result<Vec<Vec<Option<Literal>>>, Failed> {
+    let mut out = Vec::new();
+    run_together_in(
+        programs,
+        inputs,
+        positions,
+        &mut Together::default(),
+        &mut out,
+    )?;
+    Ok(out)
+}
+
+/// What `run_together_in` keeps from one call to the next, so devices run in turn allocate
+/// nothing of their own in steady state (the seed step over 8 devices allocated 115 times a
+/// step, docs/PERFORMANCE.md, twenty-third pass): the mesh, the pauses of a phase, the
+/// gathered operands, an in-place all-reduce's groups and addresses.
+#[derive(Default)]
+pub struct Together {
+    mesh: Option<Mesh>,
+    pauses: Vec<Option<Pause>>,
+    paused: Vec<Pause>,
+    operands: Vec<Option<Literal>>,
+    reduce: InPlace,
+}
+
+/// `all_reduce_in_place`'s vectors.
+#[derive(Default)]
+struct InPlace {
+    /// Each device's operand and result buffer.
+    bufs: Vec<(*const u8, *mut u8)>,
+    /// Whether a device's group is known.
+    covered: Vec<bool>,
+    /// The groups' devices, one group after another, and where each group ends.
+    members: Vec<usize>,
+    ends: Vec<usize>,
+    /// One group's mesh positions (`Group::members_into`), and its scratch.
+    group: Vec<usize>,
+    coords: Vec<usize>,
+    /// One group's operands.
+    srcs: Vec<*const u8>,
+}
+
+impl Together {
+    /// Empties every vector that holds an address or a buffer of the last run (their capacity
+    /// kept).
+    fn clear(&mut self) {
+        self.pauses.clear();
+        self.paused.clear();
+        self.operands.clear();
+        let r = &mut self.reduce;
+        r.bufs.clear();
+        r.srcs.clear();
+    }
+}
+
+// SAFETY: the addresses `Together` holds (in the pauses and `InPlace`) point into the buffers
+// of the runs of one `run_together_in` call, and every one is emptied before that call returns
+// (`Together::clear`, on every path: the call's work runs inside `catch_unwind`): between calls
+// the vectors hold plain capacity, which any thread may free or refill.
+unsafe impl Send for Together {}
+
+/// [`run_together`] on kept vectors: each device's outputs in `out[k]` (`out` resized to the
+/// devices, each list emptied first, their capacity kept), the phases' vectors in `kept`.
+pub fn run_together_in<L: std::ops::Deref<Target = Literal>>(
+    programs: &mut [&mut Executable],
+    inputs: &[Vec<L>],
+    positions: &[usize],
+    kept: &mut Together,
+    out: &mut Vec<Vec<Option<Literal>>>,
+) -> Result<(), Failed> {
+    out.truncate(programs.len());
+    out.resize_with(programs.len(), Vec::new);
+    out.iter_mut().for_each(Vec::clear);
     if programs.len() != inputs.len() || programs.len() != positions.len() {
         return Err(Failed::Error {
             device: 0,
@@ -194,7 +266,7 @@ pub fn run_together(
         });
     }
     if programs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(());
     }
     // The device whose program runs, for a panic's report.
     let current = std::cell::Cell::new(0);
@@ -202,8 +274,17 @@ pub fn run_together(
     // finish or are abandoned (`settle_product`), so they are dropped last.
     let mut stacks: Vec<Vec<MaybeUninit<u64>>> = Vec::new();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_phases(programs, inputs, positions, &mut stacks, &current)
+        run_phases(
+            programs,
+            inputs,
+            positions,
+            &mut stacks,
+            &current,
+            kept,
+            out,
+        )
     }));
+    kept.clear();
     let result = match run {
         Ok(r) => r,
         Err(payload) => Err(Failed::Panicked {
@@ -215,6 +296,7 @@ pub fn run_together(
         for p in programs.iter() {
             p.abandon();
         }
+        out.iter_mut().for_each(Vec::clear);
     }
     drop(stacks);
     result
@@ -232,7 +314,9 @@ fn advance_all(
     programs: &mut [&mut Executable],
     positions: &[usize],
     current: &std::cell::Cell<usize>,
-) -> Result<Vec<Option<Pause>>, Failed> {
+    pauses: &mut Vec<Option<Pause>>,
+) -> Result<(), Failed> {
+    pauses.clear();
     let local = |position| Gathered {
         position,
         operands: &[],
@@ -279,21 +363,19 @@ fn advance_all(
             results[k] = Some(r);
         }
         TWO_THREAD_PHASES.fetch_add(1, Ordering::Relaxed);
-        return results
-            .into_iter()
-            .map(|r| r.expect("every device advanced"))
-            .collect();
+        for r in results {
+            pauses.push(r.expect("every device advanced")?);
+        }
+        return Ok(());
     }
-    programs
-        .iter()
-        .zip(positions)
-        .enumerate()
-        .map(|(k, (p, &position))| {
-            current.set(k);
-            p.advance(&local(position))
-                .map_err(|error| Failed::Error { device: k, error })
-        })
-        .collect()
+    for (k, (p, &position)) in programs.iter().zip(positions).enumerate() {
+        current.set(k);
+        let pause = p
+            .advance(&local(position))
+            .map_err(|error| Failed::Error { device: k, error })?;
+        pauses.push(pause);
+    }
+    Ok(())
 }
 
 /// How a phase's devices of these loads (`Executable::phase_work`) advance: the device with
@@ -348,20 +430,37 @@ pub fn phases_on_two_threads() -> usize {
 
 static TWO_THREAD_PHASES: AtomicUsize = AtomicUsize::new(0);
 
-fn run_phases(
+fn run_phases<L: std::ops::Deref<Target = Literal>>(
     programs: &mut [&mut Executable],
-    inputs: &[Vec<&Literal>],
+    inputs: &[Vec<L>],
     positions: &[usize],
     stacks: &mut Vec<Vec<MaybeUninit<u64>>>,
     current: &std::cell::Cell<usize>,
-) -> Result<Vec<Vec<Option<Literal>>>, Failed> {
+    kept: &mut Together,
+    out: &mut [Vec<Option<Literal>>],
+) -> Result<(), Failed> {
     let fail = |device: usize, error: InterpError| Failed::Error { device, error };
-    let no_mesh = Mesh::new("", Vec::new());
-    let mesh = programs
-        .first()
-        .and_then(|p| p.mesh())
-        .cloned()
-        .unwrap_or(no_mesh);
+    // The programs' mesh (none: a program without collectives), cloned only when it is not
+    // the last call's.
+    let theirs = programs.first().and_then(|p| p.mesh());
+    if kept.mesh.as_ref() != theirs {
+        kept.mesh = theirs.cloned();
+    }
+    let Together {
+        mesh,
+        pauses,
+        paused,
+        operands,
+        reduce,
+    } = kept;
+    let no_mesh;
+    let mesh = match mesh {
+        Some(mesh) => &*mesh,
+        None => {
+            no_mesh = Mesh::new("", Vec::new());
+            &no_mesh
+        }
+    };
     // Each device at a mesh position of its own (a collective's group is found by position).
     for (k, &p) in positions.iter().enumerate() {
         let off_mesh = !mesh.axes.is_empty() && p >= mesh.device_count();
@@ -405,11 +504,9 @@ fn run_phases(
         // positions, are distinct and below `devices`.
         unsafe { p.start(&inputs[k], group) }.map_err(|e| fail(k, e))?;
     }
-    // Every member's operand of a collective, by mesh position, kept between rounds.
-    let mut operands: Vec<Option<Literal>> = Vec::new();
     loop {
-        let pauses = advance_all(programs, positions, current)?;
-        let Some(first) = pauses[0].clone() else {
+        advance_all(programs, positions, current, pauses)?;
+        let Some(first) = pauses[0].as_ref().map(|p| p.step) else {
             if let Some(k) = pauses.iter().position(Option::is_some) {
                 let e = InterpError::Op {
                     op: "run_together".into(),
@@ -419,10 +516,10 @@ fn run_phases(
             }
             break;
         };
-        let mut paused = Vec::with_capacity(pauses.len());
-        for (k, q) in pauses.into_iter().enumerate() {
+        paused.clear();
+        for (k, q) in pauses.drain(..).enumerate() {
             match q {
-                Some(q) if q.step == first.step => paused.push(q),
+                Some(q) if q.step == first => paused.push(q),
                 _ => {
                     let e = InterpError::Op {
                         op: "run_together".into(),
@@ -432,9 +529,9 @@ fn run_phases(
                 }
             }
         }
-        match first.at {
+        match paused[0].at {
             Meeting::Collective { .. } => {
-                collectives(&paused, positions, &mesh, &mut operands, current)?
+                collectives(paused, positions, mesh, operands, reduce, current)?
             }
             Meeting::Product { .. } => {
                 // The first of a pair of shared products: every run's pause at the second.
@@ -452,21 +549,18 @@ fn run_phases(
                     .collect();
                 let pair = !partner.is_empty()
                     && partner.len() == paused.len()
-                    && product_pair(programs, (&paused, &partner), positions, stacks, current)?;
+                    && product_pair(programs, (paused, &partner), positions, stacks, current)?;
                 if !pair {
-                    products(programs, &paused, positions, stacks, current)?
+                    products(programs, paused, positions, stacks, current)?
                 }
             }
         }
     }
-    programs
-        .iter()
-        .enumerate()
-        .map(|(k, p)| {
-            current.set(k);
-            p.finish().map_err(|e| fail(k, e))
-        })
-        .collect()
+    for (k, (p, out)) in programs.iter().zip(out).enumerate() {
+        current.set(k);
+        p.finish(out).map_err(|e| fail(k, e))?;
+    }
+    Ok(())
 }
 
 /// A collective's operand, result buffer and types, from a run paused at it.
@@ -486,7 +580,7 @@ fn at_collective(k: usize, q: &Pause) -> Result<AtCollective<'_>, Failed> {
             input_type,
             output,
             output_type,
-        } => Ok((op, *input, input_type, *output, output_type)),
+        } => Ok((&**op, *input, input_type, *output, output_type)),
         Meeting::Product { .. } => Err(Failed::Error {
             device: k,
             error: InterpError::Op {
@@ -503,10 +597,11 @@ fn collectives(
     positions: &[usize],
     mesh: &Mesh,
     operands: &mut Vec<Option<Literal>>,
+    in_place: &mut InPlace,
     current: &std::cell::Cell<usize>,
 ) -> Result<(), Failed> {
     let fail = |device: usize, error: InterpError| Failed::Error { device, error };
-    if all_reduce_in_place(paused, positions, mesh)? {
+    if all_reduce_in_place(paused, positions, mesh, in_place)? {
         return Ok(());
     }
     // Every member's operand, by mesh position (`None` where no device runs: a group naming
@@ -565,21 +660,35 @@ fn collectives(
 /// pmap step's gradients). `false`, touching nothing, when it is not that simple (another
 /// collective, types that differ, a group naming a position no device runs, a device in no
 /// group, bool): the general path then computes it, or names the error.
-fn all_reduce_in_place(paused: &[Pause], positions: &[usize], mesh: &Mesh) -> Result<bool, Failed> {
+fn all_reduce_in_place(
+    paused: &[Pause],
+    positions: &[usize],
+    mesh: &Mesh,
+    kept: &mut InPlace,
+) -> Result<bool, Failed> {
     let Some(Pause {
-        at:
-            Meeting::Collective {
-                op: CollectiveOp::AllReduce { kind, axes },
-                input_type: ty,
-                ..
-            },
+        at: Meeting::Collective {
+            op, input_type: ty, ..
+        },
         ..
     }) = paused.first()
     else {
         return Ok(false);
     };
+    let CollectiveOp::AllReduce { kind, axes } = &**op else {
+        return Ok(false);
+    };
+    let InPlace {
+        bufs,
+        covered,
+        members,
+        ends,
+        group,
+        coords,
+        srcs,
+    } = kept;
     // Every device's operand and result buffer, if all are of one type.
-    let mut bufs = Vec::with_capacity(paused.len());
+    bufs.clear();
     for (k, q) in paused.iter().enumerate() {
         let (op, input, input_type, output, output_type) = at_collective(k, q)?;
         let same = matches!(op, CollectiveOp::AllReduce { kind: k2, axes: a2 } if k2 == kind && a2 == axes);
@@ -589,22 +698,23 @@ fn all_reduce_in_place(paused: &[Pause], positions: &[usize], mesh: &Mesh) -> Re
         bufs.push((input, output));
     }
     let device_at = |p: usize| positions.iter().position(|&q| q == p);
-    let mut groups = Vec::new();
-    let mut covered = vec![false; paused.len()];
+    members.clear();
+    ends.clear();
+    covered.clear();
+    covered.resize(paused.len(), false);
     for k in 0..paused.len() {
         if covered[k] {
             continue;
         }
-        let group = Group::of(mesh, axes, positions[k]);
-        let mut members = Vec::with_capacity(group.members.len());
-        for &p in &group.members {
+        Group::members_into(mesh, axes, positions[k], coords, group);
+        for &p in group.iter() {
             let Some(d) = device_at(p) else {
                 return Ok(false);
             };
             covered[d] = true;
             members.push(d);
         }
-        groups.push(members);
+        ends.push(members.len());
     }
     // Every device in a group (`run_phases` checked each has a position of its own), or its
     // result would never be written.
@@ -613,14 +723,18 @@ fn all_reduce_in_place(paused: &[Pause], positions: &[usize], mesh: &Mesh) -> Re
     }
     let n = ty.numel();
     let size = ty.byte_size();
-    for members in &groups {
-        if let [d] = members.as_slice() {
+    let mut start = 0;
+    for &end in ends.iter() {
+        let members = &members[start..end];
+        start = end;
+        if let [d] = members {
             // A group of one: its operand itself, as `Gathered::all_reduce` gives it.
             // SAFETY: as below; `copy` allows the two buffers to be the same.
             unsafe { std::ptr::copy(bufs[*d].0, bufs[*d].1, size) };
             continue;
         }
-        let srcs: Vec<*const u8> = members.iter().map(|&d| bufs[d].0).collect();
+        srcs.clear();
+        srcs.extend(members.iter().map(|&d| bufs[d].0));
         let first = bufs[members[0]].1;
         // SAFETY: every paused run keeps its buffers bound until `finish` or `abandon`; each
         // operand holds `n` elements of `ty.dtype` (the steps before it ran, one type checked
@@ -628,7 +742,7 @@ fn all_reduce_in_place(paused: &[Pause], positions: &[usize], mesh: &Mesh) -> Re
         // operand's chunk before it writes that chunk of `first` (which may be its own
         // device's operand); the devices' buffers are distinct, so `first` aliases no other
         // member's. Not bool (checked), so it reduces.
-        unsafe { values::reduce_raw(*kind, ty.dtype, &srcs, first, n) };
+        unsafe { values::reduce_raw(*kind, ty.dtype, srcs, first, n) };
         for &d in &members[1..] {
             // SAFETY: `first` holds the group's result (`size` bytes); `d`'s result buffer has
             // room for it and is its own device's (the operand it may share was read above).
@@ -1029,7 +1143,8 @@ func @f(%0: f32[64,256], %1: f32[256,256]) {
             "settled already"
         );
         assert!(exe.advance(&SingleDevice).unwrap().is_none());
-        let out = exe.finish().unwrap();
+        let mut out = Vec::new();
+        exe.finish(&mut out).unwrap();
         let out = out[0].as_ref().unwrap();
         assert_eq!(out.data.get_f64(0), 256.0 * 0.125);
     }

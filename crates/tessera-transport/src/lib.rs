@@ -113,38 +113,54 @@ pub struct Group {
 impl Group {
     /// The group over `axes` of mesh position `position` (axes not in the mesh are ignored).
     pub fn of(mesh: &Mesh, axes: &[String], position: usize) -> Group {
-        let sizes: Vec<usize> = mesh.axes.iter().map(|(_, s)| *s).collect();
-        let mut coords = vec![0; sizes.len()];
-        let mut rest = position;
-        for i in (0..sizes.len()).rev() {
-            coords[i] = rest % sizes[i];
-            rest /= sizes[i];
-        }
-        let axis_pos: Vec<usize> = axes
-            .iter()
-            .filter_map(|a| mesh.axes.iter().position(|(n, _)| n == a))
-            .collect();
-        let n: usize = axis_pos.iter().map(|&i| sizes[i]).product();
-        let mut members = Vec::with_capacity(n);
-        let mut me = 0;
-        for k in 0..n {
-            let mut c = coords.clone();
-            let mut r = k;
-            for &i in axis_pos.iter().rev() {
-                c[i] = r % sizes[i];
-                r /= sizes[i];
-            }
-            let lin = c.iter().zip(&sizes).fold(0, |acc, (x, s)| acc * s + x);
-            if lin == position {
-                me = k;
-            }
-            members.push(lin);
-        }
+        let mut members = Vec::new();
+        let me = Group::members_into(mesh, axes, position, &mut Vec::new(), &mut members);
         Group {
             axes: axes.to_vec(),
             members,
             me,
         }
+    }
+
+    /// The members of [`Group::of`] written into `members` (emptied first), returning this
+    /// position's index among them; `coords` is scratch. Allocates nothing once the two
+    /// vectors have room (devices run in turn do this at every all-reduce of every step).
+    pub fn members_into(
+        mesh: &Mesh,
+        axes: &[String],
+        position: usize,
+        coords: &mut Vec<usize>,
+        members: &mut Vec<usize>,
+    ) -> usize {
+        let size = |i: usize| mesh.axes[i].1;
+        let axis_pos = || {
+            axes.iter()
+                .filter_map(|a| mesh.axes.iter().position(|(n, _)| n == a))
+        };
+        members.clear();
+        coords.clear();
+        coords.resize(mesh.axes.len(), 0);
+        let mut rest = position;
+        for i in (0..mesh.axes.len()).rev() {
+            coords[i] = rest % size(i);
+            rest /= size(i);
+        }
+        // A member's coordinates: this position's, with those along `axes` counted over.
+        let n: usize = axis_pos().map(size).product();
+        let mut me = 0;
+        for k in 0..n {
+            let mut r = k;
+            for i in axis_pos().rev() {
+                coords[i] = r % size(i);
+                r /= size(i);
+            }
+            let lin = (0..mesh.axes.len()).fold(0, |acc, i| acc * size(i) + coords[i]);
+            if lin == position {
+                me = k;
+            }
+            members.push(lin);
+        }
+        me
     }
 
     /// The group of every device of the mesh.

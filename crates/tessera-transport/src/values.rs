@@ -184,22 +184,22 @@ const BLOCK: usize = 1024;
 /// accumulating in `T::Acc`.
 ///
 /// # Safety
-/// Every `srcs[i]` must be valid for reading `n` elements and `dst` for writing `n`; no one
+/// Every `srcs[i]` must be the aligned address of `n` readable `T`s and `dst` writable for `n`; no one
 /// writes them meanwhile except this call. `dst` may equal one of `srcs` (each block is read
 /// whole before it is written).
-unsafe fn reduce_into<T: Elem>(kind: ReduceKind, srcs: &[*const T], dst: *mut T, n: usize) {
+unsafe fn reduce_into<T: Elem>(kind: ReduceKind, srcs: &[*const u8], dst: *mut T, n: usize) {
     let mut acc = [T::Acc::default(); BLOCK];
     let mut start = 0;
     while start < n {
         let len = BLOCK.min(n - start);
         // SAFETY: `start + len <= n`, so every access is in bounds (see the contract).
         unsafe {
-            let first = std::slice::from_raw_parts(srcs[0].add(start), len);
+            let first = std::slice::from_raw_parts((srcs[0] as *const T).add(start), len);
             for (a, &b) in acc.iter_mut().zip(first) {
                 *a = b.widen();
             }
             for &s in &srcs[1..] {
-                let src = std::slice::from_raw_parts(s.add(start), len);
+                let src = std::slice::from_raw_parts((s as *const T).add(start), len);
                 for (a, &b) in acc.iter_mut().zip(src) {
                     *a = T::fold_wide(kind, *a, b);
                 }
@@ -226,22 +226,19 @@ pub unsafe fn reduce_raw(
     dst: *mut u8,
     n: usize,
 ) -> bool {
-    fn cast<T>(srcs: &[*const u8]) -> Vec<*const T> {
-        srcs.iter().map(|&p| p as *const T).collect()
-    }
     // SAFETY: forwarded from the caller.
     unsafe {
         match dtype {
-            DType::F32 => reduce_into::<f32>(kind, &cast(srcs), dst as *mut f32, n),
-            DType::F64 => reduce_into::<f64>(kind, &cast(srcs), dst as *mut f64, n),
-            DType::I32 => reduce_into::<i32>(kind, &cast(srcs), dst as *mut i32, n),
-            DType::U32 => reduce_into::<u32>(kind, &cast(srcs), dst as *mut u32, n),
-            DType::I64 => reduce_into::<i64>(kind, &cast(srcs), dst as *mut i64, n),
+            DType::F32 => reduce_into::<f32>(kind, srcs, dst as *mut f32, n),
+            DType::F64 => reduce_into::<f64>(kind, srcs, dst as *mut f64, n),
+            DType::I32 => reduce_into::<i32>(kind, srcs, dst as *mut i32, n),
+            DType::U32 => reduce_into::<u32>(kind, srcs, dst as *mut u32, n),
+            DType::I64 => reduce_into::<i64>(kind, srcs, dst as *mut i64, n),
             DType::F16 => {
-                reduce_into::<tessera_ir::f16>(kind, &cast(srcs), dst as *mut tessera_ir::f16, n)
+                reduce_into::<tessera_ir::f16>(kind, srcs, dst as *mut tessera_ir::f16, n)
             }
             DType::BF16 => {
-                reduce_into::<tessera_ir::bf16>(kind, &cast(srcs), dst as *mut tessera_ir::bf16, n)
+                reduce_into::<tessera_ir::bf16>(kind, srcs, dst as *mut tessera_ir::bf16, n)
             }
             DType::Bool => return false,
         }

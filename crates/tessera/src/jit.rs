@@ -121,6 +121,41 @@ struct CallScratch {
     shells: Vec<Shell>,
     /// The same for a one-device mesh program's outputs.
     placed_shells: Vec<PlacedShell>,
+    /// A multi-device program's inputs and outputs, by device (`DeviceProgram::run`).
+    device_inputs: Vec<Vec<Arc<Literal>>>,
+    device_outputs: Vec<Vec<Option<Literal>>>,
+    /// The shards of a given-up argument of a multi-device program (`give_shards_up`).
+    shards: Vec<Arc<Literal>>,
+}
+
+/// Gives the shards of `leaves` that no one else holds (arguments the caller moved into the
+/// call and kept no clone of) to the output pools of the program's devices (`recycle(k,
+/// data)`: the `k`th of this process's devices), so their next outputs are written there
+/// instead of allocated (and freed by the caller every step, which faulted pages in again
+/// each step with two programs in one process: docs/PERFORMANCE.md, twenty-second pass). A
+/// replicated array's shards are one value, which goes to the first device, the one that
+/// computes replicated outputs (`Pipeline::schedule`'s `first_only`); `shards` is scratch.
+fn give_shards_up(
+    leaves: &mut Vec<Tensor>,
+    shards: &mut Vec<Arc<Literal>>,
+    recycle: impl Fn(usize, tessera_ir::Data),
+) {
+    for t in leaves.drain(..) {
+        shards.clear();
+        if let Ok(a) = t.try_array()
+            && let Some(held) = a.shards()
+        {
+            shards.extend(held.iter().cloned());
+        }
+        drop(t);
+        // Last to first: a value several positions share is unwrapped at the first of them,
+        // once the others' references are dropped.
+        while let Some(shard) = shards.pop() {
+            if let Ok(lit) = Arc::try_unwrap(shard) {
+                recycle(shards.len(), lit.data);
+            }
+        }
+    }
 }
 
 /// Drops the leaves after a run, each through `split`: for a leaf no one else holds (an
@@ -473,6 +508,9 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
         let out = self.call_concrete(args, &mut scratch, &location);
         scratch.leaves.clear();
         scratch.tensors.clear();
+        // An error may leave a device's inputs (the arguments' shards) or outputs behind.
+        scratch.device_inputs.iter_mut().for_each(Vec::clear);
+        scratch.device_outputs.iter_mut().for_each(Vec::clear);
         *self.scratch.borrow_mut() = scratch;
         out
     }
@@ -617,67 +655,80 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                         return tree::unflatten_drain(out_def, tensors);
                     }
                 }
-                let arrays: Vec<&Array> = leaves
-                    .iter()
-                    .map(|t| t.try_array())
-                    .collect::<Result<_>>()?;
                 let local = program.positions.len();
-                let mut inputs: Vec<Vec<Arc<Literal>>> = (0..local)
-                    .map(|k| {
-                        arrays
-                            .iter()
-                            .map(|a| match a.shards() {
-                                Some(s) if s.len() == local => Ok(s[k].clone()),
-                                _ => a.try_literal().map(|_| a.literal_arc()).map_err(|m| {
-                                    Error::Op {
+                let inputs = &mut scratch.device_inputs;
+                inputs.resize_with(local, Vec::new);
+                inputs.iter_mut().for_each(Vec::clear);
+                for t in leaves.iter() {
+                    let a = t.try_array()?;
+                    for (k, ins) in inputs.iter_mut().enumerate() {
+                        ins.push(match a.shards() {
+                            Some(s) if s.len() == local => s[k].clone(),
+                            _ => {
+                                a.try_literal()
+                                    .map(|_| a.literal_arc())
+                                    .map_err(|m| Error::Op {
                                         op: "jit".into(),
                                         message: format!("an input: {m}"),
                                         location: location(),
-                                    }
-                                }),
-                            })
-                            .collect::<Result<_>>()
-                    })
-                    .collect::<Result<_>>()?;
-                let per_device = {
+                                    })?
+                            }
+                        });
+                    }
+                }
+                let per_device = &mut scratch.device_outputs;
+                let ran = {
                     let _span =
                         tracing::debug_span!("launch", function = self.cache.options.name.as_str())
                             .entered();
-                    program.run(&mut inputs)?
+                    program.run(inputs, per_device)
                 };
-                // Each device's outputs, taken in order, output by output.
-                let mut per_device: Vec<_> = per_device.into_iter().map(Vec::into_iter).collect();
-                let mut tensors: Vec<Tensor> = Vec::with_capacity(out_types.len());
+                // The inputs' references dropped (the vectors kept), the given-up arguments'
+                // shards go to the devices' pools, unless the checker still reads them.
+                inputs.iter_mut().for_each(Vec::clear);
+                ran?;
+                if checker.is_none() {
+                    give_shards_up(leaves, &mut scratch.shards, |k, data| {
+                        program.recycle(k, data)
+                    });
+                }
+                let tensors = &mut scratch.tensors;
                 for (o, ty) in out_types.iter().enumerate() {
+                    // Each device's value of output `o`.
                     let mut next = per_device
                         .iter_mut()
-                        .map(|outs| outs.next().expect("one value per output"));
+                        .map(|outs| outs.get_mut(o).expect("one value per output").take());
                     // A replicated output is alike on every device (its inputs are replicated
                     // or all-reduced, in one order everywhere), so only the first device
                     // computes it (`Pipeline::schedule`'s `first_only`) and its buffer serves
                     // all, as `device_put` does: the next step's devices read one copy of the
-                    // parameters instead of eight.
-                    let shards: Vec<Arc<Literal>> = if local == 0 {
-                        Vec::new()
+                    // parameters instead of eight. (The other devices' places for it are
+                    // `None`: dropped outputs.)
+                    let array = if local == 0 {
+                        Array::from_shards(ty.clone(), out_layouts[o].clone(), [])
                     } else if is_replicated(&out_specs[o]) {
                         let first = next
                             .next()
                             .flatten()
                             .expect("the first device computes all");
-                        // The other devices' places for it (`None`: dropped outputs).
-                        next.for_each(drop);
                         let first = Arc::new(first);
-                        vec![first; local]
+                        Array::from_shards(
+                            ty.clone(),
+                            out_layouts[o].clone(),
+                            std::iter::repeat_n(first, local),
+                        )
                     } else {
-                        next.map(|l| Arc::new(l.expect("split outputs are computed everywhere")))
-                            .collect()
+                        Array::from_shards(
+                            ty.clone(),
+                            out_layouts[o].clone(),
+                            next.map(|l| {
+                                Arc::new(l.expect("split outputs are computed everywhere"))
+                            }),
+                        )
                     };
-                    tensors.push(Tensor::from_array(Array::from_shards(
-                        ty.clone(),
-                        out_layouts[o].clone(),
-                        shards,
-                    )));
+                    tensors.push(Tensor::from_array(array));
                 }
+                per_device.iter_mut().for_each(Vec::clear);
                 if let Some(checker) = checker {
                     if tessera_runtime::processes_of(&program.devices).len() > 1 {
                         return Err(Error::Config(
@@ -687,7 +738,10 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                         ));
                     }
                     // The global values, assembled on the host.
-                    let inputs: Vec<&Literal> = arrays.iter().map(|a| a.literal()).collect();
+                    let inputs: Vec<&Literal> = leaves
+                        .iter()
+                        .map(|t| t.try_array().map(Array::literal))
+                        .collect::<Result<_>>()?;
                     let want = checker.check_ops(&inputs)?;
                     let got: Vec<Literal> = tensors
                         .iter()
@@ -695,7 +749,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                         .collect::<Result<_>>()?;
                     checker.check_outputs(&got, &want)?;
                 }
-                tree::unflatten(out_def, tensors)
+                tree::unflatten_drain(out_def, tensors)
             }
         }
     }

@@ -368,7 +368,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         let per_device = {
             let _span = tracing::debug_span!("launch", function = self.cache.options.name.as_str())
                 .entered();
-            let local = compiled.program.run(&mut inputs)?;
+            let mut local = Vec::new();
+            compiled.program.run(&mut inputs, &mut local)?;
             crate::distributed::gather_positions(&compiled.program.devices, local)?
         };
         // The mapped slices kept for the next call (the unmapped inputs are the caller's).

@@ -24,6 +24,8 @@ pub(crate) struct DeviceProgram {
     /// after a launch on the device threads it does not, as taking a program's lock then
     /// could make another thread's launch find it `Busy`).
     ran_here: AtomicBool,
+    /// The vectors of runs on the calling thread (`run_on_this_thread`), kept between calls.
+    together: Box<Mutex<tessera_codegen::together::Together>>,
 }
 
 impl DeviceProgram {
@@ -46,6 +48,7 @@ impl DeviceProgram {
             positions,
             programs: Arc::new(programs.into_iter().map(Mutex::new).collect()),
             ran_here: AtomicBool::new(false),
+            together: Box::default(),
         }
     }
 
@@ -54,11 +57,13 @@ impl DeviceProgram {
     /// first (a timeout, a panic, a bad `TESSERA_COLLECTIVE_TIMEOUT`, another process's
     /// failure); the program stays fit for the next call. `inputs` holds the inputs again
     /// afterwards (for the caller to refill, as `pmap` does), or is empty when the device
-    /// threads kept a hold on them.
+    /// threads kept a hold on them. The outputs are written into `out`, one list a device
+    /// (their vectors reused when the devices ran on this thread).
     pub(crate) fn run(
         &self,
         inputs: &mut Vec<Vec<Arc<Literal>>>,
-    ) -> Result<Vec<Vec<Option<Literal>>>> {
+        out: &mut Vec<Vec<Option<Literal>>>,
+    ) -> Result<()> {
         // One device: no other device to meet, so the program runs on the calling thread, as a
         // one-device jit does (its collectives are over groups of one: `SingleDevice`). The
         // hand-off to a device thread and back cost a third of the seed step.
@@ -66,15 +71,16 @@ impl DeviceProgram {
         // panic while it runs is a device failure, not an unwind into the caller.
         if let [ins] = inputs.as_slice() {
             let refs: Vec<&Literal> = ins.iter().map(|l| l.as_ref()).collect();
-            let mut out = Vec::new();
-            if let Some(run) = self.run_one_into(&refs, &mut out) {
+            let mut one = Vec::new();
+            if let Some(run) = self.run_one_into(&refs, &mut one) {
                 self.ran_here.store(true, Ordering::Relaxed);
-                return run.map(|()| vec![out]);
+                *out = vec![one];
+                return run;
             }
         }
-        if let Some(outputs) = self.run_on_this_thread(inputs) {
+        if let Some(ran) = self.run_on_this_thread(inputs, out) {
             self.ran_here.store(true, Ordering::Relaxed);
-            return outputs;
+            return ran;
         }
         self.ran_here.store(false, Ordering::Relaxed);
         let shared = Arc::new(std::mem::take(inputs));
@@ -96,7 +102,8 @@ impl DeviceProgram {
         if let Ok(back) = Arc::try_unwrap(shared) {
             *inputs = back;
         }
-        outputs
+        *out = outputs?;
+        Ok(())
     }
 
     /// Gives an output's buffer, which no one else holds, to the output pool of the program
@@ -191,7 +198,8 @@ impl DeviceProgram {
     fn run_on_this_thread(
         &self,
         inputs: &[Vec<Arc<Literal>>],
-    ) -> Option<Result<Vec<Vec<Option<Literal>>>>> {
+        out: &mut Vec<Vec<Option<Literal>>>,
+    ) -> Option<Result<()>> {
         let n = self.programs.len();
         let cores = tessera_runtime::cores();
         if !one_thread_pays(n, cores, self.positions.len() == self.devices.len()) {
@@ -224,24 +232,32 @@ impl DeviceProgram {
                 _ => return None,
             }
         }
-        let refs: Vec<Vec<&Literal>> = inputs
-            .iter()
-            .map(|ins| ins.iter().map(|l| l.as_ref()).collect())
-            .collect();
-        // As on the device threads, a panic is a device failure (`run_together` catches it
-        // and drops every run), not an unwind into the caller.
-        use tessera_codegen::together::{Failed, run_together};
+        // As on the device threads, a panic is a device failure (`run_together_in` catches
+        // it and drops every run), not an unwind into the caller.
+        use tessera_codegen::together::{Failed, Together, run_together_in};
         let device = |k: usize| self.devices[self.positions[k]];
-        Some(match run_together(&mut exes, &refs, &self.positions) {
-            Ok(outputs) => Ok(outputs),
-            Err(Failed::Error { error, .. }) => Err(error.into()),
-            Err(Failed::Panicked { device: k, message }) => {
-                Err(launch_error(LaunchError::Panicked {
-                    device: device(k),
-                    message,
-                }))
-            }
-        })
+        // The kept vectors (held by no one else: every program's lock is held here; a
+        // panic inside `run_together_in` is caught after it empties them, so a poisoned lock
+        // holds plain capacity).
+        let mut fresh = Together::default();
+        let mut kept = match self.together.try_lock() {
+            Ok(t) => Some(t),
+            Err(TryLockError::Poisoned(t)) => Some(t.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        let kept: &mut Together = kept.as_deref_mut().unwrap_or(&mut fresh);
+        Some(
+            match run_together_in(&mut exes, inputs, &self.positions, kept, out) {
+                Ok(()) => Ok(()),
+                Err(Failed::Error { error, .. }) => Err(error.into()),
+                Err(Failed::Panicked { device: k, message }) => {
+                    Err(launch_error(LaunchError::Panicked {
+                        device: device(k),
+                        message,
+                    }))
+                }
+            },
+        )
     }
 }
 
