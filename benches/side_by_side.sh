@@ -10,7 +10,8 @@
 # "best rounds" is JAX's fastest round over Tessera's fastest (a shared machine's load only
 # adds time, so each side's best round is its least disturbed). Below the table, once a round,
 # the seed step on a one-device mesh over the host path with the two in turn inside one
-# process (`side_by_side paths`).
+# process (`side_by_side paths`), and the big step on 8 devices over one device, likewise
+# (`side_by_side meshes`).
 #
 # Usage: bash benches/side_by_side.sh [ROUNDS]
 set -euo pipefail
@@ -35,8 +36,9 @@ workloads=("big 1 20" "big 8 20" "seed 1 2000" "host 1 2000" "seed 8 1000" "pmap
 cached=("seed 1 1" "big 1 1")
 out=$(mktemp)
 paths=$(mktemp)
+meshes=$(mktemp)
 caches=$(mktemp -d)
-trap 'rm -rf "$out" "$paths" "$caches"' EXIT
+trap 'rm -rf "$out" "$paths" "$meshes" "$caches"' EXIT
 jax_cache() {
     JAX_COMPILATION_CACHE_DIR="$caches/jax" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 "$@"
@@ -66,6 +68,8 @@ for ((r = 1; r <= rounds; r++)); do
     # The seed step on a one-device mesh over the host path, the two in turn in one process
     # (the table's two rows come from processes minutes apart, whose load can differ).
     TESSERA_DEVICES=1 "$bin" paths 2000 >>"$paths"
+    # The big step on every device over one device, likewise in one process.
+    TESSERA_DEVICES=8 "$bin" meshes 20 >>"$meshes"
     for w in "${cached[@]}"; do
         read -r prog dev steps <<<"$w"
         TESSERA_CACHE_DIR="$caches/tessera" TESSERA_DEVICES=$dev "$bin" "$prog" "$steps" |
@@ -118,3 +122,6 @@ END {
 awk '{ split($4, m, "="); split($5, h, "="); split($6, r, "=")
        line = line sep sprintf("%.3f (mesh %.1f us, host %.1f us)", r[2], m[2], h[2]); sep = ", " }
      END { if (NR) print "\nseed step, one-device mesh / host path, in turn in one process (`side_by_side paths`), per round: " line }' "$paths"
+awk '{ split($4, o, "="); split($5, a, "="); split($6, r, "=")
+       line = line sep sprintf("%.3f (8 devices %.1f ms, one %.1f ms)", r[2], a[2], o[2]); sep = ", " }
+     END { if (NR) print "\nbig step, 8 devices / one device, in turn in one process (`side_by_side meshes`), per round: " line }' "$meshes"

@@ -20,11 +20,10 @@
 //! each printing both sides' median time and the median of the per-pair ratios:
 //! - `meshes`: the `big` step on a mesh of one device (set up first) and on a mesh of every
 //!   device, 5 steps of each in turn: `tessera meshes dev=N one_ms=.. all_ms=.. ratio=..` (ms a
-//!   step; all over one). Not a measure of what the devices cost: with the two programs'
-//!   buffers in one heap, outputs allocated and freed every step went back to the system
-//!   every step (about 1340 page faults a step of either program, `perf stat -e
-//!   page-faults`; none with the setups the other way round), and 8 devices over 1 measured
-//!   1.12-1.27 against 1.00-1.06 (docs/PERFORMANCE.md, twenty-second pass);
+//!   step; all over one): what the devices cost. (Until each program's outputs were written
+//!   into the buffers of the parameters moved into it, on every device, the second program's
+//!   outputs went back to the system every step, about 1340 page faults a step, and this
+//!   measured 1.12-1.27; docs/PERFORMANCE.md, twenty-second and twenty-third passes);
 //! - `paths`: the seed step on a mesh of one device and as `host`, 50 steps of each in turn:
 //!   `tessera paths dev=1 mesh_us=.. host_us=.. ratio=..` (mesh over host).
 
