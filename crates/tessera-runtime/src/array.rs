@@ -134,6 +134,73 @@ impl PlacedShell {
     }
 }
 
+/// The allocations of a placed array of several shards no one else holds, its shards'
+/// elements taken out ([`Array::into_shards_shell`]): its cell, its list of shards and the
+/// shards' `Arc`s, which [`ShardsShell::fill`] makes an array of the same layout again around
+/// new shards. A replicated array's shards are one value: its shell keeps that value's `Arc`
+/// first in the list and a shared empty placeholder in the other places until filled. Its
+/// cell is empty, its list unique, and each of its own shards' `Arc`s unique.
+#[derive(Debug)]
+pub struct ShardsShell {
+    host: Arc<OnceLock<Arc<Literal>>>,
+    list: Arc<[Arc<Literal>]>,
+    replicated: bool,
+}
+
+/// What a replicated shell holds in all but the first place of its list: an empty value
+/// shared by every shell of the process (made once).
+fn placeholder() -> Arc<Literal> {
+    static EMPTY: OnceLock<Arc<Literal>> = OnceLock::new();
+    EMPTY
+        .get_or_init(|| {
+            Arc::new(Literal {
+                ty: TensorType::new(tessera_ir::DType::F32, vec![0]),
+                data: Data::F32(Vec::new()),
+            })
+        })
+        .clone()
+}
+
+impl ShardsShell {
+    /// How many shards the shell holds, and whether they are one replicated value.
+    pub fn layout(&self) -> (usize, bool) {
+        (self.list.len(), self.replicated)
+    }
+
+    /// An array of type `ty` laid out as `spec` in these allocations: its shards `shard(k)`
+    /// for each place `k` of the list, or, for a replicated shell, `shard(0)` in every place
+    /// (`shard` is called once). `spec` must have as many local positions as the shell has
+    /// shards (the caller matches them with `layout`; checked in debug builds).
+    pub fn fill(
+        mut self,
+        ty: TensorType,
+        spec: Arc<ShardSpec>,
+        mut shard: impl FnMut(usize) -> Literal,
+    ) -> Array {
+        debug_assert_eq!(
+            (spec.devices.iter())
+                .filter(|&&d| crate::process::local_index(d).is_some())
+                .count(),
+            self.list.len(),
+            "a shell of as many shards as the layout's local positions"
+        );
+        let slots = Arc::get_mut(&mut self.list).expect("a shell's list is unique");
+        let n = slots.len();
+        for k in 0..n {
+            if self.replicated && k > 0 {
+                slots[k] = slots[0].clone();
+                continue;
+            }
+            *Arc::get_mut(&mut slots[k]).expect("a shell's own shards are unique") = shard(k);
+        }
+        Array {
+            ty,
+            host: self.host,
+            shards: Some((spec, Shards::Many(self.list))),
+        }
+    }
+}
+
 /// Copies the elements of a shard between it and the global array: from `src` (the global
 /// array, or with `to_global` the shard) into `dst` (the shard, or the global array of dims
 /// `dst_dims`); `offsets` are the shard's (offset, size) per dim.
@@ -365,6 +432,48 @@ impl Array {
         Some((PlacedShell { host, shards }, data))
     }
 
+    /// [`Array::into_placed_shell`] for an array of several shards: when this is the only
+    /// owner of its allocations (no clone, no other holder of a shard), each shard's elements
+    /// go to `give(k, data)` (`k` its place in the list; a replicated array's one value once,
+    /// at place 0) and the allocations come back as a [`ShardsShell`]; `None` otherwise (and
+    /// nothing is given: the array is dropped, its clones keeping the value).
+    pub fn into_shards_shell(self, mut give: impl FnMut(usize, Data)) -> Option<ShardsShell> {
+        let (_, Shards::Many(mut list)) = self.shards? else {
+            return None;
+        };
+        let mut host = self.host;
+        // A host value read from it (a replicated array's is its first shard) is dropped.
+        Arc::get_mut(&mut host)?.take();
+        let slots = Arc::get_mut(&mut list)?;
+        let n = slots.len();
+        let replicated = n > 1 && slots[1..].iter().all(|s| Arc::ptr_eq(s, &slots[0]));
+        if replicated {
+            // Held by the list alone: as many references as places, none weak.
+            if Arc::strong_count(&slots[0]) != n || Arc::weak_count(&slots[0]) != 0 {
+                return None;
+            }
+            let empty = placeholder();
+            for s in &mut slots[1..] {
+                *s = empty.clone();
+            }
+            let lit = Arc::get_mut(&mut slots[0])?;
+            give(0, std::mem::replace(&mut lit.data, Data::F32(Vec::new())));
+        } else {
+            if !slots.iter_mut().all(|s| Arc::get_mut(s).is_some()) {
+                return None;
+            }
+            for (k, s) in slots.iter_mut().enumerate() {
+                let lit = Arc::get_mut(s)?;
+                give(k, std::mem::replace(&mut lit.data, Data::F32(Vec::new())));
+            }
+        }
+        Some(ShardsShell {
+            host,
+            list,
+            replicated,
+        })
+    }
+
     /// The block of `global` at `at` ((offset, size) per dim, inside it) as a value of its
     /// own: a process's part of a value, or a shard.
     pub fn copy_block(global: &Literal, at: &[(usize, usize)]) -> Result<Literal, String> {
@@ -429,5 +538,67 @@ mod tests {
             Array::copy_block(&v, &[(0, 2)]).is_err(),
             "one range per dim"
         );
+    }
+
+    fn spec(split: bool) -> Arc<ShardSpec> {
+        let dims = match split {
+            true => vec![vec!["d".to_string()]],
+            false => vec![vec![]],
+        };
+        Arc::new(ShardSpec {
+            mesh: Mesh::new("m", vec![("d".to_string(), 4)]),
+            devices: (0..4).collect(),
+            dims,
+        })
+    }
+
+    fn f32s(v: &[f32]) -> Literal {
+        Literal::new([v.len()], Data::F32(v.to_vec())).unwrap()
+    }
+
+    /// A replicated array held alone gives its one value once, at place 0, and its shell
+    /// holds the next value in every place; a split one gives each shard at its place. An
+    /// array another holder shares (a clone, or one shard's `Arc`) gives nothing.
+    #[test]
+    fn arrays_of_several_shards_come_apart_only_when_held_alone() {
+        let ty = TensorType::new(tessera_ir::DType::F32, vec![2]);
+        let one = Arc::new(f32s(&[1.0, 2.0]));
+        let replicated = Array::from_shards(ty.clone(), spec(false), vec![one; 4]);
+        assert_eq!(
+            replicated.literal().data.get_f64(1),
+            2.0,
+            "a host value read"
+        );
+        let mut given = Vec::new();
+        let shell = replicated
+            .into_shards_shell(|k, d| given.push((k, d.len())))
+            .expect("held alone");
+        assert_eq!(given, [(0, 2)]);
+        assert_eq!(shell.layout(), (4, true));
+        let filled = shell.fill(ty.clone(), spec(false), |_| f32s(&[3.0, 4.0]));
+        let shards = filled.shards().unwrap();
+        assert!(shards.iter().all(|s| Arc::ptr_eq(s, &shards[0])));
+        assert_eq!(filled.literal().data.get_f64(0), 3.0);
+
+        let wide = TensorType::new(tessera_ir::DType::F32, vec![8]);
+        let parts = (0..4).map(|k| Arc::new(f32s(&[k as f32, 10.0 + k as f32])));
+        let split = Array::from_shards(wide.clone(), spec(true), parts);
+        let mut given = Vec::new();
+        let shell = split
+            .into_shards_shell(|k, d| given.push((k, d.len())))
+            .expect("held alone");
+        assert_eq!(given, [(0, 2), (1, 2), (2, 2), (3, 2)]);
+        assert_eq!(shell.layout(), (4, false));
+        let filled = shell.fill(wide.clone(), spec(true), |k| f32s(&[-(k as f32), 1.0]));
+        assert_eq!(filled.literal().data.get_f64(4), -2.0);
+
+        // Shared: by a clone of the array, or by one shard's `Arc`.
+        let clone = filled.clone();
+        let mut nothing = true;
+        assert!(filled.into_shards_shell(|_, _| nothing = false).is_none());
+        let shard = clone.shards().unwrap()[3].clone();
+        assert!(clone.into_shards_shell(|_, _| nothing = false).is_none());
+        assert!(nothing, "nothing given from a shared array");
+        assert_eq!(shard.data.get_f64(0), -3.0, "the shard keeps its value");
     }
 }

@@ -11,7 +11,7 @@ pub mod process;
 pub mod shared_gemm;
 pub mod spanning;
 
-pub use array::{Array, PlacedShell, ShardSpec, Shell};
+pub use array::{Array, PlacedShell, ShardSpec, ShardsShell, Shell};
 pub use collectives::{SharedCollectives, collective_timeout, parse_timeout};
 pub use device::{
     DeviceFn, LaunchError, SpanningFn, check_launch, cores, device_count, launch, launch_spanning,

@@ -10,7 +10,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use tessera_ir::{Graph, Literal, TensorType};
-use tessera_runtime::{Array, PlacedShell, ShardSpec, Shell};
+use tessera_runtime::{Array, PlacedShell, ShardSpec, ShardsShell, Shell};
 use tessera_shard::Spec;
 
 pub use crate::pipeline::Lowered;
@@ -124,35 +124,31 @@ struct CallScratch {
     /// A multi-device program's inputs and outputs, by device (`DeviceProgram::run`).
     device_inputs: Vec<Vec<Arc<Literal>>>,
     device_outputs: Vec<Vec<Option<Literal>>>,
-    /// The shards of a given-up argument of a multi-device program (`give_shards_up`).
-    shards: Vec<Arc<Literal>>,
+    /// The given-up arguments' allocations of a multi-device program (`give_shards_up`):
+    /// replicated arrays', then split arrays'.
+    shards_shells: [Vec<ShardsShell>; 2],
 }
 
 /// Gives the shards of `leaves` that no one else holds (arguments the caller moved into the
 /// call and kept no clone of) to the output pools of the program's devices (`recycle(k,
 /// data)`: the `k`th of this process's devices), so their next outputs are written there
 /// instead of allocated (and freed by the caller every step, which faulted pages in again
-/// each step with two programs in one process: docs/PERFORMANCE.md, twenty-second pass). A
-/// replicated array's shards are one value, which goes to the first device, the one that
-/// computes replicated outputs (`Pipeline::schedule`'s `first_only`); `shards` is scratch.
+/// each step with two programs in one process: docs/PERFORMANCE.md, twenty-second pass), and
+/// keeps their arrays' allocations for the next outputs of the same layout (`shells`: the
+/// replicated ones, then the split ones; at most `keep` of each). A replicated array's shards
+/// are one value, which goes to the first device, the one that computes replicated outputs
+/// (`Pipeline::schedule`'s `first_only`).
 fn give_shards_up(
     leaves: &mut Vec<Tensor>,
-    shards: &mut Vec<Arc<Literal>>,
+    keep: usize,
+    shells: &mut [Vec<ShardsShell>; 2],
     recycle: impl Fn(usize, tessera_ir::Data),
 ) {
     for t in leaves.drain(..) {
-        shards.clear();
-        if let Ok(a) = t.try_array()
-            && let Some(held) = a.shards()
-        {
-            shards.extend(held.iter().cloned());
-        }
-        drop(t);
-        // Last to first: a value several positions share is unwrapped at the first of them,
-        // once the others' references are dropped.
-        while let Some(shard) = shards.pop() {
-            if let Ok(lit) = Arc::try_unwrap(shard) {
-                recycle(shards.len(), lit.data);
+        if let Some(shell) = t.into_shards_shell(&recycle) {
+            let kept = &mut shells[usize::from(!shell.layout().1)];
+            if kept.len() < keep {
+                kept.push(shell);
             }
         }
     }
@@ -688,10 +684,14 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                 inputs.iter_mut().for_each(Vec::clear);
                 ran?;
                 if checker.is_none() {
-                    give_shards_up(leaves, &mut scratch.shards, |k, data| {
-                        program.recycle(k, data)
-                    });
+                    give_shards_up(
+                        leaves,
+                        out_types.len(),
+                        &mut scratch.shards_shells,
+                        |k, data| program.recycle(k, data),
+                    );
                 }
+                let [replicated_shells, split_shells] = &mut scratch.shards_shells;
                 let tensors = &mut scratch.tensors;
                 for (o, ty) in out_types.iter().enumerate() {
                     // Each device's value of output `o`.
@@ -704,27 +704,41 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     // all, as `device_put` does: the next step's devices read one copy of the
                     // parameters instead of eight. (The other devices' places for it are
                     // `None`: dropped outputs.)
+                    let (ty, layout) = (ty.clone(), out_layouts[o].clone());
+                    let replicated = is_replicated(&out_specs[o]);
+                    // A given-up argument's allocations of the same layout, if any.
+                    let shell = match replicated {
+                        true => replicated_shells.pop(),
+                        false => split_shells.pop(),
+                    }
+                    .filter(|s| s.layout() == (local, replicated && local > 1));
                     let array = if local == 0 {
-                        Array::from_shards(ty.clone(), out_layouts[o].clone(), [])
-                    } else if is_replicated(&out_specs[o]) {
+                        Array::from_shards(ty, layout, [])
+                    } else if replicated {
                         let first = next
                             .next()
                             .flatten()
                             .expect("the first device computes all");
-                        let first = Arc::new(first);
-                        Array::from_shards(
-                            ty.clone(),
-                            out_layouts[o].clone(),
-                            std::iter::repeat_n(first, local),
-                        )
+                        match shell {
+                            Some(shell) => {
+                                let mut first = Some(first);
+                                shell.fill(ty, layout, |_| first.take().expect("called once"))
+                            }
+                            None => Array::from_shards(
+                                ty,
+                                layout,
+                                std::iter::repeat_n(Arc::new(first), local),
+                            ),
+                        }
                     } else {
-                        Array::from_shards(
-                            ty.clone(),
-                            out_layouts[o].clone(),
-                            next.map(|l| {
-                                Arc::new(l.expect("split outputs are computed everywhere"))
-                            }),
-                        )
+                        let mut next =
+                            next.map(|l| l.expect("split outputs are computed everywhere"));
+                        match shell {
+                            Some(shell) => {
+                                shell.fill(ty, layout, |_| next.next().expect("one value a device"))
+                            }
+                            None => Array::from_shards(ty, layout, next.map(Arc::new)),
+                        }
                     };
                     tensors.push(Tensor::from_array(array));
                 }

@@ -307,6 +307,18 @@ impl Tensor {
         }
     }
 
+    /// [`Tensor::into_placed_shell`] for a tensor placed on several devices
+    /// ([`Array::into_shards_shell`]: each shard's elements to `give(k, data)`).
+    pub(crate) fn into_shards_shell(
+        self,
+        give: impl FnMut(usize, tessera_ir::Data),
+    ) -> Option<tessera_runtime::ShardsShell> {
+        match self.repr {
+            Repr::Concrete(a) => a.into_shards_shell(give),
+            Repr::Traced(_) => None,
+        }
+    }
+
     /// Whether the placement is `spec`, without cloning it.
     /// Whether this is laid out as `spec` (the same allocation, or an equal one).
     pub(crate) fn placed_as(&self, spec: Option<&Arc<tessera_runtime::ShardSpec>>) -> bool {
