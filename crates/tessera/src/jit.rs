@@ -103,8 +103,9 @@ pub struct Jitted<F, In, Out> {
 
 /// What a call keeps for the next (issue 14): with them, a steady-state call of a one-device
 /// program allocates only the outputs no given-up argument's allocations held
-/// (`take_given_up`). Every vector is emptied at the end of a call (an error may leave outputs
-/// until the next).
+/// (`take_given_up`; `give_shards_up` on several devices). Every vector of values is emptied
+/// at the end of a call (an error may leave outputs until the next); the given-up arguments'
+/// shells (allocations holding no value) are kept for the next call's outputs.
 #[derive(Default)]
 struct CallScratch {
     /// The argument leaves.
@@ -129,23 +130,31 @@ struct CallScratch {
     shards_shells: [Vec<ShardsShell>; 2],
 }
 
-/// Gives the shards of `leaves` that no one else holds (arguments the caller moved into the
-/// call and kept no clone of) to the output pools of the program's devices (`recycle(k,
-/// data)`: the `k`th of this process's devices), so their next outputs are written there
-/// instead of allocated (and freed by the caller every step, which faulted pages in again
-/// each step with two programs in one process: docs/PERFORMANCE.md, twenty-second pass), and
-/// keeps their arrays' allocations for the next outputs of the same layout (`shells`: the
-/// replicated ones, then the split ones; at most `keep` of each). A replicated array's shards
-/// are one value, which goes to the first device, the one that computes replicated outputs
-/// (`Pipeline::schedule`'s `first_only`).
+/// Gives the shards of each of `leaves` that no one else holds (an argument the caller moved
+/// into the call and kept no clone of, nor of any of its shards) to the output pools of the
+/// program's devices (`recycle(k, data)`: the `k`th of this process's devices), so their next
+/// outputs are written there instead of allocated (and freed by the caller every step, which
+/// faulted pages in again each step with two programs in one process: docs/PERFORMANCE.md,
+/// twenty-second pass), and keeps its array's allocations for the next outputs of the same
+/// layout (`shells`: the replicated ones, then the split ones; `placed`: an array of one
+/// shard, a process's one device of a mesh over several processes; at most `keep` of each).
+/// A replicated array's shards are one value, which goes to the first device, the one that
+/// computes replicated outputs (`Pipeline::schedule`'s `first_only`).
 fn give_shards_up(
     leaves: &mut Vec<Tensor>,
     keep: usize,
-    shells: &mut [Vec<ShardsShell>; 2],
+    (shells, placed): (&mut [Vec<ShardsShell>; 2], &mut Vec<PlacedShell>),
     recycle: impl Fn(usize, tessera_ir::Data),
 ) {
     for t in leaves.drain(..) {
-        if let Some(shell) = t.into_shards_shell(&recycle) {
+        if t.try_array().ok().and_then(Array::shards).map(<[_]>::len) == Some(1) {
+            if let Some((shell, data)) = t.into_placed_shell() {
+                recycle(0, data);
+                if placed.len() < keep {
+                    placed.push(shell);
+                }
+            }
+        } else if let Some(shell) = t.into_shards_shell(&recycle) {
             let kept = &mut shells[usize::from(!shell.layout().1)];
             if kept.len() < keep {
                 kept.push(shell);
@@ -687,11 +696,12 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     give_shards_up(
                         leaves,
                         out_types.len(),
-                        &mut scratch.shards_shells,
+                        (&mut scratch.shards_shells, &mut scratch.placed_shells),
                         |k, data| program.recycle(k, data),
                     );
                 }
                 let [replicated_shells, split_shells] = &mut scratch.shards_shells;
+                let placed_shells = &mut scratch.placed_shells;
                 let tensors = &mut scratch.tensors;
                 for (o, ty) in out_types.iter().enumerate() {
                     // Each device's value of output `o`.
@@ -707,13 +717,23 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
                     let (ty, layout) = (ty.clone(), out_layouts[o].clone());
                     let replicated = is_replicated(&out_specs[o]);
                     // A given-up argument's allocations of the same layout, if any.
-                    let shell = match replicated {
-                        true => replicated_shells.pop(),
-                        false => split_shells.pop(),
+                    let shell = match (local, replicated) {
+                        (0 | 1, _) => None,
+                        (_, true) => replicated_shells.pop(),
+                        (_, false) => split_shells.pop(),
                     }
-                    .filter(|s| s.layout() == (local, replicated && local > 1));
+                    .filter(|s| s.layout() == (local, replicated));
                     let array = if local == 0 {
                         Array::from_shards(ty, layout, [])
+                    } else if local == 1 {
+                        let one = next
+                            .next()
+                            .flatten()
+                            .expect("a process's one device computes every output");
+                        match placed_shells.pop() {
+                            Some(shell) => shell.fill(ty, layout, one),
+                            None => Array::from_shards(ty, layout, [Arc::new(one)]),
+                        }
                     } else if replicated {
                         let first = next
                             .next()
