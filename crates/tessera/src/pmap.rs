@@ -31,6 +31,22 @@ struct PmapEntry {
     program: DeviceProgram,
 }
 
+/// What a pmap call keeps for the next, so a step allocates no slice and none of its
+/// per-device lists (docs/PERFORMANCE.md, twenty-third pass).
+#[derive(Default)]
+struct PmapScratch {
+    /// The last call's per-device slices of the mapped inputs (`None` for an unmapped one),
+    /// refilled in place by the next call when no one else holds them: a step with its
+    /// parameters chained allocates no slice. (They keep one copy of the mapped inputs alive
+    /// between calls.)
+    slices: Vec<Vec<Option<Arc<Literal>>>>,
+    /// The devices' inputs and outputs, and each output's parts by device: emptied after a
+    /// call, their allocations kept.
+    inputs: Vec<Vec<Arc<Literal>>>,
+    outputs: Vec<Vec<Option<Literal>>>,
+    columns: Vec<Vec<Literal>>,
+}
+
 /// A pmapped closure.
 pub struct Pmapped<F, In, Out> {
     f: F,
@@ -38,11 +54,8 @@ pub struct Pmapped<F, In, Out> {
     in_axes: Axes,
     out_axes: Axes,
     cache: Cache<PmapEntry>,
-    /// The last call's per-device slices of the mapped inputs (`None` for an unmapped one),
-    /// refilled in place by the next call when no one else holds them: a step with its
-    /// parameters chained allocates no slice. (They keep one copy of the mapped inputs alive
-    /// between calls.)
-    scratch: Mutex<Vec<Vec<Option<Arc<Literal>>>>>,
+    /// What a call keeps for the next (`PmapScratch`).
+    scratch: Mutex<PmapScratch>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -67,7 +80,7 @@ pub fn pmap<In: Tree, Out: Tree, F: Fn(In) -> Out>(axis: &str, f: F) -> Pmapped<
         in_axes: Axes::Leaf(Some(0)),
         out_axes: Axes::Leaf(Some(0)),
         cache: Cache::new("pmap".into()),
-        scratch: Mutex::new(Vec::new()),
+        scratch: Mutex::default(),
         _types: PhantomData,
     }
 }
@@ -343,58 +356,84 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             .iter()
             .map(|t| t.try_array().map(|a| a.literal_arc()))
             .collect::<Result<_>>()?;
-        let positions = &compiled.program.positions;
         let mut kept = match self.scratch.try_lock() {
             Ok(mut k) => std::mem::take(&mut *k),
-            Err(_) => Vec::new(),
+            Err(_) => PmapScratch::default(),
         };
-        let mut inputs: Vec<Vec<Arc<Literal>>> = Vec::with_capacity(positions.len());
-        for (k, &p) in positions.iter().enumerate() {
-            let mut prev = kept
-                .get_mut(k)
-                .map(std::mem::take)
-                .unwrap_or_default()
-                .into_iter();
-            let mut ins = Vec::with_capacity(hosts.len());
-            for (h, a) in hosts.iter().zip(&spec) {
-                let prev = prev.next().flatten();
+        let out = self.call_on(&compiled, &hosts, &spec, &mut kept, &location);
+        // The slices are kept (the unmapped inputs are the caller's); the lists emptied.
+        let PmapScratch {
+            slices,
+            inputs,
+            outputs,
+            columns,
+        } = &mut kept;
+        slices.resize_with(inputs.len(), Vec::new);
+        for (kept, ins) in slices.iter_mut().zip(inputs.iter_mut()) {
+            kept.clear();
+            kept.extend(ins.drain(..).zip(&spec).map(|(l, a)| a.map(|_| l)));
+        }
+        outputs.iter_mut().for_each(Vec::clear);
+        columns.iter_mut().for_each(Vec::clear);
+        if let Ok(mut k) = self.scratch.try_lock() {
+            *k = kept;
+        }
+        tree::unflatten(&compiled.out_def, out?)
+    }
+
+    /// The run of one call on `kept`'s vectors: each device's inputs (its mapped slices
+    /// refilled), the launch, and the outputs stacked (or checked alike, `out_axes` None).
+    fn call_on(
+        &self,
+        compiled: &PmapEntry,
+        hosts: &[Arc<Literal>],
+        spec: &[Option<usize>],
+        kept: &mut PmapScratch,
+        location: &dyn Fn() -> String,
+    ) -> Result<Vec<Tensor>> {
+        let positions = &compiled.program.positions;
+        let PmapScratch {
+            slices,
+            inputs,
+            outputs,
+            columns,
+        } = kept;
+        inputs.resize_with(positions.len(), Vec::new);
+        for (k, (&p, ins)) in positions.iter().zip(inputs.iter_mut()).enumerate() {
+            ins.clear();
+            let mut prev = slices.get_mut(k).map(|v| v.iter_mut());
+            for (h, a) in hosts.iter().zip(spec) {
+                let prev = prev
+                    .as_mut()
+                    .and_then(Iterator::next)
+                    .and_then(Option::take);
                 ins.push(match a {
                     Some(a) => axis_slice_reusing(prev, h, *a, p)?,
                     None => h.clone(),
                 });
             }
-            inputs.push(ins);
         }
-        let per_device = {
+        {
             let _span = tracing::debug_span!("launch", function = self.cache.options.name.as_str())
                 .entered();
-            let mut local = Vec::new();
-            compiled.program.run(&mut inputs, &mut local)?;
-            crate::distributed::gather_positions(&compiled.program.devices, local)?
-        };
-        // The mapped slices kept for the next call (the unmapped inputs are the caller's).
-        if let Ok(mut k) = self.scratch.try_lock() {
-            *k = inputs
-                .into_iter()
-                .map(|ins| {
-                    ins.into_iter()
-                        .zip(&spec)
-                        .map(|(l, a)| a.map(|_| l))
-                        .collect()
-                })
-                .collect();
+            compiled.program.run(inputs, outputs)?;
+            *outputs = crate::distributed::gather_positions(
+                &compiled.program.devices,
+                std::mem::take(outputs),
+            )?;
         }
-        let n_out = per_device[0].len();
-        let mut columns: Vec<Vec<Literal>> = (0..n_out).map(|_| Vec::with_capacity(n)).collect();
-        for outs in per_device {
-            for (o, l) in outs.into_iter().enumerate() {
+        let n_out = outputs[0].len();
+        columns.truncate(n_out);
+        columns.resize_with(n_out, || Vec::with_capacity(outputs.len()));
+        for outs in outputs.iter_mut() {
+            for (o, l) in outs.drain(..).enumerate() {
                 columns[o].push(l.expect("pmap drops no output"));
             }
         }
         // A device's outputs, once stacked, go back to its program's output pool (this
         // process's devices' own; the others' were gathered from other processes).
-        let recycle = |parts: Vec<Literal>| {
-            for (p, part) in parts.into_iter().enumerate() {
+        let recycle = |parts: &mut Vec<Literal>| {
+            for (p, part) in parts.drain(..).enumerate() {
                 if let Ok(k) = positions.binary_search(&p) {
                     compiled.program.recycle(k, part.data);
                 }
@@ -408,20 +447,19 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                 message: format!("out_axes: {m}"),
                 location: location(),
             })?;
-        let tensors: Vec<Tensor> = columns
-            .into_iter()
+        columns
+            .iter_mut()
             .zip(&out_spec)
             .enumerate()
             .map(|(o, (c, a))| match a {
                 Some(a) => {
-                    let stacked = stack(&c)?;
+                    let stacked = stack(c)?;
                     recycle(c);
                     move_leading(stacked, *a).map(Tensor::from_literal)
                 }
                 None => unmapped(c, o, &location()).map(Tensor::from_literal),
             })
-            .collect::<Result<_>>()?;
-        tree::unflatten(&compiled.out_def, tensors)
+            .collect()
     }
 
     /// Traces the per-device program (each input without its leading axis, in a graph whose
@@ -479,7 +517,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
 }
 
 /// An output with `out_axes` `None`: every device's value, which must all be the same.
-fn unmapped(parts: Vec<Literal>, output: usize, location: &str) -> Result<Literal> {
+fn unmapped(parts: &mut Vec<Literal>, output: usize, location: &str) -> Result<Literal> {
     for (d, p) in parts.iter().enumerate().skip(1) {
         if p.ty != parts[0].ty || !p.data.bits_eq(&parts[0].data) {
             return Err(Error::Op {
@@ -492,7 +530,7 @@ fn unmapped(parts: Vec<Literal>, output: usize, location: &str) -> Result<Litera
             });
         }
     }
-    Ok(parts.into_iter().next().expect("at least one device"))
+    Ok(parts.swap_remove(0))
 }
 
 /// The size of a named axis of the enclosing pmap, or an error naming the caller.

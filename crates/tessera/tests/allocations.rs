@@ -388,8 +388,9 @@ fn donated_parameters_on_a_one_device_mesh_are_reused() {
 /// inputs are the last call's refilled, and its outputs, once stacked, go back to its
 /// program's pool. A step allocated 328 times before (41 a device), 135 while the `gemm`
 /// crate allocated its packing on every product (2 a device), 119 while the devices' runs
-/// in turn allocated their pauses and lists (`together::Together`), 70 now: the stacked
-/// outputs and each device's list of results. Slicing
+/// in turn allocated their pauses and lists (`together::Together`), 70 while the call made
+/// its per-device lists anew (`pmap.rs::PmapScratch`), 38 now: the stacked outputs, their
+/// tensors, the argument tree's structure and leaves. Slicing
 /// anew would add 96 (an element vector and an `Arc` per device and input), outputs not
 /// recycled 40.
 #[test]
@@ -400,7 +401,7 @@ fn the_pmap_step_allocates_no_slice_or_output_per_device() {
     let (a, again, bytes) = pmap_steady(n);
     println!("pmap over {n} devices: {a} allocations, {bytes} bytes per step");
     assert_eq!(a, again, "the count is the same in every window");
-    assert!(a < 10 * n, "{a} allocations per step");
+    assert!(a < 6 * n, "{a} allocations per step");
 }
 
 /// The seed pmap step over 2 devices, no more than a 2-core machine's cores: the devices run
