@@ -162,7 +162,7 @@ fn eager_random(c: &mut Criterion) {
 /// A step over many small parameters (`p * 0.5 + 1` of each of 1,000 and of 4,000 [16]s,
 /// chained): the per-run cost of an executable's outputs, which should grow linearly with
 /// their count (docs/PERFORMANCE.md, twenty-third pass: the scans it replaced made 4,000 take
-/// 11.6 ms a step where 1,000 took 0.7).
+/// 7.9-16.3 ms a step where 1,000 took 0.7-1.4; 1.0-1.7 and 0.24-0.36 after).
 fn many_outputs(c: &mut Criterion) {
     let mut g = c.benchmark_group("many_outputs");
     for n in [1000usize, 4000] {

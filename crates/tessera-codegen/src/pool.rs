@@ -4,9 +4,9 @@
 //! The outputs' types are sorted once into classes (dtype, element count), so giving a buffer
 //! back and taking one for an output are each a binary search or an index, not a scan of every
 //! output: a program of `n` outputs spends O(n log n) a run on its pool, where the scans it
-//! replaces spent O(n^2) (4,000 outputs: 11.6 ms a step before, docs/PERFORMANCE.md,
-//! twenty-third pass). Nothing here allocates in steady state: each class's list keeps its
-//! capacity.
+//! replaces spent O(n^2) (4,000 outputs: 7.9-16.3 ms a step before, 1.0-1.7 after,
+//! docs/PERFORMANCE.md, twenty-third pass). Nothing here allocates in steady state: each
+//! class's list keeps its capacity.
 
 use tessera_ir::{DType, Data, TensorType};
 
@@ -14,7 +14,7 @@ use tessera_ir::{DType, Data, TensorType};
 /// dtype, room for its elements, and at most twice as many (a larger one is left for a larger
 /// output).
 pub(crate) fn fits(d: &Data, dtype: DType, numel: usize) -> bool {
-    d.dtype() == dtype && d.capacity() >= numel && d.capacity() <= numel.max(1) * 2
+    d.dtype() == dtype && d.capacity() >= numel && d.capacity() <= numel.max(1).saturating_mul(2)
 }
 
 /// The buffers given back, by the class of output each will hold.

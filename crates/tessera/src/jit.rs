@@ -317,8 +317,9 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Jitted<F, In, Out> {
     /// tensor's own allocations) instead of new allocations, so a training loop that passes
     /// the parameters back in allocates nothing for them in steady state, donated or not. A
     /// leaf whose buffer another tensor still shares (a clone kept alive) is not reused: that
-    /// tensor keeps its value. This applies to programs on one device, on the host or on a
-    /// one-device mesh; on a mesh of several devices the arguments are not reused.
+    /// tensor keeps its value. On a mesh of several devices each shard goes to its device's
+    /// pool (a replicated value's to the first device's) when no one holds the array or any
+    /// of its shards, and the array's allocations hold the next output of its layout.
     ///
     /// ```
     /// use tessera::prelude::*;
