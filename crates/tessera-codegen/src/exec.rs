@@ -301,7 +301,20 @@ pub(crate) unsafe fn gemm_view(
     (o, os): (*mut u8, [isize; 2]),
     par: gemm::Parallelism,
 ) {
-    if dtype == DType::F32 && crate::thin::plan((m, n, k), ls, rs, os) {
+    if dtype == DType::F32 && crate::sgemm::plan((m, n, k)) {
+        let parallel = !matches!(par, gemm::Parallelism::None);
+        // SAFETY: the caller's views, of f32, `out` apart from the operands; the host runs
+        // the kernel (`available`).
+        unsafe {
+            crate::sgemm::run(
+                (m, n, k),
+                (l as *const f32, ls),
+                (r as *const f32, rs),
+                (o as *mut f32, os),
+                parallel,
+            )
+        }
+    } else if dtype == DType::F32 && crate::thin::plan((m, n, k), ls, rs, os) {
         let parallel = !matches!(par, gemm::Parallelism::None);
         // SAFETY: the caller's views, of f32; `plan` holds.
         unsafe {

@@ -27,6 +27,7 @@ mod native;
 pub mod pairs;
 pub mod plan;
 mod pool;
+mod sgemm;
 mod team;
 mod thin;
 mod tier;

@@ -1,0 +1,769 @@
+//! f32 products on hosts with AVX2 and FMA but no AVX-512 (Zen 3, Haswell to Alder Lake): a
+//! packed, blocked product of our own, in place of the `gemm` crate's, whose split over two
+//! cores ran the big MLP's 512 x 1024 x 1024 product at 95-130 GFLOP/s where one core alone
+//! reached 80-88 (Zen 3, docs/PERFORMANCE.md, "twenty-fourth pass"). On AVX-512 hosts the
+//! library's wider kernel stays (`available`).
+//!
+//! The scheme is the usual one (Goto, BLIS): the right operand is packed into panels of
+//! `NR` columns, one contraction block after another; each task packs its own block of rows
+//! of the left operand into panels of `MR` rows and runs the `MR x NR` register kernel (12
+//! accumulators, the 6 x 16 FMA tile of BLIS's Haswell kernel) over every pair of panels. Both
+//! phases hand out their tasks through an atomic counter to every thread that joins
+//! (`spread`), so a core the machine takes away for a while leaves its tasks to the other
+//! instead of holding the product up: a static halving waits for the slower half.
+//!
+//! The sums. Each result element is a chain of multiply-adds over each contraction block,
+//! from zero, in order; the blocks' sums are added to the result one after another. The block
+//! length depends on `k` alone (`block`), and a task's tile is computed by the same kernel
+//! whichever thread takes it, so a product gives the same bits on one thread or several,
+//! whatever the layouts of its operands (`tests`): a shared product's elected member and
+//! devices run in turn on one thread (`exec::multiply_shared`) agree.
+//!
+//! Any (row, column) strides: the packing reads either layout (a transposed operand is a
+//! packing order, not a copy), and a result tile with unit column stride is written from the
+//! registers, any other through a small buffer.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The register tile: rows of the left operand, columns of the right.
+const MR: usize = 6;
+const NR: usize = 16;
+/// The longest contraction block: a kernel's panels (`KC x (MR + NR)` values, 22 KiB) stay in
+/// a 32 KiB L1.
+const KC: usize = 256;
+/// Rows a compute task takes (a multiple of `MR`): its packed left block (`60 x KC`, 60 KiB)
+/// stays in L2, and the big MLP's 512 rows make 9 tasks for two threads to share.
+const TASK_ROWS: usize = 60;
+/// The packed right operand of one column block at most this many values (8 MiB): the right
+/// operand is packed a column block at a time, every contraction block of it.
+const PACKED_RIGHT: usize = 2 << 20;
+/// Right panels a packing task takes.
+const PACK_PANELS: usize = 8;
+
+/// Whether `exec::gemm_dense` computes f32 products here: an x86-64 host with AVX2 and FMA
+/// and without AVX-512F (where the library's AVX-512 kernel and `thin.rs` run), and
+/// `TESSERA_NO_SGEMM` unset (to measure the library).
+pub(crate) fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE
+        .get_or_init(|| supported() && !avx512() && std::env::var_os("TESSERA_NO_SGEMM").is_none())
+}
+
+/// Whether `exec::gemm_view` computes this f32 product here: `available()`, and a product the
+/// library does not send to its vector kernels (a contraction of 1 or 2, whose sums the
+/// interpreter's match bit for bit, or a single row or column: matrix-vector products, where
+/// most of a register tile would be padding).
+pub(crate) fn plan((m, n, k): (usize, usize, usize)) -> bool {
+    m >= 2 && n >= 2 && k >= 3 && available()
+}
+
+/// The host can run the kernel (AVX2 and FMA).
+fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The contraction block for a contraction of `k`: at most `KC`, the blocks as even as
+/// possible. A function of `k` alone: the sums do not depend on the split (module doc).
+fn block(k: usize) -> usize {
+    k.div_ceil(k.div_ceil(KC).max(1)).max(1)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many products `run` was called for on this thread (tests: `gemm_view` sends f32
+    /// products here).
+    static RUNS: Cell<usize> = const { Cell::new(0) };
+}
+
+thread_local! {
+    /// The calling thread's packed right operand and each thread's packed left block, kept
+    /// for the thread's next product (a step allocates nothing once warm, `tests/allocations.rs`
+    /// of the tessera crate). Taken out while in use: a product that finds its slot empty
+    /// (one started further up the stack of a rayon worker that waits inside another) uses
+    /// a buffer of its own, and the larger of the two is kept.
+    static KEPT_RIGHT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static KEPT_LEFT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// The slot's buffer with at least `len` values (its contents unspecified).
+fn take(slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>, len: usize) -> Vec<f32> {
+    let v = slot.with(Cell::take);
+    if v.len() >= len {
+        return v;
+    }
+    drop(v);
+    vec![0.0; len]
+}
+
+/// Gives `v` back to the slot, keeping the larger buffer.
+fn give(slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>, v: Vec<f32>) {
+    slot.with(|s| {
+        let old = s.take();
+        s.set(if old.len() >= v.len() { old } else { v });
+    });
+}
+
+/// A strided f32 view: address and (row, column) strides in elements.
+#[derive(Clone, Copy)]
+struct View {
+    at: *mut f32,
+    rows: isize,
+    cols: isize,
+}
+
+impl View {
+    /// The address of element `(i, j)`.
+    ///
+    /// # Safety
+    /// `(i, j)` must be inside the view the caller vouches for.
+    unsafe fn at(self, i: usize, j: usize) -> *mut f32 {
+        // SAFETY: the caller's: the element is inside the view's buffer, so the offset stays
+        // inside one allocation.
+        unsafe {
+            self.at
+                .offset(i as isize * self.rows)
+                .offset(j as isize * self.cols)
+        }
+    }
+}
+
+/// What the threads of one product share: the three views, the packed right block and the
+/// shape. Sent to the threads that join (`spread`).
+struct Product {
+    left: View,
+    right: View,
+    out: View,
+    m: usize,
+    k: usize,
+    kc: usize,
+    /// The packed right block: `k * panels * NR` values.
+    packed: *mut f32,
+    /// The column block: its first column and its number of columns.
+    cols: (usize, usize),
+    /// Compute tasks: row tasks of `TASK_ROWS`, each split in `parts` column parts of
+    /// `part_panels` panels.
+    parts: usize,
+    part_panels: usize,
+}
+
+// SAFETY: the threads only read `left`, `right` and (after the packing phase, which `spread`
+// finishes before the compute phase starts) `packed`; the packing tasks write disjoint panels
+// of `packed`, and the compute tasks disjoint tiles of `out`, every address inside the views
+// the caller of `run` vouches for, alive until `run` returns, after every thread is done.
+unsafe impl Send for Product {}
+// SAFETY: as above.
+unsafe impl Sync for Product {}
+
+/// `out = left x right` over `(m, n, k)` f32 views, each an address and (row, column)
+/// strides in elements, on every core when `parallel` (`spread`). `k == 0` writes zeros.
+///
+/// # Safety
+/// `available()` (or, in tests, `supported()`); the views must lie inside live f32 buffers,
+/// distinct elements of `out` at distinct addresses and `out` not overlapping the operands.
+pub(crate) unsafe fn run(
+    (m, n, k): (usize, usize, usize),
+    (l, ls): (*const f32, [isize; 2]),
+    (r, rs): (*const f32, [isize; 2]),
+    (o, os): (*mut f32, [isize; 2]),
+    parallel: bool,
+) {
+    #[cfg(test)]
+    RUNS.with(|r| r.set(r.get() + 1));
+    // SAFETY: the caller's contract.
+    unsafe { multiply((m, n, k), (l, ls), (r, rs), (o, os), parallel) }
+}
+
+/// `run`'s product.
+///
+/// # Safety
+/// As `run`'s.
+unsafe fn multiply(
+    (m, n, k): (usize, usize, usize),
+    (l, ls): (*const f32, [isize; 2]),
+    (r, rs): (*const f32, [isize; 2]),
+    (o, os): (*mut f32, [isize; 2]),
+    parallel: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // A narrow result (a classifier's 10 columns) wastes most of the `NR` columns of each
+    // tile and packs the whole left operand for them: computed transposed, `out^T = right^T x
+    // left^T`, its few rows fill `MR`-row panels and the long side packs into full panels.
+    // The same sums (each a chain over `k` in order), only the roles swapped.
+    if n < m && n % NR != 0 && n < 4 * NR {
+        let t = |s: [isize; 2]| [s[1], s[0]];
+        // SAFETY: the same views, transposed.
+        unsafe { multiply((n, m, k), (r, t(rs)), (l, t(ls)), (o, t(os)), parallel) };
+        return;
+    }
+    let out = View {
+        at: o,
+        rows: os[0],
+        cols: os[1],
+    };
+    if k == 0 {
+        for i in 0..m {
+            for j in 0..n {
+                // SAFETY: `(i, j)` is inside the caller's `m x n` view of `out`.
+                unsafe { *out.at(i, j) = 0.0 };
+            }
+        }
+        return;
+    }
+    let kc = block(k);
+    let block_cols = (PACKED_RIGHT / k / NR * NR).clamp(NR, n.div_ceil(NR) * NR);
+    let mut packed = take(&KEPT_RIGHT, k * block_cols);
+    let threads = if parallel { crate::team::threads() } else { 1 };
+    let row_tasks = m.div_ceil(TASK_ROWS);
+    let mut product = Product {
+        left: View {
+            at: l as *mut f32,
+            rows: ls[0],
+            cols: ls[1],
+        },
+        right: View {
+            at: r as *mut f32,
+            rows: rs[0],
+            cols: rs[1],
+        },
+        out,
+        m,
+        k,
+        kc,
+        packed: packed.as_mut_ptr(),
+        cols: (0, 0),
+        parts: 1,
+        part_panels: 0,
+    };
+    for j0 in (0..n).step_by(block_cols) {
+        let nc = (n - j0).min(block_cols);
+        let panels = nc.div_ceil(NR);
+        // Enough tasks for every thread to take several: short products split their columns.
+        let parts = match threads {
+            1 => 1,
+            _ => (4 * threads).div_ceil(row_tasks).clamp(1, panels),
+        };
+        product.cols = (j0, nc);
+        product.parts = parts;
+        product.part_panels = panels.div_ceil(parts);
+        let p = &product;
+        let chunks = panels.div_ceil(PACK_PANELS);
+        let blocks = k.div_ceil(kc);
+        let next = AtomicUsize::new(0);
+        spread(threads, &|| {
+            loop {
+                let t = next.fetch_add(1, Ordering::Relaxed);
+                if t >= blocks * chunks {
+                    break;
+                }
+                // SAFETY: task `t` is taken once (the counter), and packs its own panels.
+                unsafe { pack_right(p, t / chunks, t % chunks) };
+            }
+        });
+        let tasks = row_tasks * parts;
+        let next = AtomicUsize::new(0);
+        spread(threads, &|| {
+            let mut left = take(&KEPT_LEFT, TASK_ROWS.div_ceil(MR) * MR * kc);
+            loop {
+                let t = next.fetch_add(1, Ordering::Relaxed);
+                if t >= tasks {
+                    break;
+                }
+                // SAFETY: task `t` is taken once, and writes its own tiles; `left` holds a
+                // task's packed block.
+                unsafe { compute(p, t / parts, t % parts, &mut left) };
+            }
+            give(&KEPT_LEFT, left);
+        });
+    }
+    give(&KEPT_RIGHT, packed);
+}
+
+/// Runs `work` on `threads` threads at once (the team's helper or rayon's workers), or once
+/// here. Every call runs the same loop over a shared counter, so whichever threads come do
+/// all the tasks: a `work` that finds no task left returns.
+fn spread(threads: usize, work: &(dyn Fn() + Sync)) {
+    match threads {
+        0 | 1 => work(),
+        2 => {
+            crate::team::join(work, work);
+        }
+        _ => {
+            let half = threads / 2;
+            rayon::join(|| spread(half, work), || spread(threads - half, work));
+        }
+    }
+}
+
+/// Packs chunk `chunk` (panels `chunk * PACK_PANELS ..`) of contraction block `kb` of the
+/// column block `p.cols` of the right operand: panel `q` of block `kb` (at `k0 = kb * kc`,
+/// `kcc` long) holds, for each `kk`, the `NR` values of row `k0 + kk` of its columns, zeros
+/// past the block's last column, at `k0 * panels * NR + q * kcc * NR`.
+///
+/// # Safety
+/// `run`'s views; no other task packs the same chunk.
+unsafe fn pack_right(p: &Product, kb: usize, chunk: usize) {
+    let (j0, nc) = p.cols;
+    let panels = nc.div_ceil(NR);
+    let k0 = kb * p.kc;
+    let kcc = (p.k - k0).min(p.kc);
+    let q0 = chunk * PACK_PANELS;
+    for q in q0..(q0 + PACK_PANELS).min(panels) {
+        let width = (nc - q * NR).min(NR);
+        // SAFETY: the panel lies inside the packed buffer (`k * panels * NR` values).
+        let to = unsafe { p.packed.add(k0 * panels * NR + q * kcc * NR) };
+        let col = j0 + q * NR;
+        if p.right.cols == 1 && width == NR {
+            for kk in 0..kcc {
+                // SAFETY: row `k0 + kk`, columns `col .. col + NR` are inside the view (unit
+                // column stride: contiguous); the panel's row `kk` is inside the buffer.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(p.right.at(k0 + kk, col), to.add(kk * NR), NR)
+                }
+            }
+        } else {
+            // Down each column (a transposed operand reads along its contiguous dimension).
+            for j in 0..NR {
+                for kk in 0..kcc {
+                    let v = match j < width {
+                        // SAFETY: `(k0 + kk, col + j)` is inside the view.
+                        true => unsafe { *p.right.at(k0 + kk, col + j) },
+                        false => 0.0,
+                    };
+                    // SAFETY: inside the panel.
+                    unsafe { *to.add(kk * NR + j) = v };
+                }
+            }
+        }
+    }
+}
+
+/// Packs rows `i0 .. i0 + rows` of contraction block `k0 .. k0 + kcc` of the left operand:
+/// panel `p` holds, for each `kk`, the `MR` values of its rows at column `k0 + kk`, zeros past
+/// the last row, at `p * kcc * MR`.
+///
+/// # Safety
+/// `run`'s views; `to` holds `rows.div_ceil(MR) * MR * kcc` values.
+unsafe fn pack_left(
+    p: &Product,
+    (i0, rows): (usize, usize),
+    (k0, kcc): (usize, usize),
+    to: &mut [f32],
+) {
+    for panel in 0..rows.div_ceil(MR) {
+        let to = &mut to[panel * kcc * MR..(panel + 1) * kcc * MR];
+        if p.left.rows == 1 {
+            // Column-major (a transposed operand): each column's rows are contiguous.
+            let height = (rows - panel * MR).min(MR);
+            for kk in 0..kcc {
+                for i in 0..MR {
+                    to[kk * MR + i] = match i < height {
+                        // SAFETY: `(i0 + panel * MR + i, k0 + kk)` is inside the view.
+                        true => unsafe { *p.left.at(i0 + panel * MR + i, k0 + kk) },
+                        false => 0.0,
+                    };
+                }
+            }
+            continue;
+        }
+        for i in 0..MR {
+            let row = panel * MR + i;
+            if row < rows {
+                for kk in 0..kcc {
+                    // SAFETY: `(i0 + row, k0 + kk)` is inside the view.
+                    to[kk * MR + i] = unsafe { *p.left.at(i0 + row, k0 + kk) };
+                }
+            } else {
+                for kk in 0..kcc {
+                    to[kk * MR + i] = 0.0;
+                }
+            }
+        }
+    }
+}
+
+/// Compute task `(row_task, part)`: rows `row_task * TASK_ROWS ..` by the columns of panels
+/// `part * part_panels ..` of the column block, over every contraction block in order.
+///
+/// # Safety
+/// `run`'s views, the right block packed; no other task computes the same `(row_task, part)`.
+unsafe fn compute(p: &Product, row_task: usize, part: usize, left: &mut [f32]) {
+    let (j0, nc) = p.cols;
+    let panels = nc.div_ceil(NR);
+    let i0 = row_task * TASK_ROWS;
+    let rows = (p.m - i0).min(TASK_ROWS);
+    let q0 = part * p.part_panels;
+    let q1 = (q0 + p.part_panels).min(panels);
+    let direct = p.out.cols == 1;
+    for k0 in (0..p.k).step_by(p.kc) {
+        let kcc = (p.k - k0).min(p.kc);
+        let first = k0 == 0;
+        // SAFETY: `run`'s views; `left` holds `TASK_ROWS` rounded up to `MR` rows of `kc`.
+        unsafe { pack_left(p, (i0, rows), (k0, kcc), left) };
+        for q in q0..q1 {
+            let col = j0 + q * NR;
+            let width = (nc - q * NR).min(NR);
+            // SAFETY: panel `q` of this block, inside the packed buffer.
+            let b = unsafe { p.packed.add(k0 * panels * NR + q * kcc * NR) };
+            for panel in 0..rows.div_ceil(MR) {
+                let row = i0 + panel * MR;
+                let height = (p.m - row).min(MR);
+                let a = left[panel * kcc * MR..].as_ptr();
+                if direct && height == MR && width == NR {
+                    // SAFETY: the tile's `MR` rows of `NR` contiguous values are inside
+                    // `out` (unit column stride), the panels inside their buffers, and the
+                    // host runs AVX2 and FMA (`run`'s contract).
+                    unsafe { kernel(kcc, a, b, p.out.at(row, col), p.out.rows, first) }
+                } else {
+                    let mut tile = [0.0f32; MR * NR];
+                    // SAFETY: the tile buffer holds `MR` rows of `NR`; as above otherwise.
+                    unsafe { kernel(kcc, a, b, tile.as_mut_ptr(), NR as isize, true) };
+                    for i in 0..height {
+                        for j in 0..width {
+                            // SAFETY: `(row + i, col + j)` is inside `out`.
+                            let to = unsafe { &mut *p.out.at(row + i, col + j) };
+                            *to = match first {
+                                true => tile[i * NR + j],
+                                false => *to + tile[i * NR + j],
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The register kernel: `c[i][j] (=|+=) sum over kk of a[kk * MR + i] * b[kk * NR + j]` for
+/// the `MR x NR` tile at `c` (rows `ldc` apart), each sum a chain of multiply-adds from zero
+/// in `kk` order, added to `c` (or stored, `first`) once at the end.
+///
+/// # Safety
+/// The host runs AVX2 and FMA; `a` holds `kc * MR` values, `b` `kc * NR`, and `c + i * ldc
+/// + j` is writable for every `i < MR`, `j < NR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: isize, first: bool) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    for kk in 0..kc {
+        // SAFETY: `kk < kc`: the panels' row `kk` is inside them.
+        unsafe {
+            let b0 = _mm256_loadu_ps(b.add(kk * NR));
+            let b1 = _mm256_loadu_ps(b.add(kk * NR + 8));
+            let a = a.add(kk * MR);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let x = _mm256_broadcast_ss(&*a.add(i));
+                acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+            }
+        }
+    }
+    for (i, acc) in acc.iter().enumerate() {
+        // SAFETY: row `i` of the tile, `NR` values from `c + i * ldc`, is writable.
+        unsafe {
+            let c = c.offset(i as isize * ldc);
+            for (h, v) in acc.iter().enumerate() {
+                let c = c.add(8 * h);
+                let v = match first {
+                    true => *v,
+                    false => _mm256_add_ps(_mm256_loadu_ps(c), *v),
+                };
+                _mm256_storeu_ps(c, v);
+            }
+        }
+    }
+}
+
+/// No kernel off x86-64: `available` and `supported` are false there, so `run` is never
+/// called.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn kernel(_: usize, _: *const f32, _: *const f32, _: *mut f32, _: isize, _: bool) {
+    unreachable!("sgemm::run off x86-64")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A strided `rows x cols` f32 matrix: its buffer and (row, column) strides.
+    struct Matrix {
+        data: Vec<f32>,
+        strides: [isize; 2],
+    }
+
+    /// Layouts: row-major, column-major, and row-major rows `pad` values apart.
+    #[derive(Clone, Copy, Debug)]
+    enum Layout {
+        Rows,
+        Columns,
+        Padded,
+    }
+
+    impl Matrix {
+        fn new(
+            rows: usize,
+            cols: usize,
+            layout: Layout,
+            value: impl Fn(usize, usize) -> f32,
+        ) -> Matrix {
+            let (len, strides) = match layout {
+                Layout::Rows => (rows * cols, [cols as isize, 1]),
+                Layout::Columns => (rows * cols, [1, rows as isize]),
+                Layout::Padded => (rows * (cols + 3), [(cols + 3) as isize, 1]),
+            };
+            let mut data = vec![f32::NAN; len];
+            for i in 0..rows {
+                for j in 0..cols {
+                    data[i * strides[0] as usize + j * strides[1] as usize] = value(i, j);
+                }
+            }
+            Matrix { data, strides }
+        }
+
+        fn get(&self, i: usize, j: usize) -> f32 {
+            self.data[i * self.strides[0] as usize + j * self.strides[1] as usize]
+        }
+    }
+
+    /// The sum `run` promises for element `(i, j)`: over each block of `block(k)` a chain of
+    /// fused multiply-adds from zero, the blocks' sums added in order.
+    fn model(a: &Matrix, b: &Matrix, (i, j): (usize, usize), k: usize) -> f32 {
+        let kc = block(k);
+        let mut c = 0.0f32;
+        for k0 in (0..k).step_by(kc) {
+            let mut acc = 0.0f32;
+            for kk in k0..(k0 + kc).min(k) {
+                acc = a.get(i, kk).mul_add(b.get(kk, j), acc);
+            }
+            c = if k0 == 0 { acc } else { c + acc };
+        }
+        c
+    }
+
+    fn product(
+        (m, n, k): (usize, usize, usize),
+        (a, b): (&Matrix, &Matrix),
+        layout: Layout,
+        parallel: bool,
+    ) -> Matrix {
+        let mut c = Matrix::new(m, n, layout, |_, _| f32::NAN);
+        assert!(
+            supported(),
+            "the kernel needs AVX2 and FMA, which this host lacks"
+        );
+        // SAFETY: the three views are `m x k`, `k x n` and `m x n` inside their buffers
+        // (`Matrix::new`), the result apart from the operands; the host runs the kernel.
+        unsafe {
+            run(
+                (m, n, k),
+                (a.data.as_ptr(), a.strides),
+                (b.data.as_ptr(), b.strides),
+                (c.data.as_mut_ptr(), c.strides),
+                parallel,
+            )
+        };
+        c
+    }
+
+    fn value(seed: usize) -> impl Fn(usize, usize) -> f32 {
+        move |i, j| ((i * 7919 + j * 104_729 + seed) % 1999) as f32 / 997.0 - 1.0
+    }
+
+    /// Every element is the promised sum, bit for bit, at shapes around the tile (6 x 16),
+    /// the block (256) and the narrow-result transposition (`n < 64`), in every layout of the
+    /// three operands, on one thread and on several; and within the f32 error bound of an f64
+    /// reference (an index off by one breaks both).
+    #[test]
+    fn every_element_is_the_promised_sum_in_every_layout() {
+        let shapes = [
+            (1, 1, 1),
+            (6, 16, 3),
+            (7, 17, 256),
+            (5, 15, 257),
+            (13, 33, 520),
+            (61, 10, 100),
+            (130, 3, 40),
+            (64, 70, 9),
+            (121, 200, 300),
+        ];
+        let layouts = [Layout::Rows, Layout::Columns, Layout::Padded];
+        for (m, n, k) in shapes {
+            for (la, lb, lc) in layouts.iter().flat_map(|&a| {
+                layouts
+                    .iter()
+                    .flat_map(move |&b| layouts.map(|c| (a, b, c)))
+            }) {
+                let a = Matrix::new(m, k, la, value(1));
+                let b = Matrix::new(k, n, lb, value(2));
+                for parallel in [false, true] {
+                    let c = product((m, n, k), (&a, &b), lc, parallel);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let what =
+                                format!("{m}x{n}x{k} {la:?} {lb:?} {lc:?} {parallel} ({i}, {j})");
+                            assert_eq!(
+                                c.get(i, j).to_bits(),
+                                model(&a, &b, (i, j), k).to_bits(),
+                                "{what}"
+                            );
+                            let (mut exact, mut size) = (0.0f64, 0.0f64);
+                            for kk in 0..k {
+                                let t = a.get(i, kk) as f64 * b.get(kk, j) as f64;
+                                exact += t;
+                                size += t.abs();
+                            }
+                            let bound = k as f64 * f32::EPSILON as f64 * size;
+                            assert!((c.get(i, j) as f64 - exact).abs() <= bound, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The big MLP's shapes give the same bits on one thread and on two (the tasks' split
+    /// does not touch the sums), and a narrow result the same as its transposed product.
+    #[test]
+    fn the_same_bits_on_one_thread_or_two_at_the_big_mlps_shapes() {
+        for (m, n, k) in [(512, 1024, 784), (1024, 10, 512), (512, 1024, 10)] {
+            let a = Matrix::new(m, k, Layout::Rows, value(3));
+            let b = Matrix::new(k, n, Layout::Columns, value(4));
+            let one = product((m, n, k), (&a, &b), Layout::Rows, false);
+            let two = product((m, n, k), (&a, &b), Layout::Rows, true);
+            assert!(
+                one.data
+                    .iter()
+                    .zip(&two.data)
+                    .all(|(x, y)| x.to_bits() == y.to_bits())
+            );
+            for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
+                assert_eq!(one.get(i, j).to_bits(), model(&a, &b, (i, j), k).to_bits());
+            }
+        }
+    }
+
+    /// Infinities and NaNs reach exactly the elements whose sums they enter (the padding of a
+    /// tile never leaks into a result); `k == 0` writes zeros, and an empty result nothing.
+    #[test]
+    fn specials_stay_in_their_rows_and_columns_and_k_zero_writes_zeros() {
+        let (m, n, k) = (13, 21, 300);
+        let a = Matrix::new(m, k, Layout::Rows, |i, kk| match (i, kk) {
+            (2, 5) => f32::INFINITY,
+            (7, 299) => f32::NAN,
+            _ => value(5)(i, kk),
+        });
+        let b = Matrix::new(k, n, Layout::Rows, |kk, j| match (kk, j) {
+            (17, 20) => f32::NEG_INFINITY,
+            _ => value(6)(kk, j),
+        });
+        let c = product((m, n, k), (&a, &b), Layout::Rows, true);
+        for i in 0..m {
+            for j in 0..n {
+                let (got, want) = (c.get(i, j), model(&a, &b, (i, j), k));
+                assert!(
+                    got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(),
+                    "({i}, {j})"
+                );
+                assert_eq!(got.is_finite(), i != 2 && i != 7 && j != 20, "({i}, {j})");
+            }
+        }
+        let empty = Matrix::new(4, 0, Layout::Rows, value(7));
+        let c = product(
+            (5, 3, 0),
+            (&empty, &Matrix::new(0, 3, Layout::Rows, value(8))),
+            Layout::Padded,
+            true,
+        );
+        for i in 0..5 {
+            for j in 0..3 {
+                assert_eq!(c.get(i, j).to_bits(), 0.0f32.to_bits());
+            }
+        }
+        // An empty result: nothing written (the buffer keeps its NaNs, and no view is read).
+        let c = product(
+            (0, 3, 4),
+            (
+                &Matrix::new(0, 4, Layout::Rows, value(9)),
+                &Matrix::new(4, 3, Layout::Rows, value(9)),
+            ),
+            Layout::Rows,
+            true,
+        );
+        assert!(c.data.is_empty());
+    }
+
+    /// `exec::gemm_view` sends an f32 product here exactly when `available()` (an AVX2 host
+    /// without AVX-512, `TESSERA_NO_SGEMM` unset), whatever its layout, unless `plan` leaves
+    /// it to the library; f64 never.
+    #[test]
+    fn gemm_view_sends_f32_products_here_on_avx2_hosts() {
+        let (m, n, k) = (65, 7, 300);
+        let a = Matrix::new(m, k, Layout::Columns, value(10));
+        let b = Matrix::new(k, n, Layout::Rows, value(11));
+        let mut c = vec![0.0f32; m * n];
+        let a64: Vec<f64> = a.data.iter().map(|&x| x as f64).collect();
+        let b64: Vec<f64> = b.data.iter().map(|&x| x as f64).collect();
+        let mut c64 = vec![0.0f64; m * n];
+        let before = RUNS.with(Cell::get);
+        // SAFETY: `m x k` (column-major), `k x n` and `m x n` views inside their vectors, the
+        // results apart from the operands.
+        unsafe {
+            crate::exec::gemm_view(
+                tessera_ir::DType::F32,
+                (m, n, k),
+                (a.data.as_ptr() as *const u8, a.strides),
+                (b.data.as_ptr() as *const u8, b.strides),
+                (c.as_mut_ptr() as *mut u8, [n as isize, 1]),
+                gemm::Parallelism::None,
+            );
+            crate::exec::gemm_view(
+                tessera_ir::DType::F64,
+                (m, n, k),
+                (a64.as_ptr() as *const u8, a.strides),
+                (b64.as_ptr() as *const u8, b.strides),
+                (c64.as_mut_ptr() as *mut u8, [n as isize, 1]),
+                gemm::Parallelism::None,
+            );
+        }
+        assert_eq!(RUNS.with(Cell::get) - before, usize::from(available()));
+        // A contraction of 2 and a matrix-vector product stay the library's.
+        let mut scratch = vec![0.0f32; m * n];
+        for (m, n, k) in [(65, 7, 2), (65, 1, 300), (1, 7, 300)] {
+            let before = RUNS.with(Cell::get);
+            // SAFETY: views inside the same vectors, smaller in every dimension.
+            unsafe {
+                crate::exec::gemm_view(
+                    tessera_ir::DType::F32,
+                    (m, n, k),
+                    (a.data.as_ptr() as *const u8, a.strides),
+                    (b.data.as_ptr() as *const u8, b.strides),
+                    (scratch.as_mut_ptr() as *mut u8, [n as isize, 1]),
+                    gemm::Parallelism::None,
+                )
+            };
+            assert_eq!(RUNS.with(Cell::get), before, "{m}x{n}x{k}");
+        }
+        if available() {
+            for (i, j) in [(0, 0), (64, 6), (31, 3)] {
+                assert_eq!(c[i * n + j].to_bits(), model(&a, &b, (i, j), k).to_bits());
+            }
+        }
+    }
+}
