@@ -38,6 +38,9 @@ const TASK_ROWS: usize = 60;
 /// The packed right operand of one column block at most this many values (8 MiB): the right
 /// operand is packed a column block at a time, every contraction block of it.
 const PACKED_RIGHT: usize = 2 << 20;
+/// At most this many right panels, a compute task reads a left operand with a unit stride in
+/// place (`compute`).
+const IN_PLACE: usize = 4;
 /// Right panels a packing task takes.
 const PACK_PANELS: usize = 8;
 
@@ -202,11 +205,11 @@ unsafe fn multiply(
     if m == 0 || n == 0 {
         return;
     }
-    // A narrow result (a classifier's 10 columns) wastes most of the `NR` columns of each
-    // tile and packs the whole left operand for them: computed transposed, `out^T = right^T x
-    // left^T`, its few rows fill `MR`-row panels and the long side packs into full panels.
-    // The same sums (each a chain over `k` in order), only the roles swapped.
-    if n < m && n % NR != 0 && n < 4 * NR {
+    // A narrow result (a classifier's 10 columns) of a left operand that must be packed (no
+    // unit stride, `compute`'s `IN_PLACE`) would pack all of it for a few columns: computed transposed,
+    // `out^T = right^T x left^T`, the long side is the right one, packed once into full
+    // panels. The same sums (each a chain over `k` in order), only the roles swapped.
+    if n < m && n % NR != 0 && n <= IN_PLACE * NR && ls[0] != 1 && ls[1] != 1 {
         let t = |s: [isize; 2]| [s[1], s[0]];
         // SAFETY: the same views, transposed.
         unsafe { multiply((n, m, k), (r, t(rs)), (l, t(ls)), (o, t(os)), parallel) };
@@ -410,12 +413,30 @@ unsafe fn compute(p: &Product, row_task: usize, part: usize, left: &mut [f32]) {
     let rows = (p.m - i0).min(TASK_ROWS);
     let q0 = part * p.part_panels;
     let q1 = (q0 + p.part_panels).min(panels);
+    if q0 >= q1 {
+        // The last parts of a block with fewer panels than parts times `part_panels`.
+        return;
+    }
     let direct = p.out.cols == 1;
+    // For a narrow result (at most `IN_PLACE` right panels) a left operand with a unit
+    // stride (row-major, or a transposed one) is read in place by the kernel, its `MR` rows
+    // at their own addresses: packing it cost as much as the product (512 x 10 x 1024: 0.41
+    // against 0.23 ms alone, Zen 3). Only a last panel of fewer than `MR` rows is packed
+    // (padded with zeros). A wide result packs: read in place, the big MLP's step was 10%
+    // slower (geomean of 12 alternating pairs), its rows' strides of 4 KiB sharing L1 sets.
+    let unit = (p.left.cols == 1 || p.left.rows == 1) && q1 - q0 <= IN_PLACE;
+    let full = rows / MR;
     for k0 in (0..p.k).step_by(p.kc) {
         let kcc = (p.k - k0).min(p.kc);
         let first = k0 == 0;
         // SAFETY: `run`'s views; `left` holds `TASK_ROWS` rounded up to `MR` rows of `kc`.
-        unsafe { pack_left(p, (i0, rows), (k0, kcc), left) };
+        match unit {
+            true if full * MR < rows => unsafe {
+                pack_left(p, (i0 + full * MR, rows - full * MR), (k0, kcc), left)
+            },
+            true => {}
+            false => unsafe { pack_left(p, (i0, rows), (k0, kcc), left) },
+        }
         for q in q0..q1 {
             let col = j0 + q * NR;
             let width = (nc - q * NR).min(NR);
@@ -424,11 +445,21 @@ unsafe fn compute(p: &Product, row_task: usize, part: usize, left: &mut [f32]) {
             for panel in 0..rows.div_ceil(MR) {
                 let row = i0 + panel * MR;
                 let height = (p.m - row).min(MR);
-                let a = left[panel * kcc * MR..].as_ptr();
+                let a = match (unit, height == MR) {
+                    // SAFETY: `(row, k0)` is inside the view (`row < m`, `k0 < k`).
+                    (true, true) => (
+                        unsafe { p.left.at(row, k0) } as *const f32,
+                        p.left.rows,
+                        p.left.cols,
+                    ),
+                    (true, false) => (left.as_ptr(), 1, MR as isize),
+                    (false, _) => (left[panel * kcc * MR..].as_ptr(), 1, MR as isize),
+                };
                 if direct && height == MR && width == NR {
                     // SAFETY: the tile's `MR` rows of `NR` contiguous values are inside
-                    // `out` (unit column stride), the panels inside their buffers, and the
-                    // host runs AVX2 and FMA (`run`'s contract).
+                    // `out` (unit column stride), the left rows `row .. row + MR` at columns
+                    // `k0 .. k0 + kcc` inside their view or packed panel, the right panel
+                    // inside its buffer, and the host runs AVX2 and FMA (`run`'s contract).
                     unsafe { kernel(kcc, a, b, p.out.at(row, col), p.out.rows, first) }
                 } else {
                     let mut tile = [0.0f32; MR * NR];
@@ -450,26 +481,39 @@ unsafe fn compute(p: &Product, row_task: usize, part: usize, left: &mut [f32]) {
     }
 }
 
-/// The register kernel: `c[i][j] (=|+=) sum over kk of a[kk * MR + i] * b[kk * NR + j]` for
-/// the `MR x NR` tile at `c` (rows `ldc` apart), each sum a chain of multiply-adds from zero
-/// in `kk` order, added to `c` (or stored, `first`) once at the end.
+/// The register kernel: `c[i][j] (=|+=) sum over kk of a[i * a_row + kk * a_k] * b[kk * NR
+/// + j]` for the `MR x NR` tile at `c` (rows `ldc` apart), each sum a chain of multiply-adds
+/// from zero in `kk` order, added to `c` (or stored, `first`) once at the end. A packed left
+/// panel is `(a, 1, MR)`; a left view read in place its own strides.
 ///
 /// # Safety
-/// The host runs AVX2 and FMA; `a` holds `kc * MR` values, `b` `kc * NR`, and `c + i * ldc
-/// + j` is writable for every `i < MR`, `j < NR`.
+/// The host runs AVX2 and FMA; `a + i * a_row + kk * a_k` is readable for every `i < MR`,
+/// `kk < kc`, `b` holds `kc * NR` values, and `c + i * ldc + j` is writable for every `i <
+/// MR`, `j < NR`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: isize, first: bool) {
+unsafe fn kernel(
+    kc: usize,
+    (a, a_row, a_k): (*const f32, isize, isize),
+    b: *const f32,
+    c: *mut f32,
+    ldc: isize,
+    first: bool,
+) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    // Each row's start (inside the operand by the caller's contract; `wrapping_offset` keeps
+    // the arithmetic safe whatever the strides' sign).
+    let rows: [*const f32; MR] = std::array::from_fn(|i| a.wrapping_offset(i as isize * a_row));
     for kk in 0..kc {
-        // SAFETY: `kk < kc`: the panels' row `kk` is inside them.
+        // SAFETY: `kk < kc`: the right panel's row `kk` and each left row's element `kk` are
+        // inside them.
         unsafe {
             let b0 = _mm256_loadu_ps(b.add(kk * NR));
             let b1 = _mm256_loadu_ps(b.add(kk * NR + 8));
-            let a = a.add(kk * MR);
+            let at = kk as isize * a_k;
             for (i, acc) in acc.iter_mut().enumerate() {
-                let x = _mm256_broadcast_ss(&*a.add(i));
+                let x = _mm256_broadcast_ss(&*rows[i].offset(at));
                 acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
                 acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
             }
@@ -494,7 +538,14 @@ unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: isiz
 /// No kernel off x86-64: `available` and `supported` are false there, so `run` is never
 /// called.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn kernel(_: usize, _: *const f32, _: *const f32, _: *mut f32, _: isize, _: bool) {
+unsafe fn kernel(
+    _: usize,
+    _: (*const f32, isize, isize),
+    _: *const f32,
+    _: *mut f32,
+    _: isize,
+    _: bool,
+) {
     unreachable!("sgemm::run off x86-64")
 }
 
@@ -508,12 +559,14 @@ mod tests {
         strides: [isize; 2],
     }
 
-    /// Layouts: row-major, column-major, and row-major rows `pad` values apart.
+    /// Layouts: row-major, column-major, row-major rows 3 values longer, and every other
+    /// value of rows one value longer than twice (no unit stride: the left one is packed).
     #[derive(Clone, Copy, Debug)]
     enum Layout {
         Rows,
         Columns,
         Padded,
+        Gapped,
     }
 
     impl Matrix {
@@ -527,6 +580,7 @@ mod tests {
                 Layout::Rows => (rows * cols, [cols as isize, 1]),
                 Layout::Columns => (rows * cols, [1, rows as isize]),
                 Layout::Padded => (rows * (cols + 3), [(cols + 3) as isize, 1]),
+                Layout::Gapped => (rows * (2 * cols + 1), [(2 * cols + 1) as isize, 2]),
             };
             let mut data = vec![f32::NAN; len];
             for i in 0..rows {
@@ -603,7 +657,12 @@ mod tests {
             (64, 70, 9),
             (121, 200, 300),
         ];
-        let layouts = [Layout::Rows, Layout::Columns, Layout::Padded];
+        let layouts = [
+            Layout::Rows,
+            Layout::Columns,
+            Layout::Padded,
+            Layout::Gapped,
+        ];
         for (m, n, k) in shapes {
             for (la, lb, lc) in layouts.iter().flat_map(|&a| {
                 layouts
