@@ -41,6 +41,12 @@ const PACKED_RIGHT: usize = 2 << 20;
 /// At most this many right panels, a compute task reads a left operand with a unit stride in
 /// place (`compute`).
 const IN_PLACE: usize = 4;
+/// At most this many result rows, the right operand's full panels are read in place when its
+/// columns have a unit stride: each is read by at most two left panels, and packing it cost
+/// more than the product (the small CNN's kernel gradient, 9 x 16 x 4096: 33 against 14 us
+/// alone, Zen 3). With more, a panel packed once stays in L1 for every left panel: in place,
+/// rows 4 KiB apart share L1 sets.
+const IN_PLACE_ROWS: usize = 2 * MR;
 /// Right panels a packing task takes.
 const PACK_PANELS: usize = 8;
 
@@ -156,6 +162,8 @@ struct Product {
     kc: usize,
     /// The packed right block: `k * panels * NR` values.
     packed: *mut f32,
+    /// Full right panels are read in place, not packed (`IN_PLACE_ROWS`).
+    right_in_place: bool,
     /// The column block: its first column and its number of columns.
     cols: (usize, usize),
     /// Compute tasks: row tasks of `TASK_ROWS`, each split in `parts` column parts of
@@ -250,6 +258,7 @@ unsafe fn multiply(
         k,
         kc,
         packed: packed.as_mut_ptr(),
+        right_in_place: rs[1] == 1 && m <= IN_PLACE_ROWS,
         cols: (0, 0),
         parts: 1,
         part_panels: 0,
@@ -329,6 +338,9 @@ unsafe fn pack_right(p: &Product, kb: usize, chunk: usize) {
     let q0 = chunk * PACK_PANELS;
     for q in q0..(q0 + PACK_PANELS).min(panels) {
         let width = (nc - q * NR).min(NR);
+        if p.right_in_place && width == NR {
+            continue;
+        }
         // SAFETY: the panel lies inside the packed buffer (`k * panels * NR` values).
         let to = unsafe { p.packed.add(k0 * panels * NR + q * kcc * NR) };
         let col = j0 + q * NR;
@@ -421,45 +433,53 @@ unsafe fn compute(p: &Product, row_task: usize, part: usize, left: &mut [f32]) {
     // For a narrow result (at most `IN_PLACE` right panels) a left operand with a unit
     // stride (row-major, or a transposed one) is read in place by the kernel, its `MR` rows
     // at their own addresses: packing it cost as much as the product (512 x 10 x 1024: 0.41
-    // against 0.23 ms alone, Zen 3). Only a last panel of fewer than `MR` rows is packed
-    // (padded with zeros). A wide result packs: read in place, the big MLP's step was 10%
+    // against 0.23 ms alone, Zen 3); a last panel of fewer than `MR` rows repeats its last
+    // row. A wide result packs: read in place, the big MLP's step was 10%
     // slower (geomean of 12 alternating pairs), its rows' strides of 4 KiB sharing L1 sets.
     let unit = (p.left.cols == 1 || p.left.rows == 1) && q1 - q0 <= IN_PLACE;
-    let full = rows / MR;
     for k0 in (0..p.k).step_by(p.kc) {
         let kcc = (p.k - k0).min(p.kc);
         let first = k0 == 0;
-        // SAFETY: `run`'s views; `left` holds `TASK_ROWS` rounded up to `MR` rows of `kc`.
-        match unit {
-            true if full * MR < rows => unsafe {
-                pack_left(p, (i0 + full * MR, rows - full * MR), (k0, kcc), left)
-            },
-            true => {}
-            false => unsafe { pack_left(p, (i0, rows), (k0, kcc), left) },
+        if !unit {
+            // SAFETY: `run`'s views; `left` holds `TASK_ROWS` rounded up to `MR` rows of `kc`.
+            unsafe { pack_left(p, (i0, rows), (k0, kcc), left) };
         }
         for q in q0..q1 {
             let col = j0 + q * NR;
             let width = (nc - q * NR).min(NR);
-            // SAFETY: panel `q` of this block, inside the packed buffer.
-            let b = unsafe { p.packed.add(k0 * panels * NR + q * kcc * NR) };
+            let b = match p.right_in_place && width == NR {
+                // SAFETY: `(k0, col)` is inside the view (`k0 < k`, `col < n`).
+                true => (unsafe { p.right.at(k0, col) } as *const f32, p.right.rows),
+                // SAFETY: panel `q` of this block, inside the packed buffer.
+                false => (
+                    unsafe { p.packed.add(k0 * panels * NR + q * kcc * NR) } as *const f32,
+                    NR as isize,
+                ),
+            };
             for panel in 0..rows.div_ceil(MR) {
                 let row = i0 + panel * MR;
                 let height = (p.m - row).min(MR);
-                let a = match (unit, height == MR) {
-                    // SAFETY: `(row, k0)` is inside the view (`row < m`, `k0 < k`).
-                    (true, true) => (
-                        unsafe { p.left.at(row, k0) } as *const f32,
-                        p.left.rows,
+                // The kernel's `MR` left rows: in place, a short last panel repeats its last
+                // row (read, never written: the tile path below stores `height` rows).
+                let a = match unit {
+                    true => (
+                        // SAFETY: `(row + i.min(height - 1), k0)` is inside the view.
+                        std::array::from_fn(|i| unsafe {
+                            p.left.at(row + i.min(height - 1), k0) as *const f32
+                        }),
                         p.left.cols,
                     ),
-                    (true, false) => (left.as_ptr(), 1, MR as isize),
-                    (false, _) => (left[panel * kcc * MR..].as_ptr(), 1, MR as isize),
+                    false => {
+                        let panel = left[panel * kcc * MR..].as_ptr();
+                        (std::array::from_fn(|i| panel.wrapping_add(i)), MR as isize)
+                    }
                 };
                 if direct && height == MR && width == NR {
                     // SAFETY: the tile's `MR` rows of `NR` contiguous values are inside
-                    // `out` (unit column stride), the left rows `row .. row + MR` at columns
-                    // `k0 .. k0 + kcc` inside their view or packed panel, the right panel
-                    // inside its buffer, and the host runs AVX2 and FMA (`run`'s contract).
+                    // `out` (unit column stride), the `MR` left rows' columns `k0 .. k0 +
+                    // kcc` inside their view or packed panel, the right panel's
+                    // `kcc` rows of `NR` inside its view or the packed buffer, and the host
+                    // runs AVX2 and FMA (`run`'s contract).
                     unsafe { kernel(kcc, a, b, p.out.at(row, col), p.out.rows, first) }
                 } else {
                     let mut tile = [0.0f32; MR * NR];
@@ -481,36 +501,34 @@ unsafe fn compute(p: &Product, row_task: usize, part: usize, left: &mut [f32]) {
     }
 }
 
-/// The register kernel: `c[i][j] (=|+=) sum over kk of a[i * a_row + kk * a_k] * b[kk * NR
-/// + j]` for the `MR x NR` tile at `c` (rows `ldc` apart), each sum a chain of multiply-adds
-/// from zero in `kk` order, added to `c` (or stored, `first`) once at the end. A packed left
-/// panel is `(a, 1, MR)`; a left view read in place its own strides.
+/// The register kernel: `c[i][j] (=|+=) sum over kk of rows[i][kk * a_k] * b[kk * b_k + j]`
+/// for the `MR x NR` tile at `c` (rows `ldc` apart), each sum a chain of multiply-adds from
+/// zero in `kk` order, added to `c` (or stored, `first`) once at the end. A packed left panel
+/// is `(panel + i, MR)`, a packed right one `(b, NR)`; a view read in place its own strides.
 ///
 /// # Safety
-/// The host runs AVX2 and FMA; `a + i * a_row + kk * a_k` is readable for every `i < MR`,
-/// `kk < kc`, `b` holds `kc * NR` values, and `c + i * ldc + j` is writable for every `i <
-/// MR`, `j < NR`.
+/// The host runs AVX2 and FMA; `rows[i] + kk * a_k` and `b + kk * b_k + j` are readable for
+/// every `i < MR`, `j < NR`, `kk < kc`, and `c + i * ldc + j` is writable for every `i < MR`,
+/// `j < NR`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn kernel(
     kc: usize,
-    (a, a_row, a_k): (*const f32, isize, isize),
-    b: *const f32,
+    (rows, a_k): ([*const f32; MR], isize),
+    (b, b_k): (*const f32, isize),
     c: *mut f32,
     ldc: isize,
     first: bool,
 ) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    // Each row's start (inside the operand by the caller's contract; `wrapping_offset` keeps
-    // the arithmetic safe whatever the strides' sign).
-    let rows: [*const f32; MR] = std::array::from_fn(|i| a.wrapping_offset(i as isize * a_row));
     for kk in 0..kc {
         // SAFETY: `kk < kc`: the right panel's row `kk` and each left row's element `kk` are
         // inside them.
         unsafe {
-            let b0 = _mm256_loadu_ps(b.add(kk * NR));
-            let b1 = _mm256_loadu_ps(b.add(kk * NR + 8));
+            let b = b.offset(kk as isize * b_k);
+            let b0 = _mm256_loadu_ps(b);
+            let b1 = _mm256_loadu_ps(b.add(8));
             let at = kk as isize * a_k;
             for (i, acc) in acc.iter_mut().enumerate() {
                 let x = _mm256_broadcast_ss(&*rows[i].offset(at));
@@ -540,8 +558,8 @@ unsafe fn kernel(
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn kernel(
     _: usize,
-    _: (*const f32, isize, isize),
-    _: *const f32,
+    _: ([*const f32; MR], isize),
+    _: (*const f32, isize),
     _: *mut f32,
     _: isize,
     _: bool,
@@ -651,6 +669,7 @@ mod tests {
             (6, 16, 3),
             (7, 17, 256),
             (5, 15, 257),
+            (9, 32, 600),
             (13, 33, 520),
             (61, 10, 100),
             (130, 3, 40),
