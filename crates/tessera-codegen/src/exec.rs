@@ -291,8 +291,9 @@ pub(crate) unsafe fn multiply_shared(dtype: DType, c: &GemmCall, par: gemm::Para
 /// out (`transpose.rs`: the library's slow layouts).
 ///
 /// # Safety
-/// The views must lie inside live buffers of `dtype` (a float type), `out` not overlapping the
-/// operands.
+/// The views must lie inside live buffers of `dtype` (a float type), distinct elements of
+/// `out` at distinct addresses (its parts are written by several threads), `out` not
+/// overlapping the operands.
 pub(crate) unsafe fn gemm_view(
     dtype: DType,
     (m, n, k): (usize, usize, usize),

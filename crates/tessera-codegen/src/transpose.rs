@@ -116,7 +116,7 @@ pub(crate) unsafe fn with_column_major_out<T: Copy>(
 /// type of at most 8 bytes and 8-aligned: its words are 8-aligned); zeroed when grown, else
 /// as the last product left it. A product on this thread inside another (the library's
 /// rayon tasks steal work) finds the scratch taken and gets one of its own.
-fn with_scratch<T, R>(
+pub(crate) fn with_scratch<T, R>(
     key: &'static std::thread::LocalKey<RefCell<Vec<u64>>>,
     len: usize,
     f: impl FnOnce(&mut [u64]) -> R,
