@@ -907,47 +907,48 @@ mod tests {
         let a64: Vec<f64> = a.data.iter().map(|&x| x as f64).collect();
         let b64: Vec<f64> = b.data.iter().map(|&x| x as f64).collect();
         let mut c64 = vec![0.0f64; m * n];
-        let before = RUNS.with(std::cell::Cell::get);
-        // SAFETY: `m x k` (column-major), `k x n` and `m x n` views inside their vectors, the
-        // results apart from the operands.
-        unsafe {
-            crate::exec::gemm_view(
-                tessera_ir::DType::F32,
-                (m, n, k),
-                (a.data.as_ptr() as *const u8, a.strides),
-                (b.data.as_ptr() as *const u8, b.strides),
-                (c.as_mut_ptr() as *mut u8, [n as isize, 1]),
-                gemm::Parallelism::None,
-            );
-            crate::exec::gemm_view(
-                tessera_ir::DType::F64,
-                (m, n, k),
-                (a64.as_ptr() as *const u8, a.strides),
-                (b64.as_ptr() as *const u8, b.strides),
-                (c64.as_mut_ptr() as *mut u8, [n as isize, 1]),
-                gemm::Parallelism::None,
-            );
-        }
-        assert_eq!(
-            RUNS.with(std::cell::Cell::get) - before,
-            usize::from(available())
-        );
-        // A contraction of 2 and a matrix-vector product stay the library's.
-        let mut scratch = vec![0.0f32; m * n];
-        for (m, n, k) in [(65, 7, 2), (65, 1, 300), (1, 7, 300)] {
+        type Operand<'a, T> = (&'a [T], [isize; 2]);
+        /// `gemm_view` on `(m, n, k)` views of the f32 or f64 vectors (the operands' strides
+        /// those of this test's matrices, whose first rows and columns they are), row-major
+        /// results; how many products came here.
+        fn via_gemm_view<T: 'static>(
+            (m, n, k): (usize, usize, usize),
+            (a, b): (Operand<T>, Operand<T>),
+            c: &mut [T],
+        ) -> usize {
+            use std::any::TypeId;
+            let dtype = match TypeId::of::<T>() {
+                t if t == TypeId::of::<f32>() => tessera_ir::DType::F32,
+                t if t == TypeId::of::<f64>() => tessera_ir::DType::F64,
+                _ => panic!("f32 or f64"),
+            };
+            assert!(c.len() >= m * n && a.0.len() >= m * k && b.0.len() >= k * n);
             let before = RUNS.with(std::cell::Cell::get);
-            // SAFETY: views inside the same vectors, smaller in every dimension.
+            // SAFETY: `m x k`, `k x n` and `m x n` views inside their vectors (the operands'
+            // strides are their full matrices', at least `m x k` and `k x n` here), the result
+            // apart from the operands, of `dtype`'s type (`T`).
             unsafe {
                 crate::exec::gemm_view(
-                    tessera_ir::DType::F32,
+                    dtype,
                     (m, n, k),
-                    (a.data.as_ptr() as *const u8, a.strides),
-                    (b.data.as_ptr() as *const u8, b.strides),
-                    (scratch.as_mut_ptr() as *mut u8, [n as isize, 1]),
+                    (a.0.as_ptr() as *const u8, a.1),
+                    (b.0.as_ptr() as *const u8, b.1),
+                    (c.as_mut_ptr() as *mut u8, [n as isize, 1]),
                     gemm::Parallelism::None,
                 )
             };
-            assert_eq!(RUNS.with(std::cell::Cell::get), before, "{m}x{n}x{k}");
+            RUNS.with(std::cell::Cell::get) - before
+        }
+        let (a32, b32) = ((&a.data[..], a.strides), (&b.data[..], b.strides));
+        let f32_runs = via_gemm_view((m, n, k), (a32, b32), &mut c);
+        let (a64, b64) = ((&a64[..], a.strides), (&b64[..], b.strides));
+        let f64_runs = via_gemm_view((m, n, k), (a64, b64), &mut c64);
+        assert_eq!((f32_runs, f64_runs), (usize::from(available()), 0));
+        // A contraction of 2 and a matrix-vector product stay the library's.
+        let mut scratch = vec![0.0f32; m * n];
+        for (m, n, k) in [(65, 7, 2), (65, 1, 300), (1, 7, 300)] {
+            let runs = via_gemm_view((m, n, k), (a32, b32), &mut scratch);
+            assert_eq!(runs, 0, "{m}x{n}x{k}");
         }
         if available() {
             for (i, j) in [(0, 0), (64, 6), (31, 3)] {
