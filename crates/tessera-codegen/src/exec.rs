@@ -302,24 +302,26 @@ pub(crate) unsafe fn gemm_view(
     (o, os): (*mut u8, [isize; 2]),
     par: gemm::Parallelism,
 ) {
-    if dtype == DType::F32 && crate::sgemm::plan((m, n, k)) {
+    // Tessera's own f32 kernels, where they take the product (`sgemm.rs` on AVX2 hosts,
+    // `thin.rs` on AVX-512 ones: never both), with the same signature.
+    type F32Product = unsafe fn(
+        (usize, usize, usize),
+        (*const f32, [isize; 2]),
+        (*const f32, [isize; 2]),
+        (*mut f32, [isize; 2]),
+        bool,
+    );
+    let own: Option<F32Product> = match dtype == DType::F32 {
+        true if crate::sgemm::plan((m, n, k)) => Some(crate::sgemm::run),
+        true if crate::thin::plan((m, n, k), ls, rs, os) => Some(crate::thin::run),
+        _ => None,
+    };
+    if let Some(run) = own {
         let parallel = !matches!(par, gemm::Parallelism::None);
-        // SAFETY: the caller's views, of f32, `out` apart from the operands; the host runs
-        // the kernel (`available`).
+        // SAFETY: the caller's views, of f32, `out` apart from the operands and its elements
+        // at distinct addresses; the kernel's `plan` holds.
         unsafe {
-            crate::sgemm::run(
-                (m, n, k),
-                (l as *const f32, ls),
-                (r as *const f32, rs),
-                (o as *mut f32, os),
-                parallel,
-            )
-        }
-    } else if dtype == DType::F32 && crate::thin::plan((m, n, k), ls, rs, os) {
-        let parallel = !matches!(par, gemm::Parallelism::None);
-        // SAFETY: the caller's views, of f32; `plan` holds.
-        unsafe {
-            crate::thin::run(
+            run(
                 (m, n, k),
                 (l as *const f32, ls),
                 (r as *const f32, rs),

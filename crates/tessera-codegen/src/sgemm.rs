@@ -66,9 +66,13 @@ pub(crate) fn available() -> bool {
 /// Whether `exec::gemm_view` computes this f32 product here: `available()`, and a product the
 /// library does not send to its vector kernels (a contraction of 1 or 2, whose sums the
 /// interpreter's match bit for bit, or a single row or column: matrix-vector products, where
-/// most of a register tile would be padding).
+/// most of a register tile would be padding), nor a wide result of a short contraction (at
+/// most 16, more than `IN_PLACE` panels: writing the result is the work, and `exec.rs`'s
+/// `row_parts` splits it better; the big MLP's `g @ W^T`, 512 x 1024 x 10, 253-591 us here
+/// against 222-321 there, three alternating profiles, Zen 3).
 pub(crate) fn plan((m, n, k): (usize, usize, usize)) -> bool {
-    m >= 2 && n >= 2 && (3..=MAX_K).contains(&k) && available()
+    let short_and_wide = k <= 16 && n > IN_PLACE * NR;
+    m >= 2 && n >= 2 && (3..=MAX_K).contains(&k) && !short_and_wide && available()
 }
 
 /// The longest contraction computed here (`plan`): a column block packs at least `NR` columns
@@ -945,6 +949,9 @@ mod tests {
         let f64_runs = via_gemm_view((m, n, k), (a64, b64), &mut c64);
         assert_eq!((f32_runs, f64_runs), (usize::from(available()), 0));
         // A contraction of 2 and a matrix-vector product stay the library's.
+        // Nor a wide result of a short contraction, nor a contraction past `MAX_K`.
+        assert!(!plan((512, 1024, 10)) && !plan((2, 2, MAX_K + 1)));
+        assert_eq!(plan((512, 64, 10)), available());
         let mut scratch = vec![0.0f32; m * n];
         for (m, n, k) in [(65, 7, 2), (65, 1, 300), (1, 7, 300)] {
             let runs = via_gemm_view((m, n, k), (a32, b32), &mut scratch);
