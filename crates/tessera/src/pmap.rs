@@ -29,6 +29,11 @@ use crate::vmap::Axes;
 struct PmapEntry {
     out_def: TreeDef,
     program: DeviceProgram,
+    /// The mapped dim of each input leaf (`in_axes` resolved for the signature's structure).
+    spec: Vec<Option<usize>>,
+    /// The devices dim of each output (`out_axes` resolved for `out_def`), or what was wrong
+    /// with `out_axes`: reported by every call, after its run, as before it was kept here.
+    out_spec: std::result::Result<Vec<Option<usize>>, String>,
 }
 
 /// What a pmap call keeps for the next, so a step allocates no slice and none of its
@@ -45,6 +50,11 @@ struct PmapScratch {
     inputs: Vec<Vec<Arc<Literal>>>,
     outputs: Vec<Vec<Option<Literal>>>,
     columns: Vec<Vec<Literal>>,
+    /// The call's input leaves (flattened against the last call's structure: a call with the
+    /// same structure builds no `TreeDef`), their host values, and its output tensors.
+    leaves: Vec<Tensor>,
+    hosts: Vec<Arc<Literal>>,
+    tensors: Vec<Tensor>,
 }
 
 /// A pmapped closure.
@@ -178,7 +188,9 @@ fn move_leading(lit: Literal, axis: usize) -> Result<Literal> {
 fn stack(parts: &[Literal]) -> Result<Literal> {
     let n = parts.len();
     let ty = parts[0].ty.clone();
-    let mut dims = vec![n];
+    // Inline up to rank 4 (`Shape`): no allocation for a stacked output's shape.
+    let mut dims = tessera_ir::types::Dims::new();
+    dims.push(n);
     dims.extend_from_slice(ty.dims());
     // Room for every part at once: no reallocation while appending.
     let mut data = Data::try_with_capacity(ty.dtype, n.saturating_mul(ty.numel()))
@@ -194,7 +206,7 @@ fn stack(parts: &[Literal]) -> Result<Literal> {
             .map_err(|e| Error::Device(format!("pmap: device {d}'s output: {e}")))?;
     }
     Ok(Literal {
-        ty: TensorType::new(ty.dtype, dims),
+        ty: TensorType::new(ty.dtype, Shape(dims)),
         data,
     })
 }
@@ -268,6 +280,21 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         Ok(lowered)
     }
 
+    /// An error unless the call is outside every trace.
+    fn top_level(&self, location: &dyn Fn() -> String) -> Result<()> {
+        if crate::trace::any_active() {
+            return Err(Error::Op {
+                op: "pmap".into(),
+                message: "pmap cannot run inside a trace (jit, grad or another pmap): call it \
+                          at the top level, or use jit with inputs placed on a mesh \
+                          (device_put) for a sharded program inside other transformations"
+                    .into(),
+                location: location(),
+            });
+        }
+        Ok(())
+    }
+
     /// The size of the mapped axis (the same for every mapped input, at most the number of
     /// devices) and the mapped dim of each input leaf.
     fn mapped_size(
@@ -281,14 +308,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             message,
             location: location(),
         };
-        if crate::trace::any_active() {
-            return Err(fail(
-                "pmap cannot run inside a trace (jit, grad or another pmap): call it at the top \
-                 level, or use jit with inputs placed on a mesh (device_put) for a sharded \
-                 program inside other transformations"
-                    .into(),
-            ));
-        }
+        self.top_level(location)?;
         let spec = self
             .in_axes
             .resolve(def)
@@ -342,43 +362,74 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         // The caller's `file:line` as text only where an error or a compilation needs it.
         let caller = Location::caller();
         let location = || loc_text(caller);
-        let (leaves, def) = tree::flatten(&args);
-        let (n, spec) = self.mapped_size(&leaves, &def, &location)?;
-        let compiled = match self.cache.last_hit(&leaves, &def, false) {
-            Some(hit) => hit,
-            None => {
-                let sig = Signature::unplaced(&leaves, def);
-                self.cache
-                    .get_or_compile(sig, |sig, dump| self.compile(sig, n, dump, &location()))?
-            }
-        };
-        let hosts: Vec<Arc<Literal>> = leaves
-            .iter()
-            .map(|t| t.try_array().map(|a| a.literal_arc()))
-            .collect::<Result<_>>()?;
         let mut kept = match self.scratch.try_lock() {
             Ok(mut k) => std::mem::take(&mut *k),
             Err(_) => PmapScratch::default(),
         };
-        let out = self.call_on(&compiled, &hosts, &spec, &mut kept, &location);
+        let out = self.call_kept(args, &mut kept, &location);
         // The slices are kept (the unmapped inputs are the caller's); the lists emptied.
         let PmapScratch {
             slices,
             inputs,
             outputs,
             columns,
+            leaves,
+            hosts,
+            tensors,
         } = &mut kept;
-        slices.resize_with(inputs.len(), Vec::new);
-        for (kept, ins) in slices.iter_mut().zip(inputs.iter_mut()) {
-            kept.clear();
-            kept.extend(ins.drain(..).zip(&spec).map(|(l, a)| a.map(|_| l)));
+        if let Ok((compiled, _)) = &out {
+            slices.resize_with(inputs.len(), Vec::new);
+            for (kept, ins) in slices.iter_mut().zip(inputs.iter_mut()) {
+                kept.clear();
+                kept.extend(ins.drain(..).zip(&compiled.spec).map(|(l, a)| a.map(|_| l)));
+            }
         }
+        inputs.iter_mut().for_each(Vec::clear);
         outputs.iter_mut().for_each(Vec::clear);
         columns.iter_mut().for_each(Vec::clear);
+        leaves.clear();
+        hosts.clear();
+        tensors.clear();
         if let Ok(mut k) = self.scratch.try_lock() {
             *k = kept;
         }
-        tree::unflatten(&compiled.out_def, out?)
+        out.map(|(_, out)| out)
+    }
+
+    /// `call` on the vectors `kept` holds: the program (the last call's when the structure
+    /// and types are the same, found without building a `TreeDef`), its run, and its outputs.
+    fn call_kept(
+        &self,
+        args: In,
+        kept: &mut PmapScratch,
+        location: &dyn Fn() -> String,
+    ) -> Result<(std::rc::Rc<PmapEntry>, Out)> {
+        let compiled = match self.cache.last_hit_of(&args, &mut kept.leaves, false) {
+            Some(hit) => {
+                // What `mapped_size` checks of every call (the rest is the signature's).
+                self.top_level(location)?;
+                hit
+            }
+            None => {
+                kept.leaves.clear();
+                let def = args.flatten_into(&mut kept.leaves);
+                let (n, _) = self.mapped_size(&kept.leaves, &def, location)?;
+                let sig = Signature::unplaced(&kept.leaves, def);
+                self.cache
+                    .get_or_compile(sig, |sig, dump| self.compile(sig, n, dump, &location()))?
+            }
+        };
+        drop(args);
+        let mut hosts = std::mem::take(&mut kept.hosts);
+        hosts.clear();
+        for t in &kept.leaves {
+            hosts.push(t.try_array()?.literal_arc());
+        }
+        let out = self.call_on(&compiled, &hosts, kept, location);
+        kept.hosts = hosts;
+        out?;
+        let out = tree::unflatten_drain(&compiled.out_def, &mut kept.tensors)?;
+        Ok((compiled, out))
     }
 
     /// The run of one call on `kept`'s vectors: each device's inputs (its mapped slices
@@ -387,16 +438,18 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         &self,
         compiled: &PmapEntry,
         hosts: &[Arc<Literal>],
-        spec: &[Option<usize>],
         kept: &mut PmapScratch,
         location: &dyn Fn() -> String,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<()> {
         let positions = &compiled.program.positions;
+        let spec = &compiled.spec;
         let PmapScratch {
             slices,
             inputs,
             outputs,
             columns,
+            tensors,
+            ..
         } = kept;
         inputs.resize_with(positions.len(), Vec::new);
         for (k, (&p, ins)) in positions.iter().zip(inputs.iter_mut()).enumerate() {
@@ -439,27 +492,23 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
                 }
             }
         };
-        let out_spec = self
-            .out_axes
-            .resolve(&compiled.out_def)
-            .map_err(|m| Error::Op {
-                op: "pmap".into(),
-                message: format!("out_axes: {m}"),
-                location: location(),
-            })?;
-        columns
-            .iter_mut()
-            .zip(&out_spec)
-            .enumerate()
-            .map(|(o, (c, a))| match a {
+        let out_spec = compiled.out_spec.as_ref().map_err(|m| Error::Op {
+            op: "pmap".into(),
+            message: format!("out_axes: {m}"),
+            location: location(),
+        })?;
+        tensors.clear();
+        for (o, (c, a)) in columns.iter_mut().zip(out_spec).enumerate() {
+            tensors.push(match a {
                 Some(a) => {
                     let stacked = stack(c)?;
                     recycle(c);
-                    move_leading(stacked, *a).map(Tensor::from_literal)
+                    move_leading(stacked, *a).map(Tensor::from_literal)?
                 }
-                None => unmapped(c, o, &location()).map(Tensor::from_literal),
-            })
-            .collect()
+                None => unmapped(c, o, &location()).map(Tensor::from_literal)?,
+            });
+        }
+        Ok(())
     }
 
     /// Traces the per-device program (each input without its leading axis, in a graph whose
@@ -509,9 +558,16 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         };
         let program = DeviceProgram::new(programs, mesh.clone(), devices);
         pipeline.report_timing()?;
+        let spec = self.in_axes.resolve(&sig.def).map_err(|m| Error::Op {
+            op: "pmap".into(),
+            message: format!("in_axes: {m}"),
+            location: location.to_string(),
+        })?;
         Ok(PmapEntry {
+            out_spec: self.out_axes.resolve(&lowered.out_def),
             out_def: lowered.out_def,
             program,
+            spec,
         })
     }
 }

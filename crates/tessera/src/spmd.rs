@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 
+use smallvec::SmallVec;
 use tessera_ir::{Literal, Mesh};
 use tessera_runtime::{LaunchError, launch_spanning, local_positions};
 
@@ -182,6 +183,9 @@ impl DeviceProgram {
 /// it in shared products.)
 const ON_ONE_THREAD_BELOW: usize = 1 << 22;
 
+/// How many devices' programs a run on one thread holds without allocating (`run_on_this_thread`).
+const LOCAL_DEVICES: usize = 16;
+
 /// Whether `devices` devices' programs (`all_local`: every one in this process) run cheaper in
 /// turn on one thread than on a thread each: when there are more of them than `cores`.
 fn one_thread_pays(devices: usize, cores: usize, all_local: bool) -> bool {
@@ -209,7 +213,8 @@ impl DeviceProgram {
         if let Err(message) = tessera_runtime::check_launch(&self.devices) {
             return Some(Err(launch_error(LaunchError::Config(message))));
         }
-        let mut guards = Vec::with_capacity(n);
+        // On the stack up to `LOCAL_DEVICES` devices: a step allocates nothing for them.
+        let mut guards: SmallVec<[_; LOCAL_DEVICES]> = SmallVec::with_capacity(n);
         for (k, program) in self.programs.iter().enumerate() {
             match program.try_lock() {
                 Ok(p) => guards.push(p),
@@ -220,7 +225,7 @@ impl DeviceProgram {
                 }
             }
         }
-        let mut exes = Vec::with_capacity(n);
+        let mut exes: SmallVec<[_; LOCAL_DEVICES]> = SmallVec::with_capacity(n);
         for g in &mut guards {
             match &mut **g {
                 BackendProgram::Native(e)

@@ -234,6 +234,28 @@ fn pmap_inside_jit_says_so() {
     f.call(Tensor::zeros([2, 3])).unwrap();
 }
 
+/// The same refusal when the call would find its program compiled by an earlier call at
+/// the top level (the last call's program is found before any other check).
+#[test]
+fn pmap_compiled_outside_then_called_inside_jit_says_so() {
+    two_devices();
+    let p = std::rc::Rc::new(pmap("i", |x: Tensor| x.sin()));
+    p.call(Tensor::zeros([2, 3])).unwrap();
+    let inner = p.clone();
+    let f = jit(move |x: Tensor| match inner.call(x.clone()) {
+        Ok(y) => y,
+        Err(e) => {
+            assert!(
+                e.to_string().contains("pmap cannot run inside a trace"),
+                "{e}"
+            );
+            x * 2.0
+        }
+    });
+    let y = f.call(Tensor::ones([2, 3])).unwrap();
+    assert_eq!(y.to_vec::<f32>(), vec![2.0; 6], "the error branch ran");
+}
+
 #[test]
 fn eval_graph_reports_malformed_graphs() {
     let mut g = Graph::new("cyclic");
