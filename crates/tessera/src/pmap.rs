@@ -280,21 +280,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         Ok(lowered)
     }
 
-    /// An error unless the call is outside every trace.
-    fn top_level(&self, location: &dyn Fn() -> String) -> Result<()> {
-        if crate::trace::any_active() {
-            return Err(Error::Op {
-                op: "pmap".into(),
-                message: "pmap cannot run inside a trace (jit, grad or another pmap): call it \
-                          at the top level, or use jit with inputs placed on a mesh \
-                          (device_put) for a sharded program inside other transformations"
-                    .into(),
-                location: location(),
-            });
-        }
-        Ok(())
-    }
-
     /// The size of the mapped axis (the same for every mapped input, at most the number of
     /// devices) and the mapped dim of each input leaf.
     fn mapped_size(
@@ -308,7 +293,7 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             message,
             location: location(),
         };
-        self.top_level(location)?;
+        top_level(location)?;
         let spec = self
             .in_axes
             .resolve(def)
@@ -398,6 +383,8 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
 
     /// `call` on the vectors `kept` holds: the program (the last call's when the structure
     /// and types are the same, found without building a `TreeDef`), its run, and its outputs.
+    /// When there is a last call but not the same structure, the arguments are flattened a
+    /// second time, into a `TreeDef` (as `jit` does): a hand-written `flatten_into` runs twice.
     fn call_kept(
         &self,
         args: In,
@@ -407,25 +394,27 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         let compiled = match self.cache.last_hit_of(&args, &mut kept.leaves, false) {
             Some(hit) => {
                 // What `mapped_size` checks of every call (the rest is the signature's).
-                self.top_level(location)?;
+                top_level(location)?;
                 hit
             }
             None => {
                 kept.leaves.clear();
                 let def = args.flatten_into(&mut kept.leaves);
-                let (n, _) = self.mapped_size(&kept.leaves, &def, location)?;
+                let mapped = self.mapped_size(&kept.leaves, &def, location)?;
                 let sig = Signature::unplaced(&kept.leaves, def);
-                self.cache
-                    .get_or_compile(sig, |sig, dump| self.compile(sig, n, dump, &location()))?
+                self.cache.get_or_compile(sig, |sig, dump| {
+                    self.compile(sig, mapped, dump, &location())
+                })?
             }
         };
         drop(args);
         let mut hosts = std::mem::take(&mut kept.hosts);
         hosts.clear();
-        for t in &kept.leaves {
+        let host_values = (kept.leaves.iter()).try_for_each(|t| {
             hosts.push(t.try_array()?.literal_arc());
-        }
-        let out = self.call_on(&compiled, &hosts, kept, location);
+            Ok(())
+        });
+        let out = host_values.and_then(|()| self.call_on(&compiled, &hosts, kept, location));
         kept.hosts = hosts;
         out?;
         let out = tree::unflatten_drain(&compiled.out_def, &mut kept.tensors)?;
@@ -549,7 +538,14 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         Ok((pipeline, lowered))
     }
 
-    fn compile(&self, sig: &Signature, n: usize, dump: Dump, location: &str) -> Result<PmapEntry> {
+    /// The program for `sig`, whose mapped size and input dims `mapped_size` found.
+    fn compile(
+        &self,
+        sig: &Signature,
+        (n, spec): (usize, Vec<Option<usize>>),
+        dump: Dump,
+        location: &str,
+    ) -> Result<PmapEntry> {
         let (mut pipeline, lowered) = self.run_passes(sig, n, dump, location, false)?;
         let devices: Vec<usize> = (0..n).collect();
         let programs = pipeline.schedule_on(&lowered, &devices, &[], location)?;
@@ -558,11 +554,6 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
         };
         let program = DeviceProgram::new(programs, mesh.clone(), devices);
         pipeline.report_timing()?;
-        let spec = self.in_axes.resolve(&sig.def).map_err(|m| Error::Op {
-            op: "pmap".into(),
-            message: format!("in_axes: {m}"),
-            location: location.to_string(),
-        })?;
         Ok(PmapEntry {
             out_spec: self.out_axes.resolve(&lowered.out_def),
             out_def: lowered.out_def,
@@ -570,6 +561,21 @@ impl<In: Tree, Out: Tree, F: Fn(In) -> Out> Pmapped<F, In, Out> {
             spec,
         })
     }
+}
+
+/// An error unless the call is outside every trace.
+fn top_level(location: &dyn Fn() -> String) -> Result<()> {
+    if crate::trace::any_active() {
+        return Err(Error::Op {
+            op: "pmap".into(),
+            message: "pmap cannot run inside a trace (jit, grad or another pmap): call it at \
+                      the top level, or use jit with inputs placed on a mesh (device_put) for \
+                      a sharded program inside other transformations"
+                .into(),
+            location: location(),
+        });
+    }
+    Ok(())
 }
 
 /// An output with `out_axes` `None`: every device's value, which must all be the same.

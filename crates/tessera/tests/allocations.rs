@@ -395,7 +395,7 @@ fn donated_parameters_on_a_one_device_mesh_are_reused() {
 /// flattened into a new `TreeDef` and list, the input and output specs resolved, the host
 /// values and output tensors collected, each stacked output's shape and the list of the
 /// devices' locked programs made anew and the processes listed: now only the outputs, the
-/// four parameters and the loss, stacked. Slicing anew would add 96 (an element vector and an
+/// four parameters and the loss, stacked (each of rank at most 4: its shape inline). Slicing anew would add 96 (an element vector and an
 /// `Arc` per device and input), outputs not recycled 40.
 #[test]
 fn the_pmap_step_allocates_only_its_outputs() {
