@@ -35,8 +35,9 @@ const NR: usize = 16;
 /// The longest contraction block: a kernel's panels (`KC x (MR + NR)` values, 22 KiB) stay in
 /// a 32 KiB L1.
 const KC: usize = 256;
-/// Rows a compute task takes (a multiple of `MR`): its packed left block (`60 x KC`, 60 KiB)
-/// stays in L2, and the big MLP's 512 rows make 9 tasks for two threads to share.
+/// The most rows a compute task takes (a multiple of `MR`): its packed left block (`60 x KC`,
+/// 60 KiB) stays in L2. The rows are shared out in whole panels as evenly as the tasks allow,
+/// in a number of tasks that is a multiple of the threads (`row_tasks`).
 const TASK_ROWS: usize = 60;
 /// The packed right operand of one column block at most this many values (8 MiB), or `NR`
 /// columns of it when the contraction is longer than `PACKED_RIGHT / NR`: the right operand
@@ -159,10 +160,36 @@ struct Product {
     right_in_place: bool,
     /// The column block: its first column and its number of columns.
     cols: (usize, usize),
-    /// Compute tasks: row tasks of `TASK_ROWS`, each split in `parts` column parts of
-    /// `part_panels` panels.
+    /// Compute tasks: `row_tasks` row tasks (`rows_of_task`), each split in `parts` column
+    /// parts of `part_panels` panels.
+    row_tasks: usize,
     parts: usize,
     part_panels: usize,
+}
+
+/// How many row tasks share `m` rows on `threads` threads: enough for at most `TASK_ROWS`
+/// rows each, and a multiple of the threads (while there are rows enough), so that tasks of
+/// near-equal size come out even. With `TASK_ROWS` a task, the big MLP's 512 rows made 8
+/// tasks of 60 and one of 32, and 784 rows 13 of 60 and one of 4: at the end one thread
+/// computed a whole task while the other waited (a 784-row product's two threads 420
+/// and 364 rows).
+fn row_tasks(m: usize, threads: usize) -> usize {
+    let panels = m.div_ceil(MR);
+    let tasks = panels.div_ceil(TASK_ROWS / MR).max(1);
+    match threads {
+        0 | 1 => tasks,
+        _ => tasks.next_multiple_of(threads).min(panels.max(1)),
+    }
+}
+
+/// Rows `(first, count)` of row task `t` of `tasks` over `m` rows: whole panels of `MR`
+/// shared out evenly (each task's share at most `TASK_ROWS`, `row_tasks`), the last panel
+/// possibly short.
+fn rows_of_task(m: usize, tasks: usize, t: usize) -> (usize, usize) {
+    let panels = m.div_ceil(MR);
+    let (p0, p1) = (t * panels / tasks, (t + 1) * panels / tasks);
+    let i0 = (p0 * MR).min(m);
+    (i0, (p1 * MR).min(m) - i0)
 }
 
 // SAFETY: the threads (sharing `&Product`) only read `left`, `right` and (after the packing
@@ -265,7 +292,7 @@ unsafe fn blocks(
 ) {
     let kc = block(k);
     let threads = if parallel { crate::team::threads() } else { 1 };
-    let row_tasks = m.div_ceil(TASK_ROWS);
+    let row_tasks = row_tasks(m, threads);
     let mut product = Product {
         left: View {
             at: l as *mut f32,
@@ -284,6 +311,7 @@ unsafe fn blocks(
         packed,
         right_in_place: rs[1] == 1 && m <= IN_PLACE_ROWS,
         cols: (0, 0),
+        row_tasks,
         parts: 1,
         part_panels: 0,
     };
@@ -599,7 +627,7 @@ unsafe fn rows_transposed(_: *const f32, _: isize, _: &mut [f32]) -> usize {
     unreachable!("sgemm::run off x86-64")
 }
 
-/// Compute task `(row_task, part)`: rows `row_task * TASK_ROWS ..` by the columns of panels
+/// Compute task `(row_task, part)`: its rows (`rows_of_task`) by the columns of panels
 /// `part * part_panels ..` of the column block, over every contraction block in order.
 ///
 /// # Safety
@@ -607,8 +635,10 @@ unsafe fn rows_transposed(_: *const f32, _: isize, _: &mut [f32]) -> usize {
 unsafe fn compute(p: &Product, row_task: usize, part: usize, left: &mut [f32]) {
     let (j0, nc) = p.cols;
     let panels = nc.div_ceil(NR);
-    let i0 = row_task * TASK_ROWS;
-    let rows = (p.m - i0).min(TASK_ROWS);
+    let (i0, rows) = rows_of_task(p.m, p.row_tasks, row_task);
+    if rows == 0 {
+        return;
+    }
     let q0 = part * p.part_panels;
     let q1 = (q0 + p.part_panels).min(panels);
     if q0 >= q1 {
@@ -995,6 +1025,51 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Row tasks cover every row once, in order, at most `TASK_ROWS` each and in whole panels
+    /// but the last; with two threads or more their number is a multiple of the threads (while
+    /// there are panels enough) and their sizes differ by at most a panel: the big MLP's 512
+    /// and 784 rows come out even on two threads.
+    #[test]
+    fn row_tasks_cover_the_rows_evenly() {
+        for threads in [1, 2, 3, 8] {
+            for m in (1..=200).chain([511, 512, 513, 784, 1024, 4097]) {
+                let tasks = row_tasks(m, threads);
+                let mut next = 0;
+                let (mut least, mut most) = (usize::MAX, 0);
+                for t in 0..tasks {
+                    let (i0, rows) = rows_of_task(m, tasks, t);
+                    assert_eq!(i0, next, "m={m} threads={threads} task {t}");
+                    assert!(rows > 0 && rows <= TASK_ROWS, "m={m} task {t}: {rows} rows");
+                    assert!(i0 % MR == 0);
+                    next += rows;
+                    if i0 + rows < m {
+                        assert_eq!(rows % MR, 0, "whole panels but the last");
+                        least = least.min(rows);
+                    }
+                    most = most.max(rows);
+                }
+                assert_eq!(next, m, "m={m} threads={threads}");
+                if least != usize::MAX {
+                    assert!(most - least <= MR, "m={m}: {least}..{most} rows");
+                }
+                let panels = m.div_ceil(MR);
+                if threads > 1 && panels >= threads * TASK_ROWS.div_ceil(MR) {
+                    assert_eq!(tasks % threads, 0, "m={m} threads={threads}: {tasks}");
+                }
+            }
+        }
+        // 512 rows on two threads: 10 tasks of 8 or 9 panels, 43 panels a thread in turn.
+        let half = |m: usize| -> usize {
+            (0..row_tasks(m, 2))
+                .step_by(2)
+                .map(|t| rows_of_task(m, row_tasks(m, 2), t).1)
+                .sum()
+        };
+        assert_eq!(row_tasks(512, 2), 10);
+        assert!(half(512).abs_diff(512 - half(512)) <= MR);
+        assert!(half(784).abs_diff(784 - half(784)) <= MR);
     }
 
     /// Infinities and NaNs reach exactly the elements whose sums they enter (the padding of a
