@@ -405,9 +405,9 @@ unsafe fn pack_right(p: &Product, kb: usize, chunk: usize) {
     let kcc = (p.k - k0).min(p.kc);
     let q0 = chunk * PACK_PANELS;
     let q1 = (q0 + PACK_PANELS).min(panels);
-    // Panel `q`'s first value in the packed buffer.
-    // SAFETY (of each use): the panel lies inside the packed buffer (`k * panels * NR`).
-    let panel = |q: usize| unsafe { p.packed.add(k0 * panels * NR + q * kcc * NR) };
+    // Panel `q`'s first value in the packed buffer (inside it for `q < panels`: `k * panels *
+    // NR` values; each use below is for such a `q`).
+    let panel = |q: usize| p.packed.wrapping_add(k0 * panels * NR + q * kcc * NR);
     let packs = |q: usize| !(p.right_in_place && nc - q * NR >= NR);
     if p.right.cols == 1 {
         for kk in 0..kcc {
@@ -436,9 +436,10 @@ unsafe fn pack_right(p: &Product, kb: usize, chunk: usize) {
         let to = panel(q);
         let mut done = 0;
         if p.right.rows == 1 && width == NR {
-            // SAFETY: the panel's `kcc` rows of `NR` columns are inside the view, rows
-            // contiguous, and the packed panel inside the buffer; the host runs AVX2
-            // (`run`'s contract).
+            // SAFETY: the panel's `NR` columns (`width == NR`: all inside the view) of `kcc`
+            // rows from `k0` are inside the view, each column's values contiguous (unit row
+            // stride), and the packed panel (`q < panels`) inside the buffer; the host runs
+            // AVX2 (`run`'s contract).
             done = unsafe { transposed(p.right.at(k0, col), p.right.cols, to, kcc) };
         }
         // Down each column (a transposed operand reads along its contiguous dimension).
@@ -549,7 +550,8 @@ unsafe fn pack_left(
         // Column-major (a transposed operand): each column's rows are contiguous, read whole
         // (`rows` values) into every panel's `MR` before the next column.
         for kk in 0..kcc {
-            // SAFETY: `(i0 .. i0 + rows, k0 + kk)` are inside the view, contiguous.
+            // SAFETY: `(i0 .. i0 + rows, k0 + kk)` are inside the view, contiguous, and
+            // nothing writes the operand while the slice lives (`out` is apart from it).
             let column =
                 unsafe { std::slice::from_raw_parts(p.left.at(i0, k0 + kk) as *const f32, rows) };
             for (panel, from) in column.chunks(MR).enumerate() {
@@ -574,9 +576,10 @@ unsafe fn pack_left(
         let height = (rows - panel * MR).min(MR);
         let mut done = 0;
         if p.left.cols == 1 && height == MR {
-            // SAFETY: the panel's `MR` rows of `kcc` values are inside the view, contiguous,
-            // and `to` holds `kcc * MR`; the host runs AVX2 (`run`'s contract).
-            done = unsafe { rows_transposed(p.left.at(row, k0), p.left.rows, to) };
+            // SAFETY: the panel's `MR` rows (`height == MR`) of `kcc` values from `k0` are
+            // inside the view, each row's contiguous, and `to` holds `kcc * MR`; the host runs
+            // AVX2 (`run`'s contract).
+            done = unsafe { rows_transposed(p.left.at(row, k0), p.left.rows, (to, kcc)) };
         }
         for i in 0..MR {
             for kk in done..kcc {
@@ -590,19 +593,22 @@ unsafe fn pack_left(
     }
 }
 
-/// Packs the first multiple of 8 of the `to.len() / MR` columns of `MR` row-major rows (row
-/// `i` from `from + i * stride`, unit column stride) into `to`, column by column, eight
-/// columns at a time through an in-register transpose (two rows of zeros below); returns how
-/// many columns it packed.
+/// Packs the first multiple of 8 of the `kcc` columns of `MR` row-major rows (row `i` from
+/// `from + i * stride`, unit column stride) into `to`, column by column, eight columns at a
+/// time through an in-register transpose (two rows of zeros below); returns how many columns
+/// it packed.
 ///
 /// # Safety
-/// The host runs AVX2; `from + i * stride + kk` is readable for every `i < MR`, `kk <
-/// to.len() / MR`.
+/// The host runs AVX2; `from + i * stride + kk` is readable for every `i < MR`, `kk < kcc`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_transposed(from: *const f32, stride: isize, to: &mut [f32]) -> usize {
+unsafe fn rows_transposed(
+    from: *const f32,
+    stride: isize,
+    (to, kcc): (&mut [f32], usize),
+) -> usize {
     use std::arch::x86_64::*;
-    let kcc = to.len() / MR;
+    debug_assert!(to.len() >= kcc * MR);
     let cols = kcc / 8 * 8;
     for kk in (0..cols).step_by(8) {
         // SAFETY: rows `i < MR`, columns `kk .. kk + 8` (`kk + 8 <= kcc`) are inside the
@@ -623,7 +629,7 @@ unsafe fn rows_transposed(from: *const f32, stride: isize, to: &mut [f32]) -> us
 
 /// No packing off x86-64: `run` is never called there.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn rows_transposed(_: *const f32, _: isize, _: &mut [f32]) -> usize {
+unsafe fn rows_transposed(_: *const f32, _: isize, _: (&mut [f32], usize)) -> usize {
     unreachable!("sgemm::run off x86-64")
 }
 
@@ -636,6 +642,8 @@ unsafe fn compute(p: &Product, row_task: usize, part: usize, left: &mut [f32]) {
     let (j0, nc) = p.cols;
     let panels = nc.div_ceil(NR);
     let (i0, rows) = rows_of_task(p.m, p.row_tasks, row_task);
+    // `left` holds `TASK_ROWS` rows of a block (`row_tasks` keeps every task within it).
+    debug_assert!(rows <= TASK_ROWS);
     if rows == 0 {
         return;
     }
@@ -796,8 +804,10 @@ mod tests {
     }
 
     /// Layouts: row-major, column-major, row-major rows 3 values longer, every other value
-    /// of rows one value longer than twice (no unit stride: the left one is packed), and
-    /// row-major with both strides negative (the last element first in memory).
+    /// of rows one value longer than twice (no unit stride: the left one is packed),
+    /// row-major with both strides negative (the last element first in memory), and one
+    /// unit stride with the other negative (the last row, or column, first: the fast
+    /// packing paths taken with a negative stride beside them).
     #[derive(Clone, Copy, Debug)]
     enum Layout {
         Rows,
@@ -805,6 +815,8 @@ mod tests {
         Padded,
         Gapped,
         Reversed,
+        Flipped,
+        FlippedColumns,
     }
 
     impl Matrix {
@@ -820,9 +832,13 @@ mod tests {
                 Layout::Padded => (rows * (cols + 3), [(cols + 3) as isize, 1]),
                 Layout::Gapped => (rows * (2 * cols + 1), [(2 * cols + 1) as isize, 2]),
                 Layout::Reversed => (rows * cols, [-(cols as isize), -1]),
+                Layout::Flipped => (rows * cols, [-(cols as isize), 1]),
+                Layout::FlippedColumns => (rows * cols, [1, -(rows as isize)]),
             };
             let origin = match layout {
                 Layout::Reversed => len.saturating_sub(1),
+                Layout::Flipped => rows.saturating_sub(1) * cols,
+                Layout::FlippedColumns => cols.saturating_sub(1) * rows,
                 _ => 0,
             };
             let mut m = Matrix {
@@ -951,12 +967,22 @@ mod tests {
             Layout::Padded,
             Layout::Reversed,
         ];
+        // One negative stride beside a unit one, for either operand, into a row-major result.
+        let flipped = [Layout::Flipped, Layout::FlippedColumns];
+        let more = flipped
+            .iter()
+            .flat_map(|&f| [(f, Layout::Rows), (Layout::Columns, f), (f, f)])
+            .map(|(a, b)| (a, b, Layout::Rows));
         for (m, n, k) in shapes {
-            for (la, lb, lc) in operands.iter().flat_map(|&a| {
-                operands
-                    .iter()
-                    .flat_map(move |&b| results.map(|c| (a, b, c)))
-            }) {
+            for (la, lb, lc) in operands
+                .iter()
+                .flat_map(|&a| {
+                    operands
+                        .iter()
+                        .flat_map(move |&b| results.map(|c| (a, b, c)))
+                })
+                .chain(more.clone())
+            {
                 let a = Matrix::new(m, k, la, value(1));
                 let b = Matrix::new(k, n, lb, value(2));
                 for parallel in [false, true] {
@@ -1033,7 +1059,7 @@ mod tests {
     /// and 784 rows come out even on two threads.
     #[test]
     fn row_tasks_cover_the_rows_evenly() {
-        for threads in [1, 2, 3, 8] {
+        for threads in [0, 1, 2, 3, 8] {
             for m in (1..=200).chain([511, 512, 513, 784, 1024, 4097]) {
                 let tasks = row_tasks(m, threads);
                 let mut next = 0;

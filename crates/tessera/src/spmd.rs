@@ -18,8 +18,9 @@ pub(crate) struct DeviceProgram {
     pub(crate) mesh: Mesh,
     /// The global device of every mesh position.
     pub(crate) devices: Vec<usize>,
-    /// The mesh positions this process runs (`local_positions`), ascending.
-    pub(crate) positions: Vec<usize>,
+    /// The mesh positions this process runs (`local_positions`), ascending; shared with a
+    /// launch's closure (no copy a launch).
+    pub(crate) positions: Arc<Vec<usize>>,
     programs: Arc<Vec<Mutex<BackendProgram>>>,
     /// Whether the last run was on the calling thread (`recycle` then gives buffers back;
     /// after a launch on the device threads it does not, as taking a program's lock then
@@ -46,7 +47,7 @@ impl DeviceProgram {
         DeviceProgram {
             mesh,
             devices,
-            positions,
+            positions: Arc::new(positions),
             programs: Arc::new(programs.into_iter().map(Mutex::new).collect()),
             ran_here: AtomicBool::new(false),
             together: Box::default(),
@@ -71,11 +72,12 @@ impl DeviceProgram {
         // As on a device thread: a program still in use is `Busy` (never a wait), and a
         // panic while it runs is a device failure, not an unwind into the caller.
         if let [ins] = inputs.as_slice() {
-            let refs: Vec<&Literal> = ins.iter().map(|l| l.as_ref()).collect();
-            let mut one = Vec::new();
-            if let Some(run) = self.run_one_into(&refs, &mut one) {
+            let refs: SmallVec<[&Literal; LOCAL_INPUTS]> = ins.iter().map(|l| l.as_ref()).collect();
+            out.truncate(1);
+            out.resize_with(1, Vec::new);
+            out[0].clear();
+            if let Some(run) = self.run_one_into(&refs, &mut out[0]) {
                 self.ran_here.store(true, Ordering::Relaxed);
-                *out = vec![one];
                 return run;
             }
         }
@@ -85,7 +87,7 @@ impl DeviceProgram {
         }
         self.ran_here.store(false, Ordering::Relaxed);
         let shared = Arc::new(std::mem::take(inputs));
-        let positions = Arc::new(self.positions.clone());
+        let positions = self.positions.clone();
         let held = shared.clone();
         let outputs = launch_spanning(
             &self.mesh,
@@ -95,7 +97,8 @@ impl DeviceProgram {
                 let k = positions.binary_search(&pos).map_err(|_| {
                     Error::Device(format!("mesh position {pos} is not this process's"))
                 })?;
-                let refs: Vec<&Literal> = held[k].iter().map(|l| l.as_ref()).collect();
+                let refs: SmallVec<[&Literal; LOCAL_INPUTS]> =
+                    held[k].iter().map(|l| l.as_ref()).collect();
                 program.run_partial(&refs, coll)
             }),
         )
@@ -185,6 +188,9 @@ const ON_ONE_THREAD_BELOW: usize = 1 << 22;
 
 /// How many devices' programs a run on one thread holds without allocating (`run_on_this_thread`).
 const LOCAL_DEVICES: usize = 16;
+
+/// How many inputs a device's run lists without allocating (`run`).
+const LOCAL_INPUTS: usize = 16;
 
 /// Whether `devices` devices' programs (`all_local`: every one in this process) run cheaper in
 /// turn on one thread than on a thread each: when there are more of them than `cores`.
