@@ -642,8 +642,10 @@ unsafe fn compute(p: &Product, row_task: usize, part: usize, left: &mut [f32]) {
     let (j0, nc) = p.cols;
     let panels = nc.div_ceil(NR);
     let (i0, rows) = rows_of_task(p.m, p.row_tasks, row_task);
-    // `left` holds `TASK_ROWS` rows of a block (`row_tasks` keeps every task within it).
-    debug_assert!(rows <= TASK_ROWS);
+    // `left` holds `TASK_ROWS` rows of a block (`row_tasks` keeps every task within it): the
+    // packing and the kernel's reads of it below rely on this, so it is checked in every
+    // build (once a task).
+    assert!(rows <= TASK_ROWS, "a row task of {rows} rows");
     if rows == 0 {
         return;
     }
