@@ -1,6 +1,9 @@
 //! Host devices: `TESSERA_DEVICES=N` worker threads (default: the number of cores), each owning
-//! what runs on it. A launch (`launch`) hands one job to each of its devices and waits for all
-//! of them.
+//! what runs on it. A launch hands one job to each of its devices and waits for all of them.
+//! A kept launch (`Launcher`) is the hot path of a multi-device step: every launch after its
+//! first reuses its rendezvous, answer list and per-device slots, and its jobs go to the
+//! devices as a shared reference and an index, so a launch allocates nothing
+//! (`launch` and its variants make a `Launcher` for one launch).
 //!
 //! Faults: a device whose program fails or panics gives up on the launch
 //! (`SharedCollectives::give_up`), so the others fail at their next wait instead of at their
@@ -9,9 +12,9 @@
 //! is taken back from poisoning (an executable holds no state between runs but its scratch
 //! arena, which every run rewrites).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Mutex, OnceLock, TryLockError};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use tessera_transport::rendezvous::Rendezvous;
@@ -20,10 +23,55 @@ use tessera_transport::{YIELDS_BEFORE_PARKING, show};
 use crate::collectives::{SharedCollectives, collective_timeout};
 use crate::process::{local_index, try_device_count};
 
-type Job = Box<dyn FnOnce() + Send>;
+/// What a device thread runs: one position of a kept launch (`Task::run_position`).
+trait Task: Send + Sync {
+    fn run_position(&self, k: usize);
+}
+
+/// A job: position `k` of a launch whose state the job shares.
+type Job = (Arc<dyn Task>, usize);
+
+/// A device thread's jobs, in order. Its capacity stays between launches, so queueing a job
+/// allocates nothing once the queue has held as many as it ever holds at once (one, unless a
+/// launch timed out with the device busy).
+struct Queue {
+    jobs: Mutex<VecDeque<Job>>,
+    ready: Condvar,
+}
+
+impl Queue {
+    fn jobs(&self) -> MutexGuard<'_, VecDeque<Job>> {
+        // Only pushes and pops under the lock, which leave the queue whole.
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, job: Job) {
+        self.jobs().push_back(job);
+        self.ready.notify_one();
+    }
+
+    /// The next job: polled while yielding the core a bounded number of times (steps come
+    /// back to back), then waited for parked. No timeout: an idle device waits for work and
+    /// holds nothing anybody waits for.
+    fn next(&self) -> Job {
+        for _ in 0..YIELDS_BEFORE_PARKING {
+            if let Some(job) = self.jobs().pop_front() {
+                return job;
+            }
+            std::thread::yield_now();
+        }
+        let mut jobs = self.jobs();
+        loop {
+            if let Some(job) = jobs.pop_front() {
+                return job;
+            }
+            jobs = self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
 
 struct Devices {
-    senders: Vec<Mutex<Sender<Job>>>,
+    queues: Vec<Arc<Queue>>,
 }
 
 /// The device threads, started on first use; an error when `TESSERA_DEVICES` is bad.
@@ -32,40 +80,30 @@ fn devices() -> Result<&'static Devices, String> {
     DEVICES
         .get_or_init(|| {
             let n = try_local_device_count()?;
-            let senders = (0..n)
+            let queues = (0..n)
                 .map(|d| {
-                    let (tx, rx) = channel::<Job>();
+                    let queue = Arc::new(Queue {
+                        jobs: Mutex::new(VecDeque::with_capacity(4)),
+                        ready: Condvar::new(),
+                    });
+                    let mine = queue.clone();
                     std::thread::Builder::new()
                         .name(format!("tessera-device-{d}"))
                         .spawn(move || {
-                            // Between launches: yield a while (steps come back to back), then
-                            // park. No timeout here: an idle device waits for work
-                            // and holds nothing anybody waits for.
-                            while let Some(job) = receive(&rx) {
-                                job();
+                            loop {
+                                let (task, k) = mine.next();
+                                // A job catches its program's panics (`Shared::run_position`).
+                                task.run_position(k);
                             }
                         })
                         .map_err(|e| format!("could not start device thread {d}: {e}"))?;
-                    Ok(Mutex::new(tx))
+                    Ok(queue)
                 })
                 .collect::<Result<_, String>>()?;
-            Ok(Devices { senders })
+            Ok(Devices { queues })
         })
         .as_ref()
         .map_err(Clone::clone)
-}
-
-/// The next message: polled while yielding the core a bounded number of times, then waited for
-/// parked. `None` when the sender is gone.
-fn receive<T>(rx: &std::sync::mpsc::Receiver<T>) -> Option<T> {
-    for _ in 0..YIELDS_BEFORE_PARKING {
-        match rx.try_recv() {
-            Ok(m) => return Some(m),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
-            Err(std::sync::mpsc::TryRecvError::Empty) => std::thread::yield_now(),
-        }
-    }
-    rx.recv().ok()
 }
 
 /// The number of this process's host devices: `TESSERA_DEVICES`, or the number of cores when
@@ -165,16 +203,393 @@ impl<E: std::fmt::Display> std::fmt::Display for LaunchError<E> {
 }
 
 /// How one device's job ended.
-enum Answer<T, E> {
-    Done(T),
+enum Answer<E> {
+    Done,
     Failed(E),
     Panicked(String),
     Busy,
 }
 
+/// The program a kept launch runs on each device: `run(executable, slot, transport,
+/// position)`, `slot` being what the caller left for this device and where the run leaves its
+/// results (`Launcher::slot`).
+pub type SlotFn<X, S, E> =
+    dyn Fn(&X, &mut S, &SharedCollectives<'_>, usize) -> Result<(), E> + Send + Sync;
+
 /// The program that `launch` runs on each device: `run(executable, transport, position)`.
 pub type DeviceFn<X, T, E> =
     dyn Fn(&X, &SharedCollectives<'_>, usize) -> Result<T, E> + Send + Sync;
+
+/// The program that `Launcher::spanning` runs on each device: `run(executable, slot,
+/// transport, position)`, the transport spanning processes.
+pub type SpanningFn<X, S, E> =
+    dyn Fn(&X, &mut S, &dyn tessera_transport::Collectives, usize) -> Result<(), E> + Send + Sync;
+
+/// What a kept launch's jobs share with its caller. The caller changes it only while no job
+/// holds it (`Arc::get_mut`): a launch begins so and, once every job has answered and let go,
+/// ends so (`Launcher::launch`).
+struct Shared<X, S, E> {
+    executables: Arc<Vec<Mutex<X>>>,
+    /// Each job's slot (`SlotFn`).
+    slots: Vec<Mutex<S>>,
+    run: Arc<SlotFn<X, S, E>>,
+    rendezvous: Rendezvous,
+    /// The device id of every mesh position (for messages).
+    ids: Vec<usize>,
+    /// Each job's mesh position.
+    positions: Vec<usize>,
+    /// This launch's number (the rendezvous's slot keys).
+    launch: u64,
+    /// Each job's answer, and how many there are; `wake` when one comes.
+    answers: Mutex<Vec<Option<Answer<E>>>>,
+    answered: AtomicUsize,
+    wake: Condvar,
+}
+
+impl<X, S: Default, E> Shared<X, S, E> {
+    /// A state like `self` with nothing of a launch in it (when a job of the last launch still
+    /// holds `self`: its device did not answer).
+    fn fresh(
+        executables: Arc<Vec<Mutex<X>>>,
+        run: Arc<SlotFn<X, S, E>>,
+        ids: Vec<usize>,
+        positions: Vec<usize>,
+        timeout: Duration,
+    ) -> Self {
+        let n = positions.len();
+        Shared {
+            executables,
+            slots: (0..n).map(|_| Mutex::new(S::default())).collect(),
+            run,
+            rendezvous: Rendezvous::with_timeout(timeout),
+            ids,
+            positions,
+            launch: 0,
+            answers: Mutex::new((0..n).map(|_| None).collect()),
+            answered: AtomicUsize::new(0),
+            wake: Condvar::new(),
+        }
+    }
+}
+
+impl<X, S, E> Shared<X, S, E> {
+    fn answers(&self) -> MutexGuard<'_, Vec<Option<Answer<E>>>> {
+        // Only whole entries are written under the lock.
+        self.answers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<X: Send, S: Send, E: Send> Task for Shared<X, S, E> {
+    /// Job `k`: runs its device's program on its slot, then answers. A panic is caught and
+    /// answered; a device that does not finish well gives up on the launch, so the others'
+    /// waits fail at once.
+    fn run_position(&self, k: usize) {
+        let pos = self.positions[k];
+        let coll = SharedCollectives::new(&self.rendezvous, self.launch, pos, &self.ids);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let exe = match self.executables[k].try_lock() {
+                Ok(exe) => exe,
+                // A run that panicked: the executable keeps nothing from it but scratch.
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return Answer::Busy,
+            };
+            // Nobody else takes a slot's lock while the launch runs (the caller reaches the
+            // slots only through `Arc::get_mut`, and each job has its own).
+            let mut slot = match self.slots[k].try_lock() {
+                Ok(s) => s,
+                Err(TryLockError::Poisoned(s)) => s.into_inner(),
+                Err(TryLockError::WouldBlock) => return Answer::Busy,
+            };
+            match (self.run)(&exe, &mut slot, &coll, pos) {
+                Ok(()) => Answer::Done,
+                Err(e) => Answer::Failed(e),
+            }
+        }));
+        let answer = outcome.unwrap_or_else(|p| {
+            Answer::Panicked(
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a device panicked".into()),
+            )
+        });
+        if !matches!(answer, Answer::Done) {
+            coll.give_up();
+        }
+        let mut answers = self.answers();
+        answers[k] = Some(answer);
+        self.answered.fetch_add(1, Ordering::Release);
+        drop(answers);
+        self.wake.notify_all();
+    }
+}
+
+/// A launch kept for repeated runs of the same executables on the same devices: the state its
+/// jobs share (rendezvous, answers, each device's slot) is reused by every launch whose last
+/// one ended well, so a launch in steady state allocates nothing. Its jobs go to the device
+/// threads as a reference to that state and an index.
+pub struct Launcher<X, S, E> {
+    /// The global device of every mesh position.
+    devices: Vec<usize>,
+    /// Each job's device thread.
+    threads: Vec<usize>,
+    timeout: Duration,
+    shared: Arc<Shared<X, S, E>>,
+}
+
+/// One launch at a time: two launches whose jobs queue on the devices in different orders
+/// would each hold a device the other waits for in a collective (the deadlock XLA's CPU
+/// client runs into with many steps in flight). The lock is held until every device of a
+/// launch is done. It guards nothing but the order: poisoning is ignored.
+static LAUNCH: Mutex<()> = Mutex::new(());
+
+static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(0);
+
+impl<X: Send + 'static, S: Default + Send + 'static, E: Send + 'static> Launcher<X, S, E> {
+    /// The launch of mesh positions `positions` (this process's) of a mesh over the global
+    /// devices `devices_used` (one per position): job `k` runs `run` on `executables[k]` and
+    /// slot `k` on the thread of position `positions[k]`'s device, connected to the others
+    /// by a rendezvous whose waits give up after `timeout`.
+    pub fn new(
+        devices_used: &[usize],
+        positions: &[usize],
+        executables: Arc<Vec<Mutex<X>>>,
+        timeout: Duration,
+        run: Arc<SlotFn<X, S, E>>,
+    ) -> Result<Self, LaunchError<E>> {
+        let d = devices().map_err(LaunchError::Config)?;
+        let global = try_device_count().map_err(LaunchError::Config)?;
+        if let Some(&bad) = devices_used.iter().find(|&&x| x >= global) {
+            return Err(LaunchError::Config(format!(
+                "device {bad} does not exist: there are {global} (TESSERA_DEVICES)",
+            )));
+        }
+        let threads: Vec<usize> = positions
+            .iter()
+            .map(|&p| {
+                devices_used
+                    .get(p)
+                    .and_then(|&dev| local_index(dev))
+                    .filter(|&t| t < d.queues.len())
+                    .ok_or_else(|| {
+                        LaunchError::Config(format!(
+                            "mesh position {p} is not a device of this process"
+                        ))
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        if executables.len() != positions.len() {
+            return Err(LaunchError::Config(format!(
+                "{} executables for {} devices",
+                executables.len(),
+                positions.len()
+            )));
+        }
+        let shared = Shared::fresh(
+            executables,
+            run,
+            devices_used.to_vec(),
+            positions.to_vec(),
+            timeout,
+        );
+        Ok(Launcher {
+            devices: devices_used.to_vec(),
+            threads,
+            timeout,
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The launch of this process's positions of `mesh` over the global devices `devices`
+    /// (one per position, row-major): `executables[k]` runs the `k`-th of them
+    /// (`process::local_positions`). The collectives are the shared-memory ones inside the
+    /// process and, for a step whose group spans processes, one exchange through the
+    /// processes' link (`spanning`); with one process, the shared-memory ones alone. The
+    /// waits give up after `TESSERA_COLLECTIVE_TIMEOUT`.
+    pub fn spanning(
+        mesh: &tessera_ir::Mesh,
+        devices: &[usize],
+        executables: Arc<Vec<Mutex<X>>>,
+        run: Arc<SpanningFn<X, S, E>>,
+    ) -> Result<Self, LaunchError<E>> {
+        let timeout = collective_timeout().map_err(LaunchError::Config)?;
+        let positions = crate::process::local_positions(devices);
+        let link =
+            crate::process::link().filter(|_| crate::process::processes_of(devices).len() > 1);
+        let run: Arc<SlotFn<X, S, E>> = match link {
+            None => Arc::new(move |x: &X, s: &mut S, c: &SharedCollectives<'_>, p| run(x, s, c, p)),
+            Some(link) => {
+                let (mesh, all, mine) = (mesh.clone(), devices.to_vec(), positions.clone());
+                Arc::new(move |x: &X, s: &mut S, c: &SharedCollectives<'_>, p| {
+                    let spanning = crate::spanning::Spanning::new(c, &mesh, &all, &mine, link);
+                    run(x, s, &spanning, p)
+                })
+            }
+        };
+        Launcher::new(devices, &positions, executables, timeout, run)
+    }
+
+    /// How many jobs a launch has (this process's positions).
+    pub fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+
+    /// The state, to change between launches: a fresh one when a job of the last launch
+    /// still holds it (it did not answer in time; it keeps its own state alive while it runs).
+    fn exclusive(&mut self) -> &mut Shared<X, S, E> {
+        if Arc::get_mut(&mut self.shared).is_none() {
+            let s = &self.shared;
+            let fresh = Shared::fresh(
+                s.executables.clone(),
+                s.run.clone(),
+                s.ids.clone(),
+                s.positions.clone(),
+                self.timeout,
+            );
+            self.shared = Arc::new(fresh);
+        }
+        match Arc::get_mut(&mut self.shared) {
+            Some(s) => s,
+            None => unreachable!("a state just made is held by nobody else"),
+        }
+    }
+
+    /// Job `k`'s slot, between launches: what the next launch's job `k` gets, and what the
+    /// last one left (empty, `S::default()`, after a launch some device did not answer).
+    ///
+    /// # Panics
+    /// When `k` is not below `len()`.
+    pub fn slot(&mut self, k: usize) -> &mut S {
+        self.exclusive().slots[k]
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs every job at once and waits for them: `Ok` when every device's run returned `Ok`,
+    /// its results in its slot; otherwise the error of the device that gave up first (the
+    /// others' errors only say it did).
+    ///
+    /// The launch waits for its devices as long as they compute (nothing there waits for
+    /// another device: every wait of a device times out); once one device has answered, each
+    /// other one must answer within the timeout, or the launch fails with `NoAnswer` (memory
+    /// stays safe: a job holds the state it uses, which the next launch then does not reuse,
+    /// and the next launch's job on that device queues behind it).
+    pub fn launch(&mut self) -> Result<(), LaunchError<E>> {
+        let d = devices().map_err(LaunchError::Config)?;
+        let _launch = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
+        let n = self.threads.len();
+        {
+            let s = self.exclusive();
+            s.launch = NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed);
+            *s.answered.get_mut() = 0;
+            let answers = s.answers.get_mut().unwrap_or_else(|e| e.into_inner());
+            answers.iter_mut().for_each(|a| *a = None);
+        }
+        for (k, &t) in self.threads.iter().enumerate() {
+            d.queues[t].push((self.shared.clone(), k));
+        }
+        let complete = self.wait_for_answers(n);
+        if complete {
+            // Each job lets go of the state just after answering: wait for that (a few
+            // instructions), bounded by the timeout, so the next launch can reuse it.
+            let until = Instant::now() + self.timeout;
+            while Arc::strong_count(&self.shared) > 1 && Instant::now() < until {
+                std::thread::yield_now();
+            }
+        }
+        let outcome = self.outcome(n);
+        if let Some(s) = Arc::get_mut(&mut self.shared) {
+            s.rendezvous.end_launch();
+        }
+        outcome
+    }
+
+    /// Waits until all `n` jobs have answered (true), or until `timeout` has passed since the
+    /// first answer without the rest (false). Polled while yielding a bounded number of times
+    /// (short steps), then parked.
+    fn wait_for_answers(&self, n: usize) -> bool {
+        let s = &self.shared;
+        for _ in 0..YIELDS_BEFORE_PARKING {
+            if s.answered.load(Ordering::Acquire) == n {
+                return true;
+            }
+            std::thread::yield_now();
+        }
+        let mut deadline: Option<Instant> = None;
+        let mut answers = s.answers();
+        loop {
+            let got = s.answered.load(Ordering::Acquire);
+            if got == n {
+                return true;
+            }
+            if got > 0 && deadline.is_none() {
+                deadline = Some(Instant::now() + self.timeout);
+            }
+            answers = match deadline {
+                None => s.wake.wait(answers).unwrap_or_else(|e| e.into_inner()),
+                Some(t) => {
+                    let left = t.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    s.wake
+                        .wait_timeout(answers, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+
+    /// The launch's result from its `n` answers (taken).
+    fn outcome(&self, n: usize) -> Result<(), LaunchError<E>> {
+        let s = &self.shared;
+        let mut answers = s.answers();
+        let device = |k: usize| self.devices[s.positions[k]];
+        let failure = |k: usize, a: Answer<E>| match a {
+            Answer::Done => None,
+            Answer::Failed(error) => Some(LaunchError::Failed {
+                device: device(k),
+                error,
+            }),
+            Answer::Panicked(message) => Some(LaunchError::Panicked {
+                device: device(k),
+                message,
+            }),
+            Answer::Busy => Some(LaunchError::Busy { device: device(k) }),
+        };
+        let root = s
+            .rendezvous
+            .first_to_give_up()
+            .and_then(|dev| (0..n).find(|&k| device(k) == dev));
+        if let Some(k) = root
+            && let Some(a) = answers[k].take()
+            && let Some(e) = failure(k, a)
+        {
+            return Err(e);
+        }
+        if answers.iter().all(|a| matches!(a, Some(Answer::Done))) {
+            return Ok(());
+        }
+        let missing: Vec<usize> = (0..n)
+            .filter(|&k| answers[k].is_none())
+            .map(device)
+            .collect();
+        for k in 0..n {
+            if let Some(e) = answers[k].take().and_then(|a| failure(k, a)) {
+                return Err(e);
+            }
+        }
+        Err(LaunchError::NoAnswer {
+            devices: missing,
+            timeout: self.timeout,
+        })
+    }
+}
 
 /// One launch: runs `run(&executables[p], collectives, p)` on device `devices_used[p]`'s
 /// thread for every mesh position `p`, all at once, connected by one rendezvous whose waits
@@ -188,60 +603,8 @@ pub fn launch<X: Send + 'static, T: Send + 'static, E: Send + 'static>(
     launch_with_timeout(devices_used, executables, timeout, run)
 }
 
-/// The program that `launch_spanning` runs on each device: `run(executable, transport,
-/// position)`, the transport spanning processes.
-pub type SpanningFn<X, T, E> =
-    dyn Fn(&X, &dyn tessera_transport::Collectives, usize) -> Result<T, E> + Send + Sync;
-
-/// The launch of this process's positions of `mesh` over the global devices `devices` (one
-/// per position, row-major): `executables[k]` runs the `k`-th of them
-/// (`process::local_positions`). The collectives are the shared-memory ones inside the
-/// process and, for a step whose group spans processes, one exchange through the processes'
-/// link (`spanning`); with one process, the shared-memory ones alone. Results in the order of
-/// the local positions.
-pub fn launch_spanning<X: Send + 'static, T: Send + 'static, E: Send + 'static>(
-    mesh: &tessera_ir::Mesh,
-    devices: &[usize],
-    executables: Arc<Vec<Mutex<X>>>,
-    run: Arc<SpanningFn<X, T, E>>,
-) -> Result<Vec<T>, LaunchError<E>> {
-    let timeout = collective_timeout().map_err(LaunchError::Config)?;
-    let positions = crate::process::local_positions(devices);
-    let link = crate::process::link().filter(|_| crate::process::processes_of(devices).len() > 1);
-    let Some(link) = link else {
-        return launch_positions(
-            devices,
-            &positions,
-            executables,
-            timeout,
-            Arc::new(move |x: &X, c: &SharedCollectives<'_>, p| run(x, c, p)),
-        );
-    };
-    let (mesh, all, mine) = (
-        Arc::new(mesh.clone()),
-        Arc::new(devices.to_vec()),
-        Arc::new(positions.clone()),
-    );
-    launch_positions(
-        devices,
-        &positions,
-        executables,
-        timeout,
-        Arc::new(move |x: &X, c: &SharedCollectives<'_>, p| {
-            let spanning = crate::spanning::Spanning::new(c, &mesh, &all, &mine, link);
-            run(x, &spanning, p)
-        }),
-    )
-}
-
-static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(0);
-
-/// `launch` with the collective timeout `timeout`.
-///
-/// The launch waits for its devices as long as they compute (nothing there waits for
-/// another device: every wait of a device times out); once one device has answered, each
-/// other one must answer within `timeout`, or the launch fails with `NoAnswer` (memory stays
-/// safe: a job owns what it reads, and the next launch's job on that device queues behind it).
+/// `launch` with the collective timeout `timeout` (a `Launcher` for one launch: see
+/// `Launcher::launch` for how long it waits).
 pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'static>(
     devices_used: &[usize],
     executables: Arc<Vec<Mutex<X>>>,
@@ -249,7 +612,29 @@ pub fn launch_with_timeout<X: Send + 'static, T: Send + 'static, E: Send + 'stat
     run: Arc<DeviceFn<X, T, E>>,
 ) -> Result<Vec<T>, LaunchError<E>> {
     let positions: Vec<usize> = (0..devices_used.len()).collect();
-    launch_positions(devices_used, &positions, executables, timeout, run)
+    let mut launcher = Launcher::<X, Option<T>, E>::new(
+        devices_used,
+        &positions,
+        executables,
+        timeout,
+        Arc::new(
+            move |x: &X, slot: &mut Option<T>, c: &SharedCollectives<'_>, p| {
+                *slot = Some(run(x, c, p)?);
+                Ok(())
+            },
+        ),
+    )?;
+    launcher.launch()?;
+    (0..positions.len())
+        .map(|k| {
+            launcher.slot(k).take().ok_or_else(|| {
+                LaunchError::Config(format!(
+                    "device {} answered without a result",
+                    devices_used[k]
+                ))
+            })
+        })
+        .collect()
 }
 
 /// What a launch on `devices_used` checks before it runs anything, for a caller that runs
@@ -266,163 +651,6 @@ pub fn check_launch(devices_used: &[usize]) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// The launch of mesh positions `positions` (this process's) of a mesh over the global
-/// devices `devices_used` (one per position): `executables[k]` runs position `positions[k]`
-/// on its device's thread; results in the order of `positions`.
-pub(crate) fn launch_positions<X: Send + 'static, T: Send + 'static, E: Send + 'static>(
-    devices_used: &[usize],
-    positions: &[usize],
-    executables: Arc<Vec<Mutex<X>>>,
-    timeout: Duration,
-    run: Arc<DeviceFn<X, T, E>>,
-) -> Result<Vec<T>, LaunchError<E>> {
-    let d = devices().map_err(LaunchError::Config)?;
-    let global = try_device_count().map_err(LaunchError::Config)?;
-    if let Some(&bad) = devices_used.iter().find(|&&x| x >= global) {
-        return Err(LaunchError::Config(format!(
-            "device {bad} does not exist: there are {global} (TESSERA_DEVICES)",
-        )));
-    }
-    let threads: Vec<usize> = positions
-        .iter()
-        .map(|&p| {
-            devices_used
-                .get(p)
-                .and_then(|&dev| local_index(dev))
-                .filter(|&t| t < d.senders.len())
-                .ok_or_else(|| {
-                    LaunchError::Config(format!(
-                        "mesh position {p} is not a device of this process"
-                    ))
-                })
-        })
-        .collect::<Result<_, _>>()?;
-    if executables.len() != positions.len() {
-        return Err(LaunchError::Config(format!(
-            "{} executables for {} devices",
-            executables.len(),
-            positions.len()
-        )));
-    }
-    // One launch at a time: two launches whose jobs queue on the devices in different orders
-    // would each hold a device the other waits for in a collective (the deadlock XLA's CPU
-    // client runs into with many steps in flight). The lock is held until every device of
-    // this launch is done. It guards nothing but the order: poisoning is ignored.
-    static LAUNCH: Mutex<()> = Mutex::new(());
-    let _launch = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
-    let id = NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed);
-    let rendezvous = Arc::new(Rendezvous::with_timeout(timeout));
-    let ids: Arc<Vec<usize>> = Arc::new(devices_used.to_vec());
-    let (tx, rx) = channel::<(usize, Answer<T, E>)>();
-    for (k, (&pos, &thread)) in positions.iter().zip(&threads).enumerate() {
-        let dev = devices_used[pos];
-        let (run, exes, shared, ids, tx) = (
-            run.clone(),
-            executables.clone(),
-            rendezvous.clone(),
-            ids.clone(),
-            tx.clone(),
-        );
-        let job: Job = Box::new(move || {
-            let coll = SharedCollectives::new(&shared, id, pos, &ids);
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let exe = match exes[k].try_lock() {
-                    Ok(exe) => exe,
-                    // A run that panicked: the executable keeps nothing from it but scratch.
-                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                    Err(TryLockError::WouldBlock) => return Answer::Busy,
-                };
-                match run(&exe, &coll, pos) {
-                    Ok(v) => Answer::Done(v),
-                    Err(e) => Answer::Failed(e),
-                }
-            }));
-            let answer = outcome.unwrap_or_else(|p| {
-                Answer::Panicked(
-                    p.downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "a device panicked".into()),
-                )
-            });
-            if !matches!(answer, Answer::Done(_)) {
-                coll.give_up();
-            }
-            // The launch's closure and programs let go of before the answer: once the caller
-            // has every answer, it holds the only reference to what the closure captured
-            // (`DeviceProgram::run` takes its inputs back), and to the rendezvous, which it
-            // drops before the next launch may start, giving its buffers back for that one.
-            drop((run, exes, shared));
-            let _ = tx.send((k, answer));
-        });
-        let sent = d.senders[thread]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(job);
-        if sent.is_err() {
-            rendezvous.give_up_as(dev);
-            return Err(LaunchError::Config(format!(
-                "device {dev}'s thread is gone"
-            )));
-        }
-    }
-    drop(tx);
-    let n = positions.len();
-    let mut answers: Vec<Option<Answer<T, E>>> = (0..n).map(|_| None).collect();
-    let mut deadline: Option<Instant> = None;
-    for _ in 0..n {
-        let next = match deadline {
-            None => receive(&rx),
-            Some(t) => rx
-                .recv_timeout(t.saturating_duration_since(Instant::now()))
-                .ok(),
-        };
-        let Some((pos, answer)) = next else { break };
-        answers[pos] = Some(answer);
-        deadline.get_or_insert_with(|| Instant::now() + timeout);
-    }
-    let root = rendezvous
-        .first_to_give_up()
-        .and_then(|dev| positions.iter().position(|&p| devices_used[p] == dev));
-    let failure = |k: usize, a: Answer<T, E>| {
-        let device = devices_used[positions[k]];
-        match a {
-            Answer::Done(_) => None,
-            Answer::Failed(error) => Some(LaunchError::Failed { device, error }),
-            Answer::Panicked(message) => Some(LaunchError::Panicked { device, message }),
-            Answer::Busy => Some(LaunchError::Busy { device }),
-        }
-    };
-    if let Some(pos) = root
-        && let Some(a) = answers[pos].take()
-        && let Some(e) = failure(pos, a)
-    {
-        return Err(e);
-    }
-    if answers.iter().any(|a| !matches!(a, Some(Answer::Done(_)))) {
-        let missing: Vec<usize> = (0..n)
-            .filter(|&k| answers[k].is_none())
-            .map(|k| devices_used[positions[k]])
-            .collect();
-        for (pos, a) in answers.into_iter().enumerate() {
-            if let Some(e) = a.and_then(|a| failure(pos, a)) {
-                return Err(e);
-            }
-        }
-        return Err(LaunchError::NoAnswer {
-            devices: missing,
-            timeout,
-        });
-    }
-    Ok(answers
-        .into_iter()
-        .map(|a| match a {
-            Some(Answer::Done(v)) => v,
-            _ => unreachable!("every answer is Done (checked above)"),
-        })
-        .collect())
 }
 
 #[cfg(test)]

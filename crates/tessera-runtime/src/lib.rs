@@ -14,7 +14,7 @@ pub mod spanning;
 pub use array::{Array, PlacedShell, ShardSpec, ShardsShell, Shell};
 pub use collectives::{SharedCollectives, collective_timeout, parse_timeout};
 pub use device::{
-    DeviceFn, LaunchError, SpanningFn, check_launch, cores, device_count, launch, launch_spanning,
+    DeviceFn, LaunchError, Launcher, SlotFn, SpanningFn, check_launch, cores, device_count, launch,
     launch_with_timeout, parse_device_count, try_local_device_count,
 };
 pub use process::{local_positions, process_count, process_index, processes_of, try_device_count};

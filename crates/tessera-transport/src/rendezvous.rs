@@ -198,15 +198,9 @@ pub fn fresh_launch_buffers() -> usize {
 }
 
 impl Drop for Rendezvous {
-    /// The launch has ended: every member's job holds the rendezvous until its run has
-    /// returned (an error, a timeout or a caught panic included), and a run reads a launch
-    /// buffer only while it runs (a pointer left in its scratch by an unwinding run is
-    /// replaced before any use, `bind`), so they go to `SPARE` for the next launch.
+    /// The launch has ended (`end_launch`).
     fn drop(&mut self) {
-        let kept = std::mem::take(self.kept.get_mut().unwrap_or_else(|e| e.into_inner()));
-        let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
-        spare.extend(kept);
-        trim(&mut spare, SPARE_BYTES);
+        self.end_launch();
     }
 }
 
@@ -247,6 +241,27 @@ impl Rendezvous {
 
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Ends a launch, readying the rendezvous for the next one (a kept launch's,
+    /// `tessera_runtime::device::Launcher`) with the capacity of its slot table and lists:
+    /// the slots left open (abandoned by a failed launch) and the devices that gave up are
+    /// forgotten, and the launch buffers go to `SPARE`. Exclusive access is the argument:
+    /// every member's job holds the rendezvous until its run has returned (an error, a
+    /// timeout or a caught panic included), and a run reads a launch buffer only while it
+    /// runs (a pointer left in its scratch by an unwinding run is replaced before any use,
+    /// `bind`), so no member reads a buffer after this.
+    pub fn end_launch(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        state.slots.clear();
+        state.failed.clear();
+        let kept = self.kept.get_mut().unwrap_or_else(|e| e.into_inner());
+        if kept.is_empty() {
+            return;
+        }
+        let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+        spare.append(kept);
+        trim(&mut spare, SPARE_BYTES);
     }
 
     /// The lock (see the module doc for why poisoning is ignored).

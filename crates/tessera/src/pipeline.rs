@@ -766,8 +766,9 @@ impl BackendProgram {
         }
     }
 
-    /// `run_partial` that appends the outputs to `out` (the native program allocates no
-    /// vector for them).
+    /// Runs with the given transport for the program's collectives, appending the outputs to
+    /// `out` (the native program allocates no vector for them), with `None` for the outputs a
+    /// native device program was compiled not to compute (`schedule`'s `first_only`).
     pub(crate) fn run_partial_into(
         &self,
         inputs: &[&Literal],
@@ -784,23 +785,6 @@ impl BackendProgram {
                 Ok(())
             }
             BackendProgram::Native(e) => Ok(e.run_partial_into(inputs, collectives, out)?),
-        }
-    }
-
-    /// Runs with the given transport for the program's collectives, with `None` for the
-    /// outputs a native device program was compiled not to compute (`schedule`'s
-    /// `first_only`).
-    pub(crate) fn run_partial(
-        &self,
-        inputs: &[&Literal],
-        collectives: &dyn tessera_interp::Collectives,
-    ) -> Result<Vec<Option<Literal>>> {
-        match self {
-            BackendProgram::Interpreted(g) => Ok(tessera_interp::run_with(g, inputs, collectives)?
-                .into_iter()
-                .map(Some)
-                .collect()),
-            BackendProgram::Native(e) => Ok(e.run_partial(inputs, collectives)?),
         }
     }
 }

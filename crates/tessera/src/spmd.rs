@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, TryLockError};
 
 use smallvec::SmallVec;
 use tessera_ir::{Literal, Mesh};
-use tessera_runtime::{LaunchError, launch_spanning, local_positions};
+use tessera_runtime::{LaunchError, Launcher, local_positions};
 
 use crate::error::{Error, Result};
 use crate::pipeline::BackendProgram;
@@ -22,10 +22,14 @@ pub(crate) struct DeviceProgram {
     /// launch's closure (no copy a launch).
     pub(crate) positions: Arc<Vec<usize>>,
     programs: Arc<Vec<Mutex<BackendProgram>>>,
-    /// Whether the last run was on the calling thread (`recycle` then gives buffers back;
-    /// after a launch on the device threads it does not, as taking a program's lock then
-    /// could make another thread's launch find it `Busy`).
+    /// Whether the last run was on the calling thread (`recycle` then gives a buffer to its
+    /// program's pool at once; after a launch on the device threads it leaves it in the
+    /// device's slot for its next run, as taking a program's lock then could make another
+    /// thread's launch find it `Busy`).
     ran_here: AtomicBool,
+    /// The launch on the device threads, kept between calls (made at the first), with each
+    /// device's slot: a launch allocates nothing.
+    launcher: Box<Mutex<Option<Launcher<BackendProgram, Slot, Error>>>>,
     /// The vectors of runs on the calling thread (`run_on_this_thread`), kept between calls.
     together: Box<Mutex<tessera_codegen::together::Together>>,
 }
@@ -50,6 +54,7 @@ impl DeviceProgram {
             positions: Arc::new(positions),
             programs: Arc::new(programs.into_iter().map(Mutex::new).collect()),
             ran_here: AtomicBool::new(false),
+            launcher: Box::default(),
             together: Box::default(),
         }
     }
@@ -86,28 +91,64 @@ impl DeviceProgram {
             return ran;
         }
         self.ran_here.store(false, Ordering::Relaxed);
-        let shared = Arc::new(std::mem::take(inputs));
-        let positions = self.positions.clone();
-        let held = shared.clone();
-        let outputs = launch_spanning(
+        // The kept launcher, or one for this call when another thread's call holds it.
+        let mut kept = match self.launcher.try_lock() {
+            Ok(l) => Some(l),
+            Err(TryLockError::Poisoned(l)) => Some(l.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        let mut fresh = None;
+        let launcher = match kept.as_deref_mut() {
+            Some(Some(l)) => l,
+            Some(none) => none.insert(self.launcher()?),
+            None => fresh.insert(self.launcher()?),
+        };
+        let n = launcher.len();
+        if inputs.len() != n {
+            return Err(Error::Device(format!(
+                "{} devices' inputs for {n} devices",
+                inputs.len()
+            )));
+        }
+        // The vectors change places: each device's inputs into its slot, and back after.
+        for (k, ins) in inputs.iter_mut().enumerate() {
+            std::mem::swap(&mut launcher.slot(k).inputs, ins);
+        }
+        let launched = launcher.launch().map_err(launch_error);
+        out.truncate(n);
+        out.resize_with(n, Vec::new);
+        for (k, (ins, outs)) in inputs.iter_mut().zip(out.iter_mut()).enumerate() {
+            let slot = launcher.slot(k);
+            std::mem::swap(&mut slot.inputs, ins);
+            slot.inputs.clear();
+            outs.clear();
+            std::mem::swap(&mut slot.outputs, outs);
+        }
+        launched
+    }
+
+    /// The launch of this program on its devices' threads: job `k` runs program `k` on slot
+    /// `k`'s inputs, giving it slot `k`'s recycled buffers first.
+    fn launcher(&self) -> Result<Launcher<BackendProgram, Slot, Error>> {
+        let run = |program: &BackendProgram,
+                   slot: &mut Slot,
+                   coll: &dyn tessera_interp::Collectives,
+                   _pos: usize| {
+            for data in slot.recycled.drain(..) {
+                program.recycle(data);
+            }
+            let refs: SmallVec<[&Literal; LOCAL_INPUTS]> =
+                slot.inputs.iter().map(|l| l.as_ref()).collect();
+            slot.outputs.clear();
+            program.run_partial_into(&refs, coll, &mut slot.outputs)
+        };
+        Launcher::spanning(
             &self.mesh,
             &self.devices,
             self.programs.clone(),
-            Arc::new(move |program: &BackendProgram, coll, pos| {
-                let k = positions.binary_search(&pos).map_err(|_| {
-                    Error::Device(format!("mesh position {pos} is not this process's"))
-                })?;
-                let refs: SmallVec<[&Literal; LOCAL_INPUTS]> =
-                    held[k].iter().map(|l| l.as_ref()).collect();
-                program.run_partial(&refs, coll)
-            }),
+            Arc::new(run),
         )
-        .map_err(launch_error);
-        if let Ok(back) = Arc::try_unwrap(shared) {
-            *inputs = back;
-        }
-        *out = outputs?;
-        Ok(())
+        .map_err(launch_error)
     }
 
     /// Gives an output's buffer, which no one else holds, to the output pool of the program
@@ -117,6 +158,14 @@ impl DeviceProgram {
     pub(crate) fn recycle(&self, k: usize, data: tessera_ir::Data) {
         if self.ran_here.load(Ordering::Relaxed) {
             self.give(k, data);
+        } else if let Ok(mut launcher) = self.launcher.try_lock()
+            && let Some(launcher) = launcher.as_mut()
+            && k < launcher.len()
+        {
+            let recycled = &mut launcher.slot(k).recycled;
+            if recycled.len() < RECYCLED_PER_DEVICE {
+                recycled.push(data);
+            }
         }
     }
 
@@ -185,6 +234,21 @@ impl DeviceProgram {
 /// core pays for their switches. (The big MLP over 8 devices: 51 M a device, all but 2 M of
 /// it in shared products.)
 const ON_ONE_THREAD_BELOW: usize = 1 << 22;
+
+/// How many given-back buffers a device's slot holds for its next run at most (`recycle`).
+const RECYCLED_PER_DEVICE: usize = 64;
+
+/// What a launch's job `k` finds in its slot, and leaves there (`Launcher::slot`); the
+/// vectors are kept between calls.
+#[derive(Default)]
+pub(crate) struct Slot {
+    /// The device's inputs, this call.
+    inputs: Vec<Arc<Literal>>,
+    /// Its outputs, after the run.
+    outputs: Vec<Option<Literal>>,
+    /// Buffers given back since its last run (`recycle`), for its program's output pool.
+    recycled: Vec<tessera_ir::Data>,
+}
 
 /// How many devices' programs a run on one thread holds without allocating (`run_on_this_thread`).
 const LOCAL_DEVICES: usize = 16;

@@ -409,24 +409,35 @@ fn the_pmap_step_allocates_only_its_outputs() {
 }
 
 /// The seed pmap step over 2 devices, no more than a 2-core machine's cores: the devices run
-/// on their threads (a launch), and the calling thread still refills the last call's slices,
-/// because every device job lets go of the launch's hold on them before it answers
-/// (`DeviceProgram::run` takes them back). 60 allocations a step on the Xeon of
-/// docs/PERFORMANCE.md (the launch, the stacked outputs, the outputs not recycled after a
-/// launch); 96 with the slices made anew (measured by dropping what `run` takes back); 28 on
-/// the Zen 3 of its twenty-fifth pass, 15 of them the outputs and 13 the launch's own
-/// (its rendezvous, answer channel, a boxed job a device, its lists).
+/// on their threads (a launch). On the calling thread a step allocates its outputs and nothing
+/// else: the launch is kept (`tessera_runtime::Launcher`: its rendezvous, answers and each
+/// device's slot of inputs, outputs and given-back buffers), and its jobs go to the device
+/// threads as a shared reference and an index. On the device threads the outputs come from
+/// their programs' pools (the stacked-away ones given back through the slots). 28 on the
+/// calling thread before the launch was kept (13 of them its rendezvous, answer channel, a
+/// boxed job a device and its lists), 60 on the Xeon of docs/PERFORMANCE.md; 82 counted on
+/// every thread, 50 after. What the device threads still allocate is the all-reduce's
+/// (its meeting's slot, board and lists, and its copies): `DEVICE_THREAD_BOUND`.
 #[test]
-fn the_pmap_step_on_device_threads_gets_its_slices_back() {
+fn the_pmap_step_on_device_threads_allocates_only_its_outputs() {
     let _alone = alone();
     let (a, again, bytes) = pmap_steady(2);
     println!("pmap over 2 devices: {a} allocations, {bytes} bytes per step");
+    assert_eq!(a, again, "the count is the same in every window");
+    assert_eq!(a, 5 * PER_OUTPUT, "{a} allocations per step");
+    EVERYWHERE.store(true, Ordering::Relaxed);
+    let (all, all_again, _) = pmap_steady(2);
+    EVERYWHERE.store(false, Ordering::Relaxed);
+    println!("pmap over 2 devices, every thread: {all} then {all_again} allocations per step");
     assert!(
-        a.abs_diff(again) <= 2,
-        "{a} then {again} allocations per step"
+        all.max(all_again) <= 5 * PER_OUTPUT + DEVICE_THREAD_BOUND,
+        "{all} then {all_again} allocations per step on every thread"
     );
-    assert!(a < 72, "{a} allocations per step");
 }
+
+/// What the device threads of the 2-device pmap step allocate at most, a step: its
+/// all-reduce's meeting (17 and 18 on the two devices).
+const DEVICE_THREAD_BOUND: usize = 2 * 18;
 
 /// The seed pmap step over `n` devices in its steady state (`steady`).
 fn pmap_steady(n: usize) -> (usize, usize, usize) {
