@@ -25,7 +25,13 @@ use crate::process::{local_index, try_device_count};
 
 /// What a device thread runs: one position of a kept launch (`Task::run_position`).
 trait Task: Send + Sync {
+    /// Runs job `k` and answers (a panic of its program answered too).
     fn run_position(&self, k: usize);
+
+    /// Answers job `k` as panicked unless it has answered: `run_position` unwound outside
+    /// its program (it never should), and the launch must not wait for an answer that will
+    /// not come.
+    fn answer_lost(&self, k: usize);
 }
 
 /// A job: position `k` of a launch whose state the job shares.
@@ -92,8 +98,15 @@ fn devices() -> Result<&'static Devices, String> {
                         .spawn(move || {
                             loop {
                                 let (task, k) = mine.next();
-                                // A job catches its program's panics (`Shared::run_position`).
-                                task.run_position(k);
+                                // A job catches its program's panics (`Shared::run_position`);
+                                // this catches the rest, so the thread outlives every job.
+                                let run = std::panic::AssertUnwindSafe(|| task.run_position(k));
+                                if let Err(payload) = std::panic::catch_unwind(run) {
+                                    // Not dropped: a payload whose drop panics would end
+                                    // the thread.
+                                    std::mem::forget(payload);
+                                    task.answer_lost(k);
+                                }
                             }
                         })
                         .map_err(|e| format!("could not start device thread {d}: {e}"))?;
@@ -316,9 +329,23 @@ impl<X: Send, S: Send, E: Send> Task for Shared<X, S, E> {
         if !matches!(answer, Answer::Done) {
             coll.give_up();
         }
+        self.answer(k, answer);
+    }
+
+    fn answer_lost(&self, k: usize) {
+        let lost = || Answer::Panicked("the device's job failed outside its program".into());
+        self.answer(k, lost());
+    }
+}
+
+impl<X, S, E> Shared<X, S, E> {
+    /// Job `k`'s answer, unless it has one; wakes the caller.
+    fn answer(&self, k: usize, answer: Answer<E>) {
         let mut answers = self.answers();
-        answers[k] = Some(answer);
-        self.answered.fetch_add(1, Ordering::Release);
+        if answers[k].is_none() {
+            answers[k] = Some(answer);
+            self.answered.fetch_add(1, Ordering::Release);
+        }
         drop(answers);
         self.wake.notify_all();
     }
@@ -492,30 +519,48 @@ impl<X: Send + 'static, S: Default + Send + 'static, E: Send + 'static> Launcher
         for (k, &t) in self.threads.iter().enumerate() {
             d.queues[t].push((self.shared.clone(), k));
         }
-        let complete = self.wait_for_answers(n);
-        if complete {
+        let late = self.wait_for_answers(n);
+        if late.is_none() {
             // Each job lets go of the state just after answering: wait for that (a few
             // instructions), bounded by the timeout, so the next launch can reuse it.
             let until = Instant::now() + self.timeout;
+            let mut turns = 0usize;
             while Arc::strong_count(&self.shared) > 1 && Instant::now() < until {
-                std::thread::yield_now();
+                turns += 1;
+                if turns < YIELDS_BEFORE_PARKING {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
             }
         }
-        let outcome = self.outcome(n);
-        if let Some(s) = Arc::get_mut(&mut self.shared) {
-            s.rendezvous.end_launch();
+        let outcome = self.outcome(n, late.as_deref());
+        match Arc::get_mut(&mut self.shared) {
+            Some(s) => {
+                s.rendezvous.end_launch();
+                outcome
+            }
+            // A job still holds the state, so its results cannot be read (the next `slot`
+            // starts a fresh state): not a good launch, whatever the answers say.
+            None => outcome.and_then(|()| {
+                Err(LaunchError::NoAnswer {
+                    devices: (0..n)
+                        .map(|k| self.devices[self.shared.positions[k]])
+                        .collect(),
+                    timeout: self.timeout,
+                })
+            }),
         }
-        outcome
     }
 
-    /// Waits until all `n` jobs have answered (true), or until `timeout` has passed since the
-    /// first answer without the rest (false). Polled while yielding a bounded number of times
-    /// (short steps), then parked.
-    fn wait_for_answers(&self, n: usize) -> bool {
+    /// Waits until all `n` jobs have answered (`None`), or until `timeout` has passed since
+    /// the first answer without the rest (the jobs that had not answered then). Polled while
+    /// yielding a bounded number of times (short steps), then parked.
+    fn wait_for_answers(&self, n: usize) -> Option<Vec<usize>> {
         let s = &self.shared;
         for _ in 0..YIELDS_BEFORE_PARKING {
             if s.answered.load(Ordering::Acquire) == n {
-                return true;
+                return None;
             }
             std::thread::yield_now();
         }
@@ -524,7 +569,7 @@ impl<X: Send + 'static, S: Default + Send + 'static, E: Send + 'static> Launcher
         loop {
             let got = s.answered.load(Ordering::Acquire);
             if got == n {
-                return true;
+                return None;
             }
             if got > 0 && deadline.is_none() {
                 deadline = Some(Instant::now() + self.timeout);
@@ -534,7 +579,7 @@ impl<X: Send + 'static, S: Default + Send + 'static, E: Send + 'static> Launcher
                 Some(t) => {
                     let left = t.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return false;
+                        return Some((0..n).filter(|&k| answers[k].is_none()).collect());
                     }
                     s.wake
                         .wait_timeout(answers, left)
@@ -545,8 +590,9 @@ impl<X: Send + 'static, S: Default + Send + 'static, E: Send + 'static> Launcher
         }
     }
 
-    /// The launch's result from its `n` answers (taken).
-    fn outcome(&self, n: usize) -> Result<(), LaunchError<E>> {
+    /// The launch's result from its `n` answers (taken); `late`: the jobs that had not
+    /// answered by the deadline (their answers since do not count).
+    fn outcome(&self, n: usize, late: Option<&[usize]>) -> Result<(), LaunchError<E>> {
         let s = &self.shared;
         let mut answers = s.answers();
         let device = |k: usize| self.devices[s.positions[k]];
@@ -562,24 +608,26 @@ impl<X: Send + 'static, S: Default + Send + 'static, E: Send + 'static> Launcher
             }),
             Answer::Busy => Some(LaunchError::Busy { device: device(k) }),
         };
+        let is_late = |k: usize| late.is_some_and(|l| l.contains(&k));
         let root = s
             .rendezvous
             .first_to_give_up()
-            .and_then(|dev| (0..n).find(|&k| device(k) == dev));
+            .and_then(|dev| (0..n).find(|&k| device(k) == dev))
+            .filter(|&k| !is_late(k));
         if let Some(k) = root
             && let Some(a) = answers[k].take()
             && let Some(e) = failure(k, a)
         {
             return Err(e);
         }
-        if answers.iter().all(|a| matches!(a, Some(Answer::Done))) {
+        if late.is_none() && answers.iter().all(|a| matches!(a, Some(Answer::Done))) {
             return Ok(());
         }
         let missing: Vec<usize> = (0..n)
-            .filter(|&k| answers[k].is_none())
+            .filter(|&k| is_late(k) || answers[k].is_none())
             .map(device)
             .collect();
-        for k in 0..n {
+        for k in (0..n).filter(|&k| !is_late(k)) {
             if let Some(e) = answers[k].take().and_then(|a| failure(k, a)) {
                 return Err(e);
             }
