@@ -56,6 +56,10 @@ pub struct Executable {
     collective_ops: Vec<Option<Arc<CollectiveOp>>>,
     /// The run's vectors (`Scratch`).
     scratch: RefCell<Scratch>,
+    /// Each all-reduce step's group at the mesh position it last ran at, keyed by the step's
+    /// output buffer (`group_of`): a group made anew was four allocations a device and
+    /// all-reduce each step.
+    groups: RefCell<Vec<(usize, usize, Group)>>,
     /// Use both cores for GEMMs this large (m*n*k), when running alone on the machine.
     parallel_gemm_from: usize,
     /// Split elementwise kernels with this many elements over two threads.
@@ -727,6 +731,7 @@ impl Executable {
             pool: RefCell::new(pool),
             output_index,
             scratch: RefCell::new(Scratch::default()),
+            groups: RefCell::default(),
             schedule,
             kernels,
             tails,
@@ -870,6 +875,7 @@ impl Executable {
             output_index: self.output_index.clone(),
             collective_ops: self.collective_ops.clone(),
             scratch: RefCell::new(Scratch::default()),
+            groups: RefCell::default(),
             parallel_gemm_from: self.parallel_gemm_from,
             parallel_kernel_from: self.parallel_kernel_from,
             shared_gemm_from: self.shared_gemm_from,
@@ -1997,6 +2003,29 @@ impl Executable {
         Ok(None)
     }
 
+    /// The group over `axes` of `position` for the collective step whose output is buffer
+    /// `output`: made at its first run at that position, kept after.
+    fn group_of(
+        &self,
+        output: usize,
+        mesh: &Mesh,
+        axes: &[String],
+        position: usize,
+    ) -> std::cell::Ref<'_, Group> {
+        let found = |gs: &[(usize, usize, Group)]| {
+            gs.iter()
+                .position(|(o, p, g)| *o == output && *p == position && g.axes == axes)
+        };
+        let at = found(&self.groups.borrow());
+        let at = at.unwrap_or_else(|| {
+            let mut gs = self.groups.borrow_mut();
+            gs.retain(|(o, _, _)| *o != output);
+            gs.push((output, position, Group::of(mesh, axes, position)));
+            gs.len() - 1
+        });
+        std::cell::Ref::map(self.groups.borrow(), |gs| &gs[at].2)
+    }
+
     /// Runs `step`, the collective `op`, through the transport: an all-reduce on the buffers
     /// themselves (`Collectives::all_reduce_buffers`), any other through a copy of its operand.
     fn run_collective(
@@ -2018,7 +2047,7 @@ impl Executable {
             message: "collective in a program without a mesh".into(),
         })?;
         if let (CollectiveOp::AllReduce { kind, axes }, Some(&b)) = (op, step.inputs.first()) {
-            let group = Group::of(mesh, axes, collectives.position());
+            let group = self.group_of(step.output, mesh, axes, collectives.position());
             // SAFETY: buffer `b` holds a value of its type (written by an earlier step, or
             // bound at launch) and the output buffer has room for one; both live until `run`
             // returns, and this thread is blocked in the call.

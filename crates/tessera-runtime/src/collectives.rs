@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_ir::{DType, Literal, ReduceKind, TensorType};
-use tessera_transport::rendezvous::{Barrier, Member, Rendezvous, Seat, SlotKey};
+use tessera_transport::rendezvous::{Barrier, Items, Member, Rendezvous, Seat, SlotKey};
 use tessera_transport::{Collectives, Group, SharedProducts, TransportError, values};
 
 /// The default collective timeout.
@@ -98,7 +98,7 @@ impl<'a> SharedCollectives<'a> {
         &self,
         group: &Group,
         op: &'static str,
-        label: String,
+        label: Arc<str>,
     ) -> Seat<'a, T, D>
     where
         T: Clone + Send + 'static,
@@ -110,7 +110,7 @@ impl<'a> SharedCollectives<'a> {
             key: SlotKey {
                 launch: self.launch,
                 seq,
-                members: group.members.clone(),
+                members: group.members.iter().copied().collect(),
             },
             me: group.me,
             ids: group.members.iter().map(|&p| self.id_of(p)).collect(),
@@ -125,12 +125,12 @@ impl<'a> SharedCollectives<'a> {
         op: &'static str,
         group: &Group,
         x: &Literal,
-    ) -> Result<Vec<Arc<Literal>>, TransportError> {
+    ) -> Result<Items<Arc<Literal>>, TransportError> {
         let x = Arc::new(x.clone());
         if group.len() == 1 {
-            return Ok(vec![x]);
+            return Ok(smallvec::smallvec![x]);
         }
-        let mut seat = self.seat::<Arc<Literal>, ()>(group, op, group.describe());
+        let mut seat = self.seat::<Arc<Literal>, ()>(group, op, group.label.clone());
         let (values, ()) = seat.arrive(x, |_| (), false)?;
         seat.leave();
         Ok(values)
@@ -149,6 +149,47 @@ pub(crate) const SMALL_ALL_REDUCE: usize = 1 << 14;
 fn chunk_range(len: usize, k: usize, n: usize) -> Range<usize> {
     let per = len.div_ceil(n);
     (k * per).min(len)..((k + 1) * per).min(len)
+}
+
+impl SharedCollectives<'_> {
+    /// A small all-reduce (fewer than `SMALL_ALL_REDUCE` elements, a group of two or more)
+    /// in one meeting: each member copies its operand into a launch buffer, which lives
+    /// until the launch ends and which its owner never writes again, and publishes its
+    /// address; once all have arrived, each reduces every member's copy, in group order,
+    /// into its own result (the bits of the copying path, `values::reduce_widened`, on every
+    /// member). A member leaves at once: the copies it read outlive every reader, so no second
+    /// meeting waits for the reads. Allocates nothing once the launch buffers and the
+    /// meeting's slot are kept (`Rendezvous::launch_buffer`, `end_launch`).
+    ///
+    /// # Safety
+    /// As `Collectives::all_reduce_buffers`: `input` holds a value of type `ty`, `out` has
+    /// room for one, and they stay valid for the call.
+    unsafe fn all_reduce_staged(
+        &self,
+        group: &Group,
+        kind: ReduceKind,
+        ty: &TensorType,
+        input: *const u8,
+        out: *mut u8,
+    ) -> Result<(), TransportError> {
+        let bytes = ty.byte_size();
+        let staged = self.rendezvous.launch_buffer(bytes);
+        // SAFETY: `input` holds `bytes` bytes (the caller's contract); `staged` has room for
+        // them (`launch_buffer`) and is a buffer of this launch no one else has.
+        unsafe { std::ptr::copy_nonoverlapping(input, staged, bytes) };
+        let mut seat = self.seat::<usize, ()>(group, "all_reduce", group.label.clone());
+        let (copies, ()) = seat.arrive(staged as usize, |_| (), false)?;
+        seat.leave();
+        let srcs: Items<*const u8> = copies.iter().map(|&a| a as *const u8).collect();
+        // SAFETY: every copy holds `ty.numel()` elements of `ty.dtype` (every member's operand
+        // has type `ty`), written by its owner before it arrived (the meeting's lock orders
+        // that write before these reads) and never written again; it lives until the launch
+        // ends (`launch_buffer`), after this member's run. `out` has room for the result and
+        // is none of the copies.
+        let reduced = unsafe { values::reduce_raw(kind, ty.dtype, &srcs, out, ty.numel()) };
+        debug_assert!(reduced, "bool all-reduces take the copying path");
+        Ok(())
+    }
 }
 
 impl Collectives for SharedCollectives<'_> {
@@ -170,7 +211,7 @@ impl Collectives for SharedCollectives<'_> {
         if n == 1 {
             return Ok(x.clone());
         }
-        let mut seat = self.seat::<Arc<Literal>, ()>(group, "all_reduce", group.describe());
+        let mut seat = self.seat::<Arc<Literal>, ()>(group, "all_reduce", group.label.clone());
         let (values, ()) = seat.arrive(Arc::new(x.clone()), |_| (), false)?;
         let len = x.data.len();
         if len < SMALL_ALL_REDUCE {
@@ -247,8 +288,9 @@ impl Collectives for SharedCollectives<'_> {
     /// 3. each member has copied the other chunks from their owners' results into its own.
     ///
     /// From meeting 1 to leaving, a member is one of the slot's readers; the rendezvous's
-    /// protocol keeps every buffer alive while it is read. The others copy
-    /// (`tessera_transport::all_reduce_by_copy`).
+    /// protocol keeps every buffer alive while it is read. Small ones (not bool, a group of
+    /// two or more) meet once over copies in launch buffers (`all_reduce_staged`); the others
+    /// copy (`tessera_transport::all_reduce_by_copy`).
     unsafe fn all_reduce_buffers(
         &self,
         group: &Group,
@@ -258,6 +300,10 @@ impl Collectives for SharedCollectives<'_> {
         out: *mut u8,
     ) -> Result<(), TransportError> {
         let n = group.len();
+        if n >= 2 && ty.numel() < SMALL_ALL_REDUCE && ty.dtype != DType::Bool {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.all_reduce_staged(group, kind, ty, input, out) };
+        }
         if n < 2 || ty.numel() < SMALL_ALL_REDUCE || ty.dtype == DType::Bool {
             // SAFETY: forwarded from the caller.
             return unsafe {
@@ -265,7 +311,7 @@ impl Collectives for SharedCollectives<'_> {
             };
         }
         let me = group.me;
-        let mut seat = self.seat::<(usize, usize), ()>(group, "all_reduce", group.describe());
+        let mut seat = self.seat::<(usize, usize), ()>(group, "all_reduce", group.label.clone());
         let (buffers, ()) = seat.arrive((input as usize, out as usize), |_| (), true)?;
         let len = ty.numel();
         let size = ty.dtype.byte_width();
@@ -406,12 +452,18 @@ mod tests {
         }
     }
 
-    /// The in-place all-reduce against the copying one, every kind and numeric dtype, with
-    /// the result in a separate buffer and in the operand's own (the plan may share them); a
-    /// chunk count that does not divide the length; and 1/10 + 2/10 + ... summed in f64.
+    /// The all-reduce between buffers against the copying one, every kind and numeric dtype,
+    /// with the result in a separate buffer and in the operand's own (the plan may share
+    /// them): large (in place, a chunk count that does not divide the length), small (over
+    /// staged copies, `all_reduce_staged`) and empty; and 1/10 + 2/10 + ... summed in f64.
     #[test]
-    fn all_reduce_in_place_matches_the_copying_path() {
-        let len = SMALL_ALL_REDUCE + 13;
+    fn all_reduce_between_buffers_matches_the_copying_path() {
+        for len in [SMALL_ALL_REDUCE + 13, 37, 0] {
+            all_reduce_between_buffers_of(len);
+        }
+    }
+
+    fn all_reduce_between_buffers_of(len: usize) {
         let value = |p: usize, i: usize| ((i * 7 + p * 3) % 11) as f64 / 10.0 - 0.4;
         let make = |dtype: DType, p: usize| {
             let vs = (0..len).map(|i| value(p, i));
@@ -451,7 +503,7 @@ mod tests {
                         (want, if aliased { operand } else { out })
                     });
                     for (want, got) in results {
-                        assert_eq!(want, got, "{dtype:?} {kind:?} aliased {aliased}");
+                        assert_eq!(want, got, "{len} {dtype:?} {kind:?} aliased {aliased}");
                     }
                 }
             }

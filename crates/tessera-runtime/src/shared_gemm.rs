@@ -31,9 +31,10 @@
 //! returns only once it has stopped reading; a panic in the copying or the product drops the
 //! member's seat, which abandons the slot before the panic goes on.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tessera_transport::rendezvous::{Barrier, Seat};
+use tessera_transport::rendezvous::{Barrier, Items, Seat};
 use tessera_transport::stacked::{PartAddr, Stacking};
 use tessera_transport::{GemmCall, GemmPart, Group, SharedProducts, TransportError};
 
@@ -56,7 +57,7 @@ type ProductSeat<'r> = Seat<'r, PartAddr, Stacks>;
 
 /// A shared product's meeting: the member's seat, every member's part in group order, and
 /// the stacked left and right operands and the result.
-type Meeting<'r> = (ProductSeat<'r>, Vec<PartAddr>, [usize; 3]);
+type Meeting<'r> = (ProductSeat<'r>, Items<PartAddr>, [usize; 3]);
 
 /// From every member's part: the bytes of the stacked left and right operands and of the
 /// result, or `None` when the members do not agree on a product to share.
@@ -69,7 +70,7 @@ type Layout<'a> = &'a dyn Fn(&[PartAddr]) -> Option<[usize; 3]>;
 fn meet<'r>(
     c: &SharedCollectives<'r>,
     group: &Group,
-    (op, label): (&'static str, String),
+    (op, label): (&'static str, Arc<str>),
     part: &GemmPart,
     layout: Layout<'_>,
 ) -> Result<Option<Meeting<'r>>, TransportError> {
@@ -168,7 +169,7 @@ impl SharedCollectives<'_> {
         &self,
         stacking: Stacking,
         group: &Group,
-        label: (&'static str, String),
+        label: (&'static str, Arc<str>),
         part: &GemmPart,
         gemm: &(dyn Fn(&GemmCall) + Sync),
     ) -> Result<Option<*const u8>, TransportError> {
@@ -200,7 +201,7 @@ impl SharedProducts for SharedCollectives<'_> {
         part: &GemmPart,
         gemm: &(dyn Fn(&GemmCall) + Sync),
     ) -> Result<Option<*const u8>, TransportError> {
-        let label = ("dot_general", "the devices' shared product".to_string());
+        let label = ("dot_general", "the devices' shared product".into());
         // SAFETY: the caller's contract.
         unsafe { self.stacked(Stacking::Rows, group, label, part, gemm) }
     }
@@ -213,7 +214,7 @@ impl SharedProducts for SharedCollectives<'_> {
         part: &GemmPart,
         gemm: &(dyn Fn(&GemmCall) + Sync),
     ) -> Result<Option<*const u8>, TransportError> {
-        let label = ("all_reduce", group.describe());
+        let label = ("all_reduce", group.label.clone());
         // SAFETY: the caller's contract.
         unsafe { self.stacked(Stacking::Depth, group, label, part, gemm) }
     }

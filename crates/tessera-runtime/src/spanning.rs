@@ -134,10 +134,9 @@ impl<'a> Spanning<'a> {
             axes: Vec::new(),
             members: self.positions.to_vec(),
             me,
+            label: "between processes".into(),
         };
-        let mut seat = self
-            .local
-            .seat::<Item, ()>(&group, op, "between processes".into());
+        let mut seat = self.local.seat::<Item, ()>(&group, op, group.label.clone());
         let (operands, ()) = seat.arrive(Item::Operand(x.clone()), |_| (), false)?;
         if seat.advance_and_elect(2, false) {
             let seq = self.local.seq() - 1;

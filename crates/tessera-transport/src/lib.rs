@@ -108,6 +108,9 @@ pub struct Group {
     pub members: Vec<usize>,
     /// This device's index in `members`.
     pub me: usize,
+    /// The group as messages name it (`over [axes]`), made once: a meeting names it without
+    /// allocating.
+    pub label: std::sync::Arc<str>,
 }
 
 impl Group {
@@ -116,6 +119,7 @@ impl Group {
         let mut members = Vec::new();
         let me = Group::members_into(mesh, axes, position, &mut Vec::new(), &mut members);
         Group {
+            label: format!("over {axes:?}").into(),
             axes: axes.to_vec(),
             members,
             me,
@@ -180,7 +184,7 @@ impl Group {
 
     /// The group as messages name it.
     pub fn describe(&self) -> String {
-        format!("over {:?}", self.axes)
+        self.label.to_string()
     }
 }
 

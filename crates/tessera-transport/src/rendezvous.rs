@@ -62,7 +62,16 @@ use std::mem::MaybeUninit;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use crate::{TransportError, YIELDS_BEFORE_PARKING};
+
+/// The members' items of a meeting, in group order: on the stack for groups of up to 8, so a
+/// meeting of those allocates nothing.
+pub type Items<T> = SmallVec<[T; 8]>;
+
+/// A group's positions or device ids, on the stack up to 8.
+pub type Positions = SmallVec<[usize; 8]>;
 
 /// A meeting's identity: every member computes the same key at the same step.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -71,7 +80,7 @@ pub struct SlotKey {
     /// The meeting's sequence number in the launch (each member counts its meetings).
     pub seq: u64,
     /// The group's mesh positions.
-    pub members: Vec<usize>,
+    pub members: Positions,
 }
 
 /// What the members published at each stage (`items[s - 1]` at stage `s`: a member that
@@ -84,11 +93,23 @@ struct Board<T, D> {
 
 impl<T: Clone, D> Board<T, D> {
     /// The items published at `stage`, in group order.
-    fn at(&self, stage: u8) -> Vec<T> {
+    fn at(&self, stage: u8) -> Items<T> {
         self.items
             .get(usize::from(stage).wrapping_sub(1))
             .map(|v| v.iter().flatten().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// Empty, for a meeting of `n` (its lists keep their capacity: `State::slot`).
+    fn reset(&mut self, n: usize) {
+        if self.items.is_empty() {
+            self.items.push(Vec::new());
+        }
+        for v in &mut self.items {
+            v.clear();
+            v.resize(n, None);
+        }
+        self.decision = None;
     }
 
     fn publish(&mut self, stage: u8, me: usize, item: T) {
@@ -132,14 +153,55 @@ impl Slot {
 }
 
 /// The state behind the lock: the open slots, and the devices that gave up on the launch,
-/// in the order they did.
+/// in the order they did; the slots of meetings that ended, kept for the next ones.
 #[derive(Default)]
 struct State {
     slots: HashMap<SlotKey, Slot>,
     failed: Vec<usize>,
+    spare: Vec<Slot>,
 }
 
+/// How many ended meetings' slots a rendezvous keeps (`State::slot`).
+const SPARE_SLOTS: usize = 32;
+
 impl State {
+    /// A slot for a meeting of `n` with items `T` and decision `D`: an ended meeting's (one of
+    /// the same types first), so a launch that repeats its meetings allocates nothing for
+    /// them.
+    fn slot<T: Clone + Send + 'static, D: Send + 'static>(spare: &mut Vec<Slot>, n: usize) -> Slot {
+        let same = spare.iter().rposition(|s| s.board.is::<Board<T, D>>());
+        let mut slot = match same.map(|i| spare.swap_remove(i)).or_else(|| spare.pop()) {
+            Some(slot) => slot,
+            None => Slot {
+                board: Box::new(Board::<T, D> {
+                    items: Vec::new(),
+                    decision: None,
+                }),
+                stage: Vec::new(),
+                elected: None,
+                readers: 0,
+                gave_up: Vec::new(),
+                left: 0,
+            },
+        };
+        match slot.board.downcast_mut::<Board<T, D>>() {
+            Some(board) => board.reset(n),
+            None => {
+                slot.board = Box::new(Board::<T, D> {
+                    items: vec![vec![None; n]],
+                    decision: None,
+                })
+            }
+        }
+        slot.stage.clear();
+        slot.stage.resize(n, 0);
+        slot.elected = None;
+        slot.readers = 0;
+        slot.gave_up.clear();
+        slot.left = 0;
+        slot
+    }
+
     /// `device` gives up on slot `key` (if any) and on the launch.
     fn give_up(&mut self, key: &SlotKey, device: usize) {
         if let Some(slot) = self.slots.get_mut(key)
@@ -255,6 +317,7 @@ impl Rendezvous {
         let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         state.slots.clear();
         state.failed.clear();
+        state.spare.truncate(SPARE_SLOTS);
         let kept = self.kept.get_mut().unwrap_or_else(|e| e.into_inner());
         if kept.is_empty() {
             return;
@@ -333,10 +396,10 @@ pub struct Member {
     /// This member's index in the group.
     pub me: usize,
     /// Each member's device id, for messages.
-    pub ids: Vec<usize>,
+    pub ids: Positions,
     /// The collective's name, and its group as messages name it.
     pub op: &'static str,
-    pub group: String,
+    pub group: std::sync::Arc<str>,
 }
 
 impl Member {
@@ -426,25 +489,17 @@ where
         item: T,
         decide: impl FnOnce(&[T]) -> D,
         read: bool,
-    ) -> Result<(Vec<T>, D), TransportError> {
+    ) -> Result<(Items<T>, D), TransportError> {
         let (me, n) = (self.m.me, self.m.n());
         let mut st = self.r.lock();
-        let slot = st.slots.entry(self.m.key.clone()).or_insert_with(|| Slot {
-            board: Box::new(Board::<T, D> {
-                items: vec![vec![None; n]],
-                decision: None,
-            }),
-            stage: vec![0; n],
-            elected: None,
-            readers: 0,
-            gave_up: Vec::new(),
-            left: 0,
-        });
+        let State { slots, spare, .. } = &mut *st;
+        let slot =
+            (slots.entry(self.m.key.clone())).or_insert_with(|| State::slot::<T, D>(spare, n));
         let Some(board) = slot.board.downcast_mut::<Board<T, D>>() else {
             // Another collective sits at this step: the programs differ. Nobody may wait on.
             let err = TransportError::Mismatch {
                 op: self.m.op,
-                group: self.m.group.clone(),
+                group: self.m.group.to_string(),
                 me: self.m.device(),
                 seq: self.m.key.seq,
             };
@@ -526,7 +581,7 @@ where
 
     /// Waits for `barrier`; returns the items published at its stage, in group order (none
     /// when nobody published at that stage).
-    pub fn wait(&mut self, barrier: Barrier) -> Result<Vec<T>, TransportError> {
+    pub fn wait(&mut self, barrier: Barrier) -> Result<Items<T>, TransportError> {
         let st = self.r.lock();
         let mut st = self.wait_locked(st, barrier)?;
         let slot = st
@@ -545,8 +600,15 @@ where
             self.reading = false;
         }
         slot.left += 1;
-        if slot.left == self.m.n() {
-            st.slots.remove(&self.m.key);
+        if slot.left == self.m.n()
+            && let Some(mut ended) = st.slots.remove(&self.m.key)
+            && st.spare.len() < SPARE_SLOTS
+        {
+            // Its items let go of now, as the removed slot's were.
+            if let Some(board) = ended.board.downcast_mut::<Board<T, D>>() {
+                board.reset(0);
+            }
+            st.spare.push(ended);
         }
         self.open = false;
         self.r.changed.notify_all();
@@ -570,7 +632,7 @@ where
         };
         let mut yielded = 0;
         loop {
-            let State { slots, failed } = &mut *st;
+            let State { slots, failed, .. } = &mut *st;
             let slot = slots
                 .get_mut(&self.m.key)
                 .expect("slot stays until all left");
@@ -580,7 +642,7 @@ where
             if slot.abandoned() {
                 let err = TransportError::GaveUp {
                     op: self.m.op,
-                    group: self.m.group.clone(),
+                    group: self.m.group.to_string(),
                     devices: slot.gave_up.clone(),
                     me: self.m.device(),
                 };
@@ -597,7 +659,7 @@ where
                     .collect();
                 let err = TransportError::Timeout {
                     op: self.m.op,
-                    group: self.m.group.clone(),
+                    group: self.m.group.to_string(),
                     late,
                     what: barrier.what,
                     timeout: r.timeout,
@@ -733,7 +795,7 @@ mod tests {
                 members: (0..n).collect(),
             },
             me,
-            ids: IDS[..n].to_vec(),
+            ids: IDS[..n].iter().copied().collect(),
             op: "test_op",
             group: "over [\"x\"]".into(),
         }
@@ -782,9 +844,9 @@ mod tests {
         });
         assert_eq!(decided.load(Ordering::SeqCst), 1);
         for (items, d, later) in got {
-            assert_eq!(items, [0, 10, 20]);
+            assert_eq!(items.as_slice(), [0, 10, 20]);
             assert_eq!(d, 30);
-            assert_eq!(later, [100, 101, 102]);
+            assert_eq!(later.as_slice(), [100, 101, 102]);
         }
         assert_eq!(open_slots(&r), 0);
     }
