@@ -29,7 +29,9 @@ fi
 # steps 2-10 ran 23-32 ms where the later ones settle at 21.5-22.5 (why was not measured),
 # and 5 timed steps after 5 warm-up ones measured that.
 # The small CNN of examples/cnn_digits.rs (not one of the workloads) on one device.
-workloads=("big 1 20" "big 8 20" "seed 1 2000" "host 1 2000" "seed 8 1000" "pmap 8 1000" "cnn 1 200")
+# The seed and pmap steps also on 2 devices, a device a core (the default TESSERA_DEVICES on
+# a 2-core machine): a launch on the device threads, where 8 devices run in turn on one.
+workloads=("big 1 20" "big 8 20" "seed 1 2000" "host 1 2000" "seed 8 1000" "pmap 8 1000" "seed 2 2000" "pmap 2 2000" "cnn 1 200")
 # The first call again with each side's persistent compilation cache filled by an earlier
 # process (Tessera's TESSERA_CACHE_DIR; JAX's jax_compilation_cache_dir, every entry kept):
 # rows "seed+cache" and "big+cache", where only the first-call columns are of interest.

@@ -130,7 +130,7 @@ impl<'a> SharedCollectives<'a> {
         if group.len() == 1 {
             return Ok(smallvec::smallvec![x]);
         }
-        let mut seat = self.seat::<Arc<Literal>, ()>(group, op, group.label.clone());
+        let mut seat = self.seat::<Arc<Literal>, ()>(group, op, group.label());
         let (values, ()) = seat.arrive(x, |_| (), false)?;
         seat.leave();
         Ok(values)
@@ -144,6 +144,31 @@ fn refs(values: &[Arc<Literal>]) -> Vec<&Literal> {
 /// Below this many elements an all-reduce takes one meeting instead of two (copying) or three
 /// (in place).
 pub(crate) const SMALL_ALL_REDUCE: usize = 1 << 14;
+
+/// An all-reduce operand's element count and dtype, which every member publishes beside its
+/// buffers' addresses.
+type Operand = (usize, DType);
+
+/// Refuses a meeting whose members' operands differ in element count or dtype (their programs
+/// differ): each would read the others' buffers as its own. Every member sees the same items,
+/// so every member refuses.
+fn same_operands(
+    mine: Operand,
+    theirs: impl Iterator<Item = Operand>,
+) -> Result<(), TransportError> {
+    let mut theirs = theirs;
+    match theirs.find(|&o| o != mine) {
+        None => Ok(()),
+        Some((len, dtype)) => Err(TransportError::Invalid {
+            op: "all_reduce",
+            message: format!(
+                "the members' operands differ: {} {:?} elements here, {len} {dtype:?} on another \
+                 (their programs differ)",
+                mine.0, mine.1
+            ),
+        }),
+    }
+}
 
 /// The element range of chunk `k` of `n` over `len` elements.
 fn chunk_range(len: usize, k: usize, n: usize) -> Range<usize> {
@@ -177,17 +202,26 @@ impl SharedCollectives<'_> {
         // SAFETY: `input` holds `bytes` bytes (the caller's contract); `staged` has room for
         // them (`launch_buffer`) and is a buffer of this launch no one else has.
         unsafe { std::ptr::copy_nonoverlapping(input, staged, bytes) };
-        let mut seat = self.seat::<usize, ()>(group, "all_reduce", group.label.clone());
-        let (copies, ()) = seat.arrive(staged as usize, |_| (), false)?;
-        seat.leave();
-        let srcs: Items<*const u8> = copies.iter().map(|&a| a as *const u8).collect();
-        // SAFETY: every copy holds `ty.numel()` elements of `ty.dtype` (every member's operand
-        // has type `ty`), written by its owner before it arrived (the meeting's lock orders
-        // that write before these reads) and never written again; it lives until the launch
-        // ends (`launch_buffer`), after this member's run. `out` has room for the result and
-        // is none of the copies.
+        let mut seat = self.seat::<(usize, Operand), ()>(group, "all_reduce", group.label());
+        let mine = (ty.numel(), ty.dtype);
+        let (copies, ()) = seat.arrive((staged as usize, mine), |_| (), false)?;
+        same_operands(mine, copies.iter().map(|&(_, o)| o))?;
+        let srcs: Items<*const u8> = copies.iter().map(|&(a, _)| a as *const u8).collect();
+        // SAFETY: every copy holds `ty.numel()` elements of `ty.dtype` (checked above), written
+        // by its owner before it arrived (the meeting's lock orders that write before these
+        // reads) and not written again before every member has left; it lives until the launch
+        // ends or, given back by the last member to leave, until then. `out` has room for the
+        // result and is none of the copies.
         let reduced = unsafe { values::reduce_raw(kind, ty.dtype, &srcs, out, ty.numel()) };
         debug_assert!(reduced, "bool all-reduces take the copying path");
+        if seat.leave() {
+            for &(a, _) in &copies {
+                // SAFETY: each copy came from `launch_buffer(bytes)` of this launch (every
+                // member's has `bytes`: checked above), and every member has left, after its
+                // reads: nobody reads or writes it any more.
+                unsafe { self.rendezvous.give_back(a as *mut u8, bytes) };
+            }
+        }
         Ok(())
     }
 }
@@ -211,7 +245,7 @@ impl Collectives for SharedCollectives<'_> {
         if n == 1 {
             return Ok(x.clone());
         }
-        let mut seat = self.seat::<Arc<Literal>, ()>(group, "all_reduce", group.label.clone());
+        let mut seat = self.seat::<Arc<Literal>, ()>(group, "all_reduce", group.label());
         let (values, ()) = seat.arrive(Arc::new(x.clone()), |_| (), false)?;
         let len = x.data.len();
         if len < SMALL_ALL_REDUCE {
@@ -311,15 +345,17 @@ impl Collectives for SharedCollectives<'_> {
             };
         }
         let me = group.me;
-        let mut seat = self.seat::<(usize, usize), ()>(group, "all_reduce", group.label.clone());
-        let (buffers, ()) = seat.arrive((input as usize, out as usize), |_| (), true)?;
+        let mut seat = self.seat::<(usize, usize, Operand), ()>(group, "all_reduce", group.label());
+        let operand = (ty.numel(), ty.dtype);
+        let (buffers, ()) = seat.arrive((input as usize, out as usize, operand), |_| (), true)?;
+        same_operands(operand, buffers.iter().map(|&(_, _, o)| o))?;
         let len = ty.numel();
         let size = ty.dtype.byte_width();
         let mine = chunk_range(len, me, n);
-        let srcs: Vec<*const u8> = buffers
+        let srcs: Items<*const u8> = buffers
             .iter()
-            // SAFETY: `mine` lies inside every operand (they all have type `ty`).
-            .map(|&(i, _)| unsafe { (i as *const u8).add(mine.start * size) })
+            // SAFETY: `mine` lies inside every operand (they all have type `ty`: checked).
+            .map(|&(i, _, _)| unsafe { (i as *const u8).add(mine.start * size) })
             .collect();
         // SAFETY: each member's operand stays valid and unwritten until no member reads it
         // (the rendezvous's rule 2; it leaves meeting 3 only after everyone's reads); only this
@@ -337,7 +373,7 @@ impl Collectives for SharedCollectives<'_> {
         debug_assert!(reduced, "bool all-reduces take the copying path");
         seat.advance(2, None);
         seat.wait(Barrier::all(2, "did not finish their share"))?;
-        for (k, &(_, theirs)) in buffers.iter().enumerate() {
+        for (k, &(_, theirs, _)) in buffers.iter().enumerate() {
             if k == me {
                 continue;
             }
@@ -506,6 +542,75 @@ mod tests {
                         assert_eq!(want, got, "{len} {dtype:?} {kind:?} aliased {aliased}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Small all-reduces repeated in one launch (a loop body's) reuse their staged copies: the
+    /// launch holds a member's worth of buffers, not one a meeting and member.
+    #[test]
+    fn a_loop_of_small_all_reduces_keeps_a_bounded_number_of_buffers() {
+        let r = Rendezvous::default();
+        let ids = [0, 1, 2, 3];
+        let group = |p: usize| Group::of(&mesh(), &["x".to_string(), "y".to_string()], p);
+        std::thread::scope(|s| {
+            for p in 0..4 {
+                let (r, ids) = (&r, &ids);
+                s.spawn(move || {
+                    let c = SharedCollectives::new(r, 7, p, ids);
+                    let x = Literal::new([3], Data::F32(vec![p as f32, 1.0, 2.0])).unwrap();
+                    let mut out = Literal::zeros(&x.ty);
+                    for _ in 0..200 {
+                        let dst = values::data_ptr_mut(&mut out.data);
+                        // SAFETY: both buffers hold 3 f32 and live until the call returns.
+                        unsafe {
+                            c.all_reduce_buffers(
+                                &group(p),
+                                ReduceKind::Sum,
+                                &x.ty,
+                                values::data_ptr(&x.data),
+                                dst,
+                            )
+                        }
+                        .unwrap();
+                        assert!(out.data.bits_eq(&Data::F32(vec![6.0, 4.0, 8.0])));
+                    }
+                });
+            }
+        });
+        // Four members' copies a meeting; a member may take its next copy before the last one
+        // to leave gives the meeting's back, so a few meetings' worth at most.
+        assert!(r.kept_buffers() <= 16, "{} buffers kept", r.kept_buffers());
+    }
+
+    /// Members whose all-reduce operands differ (programs that differ) all refuse the
+    /// meeting with an error saying so, small or large, instead of reading each other's
+    /// buffers as their own.
+    #[test]
+    fn all_reduce_operands_that_differ_are_an_error() {
+        for len in [5, SMALL_ALL_REDUCE + 5] {
+            let errors = on_four(|c, p| {
+                let x = Literal::zeros(&TensorType::new(DType::F32, vec![len + p % 2]));
+                let mut out = Literal::zeros(&x.ty);
+                let group = Group::of(&mesh(), &["x".to_string(), "y".to_string()], p);
+                // SAFETY: both buffers hold the type's elements and live until the call
+                // returns.
+                let r = unsafe {
+                    c.all_reduce_buffers(
+                        &group,
+                        ReduceKind::Sum,
+                        &x.ty,
+                        values::data_ptr(&x.data),
+                        values::data_ptr_mut(&mut out.data),
+                    )
+                };
+                r.unwrap_err().to_string()
+            });
+            for e in errors {
+                assert!(
+                    e.contains("the members' operands differ") || e.contains("gave up"),
+                    "{len}: {e}"
+                );
             }
         }
     }

@@ -214,7 +214,7 @@ impl SharedProducts for SharedCollectives<'_> {
         part: &GemmPart,
         gemm: &(dyn Fn(&GemmCall) + Sync),
     ) -> Result<Option<*const u8>, TransportError> {
-        let label = ("all_reduce", group.label.clone());
+        let label = ("all_reduce", group.label());
         // SAFETY: the caller's contract.
         unsafe { self.stacked(Stacking::Depth, group, label, part, gemm) }
     }

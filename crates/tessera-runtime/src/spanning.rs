@@ -134,9 +134,9 @@ impl<'a> Spanning<'a> {
             axes: Vec::new(),
             members: self.positions.to_vec(),
             me,
-            label: "between processes".into(),
+            name: std::sync::OnceLock::from(Arc::<str>::from("between processes")),
         };
-        let mut seat = self.local.seat::<Item, ()>(&group, op, group.label.clone());
+        let mut seat = self.local.seat::<Item, ()>(&group, op, group.label());
         let (operands, ()) = seat.arrive(Item::Operand(x.clone()), |_| (), false)?;
         if seat.advance_and_elect(2, false) {
             let seq = self.local.seq() - 1;

@@ -108,9 +108,10 @@ pub struct Group {
     pub members: Vec<usize>,
     /// This device's index in `members`.
     pub me: usize,
-    /// The group as messages name it (`over [axes]`), made once: a meeting names it without
-    /// allocating.
-    pub label: std::sync::Arc<str>,
+    /// The group as messages name it (`over [axes]`), made at its first meeting and kept
+    /// (`label`): a kept group's meetings name it without allocating, and a group made for its
+    /// members alone never makes it.
+    pub name: std::sync::OnceLock<std::sync::Arc<str>>,
 }
 
 impl Group {
@@ -119,7 +120,7 @@ impl Group {
         let mut members = Vec::new();
         let me = Group::members_into(mesh, axes, position, &mut Vec::new(), &mut members);
         Group {
-            label: format!("over {axes:?}").into(),
+            name: std::sync::OnceLock::new(),
             axes: axes.to_vec(),
             members,
             me,
@@ -182,9 +183,15 @@ impl Group {
         self.members.is_empty()
     }
 
-    /// The group as messages name it.
+    /// The group as messages name it (made once, `name`).
+    pub fn label(&self) -> std::sync::Arc<str> {
+        let name = || format!("over {:?}", self.axes).into();
+        self.name.get_or_init(name).clone()
+    }
+
+    /// `label` as a `String`.
     pub fn describe(&self) -> String {
-        self.label.to_string()
+        self.label().to_string()
     }
 }
 

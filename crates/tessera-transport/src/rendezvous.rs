@@ -224,6 +224,9 @@ pub struct Rendezvous {
     timeout: Duration,
     /// Buffers the launch's members read until it ends (`launch_buffer`).
     kept: Mutex<Vec<Vec<MaybeUninit<u64>>>>,
+    /// Buffers of `kept` given back during the launch (`give_back`), as (words, address): the
+    /// next `launch_buffer` of this launch that fits one takes it.
+    free: Mutex<Vec<(usize, usize)>>,
 }
 
 impl Default for Rendezvous {
@@ -298,6 +301,7 @@ impl Rendezvous {
             changed: Condvar::new(),
             timeout,
             kept: Mutex::new(Vec::new()),
+            free: Mutex::new(Vec::new()),
         }
     }
 
@@ -318,6 +322,10 @@ impl Rendezvous {
         state.slots.clear();
         state.failed.clear();
         state.spare.truncate(SPARE_SLOTS);
+        self.free
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         let kept = self.kept.get_mut().unwrap_or_else(|e| e.into_inner());
         if kept.is_empty() {
             return;
@@ -338,6 +346,14 @@ impl Rendezvous {
     /// shared products allocates (and faults in) nothing for them.
     pub fn launch_buffer(&self, bytes: usize) -> *mut u8 {
         let words = bytes.div_ceil(8).max(1);
+        let fits = |&(w, _): &(usize, usize)| (words..=words.saturating_mul(2)).contains(&w);
+        {
+            // (Pushes and removals: consistent whatever panicked.)
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = free.iter().position(fits) {
+                return free.swap_remove(i).1 as *mut u8;
+            }
+        }
         let spare = {
             let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
             // The smallest that holds `words`, if it is at most twice as large.
@@ -356,6 +372,25 @@ impl Rendezvous {
         kept.push(buffer);
         kept.last_mut()
             .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr() as *mut u8)
+    }
+
+    /// How many launch buffers this launch holds (a diagnostic: a loop of meetings keeps it
+    /// bounded, `give_back`).
+    pub fn kept_buffers(&self) -> usize {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Gives back a buffer of this launch for its next `launch_buffer` of at most its size (and
+    /// at least half): a launch that meets many times in a loop keeps as many buffers as it
+    /// uses at once, not one a meeting.
+    ///
+    /// # Safety
+    /// `ptr` came from this rendezvous's `launch_buffer(bytes)` during this launch, was not
+    /// given back since, and nobody reads or writes it any more.
+    pub unsafe fn give_back(&self, ptr: *mut u8, bytes: usize) {
+        let words = bytes.div_ceil(8).max(1);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.push((words, ptr as usize));
     }
 
     /// Records that `device` gave up on the launch: every wait of the launch, now or later,
@@ -591,8 +626,9 @@ where
         Ok(board_of::<T, D>(slot).at(barrier.stage))
     }
 
-    /// Done with the slot: stops reading; the last member to leave removes the slot.
-    pub fn leave(mut self) {
+    /// Done with the slot: stops reading; the last member to leave removes the slot (and
+    /// gets `true`: every member has left, after all it read).
+    pub fn leave(mut self) -> bool {
         let mut st = self.r.lock();
         let slot = st.slots.get_mut(&self.m.key).expect("arrived");
         if self.reading {
@@ -600,7 +636,8 @@ where
             self.reading = false;
         }
         slot.left += 1;
-        if slot.left == self.m.n()
+        let last = slot.left == self.m.n();
+        if last
             && let Some(mut ended) = st.slots.remove(&self.m.key)
             && st.spare.len() < SPARE_SLOTS
         {
@@ -612,6 +649,7 @@ where
         }
         self.open = false;
         self.r.changed.notify_all();
+        last
     }
 
     /// Waits (yielding a while, then parked; parked at once for an elected barrier) until
@@ -773,6 +811,21 @@ mod tests {
             fresh + sizes.len(),
             "allocated afresh"
         );
+    }
+
+    /// A buffer given back during a launch serves the launch's next request that it fits (of
+    /// at most its size and at least half), and none other.
+    #[test]
+    fn a_buffer_given_back_serves_the_next_request_that_fits() {
+        let r = Rendezvous::with_timeout(Duration::from_secs(1));
+        let a = r.launch_buffer(800);
+        // SAFETY: `a` came from `r.launch_buffer(800)` and nothing uses it.
+        unsafe { r.give_back(a, 800) };
+        let small = r.launch_buffer(8);
+        assert_ne!(small, a, "a tenth of it: not served by it");
+        assert_eq!(r.launch_buffer(500), a, "served by the one given back");
+        assert_ne!(r.launch_buffer(500), a, "given once, taken once");
+        assert_eq!(r.kept_buffers(), 3);
     }
 
     /// The spare list keeps the largest buffers within its bound, skipping one too large.
