@@ -408,6 +408,27 @@ fn the_pmap_step_allocates_only_its_outputs() {
     assert_eq!(a, 5 * PER_OUTPUT, "{a} allocations per step");
 }
 
+/// The README's step on a 2-device mesh, a device a core (the default on a 2-core machine):
+/// a launch on the device threads, which allocates the loss and nothing else, counted on
+/// every thread (its elements on the device that holds them, its array and shard list here).
+#[test]
+fn the_seed_step_on_device_threads_allocates_only_its_outputs() {
+    let _alone = alone();
+    let mesh = Mesh::new([2], ["dp"]);
+    let data = NamedSharding::new(&mesh, P!["dp"]);
+    let mut p = device_put(init(), NamedSharding::new(&mesh, P![]));
+    let x = device_put(random::normal(&Key::new(1), [256, 10]), &data);
+    let y = device_put(random::normal(&Key::new(2), [256, 1]), &data);
+    let f = jit(|(p, x, y): (Mlp, Tensor, Tensor)| step(p, x, y));
+    EVERYWHERE.store(true, Ordering::Relaxed);
+    let (a, again, bytes) = steady(&mut p, &x, &y, |p, x, y| f.call((p, x, y)).unwrap().0);
+    EVERYWHERE.store(false, Ordering::Relaxed);
+    println!("per step over 2 device threads: {a} allocations, {bytes} bytes");
+    assert_eq!(a, again, "the count is the same in every window");
+    assert_eq!(a, PER_OUTPUT + 1, "{a} allocations per step");
+    assert_eq!(f.trace_count(), 1);
+}
+
 /// The seed pmap step over 2 devices, no more than a 2-core machine's cores: the devices run
 /// on their threads (a launch), and a step allocates its outputs and nothing else, counted on
 /// every thread:
