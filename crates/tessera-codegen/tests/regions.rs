@@ -86,20 +86,7 @@ fn both(text: &str, inputs: &[Literal]) -> (Vec<Literal>, Vec<Literal>) {
 
 /// Bitwise equality, any NaN equal to any NaN.
 fn same_bits(a: &Literal, b: &Literal) -> bool {
-    if a.ty != b.ty {
-        return false;
-    }
-    match (&a.data, &b.data) {
-        (Data::F32(x), Data::F32(y)) => x
-            .iter()
-            .zip(y)
-            .all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
-        (Data::F64(x), Data::F64(y)) => x
-            .iter()
-            .zip(y)
-            .all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
-        (x, y) => x.bits_eq(y),
-    }
+    a.ty == b.ty && a.data.bits_eq_any_nan(&b.data)
 }
 
 /// Compiled equals interpreted bit for bit; returns the values.

@@ -146,6 +146,32 @@ impl Data {
         }
     }
 
+    /// `bits_eq`, but any NaN equals any NaN: neither Rust nor LLVM fixes a NaN result's sign
+    /// or payload (an optimized build may commute an `fadd`; x86 keeps the first operand's
+    /// NaN), so two exact evaluations may differ there and nowhere else. Signed zeros count.
+    pub fn bits_eq_any_nan(&self, other: &Data) -> bool {
+        fn same<T: Copy>(
+            a: &[T],
+            b: &[T],
+            bits: impl Fn(T) -> u64,
+            nan: impl Fn(T) -> bool,
+        ) -> bool {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(&x, &y)| bits(x) == bits(y) || (nan(x) && nan(y)))
+        }
+        match (self, other) {
+            (Data::F32(a), Data::F32(b)) => same(a, b, |x| u64::from(x.to_bits()), f32::is_nan),
+            (Data::F64(a), Data::F64(b)) => same(a, b, f64::to_bits, f64::is_nan),
+            (Data::F16(a), Data::F16(b)) => same(a, b, |x| u64::from(x.to_bits()), |x| x.is_nan()),
+            (Data::BF16(a), Data::BF16(b)) => {
+                same(a, b, |x| u64::from(x.to_bits()), |x| x.is_nan())
+            }
+            (a, b) => a.bits_eq(b),
+        }
+    }
+
     /// True when every element equals the first (bitwise).
     pub fn is_splat(&self) -> bool {
         match self {
@@ -694,6 +720,28 @@ impl Literal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_nan_equals_any_nan_and_nothing_else_is_loosened() {
+        let neg_nan = f32::from_bits(0xffc0_0000);
+        let f = |v: Vec<f32>| Data::F32(v);
+        assert!(f(vec![f32::NAN, 1.0]).bits_eq_any_nan(&f(vec![neg_nan, 1.0])));
+        assert!(!f(vec![f32::NAN]).bits_eq(&f(vec![neg_nan])));
+        assert!(
+            !f(vec![0.0]).bits_eq_any_nan(&f(vec![-0.0])),
+            "signed zeros count"
+        );
+        assert!(!f(vec![f32::NAN]).bits_eq_any_nan(&f(vec![1.0])));
+        assert!(!f(vec![1.0]).bits_eq_any_nan(&f(vec![1.0, 1.0])), "lengths");
+        let h = |x: f64| half::f16::from_f64(x);
+        assert!(Data::F16(vec![h(f64::NAN)]).bits_eq_any_nan(&Data::F16(vec![-h(f64::NAN)])));
+        assert!(Data::F64(vec![f64::NAN]).bits_eq_any_nan(&Data::F64(vec![-f64::NAN])));
+        assert!(!Data::I32(vec![1]).bits_eq_any_nan(&Data::I32(vec![2])));
+        assert!(
+            !Data::I32(vec![1]).bits_eq_any_nan(&Data::F32(vec![1.0])),
+            "dtypes"
+        );
+    }
 
     fn samples() -> Vec<Data> {
         vec![

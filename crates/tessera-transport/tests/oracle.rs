@@ -180,18 +180,7 @@ fn chunks_and_concatenations_are_the_interpreters_slices_and_concatenations() {
 /// payload (an optimized build may commute an `fadd`, and x86 keeps the first operand's NaN),
 /// so `inf + -inf + NaN` is a NaN of either sign between two loops. Signed zeros still count.
 fn same_but_nan_bits(a: &Literal, b: &Literal) -> bool {
-    a.ty == b.ty
-        && match (&a.data, &b.data) {
-            (Data::F32(x), Data::F32(y)) => x
-                .iter()
-                .zip(y)
-                .all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
-            (Data::F64(x), Data::F64(y)) => x
-                .iter()
-                .zip(y)
-                .all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
-            _ => a == b,
-        }
+    a.ty == b.ty && a.data.bits_eq_any_nan(&b.data)
 }
 
 /// Every combination over four members of +0, -0, NaN, the infinities and 1 at one element
