@@ -860,6 +860,9 @@ impl Executable {
     /// The same program with an arena of its own, sharing the compiled code: an executable
     /// for another device without compiling again.
     pub fn fork(&self) -> Executable {
+        if let Some(upgrade) = &self.upgrade {
+            upgrade.shared_by_another();
+        }
         Executable {
             schedule: self.schedule.clone(),
             kernels: self.kernels.clone(),
