@@ -1,9 +1,10 @@
 //! Tiered compilation: a kernel with little work is compiled first at Cranelift's cheap
 //! settings (`Tier::Quick`: `opt_level=none`, the single-pass register allocator), and again at
 //! `opt_level=speed` on a background thread once the program runs a second time (a kernel
-//! call past one run's: a program run once is never compiled again, a loop body as its second
-//! iteration starts); the executable calls the optimized code from the first kernel call
-//! after it is ready.
+//! call past one run's, a run being one of every executable sharing the upgrade, the devices'
+//! forks: a program run once is never compiled again, a loop body as its second iteration
+//! starts); the executable calls the optimized code from the first kernel call after it is
+//! ready.
 //!
 //! Why: on the seed step (9 functions of 64-336 bytes) Cranelift is about half of a first
 //! call, and the quick settings compile in about two thirds of the time, while their code runs
