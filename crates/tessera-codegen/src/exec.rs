@@ -482,12 +482,30 @@ impl RowViews {
 /// every element is then the same sum in the same order either way (`tests`); a narrow
 /// product with a long contraction (`h @ w`, 512 x 10 x 1024, 166 against 122-147 us) is not
 /// split: at 129 x 16 x 700, two parts changed some elements' last bits.
-fn row_parts((m, _n, k): (usize, usize, usize), ls: [isize; 2], par: gemm::Parallelism) -> usize {
-    if matches!(par, gemm::Parallelism::None) || k > 16 || ls[1] != 1 {
+///
+/// A long contraction too, from `LONG_PARTS_FROM` multiply-adds, more than 16 columns and 64
+/// rows a part, any layout: here the library computes every f64 product and the f32 ones
+/// `sgemm.rs` does not take (all of them on AVX-512 hosts), and its split of the big MLP's
+/// products over two cores ran at 1.6x its one core (240-250 against 150 GFLOP/s, an AVX-512
+/// Xeon, docs/PERFORMANCE.md, "twenty-seventh pass") where two row parts of one thread each
+/// ran at 277-300: each part packs the whole right operand, but the parts never wait for each
+/// other. Both parts and the whole take the library's general kernel there, whose sums are
+/// chains over contraction blocks of a length set by `k` and the caches alone, so the bits
+/// are the one thread's (`tests`).
+fn row_parts((m, n, k): (usize, usize, usize), ls: [isize; 2], par: gemm::Parallelism) -> usize {
+    if matches!(par, gemm::Parallelism::None) {
+        return 1;
+    }
+    let long = m.saturating_mul(n).saturating_mul(k) >= LONG_PARTS_FROM && n > 16;
+    if (k > 16 || ls[1] != 1) && !long {
         return 1;
     }
     rayon::current_num_threads().min(m / 64).max(1)
 }
+
+/// The fewest multiply-adds of a long-contraction product split in row parts (`row_parts`):
+/// about 0.1 ms on one core, where joining the other costs a few microseconds.
+const LONG_PARTS_FROM: usize = 1 << 24;
 
 /// `gemm_dense`, for the tests of `gemm_view`'s layouts (`transpose.rs`).
 ///
@@ -2730,12 +2748,13 @@ mod tests {
         }
     }
 
-    /// A product with a short contraction split by rows over the cores gives the bits of the
-    /// same product on one thread (the threaded devices multiply on one thread, devices run
-    /// together on every core: both must agree), at the big MLP's shapes and at row counts
-    /// that end parts mid-tile.
+    /// A product split by rows over the cores gives the bits of the same product on one
+    /// thread (the threaded devices multiply on one thread, devices run together on every
+    /// core: both must agree), at the big MLP's shapes (its short contractions, and its long
+    /// ones in f64, which the library computes on every host, and in f32 where `sgemm.rs`
+    /// leaves them to it) and at row counts that end parts mid-tile.
     #[test]
-    fn thin_products_in_row_parts_have_one_thread_bits() {
+    fn products_in_row_parts_have_one_thread_bits() {
         for (m, n, k) in [
             (512, 1024, 10),
             (64, 1024, 10),
@@ -2779,6 +2798,85 @@ mod tests {
                 .zip(&split)
                 .all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "{m}x{n}x{k} in {parts} parts");
+        }
+        // Long contractions, the left operand row-major and transposed (column-major).
+        assert!(
+            rayon::current_num_threads() < 2
+                || row_parts((512, 1024, 784), [1, 512], gemm::Parallelism::Rayon(0)) >= 2
+        );
+        assert_eq!(
+            row_parts((512, 16, 4096), [4096, 1], gemm::Parallelism::Rayon(0)),
+            1,
+            "16 columns"
+        );
+        assert_eq!(
+            row_parts((256, 256, 255), [255, 1], gemm::Parallelism::Rayon(0)),
+            1,
+            "short of LONG_PARTS_FROM"
+        );
+        for (m, n, k) in [
+            (512, 1024, 784),
+            (784, 1024, 512),
+            (257, 300, 700),
+            (130, 17, 8000),
+        ] {
+            long_product_parts::<f32>((m, n, k), DType::F32);
+            long_product_parts::<f64>((m, n, k), DType::F64);
+        }
+    }
+
+    /// `products_in_row_parts_have_one_thread_bits` for one long product of `T` (`dtype`):
+    /// split and whole the same bits, and within the error bound of an f64 reference at a few
+    /// elements, for a row-major and a column-major left operand.
+    fn long_product_parts<T: Copy + Into<f64> + From<f32>>(
+        (m, n, k): (usize, usize, usize),
+        dtype: DType,
+    ) {
+        let a: Vec<T> = (0..m * k)
+            .map(|i| T::from(((i * 7919) % 1013) as f32 * 0.001 - 0.5))
+            .collect();
+        let b: Vec<T> = (0..k * n)
+            .map(|i| T::from(((i * 104729) % 1009) as f32 * 0.001 - 0.5))
+            .collect();
+        let size = std::mem::size_of::<T>();
+        for ls in [[k as isize, 1], [1, m as isize]] {
+            let at = |i: usize, kk: usize| a[(i as isize * ls[0] + kk as isize * ls[1]) as usize];
+            let run = |par| {
+                let mut c = vec![0u8; m * n * size];
+                // SAFETY: dense views of the three vectors (the left one `m x k` in either
+                // layout), of `dtype`'s type `T`, `c` apart from both.
+                unsafe {
+                    gemm_view(
+                        dtype,
+                        (m, n, k),
+                        (a.as_ptr() as *const u8, ls),
+                        (b.as_ptr() as *const u8, [n as isize, 1]),
+                        (c.as_mut_ptr(), [n as isize, 1]),
+                        par,
+                    )
+                };
+                c
+            };
+            let one = run(gemm::Parallelism::None);
+            let split = run(gemm::Parallelism::Rayon(0));
+            assert!(one == split, "{m}x{n}x{k} {dtype:?} left strides {ls:?}");
+            for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
+                let (mut exact, mut bound) = (0.0f64, 0.0f64);
+                for kk in 0..k {
+                    let t = at(i, kk).into() * b[kk * n + j].into();
+                    exact += t;
+                    bound += t.abs();
+                }
+                let got = &one[(i * n + j) * size..][..size];
+                let got = match size {
+                    4 => f32::from_ne_bytes(got.try_into().unwrap()) as f64,
+                    _ => f64::from_ne_bytes(got.try_into().unwrap()),
+                };
+                assert!(
+                    (got - exact).abs() <= k as f64 * f32::EPSILON as f64 * bound,
+                    "{m}x{n}x{k} ({i}, {j})"
+                );
+            }
         }
     }
 }
