@@ -483,20 +483,22 @@ impl RowViews {
 /// product with a long contraction (`h @ w`, 512 x 10 x 1024, 166 against 122-147 us) is not
 /// split: at 129 x 16 x 700, two parts changed some elements' last bits.
 ///
-/// A long contraction too, from `LONG_PARTS_FROM` multiply-adds, more than 16 columns and 64
+/// A long contraction too, from `LONG_PARTS_FROM` multiply-adds, more than 64 columns and 64
 /// rows a part, any layout: here the library computes every f64 product and the f32 ones
 /// `sgemm.rs` does not take (all of them on AVX-512 hosts), and its split of the big MLP's
 /// products over two cores ran at 1.6x its one core (240-250 against 150 GFLOP/s, an AVX-512
 /// Xeon, docs/PERFORMANCE.md, "twenty-seventh pass") where two row parts of one thread each
 /// ran at 277-300: each part packs the whole right operand, but the parts never wait for each
-/// other. Both parts and the whole take the library's general kernel there, whose sums are
+/// other. Both parts and the whole take the library's general path there, whose sums are
 /// chains over contraction blocks of a length set by `k` and the caches alone, so the bits
-/// are the one thread's (`tests`).
+/// are the one thread's (`tests`). With more than 64 columns no part is a small product of
+/// the library's (at most 64 by 64), whose blocks are `min(k, 512)` long instead: 128 x 17 x
+/// 8000 in two parts of 64 rows changed elements' bits.
 fn row_parts((m, n, k): (usize, usize, usize), ls: [isize; 2], par: gemm::Parallelism) -> usize {
     if matches!(par, gemm::Parallelism::None) {
         return 1;
     }
-    let long = m.saturating_mul(n).saturating_mul(k) >= LONG_PARTS_FROM && n > 16;
+    let long = m.saturating_mul(n).saturating_mul(k) >= LONG_PARTS_FROM && n > 64;
     if (k > 16 || ls[1] != 1) && !long {
         return 1;
     }
@@ -2804,10 +2806,16 @@ mod tests {
             rayon::current_num_threads() < 2
                 || row_parts((512, 1024, 784), [1, 512], gemm::Parallelism::Rayon(0)) >= 2
         );
-        assert_eq!(
-            row_parts((512, 16, 4096), [4096, 1], gemm::Parallelism::Rayon(0)),
-            1,
-            "16 columns"
+        // At most 64 columns, a part of at most 64 rows would take the library's blocks for
+        // small products (a block of `min(k, 512)`, not the even blocks of the whole: 128 x 17
+        // x 8000 in two parts changed elements' bits).
+        for (m, n, k) in [(512, 16, 4096), (128, 17, 8000), (4096, 64, 4096)] {
+            let parts = row_parts((m, n, k), [k as isize, 1], gemm::Parallelism::Rayon(0));
+            assert_eq!(parts, 1, "{m}x{n}x{k}");
+        }
+        assert!(
+            rayon::current_num_threads() < 2
+                || row_parts((128, 65, 2100), [2100, 1], gemm::Parallelism::Rayon(0)) == 2
         );
         assert_eq!(
             row_parts((256, 256, 255), [255, 1], gemm::Parallelism::Rayon(0)),
@@ -2819,6 +2827,9 @@ mod tests {
             (784, 1024, 512),
             (257, 300, 700),
             (130, 17, 8000),
+            (128, 17, 8000),
+            (128, 64, 2900),
+            (128, 65, 2100),
         ] {
             long_product_parts::<f32>((m, n, k), DType::F32);
             long_product_parts::<f64>((m, n, k), DType::F64);
