@@ -484,7 +484,7 @@ impl RowViews {
 /// split: at 129 x 16 x 700, two parts changed some elements' last bits.
 ///
 /// A long contraction too, from `LONG_PARTS_FROM` multiply-adds, more than 64 columns and 64
-/// rows a part, any layout: here the library computes every f64 product and the f32 ones
+/// rows a part (`part_rows`), any layout: here the library computes every f64 product and the f32 ones
 /// `sgemm.rs` does not take (all of them on AVX-512 hosts), and its split of the big MLP's
 /// products over two cores ran at 1.6x its one core (240-250 against 150 GFLOP/s, an AVX-512
 /// Xeon, docs/PERFORMANCE.md, "twenty-seventh pass") where two row parts of one thread each
@@ -503,6 +503,17 @@ fn row_parts((m, n, k): (usize, usize, usize), ls: [isize; 2], par: gemm::Parall
         return 1;
     }
     rayon::current_num_threads().min(m / 64).max(1)
+}
+
+/// Rows `m0..m1` of part `p` of `parts` (`row_parts`) over `m` rows: `floor(p m / parts)` on,
+/// so every part has at least `floor(m / parts)` rows, 64 or more for `row_parts`'s counts (a
+/// few rows of a part would take the library's matrix-vector or horizontal paths, other sums
+/// than the whole's; a helper's review of 5f70699: 64 parts of 65 rows and one of 1 at 65
+/// threads).
+fn part_rows(m: usize, parts: usize, p: usize) -> (usize, usize) {
+    // `p * m / parts` without overflow: `m = q parts + r`, `r < parts`.
+    let bound = |p: usize| m / parts * p + m % parts * p / parts;
+    (bound(p), bound(p + 1))
 }
 
 /// The fewest multiply-adds of a long-contraction product split in row parts (`row_parts`):
@@ -542,12 +553,11 @@ unsafe fn gemm_dense(
     let parts = row_parts((m, n, k), ls, par);
     if parts >= 2 {
         let size = dtype.byte_width() as isize;
-        let per = m.div_ceil(parts);
         let views = RowViews { l, r, o };
-        // Part `p`: rows `p * per ..` of the product, on one thread.
+        // Part `p`: rows `part_rows(m, parts, p)` of the product, on one thread.
         let part = |p: usize| {
             let (l, r, o) = views.get();
-            let (m0, m1) = (p * per, ((p + 1) * per).min(m));
+            let (m0, m1) = part_rows(m, parts, p);
             if m0 < m1 {
                 let at = m0 as isize;
                 // SAFETY: rows `m0..m1` of the caller's views: the same strides, offset by
@@ -2833,6 +2843,25 @@ mod tests {
         ] {
             long_product_parts::<f32>((m, n, k), DType::F32);
             long_product_parts::<f64>((m, n, k), DType::F64);
+        }
+    }
+
+    /// Row parts cover the rows once, in order, each at least `m / parts` rows: 64 or more for
+    /// every count `row_parts` gives (`min(threads, m / 64)`), at any number of threads.
+    #[test]
+    fn row_parts_have_at_least_64_rows_each() {
+        for m in (64..1200).chain([4097, 4161, 1 << 20, usize::MAX / 4]) {
+            for threads in [2, 3, 8, 63, 64, 65, 200] {
+                let parts = threads.min(m / 64).max(1);
+                let mut next = 0;
+                for p in 0..parts {
+                    let (m0, m1) = part_rows(m, parts, p);
+                    assert_eq!(m0, next, "m={m} parts={parts} part {p}");
+                    assert!(m1 - m0 >= 64, "m={m} parts={parts} part {p}: {m0}..{m1}");
+                    next = m1;
+                }
+                assert_eq!(next, m, "m={m} parts={parts}");
+            }
         }
     }
 
