@@ -1,8 +1,10 @@
 //! Tessera's side of the side-by-side with JAX (`benches/side_by_side.sh`): one workload per
 //! process, as the JAX script runs it, printing one line:
-//! `tessera PROGRAM dev=N first_ms=.. loop_ms=..` (the first call: trace, compile and one
-//! step; then the mean of a loop of steps with the params chained and one read of the loss at
-//! the end).
+//! `tessera PROGRAM dev=N first_ms=.. loop_ms=.. wrap_ms=..` (the first call: trace, compile
+//! and one step; then the mean of a loop of steps with the params chained and one read of the
+//! loss at the end; then the time from just before wrapping the program, `jit` or `pmap`, to
+//! its first call: wrapping starts the compiler's threads, `tessera_codegen::prepare`, so
+//! `wrap_ms + first_ms` is what a first call costs when nothing comes between the two).
 //!
 //! Run: `TESSERA_DEVICES=N cargo run --release --example side_by_side -- PROGRAM STEPS`, with
 //! PROGRAM one of
@@ -40,13 +42,16 @@ mod cnn_digits;
 use mlp::{Layer, Mlp, deep_sgd_step, init, init_deep, loss, seed_data, sgd_step};
 
 /// Runs `step` once (the first call), then `steps` times, chaining the params; returns
-/// (first call ms, ms per step) after reading the last loss.
+/// (ms from `made`, when the program was wrapped, to the first call; first call ms; ms per
+/// step) after reading the last loss.
 fn time<P: Tree + Clone>(
+    made: Instant,
     mut params: P,
     steps: usize,
     mut step: impl FnMut(P) -> Result<(P, Tensor)>,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, f64)> {
     let t = Instant::now();
+    let wrap = t.duration_since(made).as_secs_f64() * 1e3;
     let (p, l) = step(params)?;
     let _ = l.to_vec::<f32>();
     let first = t.elapsed().as_secs_f64() * 1e3;
@@ -64,10 +69,14 @@ fn time<P: Tree + Clone>(
     if let Some(l) = last {
         let _ = l.to_vec::<f32>();
     }
-    Ok((first, t.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64))
+    Ok((
+        wrap,
+        first,
+        t.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64,
+    ))
 }
 
-fn sharded(widths: &[usize], batch: usize, steps: usize) -> Result<(f64, f64)> {
+fn sharded(widths: &[usize], batch: usize, steps: usize) -> Result<(f64, f64, f64)> {
     let mesh = Mesh::new([device_count()], ["dp"]);
     let data = NamedSharding::new(&mesh, P!["dp"]);
     let x = device_put(random::normal(&Key::new(1), [batch, widths[0]]), &data);
@@ -80,27 +89,30 @@ fn sharded(widths: &[usize], batch: usize, steps: usize) -> Result<(f64, f64)> {
             init(Key::new(0), 10, 32, 1),
             NamedSharding::new(&mesh, P![]),
         );
+        let made = Instant::now();
         let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y));
-        time(p, steps, |p| step.call((p, x.clone(), y.clone())))
+        time(made, p, steps, |p| step.call((p, x.clone(), y.clone())))
     } else {
         let p = device_put(
             init_deep(Key::new(0), widths),
             NamedSharding::new(&mesh, P![]),
         );
+        let made = Instant::now();
         let step = jit(|(p, x, y): (Vec<Layer>, Tensor, Tensor)| deep_sgd_step(p, x, y));
-        time(p, steps, |p| step.call((p, x.clone(), y.clone())))
+        time(made, p, steps, |p| step.call((p, x.clone(), y.clone())))
     }
 }
 
-fn host(steps: usize) -> Result<(f64, f64)> {
+fn host(steps: usize) -> Result<(f64, f64, f64)> {
     let (x, y) = seed_data(256);
+    let made = Instant::now();
     let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y));
-    time(init(Key::new(0), 10, 32, 1), steps, |p| {
+    time(made, init(Key::new(0), 10, 32, 1), steps, |p| {
         step.call((p, x.clone(), y.clone()))
     })
 }
 
-fn pmapped(steps: usize) -> Result<(f64, f64)> {
+fn pmapped(steps: usize) -> Result<(f64, f64, f64)> {
     let n = device_count();
     let stack = |a: &Tensor| {
         let mut dims = vec![n];
@@ -111,21 +123,23 @@ fn pmapped(steps: usize) -> Result<(f64, f64)> {
     let p = tree::map(&init(Key::new(0), 10, 32, 1), stack);
     let x = random::normal(&Key::new(1), [n * 64, 10]).reshape([n, 64, 10]);
     let y = random::normal(&Key::new(2), [n * 64, 1]).reshape([n, 64, 1]);
+    let made = Instant::now();
     let step = pmap("i", |(p, x, y): (Mlp, Tensor, Tensor)| {
         let (l, g) = value_and_grad(|p: &Mlp| loss(p, &x, &y))(&p);
         let g = tree::map(&g, |g| pmean(g, "i"));
         (tree::map2(&p, &g, |p, g| p - g * 0.01), pmean(&l, "i"))
     });
-    time(p, steps, |p| step.call((p, x.clone(), y.clone())))
+    time(made, p, steps, |p| step.call((p, x.clone(), y.clone())))
 }
 
 /// The small CNN of `examples/cnn_digits.rs` (Adam, batch 128 of the digits, the batch over
 /// a mesh of every device), as `benches/cnn.rs` runs it.
-fn cnn(steps: usize) -> Result<(f64, f64)> {
+fn cnn(steps: usize) -> Result<(f64, f64, f64)> {
     use cnn_digits::{digits, step, step_inputs};
     let (state, x, y) = step_inputs(&digits::load());
+    let made = Instant::now();
     let f = jit(|(s, x, y)| step(s, x, y));
-    time(state, steps, |s| f.call((s, x.clone(), y.clone())))
+    time(made, state, steps, |s| f.call((s, x.clone(), y.clone())))
 }
 
 /// Runs `sides[k]` for `k` in 0, 1 and then 1, 0, round after round: `warm` rounds, then
@@ -268,7 +282,7 @@ fn main() -> Result<()> {
         "paths" => return paths(steps),
         _ => {}
     }
-    let (first, step) = match program {
+    let (wrap, first, step) = match program {
         "seed" => sharded(&[10, 32, 1], 256, steps)?,
         "big" => sharded(&[784, 1024, 1024, 10], 512, steps)?,
         "host" => host(steps)?,
@@ -281,7 +295,7 @@ fn main() -> Result<()> {
         }
     };
     println!(
-        "tessera {program} dev={} first_ms={first:.2} loop_ms={step:.4}",
+        "tessera {program} dev={} first_ms={first:.2} loop_ms={step:.4} wrap_ms={wrap:.3}",
         device_count()
     );
     Ok(())

@@ -44,6 +44,13 @@ use tessera_ir::Graph;
 use crate::fusion::StepKind;
 use crate::lower::Tier;
 
+static PREPARED: std::sync::Once = std::sync::Once::new();
+
+/// Whether `prepare` has run in this process.
+pub fn prepared() -> bool {
+    PREPARED.is_completed()
+}
+
 /// Starts, once per process and in the background, one-time work the first executable would
 /// otherwise wait for: the gemm crate's query of the CPU's caches (its first product reads
 /// the cache sizes from sysfs, 1 ms on the seed step's first call, a quarter of it: perf on
@@ -51,8 +58,10 @@ use crate::lower::Tier;
 /// background thread that optimizes quick kernels (`tier.rs`: starting it was 30-70 us of the
 /// first compile) and, with the task, the rayon pool that compiles the kernels; and, as a task
 /// of its own that a worker takes first, the caller's `also` (`tessera`'s: the simplifier's
-/// rules, which the first pass after tracing needs). `tessera` calls it when a program starts lowering, so the work overlaps tracing
-/// and the IR passes on the calling thread; a product that comes first waits for the query
+/// rules, which the first pass after tracing needs). `tessera` calls it when a program is
+/// wrapped (`jit`, `pmap`) and again when one starts lowering (whichever comes first starts
+/// it), so the work overlaps what the caller does before the first call, then the tracing and
+/// the IR passes on the calling thread; a product that comes first waits for the query
 /// (a `OnceCell`), a pass for its rules (a `OnceLock`). `tiered`: whether the caller compiles
 /// with `compile_tiered` (the quick ISA and the background thread are started only then).
 /// `threads`: the number of cores, as the caller has already read it. The rayon pool is started
@@ -61,8 +70,7 @@ use crate::lower::Tier;
 /// rayon does not read the cgroup files again on the caller's thread (`cores` reads them: a
 /// third of starting the pool, perf of the seed step's first call).
 pub fn prepare(also: fn(), tiered: bool, threads: usize) {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
+    PREPARED.call_once(|| {
         // Rayon's own variables (and the deprecated one it still reads) keep their say.
         if ["RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS"]
             .iter()

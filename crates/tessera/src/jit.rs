@@ -209,6 +209,7 @@ fn relifetime<'b>(mut v: Vec<&Literal>) -> Vec<&'b Literal> {
 /// assert_eq!(f.trace_count(), 2);
 /// ```
 pub fn jit<In: Tree, Out: Tree, F: Fn(In) -> Out>(f: F) -> Jitted<F, In, Out> {
+    crate::pipeline::prepare_compiler();
     Jitted {
         cache: Cache::new(closure_name::<F>()),
         f,

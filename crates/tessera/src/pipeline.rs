@@ -838,6 +838,18 @@ fn tiered_from_env() -> Result<bool> {
     }
 }
 
+/// Starts the compiler's one-time work in the background (`tessera_codegen::prepare`) when a
+/// program is wrapped (`jit`, `pmap`), before its first call: a program's first call then finds
+/// the threads started and the ISAs built. (The first lowering starts it too, whatever came
+/// first; a bad `TESSERA_TIERED` is that lowering's error to report.)
+pub(crate) fn prepare_compiler() {
+    tessera_codegen::prepare(
+        tessera_opt::prepare,
+        tiered_from_env().unwrap_or(false),
+        tessera_runtime::cores(),
+    );
+}
+
 /// Whether the simplification pass runs: on unless `TESSERA_SIMPLIFY=0`.
 pub(crate) fn simplify_enabled() -> bool {
     std::env::var("TESSERA_SIMPLIFY").map_or(true, |v| v != "0")

@@ -84,6 +84,7 @@ pub struct Pmapped<F, In, Out> {
 /// assert_eq!(f.call(x).unwrap().to_vec::<f32>(), want);
 /// ```
 pub fn pmap<In: Tree, Out: Tree, F: Fn(In) -> Out>(axis: &str, f: F) -> Pmapped<F, In, Out> {
+    crate::pipeline::prepare_compiler();
     Pmapped {
         f,
         axis: axis.to_string(),
