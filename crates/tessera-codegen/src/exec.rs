@@ -1268,9 +1268,13 @@ impl Executable {
     }
 
     /// The smallest GEMM (`m n k`) run on both cores: `parallel_gemm_from`, or a one-device
-    /// program's threshold while the run has the machine to itself (`alone`).
+    /// program's threshold while the run has the machine to itself (`alone`); none inside a
+    /// team job (a device's run in one half of a phase, `together::advance_all`), which runs on
+    /// its thread alone and never enters rayon.
     fn gemm_threads_from(&self) -> usize {
-        if self.alone.get() {
+        if crate::team::in_job() {
+            usize::MAX
+        } else if self.alone.get() {
             PARALLEL_GEMM_FROM.min(self.parallel_gemm_from)
         } else {
             self.parallel_gemm_from
@@ -1279,7 +1283,9 @@ impl Executable {
 
     /// The smallest kernel (elements) split over both cores, likewise.
     fn kernel_threads_from(&self) -> usize {
-        if self.alone.get() {
+        if crate::team::in_job() {
+            usize::MAX
+        } else if self.alone.get() {
             PARALLEL_KERNEL_FROM.min(self.parallel_kernel_from)
         } else {
             self.parallel_kernel_from

@@ -1,6 +1,7 @@
-//! A team of two threads for a run that splits its ops (a one-device program's, `steps_from`):
-//! the thread running it (the leader) and one helper thread, which spins while the run goes on
-//! and takes the second half of each split kernel, conv and product (`join`).
+//! A team of two threads for a run that splits its ops (a one-device program's, `steps_from`,
+//! or a process's devices run in turn on one thread, `together::run_together_in`): the thread
+//! running it (the leader) and one helper thread, which spins while the run goes on and takes
+//! the second half of each split kernel, conv and product, or of a phase's devices (`join`).
 //!
 //! Why not rayon's `join`: handing a half to a sleeping pool worker and waiting for it costs a
 //! futex wake each way, 12-65 us an empty `rayon::join` on the Xeon VM of docs/PERFORMANCE.md
@@ -181,6 +182,12 @@ pub(crate) fn threads() -> usize {
     } else {
         rayon::current_num_threads()
     }
+}
+
+/// This thread runs a team job, either half of a `join` or the helper's: what it runs must
+/// not split or enter rayon (`join`'s contract; `Executable::kernel_threads_from`).
+pub(crate) fn in_job() -> bool {
+    INSIDE.with(Cell::get)
 }
 
 /// This thread holds the team and may post a job now.

@@ -268,6 +268,12 @@ pub fn run_together_in<L: std::ops::Deref<Target = Literal>>(
     if programs.is_empty() {
         return Ok(());
     }
+    // The run's splits (its large kernels and products, and each phase's two halves of the
+    // devices, `advance_all`) go to the team (`team.rs`) when this thread can lead it: its
+    // helper spins between them, where handing a half to a sleeping rayon worker and waiting
+    // for it on this thread cost about 96 us a phase (the big MLP over 8 devices, 6 phases a
+    // step: docs/PERFORMANCE.md, twenty-eighth pass).
+    let _team = crate::team::lead();
     // The device whose program runs, for a panic's report.
     let current = std::cell::Cell::new(0);
     // The results of the run's shared products: the runs read them in place until they
@@ -304,10 +310,13 @@ pub fn run_together_in<L: std::ops::Deref<Target = Literal>>(
 
 /// Each device's `advance` up to its next meeting: in turn on this thread, or, when the
 /// devices' own work between meetings is large (`PHASES_ON_TWO_THREADS_FROM`), the two halves
-/// of the devices as the two sides of a `rayon::join` (on the pool's threads when this thread
-/// is not one of them; a run only touches its own buffers, its own copies in the group region
-/// and the inputs, which both halves only read). Each run still splits its own large kernels and GEMMs over the pool (`alone`):
-/// the pool's work stealing balances the two. A device that fails or panics is named. (Two threads for small programs measured slower on the seed step over 8 devices:
+/// of the devices on two threads at once (a run only touches its own buffers, its own copies
+/// in the group region and the inputs, which both halves only read): this thread and the
+/// team's helper when this thread leads the team (`run_together_in`), each run then on its
+/// own thread alone (a team job splits nothing: `Executable::kernel_threads_from`); otherwise
+/// the two sides of a `rayon::join` (on the pool's threads when this thread is not one of
+/// them), each run still splitting its own large kernels and GEMMs over the pool (`alone`),
+/// whose work stealing balances the two. A device that fails or panics is named. (Two threads for small programs measured slower on the seed step over 8 devices:
 /// 77-104 us against 51-54 us, the workers' wake-ups costing more than a phase's few
 /// microseconds of work.)
 fn advance_all(
@@ -358,7 +367,20 @@ fn advance_all(
                 .map(|(k, p)| (*k, advance(*k, p)))
                 .collect::<Vec<_>>()
         };
-        let (a, b) = rayon::join(|| half(first), || half(second));
+        let (a, b) = if crate::team::leads() {
+            // The helper's half, taken by whichever thread runs it (once).
+            let second = std::sync::Mutex::new(Some(second));
+            TEAM_PHASES.with(|c| c.set(c.get() + 1));
+            crate::team::join(
+                || half(first),
+                || {
+                    let taken = second.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    taken.map_or_else(Vec::new, &half)
+                },
+            )
+        } else {
+            rayon::join(|| half(first), || half(second))
+        };
         for (k, r) in a.into_iter().chain(b) {
             results[k] = Some(r);
         }
@@ -429,6 +451,16 @@ pub fn phases_on_two_threads() -> usize {
 }
 
 static TWO_THREAD_PHASES: AtomicUsize = AtomicUsize::new(0);
+
+/// How many of those phases this thread ran with the team's helper (`advance_all`), for the
+/// tests.
+pub fn phases_on_the_team() -> usize {
+    TEAM_PHASES.with(std::cell::Cell::get)
+}
+
+thread_local! {
+    static TEAM_PHASES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 
 fn run_phases<L: std::ops::Deref<Target = Literal>>(
     programs: &mut [&mut Executable],
@@ -832,7 +864,16 @@ fn product_pair(
             message: panic_message(payload.as_ref()),
         })
     };
-    let (ra, rb) = rayon::join(|| side(&mut a), || side(&mut b));
+    let (ra, rb) = if crate::team::leads() {
+        // Taken by whichever thread runs the second side (once).
+        let second = std::sync::Mutex::new(&mut b);
+        crate::team::join(
+            || side(&mut a),
+            || side(&mut second.lock().unwrap_or_else(|e| e.into_inner())),
+        )
+    } else {
+        rayon::join(|| side(&mut a), || side(&mut b))
+    };
     ra?;
     rb?;
     PAIRS.fetch_add(1, Ordering::Relaxed);
@@ -921,9 +962,16 @@ impl SharedProduct {
         // holds buffers of `layout`'s sizes, and each member's blocks are written by its own
         // fill alone, so the fills may run at once.
         let fill = |me: usize| unsafe { stacking.fill(parts, me, at) };
-        if bytes[0] + bytes[1] >= PARALLEL_FILL_FROM {
+        let members = self.members.len();
+        if bytes[0] + bytes[1] >= PARALLEL_FILL_FROM && crate::team::leads() {
+            let half = members / 2;
+            crate::team::join(
+                || (0..half).for_each(fill),
+                || (half..members).for_each(fill),
+            );
+        } else if bytes[0] + bytes[1] >= PARALLEL_FILL_FROM {
             use rayon::prelude::*;
-            (0..self.members.len()).into_par_iter().for_each(fill);
+            (0..members).into_par_iter().for_each(fill);
         } else {
             (0..self.members.len()).for_each(fill);
         }

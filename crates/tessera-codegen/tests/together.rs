@@ -250,7 +250,9 @@ fn shared_products_on_one_thread_give_the_bits_of_the_threaded_transport() {
 }
 
 /// Devices whose own work between meetings is large (here 4 x 2 x 262,144 kernel elements)
-/// advance on two threads, half the devices each, with the bits of a thread per device.
+/// advance on two threads, half the devices each, with the bits of a thread per device: this
+/// thread and the team's helper when the pool is two threads wide on two CPUs (retried while
+/// another test holds the team), else rayon's.
 #[test]
 fn large_phases_on_two_threads_give_the_bits_of_a_thread_per_device() {
     let program = r#"mesh @mesh = <"dp"=4>
@@ -268,11 +270,30 @@ func @f(%0: f32[512,512]) {
     let want = threaded(&exe, &refs);
     let mut forks: Vec<_> = (0..4).map(|_| exe.fork()).collect();
     let mut programs: Vec<&mut tessera_codegen::Executable> = forks.iter_mut().collect();
-    let before = tessera_codegen::together::phases_on_two_threads();
-    let got = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
-    assert!(tessera_codegen::together::phases_on_two_threads() > before);
-    for p in 0..4 {
-        assert_eq!(bits(&got[p]), bits(&want[p]), "device {p}");
+    let team = rayon::current_num_threads() == 2
+        && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    let start = std::time::Instant::now();
+    loop {
+        let before = tessera_codegen::together::phases_on_two_threads();
+        let on_team = tessera_codegen::together::phases_on_the_team();
+        let got = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
+        assert!(tessera_codegen::together::phases_on_two_threads() > before);
+        for p in 0..4 {
+            assert_eq!(bits(&got[p]), bits(&want[p]), "device {p}");
+        }
+        let on_team = tessera_codegen::together::phases_on_the_team() - on_team;
+        if !team {
+            assert_eq!(on_team, 0, "no team on this pool");
+            break;
+        }
+        if on_team > 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no run got the team"
+        );
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
