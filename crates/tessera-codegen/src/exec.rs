@@ -2542,6 +2542,49 @@ mod tests {
     /// halves of their result's outermost dim on two threads, with the bits of one thread and
     /// of the interpreter: sums and maxima of rows, an argmax; a column sum (in memory or in
     /// registers) and a sum to one value run whole.
+    /// A run inside a team job (a device's run in one half of a phase,
+    /// `together::advance_all`) splits nothing, neither its kernels nor its products, and
+    /// computes the same bits; outside one, the same run splits both.
+    #[test]
+    fn a_run_inside_a_team_job_splits_nothing() {
+        let g = tessera_ir::parse(
+            "func @f(%0: f32[512,256], %1: f32[256,256]) {
+  %2 = tanh %0 : f32[512,256]
+  %3 = dot_general %2, %1 contracting=[1]x[0] : f32[512,256]
+  %4 = reduce_sum %3 axes=[1] : f32[512]
+  return %3, %4
+}",
+        )
+        .unwrap();
+        let lit = |rows: usize, seed: usize| {
+            let v = (0..rows * 256)
+                .map(|i| ((i * 7919 + seed) % 1013) as f32 * 0.01 - 5.0)
+                .collect();
+            Literal::new(vec![rows, 256], Data::F32(v)).unwrap()
+        };
+        let (x, w) = (lit(512, 13), lit(256, 101));
+        let exe = crate::compile(&g).unwrap();
+        let run = || {
+            let splits = SPLITS.with(|c| c.get());
+            let out = exe
+                .run(&[&x, &w], &tessera_transport::SingleDevice)
+                .unwrap();
+            (out, SPLITS.with(|c| c.get()) - splits)
+        };
+        let (alone, splits) = run();
+        assert_eq!(splits, 2, "the tanh and the row sum split");
+        assert!(exe.gemm_threads_from() <= 512 * 256 * 256);
+        let (in_job, splits) = crate::team::as_a_job(run);
+        assert_eq!(splits, 0);
+        assert_eq!(
+            crate::team::as_a_job(|| exe.gemm_threads_from()),
+            usize::MAX
+        );
+        for (a, b) in alone.iter().zip(&in_job) {
+            assert!(a.data.bits_eq(&b.data));
+        }
+    }
+
     #[test]
     fn large_row_reductions_split_over_two_threads_with_the_bits_of_one() {
         let cases: [(&str, &[usize], bool); 10] = [

@@ -97,6 +97,8 @@ pub fn prepare(also: fn(), tiered: bool, threads: usize) {
                 let _ = lower::quick_isa();
                 tier::start_thread();
             }
+            // The team's helper, which takes half of the first compile's kernels (`map_all`).
+            team::start();
         });
         // Only the first run's first product needs the caches' sizes; reading them takes a
         // worker 0.6 ms (sysfs, perf of the seed step's first call on a Xeon VM).

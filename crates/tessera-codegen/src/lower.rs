@@ -376,17 +376,58 @@ struct How<'a> {
 /// `items` mapped by `f` in order, on every core (one item a task) when `parallel`, else on
 /// the calling thread; an error if any item's is (which one, when several fail on several
 /// cores, is not fixed).
+///
+/// On two cores, when this thread can lead the team (`team.rs`: a program's compile on the
+/// caller's thread), this thread and the team's helper take the items one at a time from a
+/// shared counter: this thread starts at once and never sleeps, and the helper takes what is
+/// left when it comes. Handed to the rayon pool, the calling thread slept while the workers
+/// woke, and the seed step's first compile started its first kernel 43-625 us after asking,
+/// often on one worker alone (docs/PERFORMANCE.md, twenty-eighth pass).
 fn map_all<T: Send, R: Send>(
     items: Vec<T>,
     parallel: bool,
     f: impl Fn(T) -> Result<R, LowerError> + Sync + Send,
 ) -> Result<Vec<R>, LowerError> {
     use rayon::prelude::*;
-    if parallel {
-        items.into_par_iter().with_max_len(1).map(f).collect()
-    } else {
-        items.into_iter().map(f).collect()
+    if !parallel || items.len() < 2 {
+        return items.into_iter().map(f).collect();
     }
+    let Some(_team) = crate::team::lead() else {
+        return items.into_par_iter().with_max_len(1).map(f).collect();
+    };
+    let n = items.len();
+    let items: Vec<std::sync::Mutex<Option<T>>> = items
+        .into_iter()
+        .map(|t| std::sync::Mutex::new(Some(t)))
+        .collect();
+    let results: Vec<std::sync::Mutex<Option<Result<R, LowerError>>>> =
+        (0..n).map(|_| std::sync::Mutex::new(None)).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    // Each item is claimed once (the counter), by whichever side gets there first; a side
+    // that finds none left returns. Neither waits for the other (`team::join`'s contract):
+    // a lock here is an item's own, or the module's (`Decls`), held only to declare a callee.
+    let work = || {
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i >= n {
+                break;
+            }
+            let item = items[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(item) = item {
+                let r = f(item);
+                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            }
+        }
+    };
+    crate::team::join(work, work);
+    results
+        .into_iter()
+        .map(|r| {
+            r.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("both sides ran to the end: every item was claimed and mapped")
+        })
+        .collect()
 }
 
 /// Lanes: 1 (scalar) or 4 (f32x4).
@@ -2543,6 +2584,28 @@ fn vectorizable(body: &Expr, lane: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A compile of several kernels on a thread that can lead the team (two CPUs, a pool of
+    /// two threads) takes them from one counter on this thread and the team's helper
+    /// (`map_all`); the code is the same either way (every other test compiles both ways).
+    #[test]
+    fn kernels_compile_on_this_thread_and_the_teams_helper() {
+        let g = tessera_ir::parse(
+            "func @f(%0: f32[64,32], %1: f32[32]) {
+  %2 = tanh %0 : f32[64,32]
+  %3 = reduce_sum %0 axes=[0] : f32[32]
+  %4 = mul %3, %1 : f32[32]
+  %5 = exp %4 : f32[32]
+  %6 = reduce_max %2 axes=[1] : f32[64]
+  return %2, %5, %6
+}",
+        )
+        .unwrap();
+        let (posts, team) = crate::team::posts_once_the_team_is_free(|| {
+            crate::compile(&g).unwrap();
+        });
+        assert_eq!(posts > 0, team, "{posts} posts");
+    }
     use crate::fusion::{StepKind, fuse, is_transcendental};
     use tessera_ir::{Graph, Op, TensorType};
 

@@ -110,9 +110,11 @@ pub(crate) struct Lease {
 /// Takes the team for this thread: `join` then splits over the leader and the helper. `None`
 /// (`join` stays rayon's) when the rayon pool is not two threads wide (a larger pool keeps
 /// rayon's splits, which use every core), this thread is one of its workers (the other worker
-/// may be running a run of its own: three busy threads on two cores), or `take` refuses.
+/// may be running a run of its own: three busy threads on two cores), it may not post (one
+/// CPU: a leader that can never post would only keep the team from others), or `take`
+/// refuses.
 pub(crate) fn lead() -> Option<Lease> {
-    if rayon::current_num_threads() != 2 || rayon::current_thread_index().is_some() {
+    if rayon::current_num_threads() != 2 || rayon::current_thread_index().is_some() || !may_post() {
         return None;
     }
     take()
@@ -346,6 +348,12 @@ fn start_helper() -> Option<std::thread::Thread> {
         .map(|h| h.thread().clone())
 }
 
+/// Starts the helper thread now if it has not started (`prepare`, on a pool worker, so that
+/// the first compile's `join` finds it and the caller pays no thread start).
+pub(crate) fn start() {
+    HELPER.get_or_init(start_helper);
+}
+
 /// The helper's loop: takes posted jobs while a leader holds the team, spinning up to `SPIN`
 /// after the last; parks otherwise.
 fn helper() {
@@ -392,6 +400,15 @@ fn helper() {
         last = Instant::now();
         spins = 0;
     }
+}
+
+/// Runs `f` as a team job runs (`in_job`), for the tests of what a job may do.
+#[cfg(test)]
+pub(crate) fn as_a_job<R>(f: impl FnOnce() -> R) -> R {
+    let was = INSIDE.with(|i| i.replace(true));
+    let r = f();
+    INSIDE.with(|i| i.set(was));
+    r
 }
 
 /// For tests of runs that split: calls `run` until a call posts to the team, when this thread

@@ -367,7 +367,11 @@ fn advance_all(
                 .map(|(k, p)| (*k, advance(*k, p)))
                 .collect::<Vec<_>>()
         };
-        let (a, b) = if crate::team::leads() {
+        let (a, b) = if second.is_empty() {
+            // One device left beside the heavy one (two devices): it runs here, outside a job,
+            // still splitting its own work over the team.
+            (half(first), Vec::new())
+        } else if crate::team::leads() {
             // The helper's half, taken by whichever thread runs it (once).
             let second = std::sync::Mutex::new(Some(second));
             TEAM_PHASES.with(|c| c.set(c.get() + 1));
@@ -458,8 +462,15 @@ pub fn phases_on_the_team() -> usize {
     TEAM_PHASES.with(std::cell::Cell::get)
 }
 
+/// How many pairs of stacked products this thread multiplied with the team's helper, one
+/// each (`product_pair`), for the tests.
+pub fn pairs_on_the_team() -> usize {
+    TEAM_PAIRS.with(std::cell::Cell::get)
+}
+
 thread_local! {
     static TEAM_PHASES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static TEAM_PAIRS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 fn run_phases<L: std::ops::Deref<Target = Literal>>(
@@ -865,6 +876,7 @@ fn product_pair(
         })
     };
     let (ra, rb) = if crate::team::leads() {
+        TEAM_PAIRS.with(|c| c.set(c.get() + 1));
         // Taken by whichever thread runs the second side (once).
         let second = std::sync::Mutex::new(&mut b);
         crate::team::join(

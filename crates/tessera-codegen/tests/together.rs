@@ -421,6 +421,28 @@ fn a_pair_of_shared_products_runs_at_once_with_the_threaded_bits() {
             );
         }
     }
+    // From this thread on the global pool (two threads on two CPUs), the two sides are this
+    // thread and the team's helper (`team.rs`), retried while another test holds the team.
+    if rayon::current_num_threads() == 2
+        && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
+    {
+        let start = std::time::Instant::now();
+        loop {
+            let on_team = tessera_codegen::together::pairs_on_the_team();
+            let got = run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap();
+            for p in 0..4 {
+                assert_eq!(bits(&got[p]), bits(&want[p]), "on the team, device {p}");
+            }
+            if tessera_codegen::together::pairs_on_the_team() > on_team {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no run got the team"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
     // On a pool of three threads the two run one after the other, on every core: the same bits.
     let pairs = tessera_codegen::together::product_pairs_together();
     let got = pool(3).install(|| run_together(&mut programs, &refs, &[0, 1, 2, 3]).unwrap());
