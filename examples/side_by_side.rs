@@ -105,9 +105,10 @@ fn sharded(widths: &[usize], batch: usize, steps: usize) -> Result<(f64, f64, f6
 
 fn host(steps: usize) -> Result<(f64, f64, f64)> {
     let (x, y) = seed_data(256);
+    let params = init(Key::new(0), 10, 32, 1);
     let made = Instant::now();
     let step = jit(|(p, x, y): (Mlp, Tensor, Tensor)| sgd_step(p, x, y));
-    time(made, init(Key::new(0), 10, 32, 1), steps, |p| {
+    time(made, params, steps, |p| {
         step.call((p, x.clone(), y.clone()))
     })
 }
