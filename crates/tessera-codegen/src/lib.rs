@@ -35,6 +35,7 @@ pub mod together;
 mod transpose;
 mod vmath;
 pub mod window;
+mod words;
 
 pub use exec::Executable;
 pub use lower::LowerError;
