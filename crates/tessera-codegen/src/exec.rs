@@ -919,8 +919,9 @@ impl Executable {
     }
 
     /// Whether this is a one-device program (not `single_threaded`, a device's): its arena is
-    /// then all of one run's temporaries, touched every run, and worth huge pages
-    /// (`words::zeroed`); a device's may be mostly the replicated updates it skips.
+    /// then all of one run's temporaries, touched every run and kept between runs, and worth
+    /// huge pages (`words::zeroed`); a device's may be mostly the replicated updates it skips.
+    /// (A region body's arena is given back after each region step: never in huge pages.)
     fn one_program(&self) -> bool {
         self.parallel_kernel_from < usize::MAX
     }
@@ -1768,14 +1769,15 @@ impl Executable {
         let mut arena = self.arena.borrow_mut();
         let words = self.plan.arena_bytes.div_ceil(8);
         if arena.len() < words {
-            *arena =
-                crate::words::zeroed(words, self.one_program()).ok_or_else(|| InterpError::Op {
-                    op: "allocate".into(),
-                    message: format!(
-                        "cannot allocate the {} bytes of temporaries a region body needs",
-                        self.plan.arena_bytes
-                    ),
-                })?;
+            // Not in huge pages: a body's arena is given back after every region step
+            // (`run_region`), so each step would map and unmap it.
+            *arena = crate::words::zeroed(words, false).ok_or_else(|| InterpError::Op {
+                op: "allocate".into(),
+                message: format!(
+                    "cannot allocate the {} bytes of temporaries a region body needs",
+                    self.plan.arena_bytes
+                ),
+            })?;
         }
         let base = arena.as_mut_ptr() as *mut u8;
         let bufs = &self.schedule.bufs;

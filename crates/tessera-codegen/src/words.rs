@@ -8,15 +8,18 @@
 //! MLP's arena) took 3.8-16.6 ms in 4 KiB pages, 0.6-1.8 ms in 2 MiB ones, and the big step's
 //! first call faulted 3,690 pages. Either way the memory comes zeroed by the kernel and a page
 //! no run touches is never backed (at 2 MiB granularity here), as `calloc`'s fresh pages.
-//! Where transparent huge pages are off, the advice is refused and the mapping stays in 4 KiB
-//! pages: the same contents, the same laziness.
+//! Where transparent huge pages are off (or not built into the kernel), the mapping stays in
+//! 4 KiB pages: the same contents, the same laziness.
 
+#[cfg(target_os = "linux")]
 use std::ptr::NonNull;
 
 /// From this many bytes, zeroed words come from a mapping of their own (Linux).
+#[cfg(target_os = "linux")]
 pub(crate) const MAPPED_FROM: usize = 2 << 20;
 
 /// A transparent huge page: the mapping's alignment and granule.
+#[cfg(target_os = "linux")]
 const HUGE_PAGE: usize = 2 << 20;
 
 /// `len` zeroed words.
@@ -38,6 +41,27 @@ pub(crate) enum Words {
 unsafe impl Send for Words {}
 // SAFETY: as above: `&Words` gives only `&[u64]`.
 unsafe impl Sync for Words {}
+
+impl Words {
+    /// The number of words (without making a slice of them all, as `Vec::len`).
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Words::Heap(v) => v.len(),
+            #[cfg(target_os = "linux")]
+            Words::Mapped { len, .. } => *len,
+        }
+    }
+
+    /// The first word's address, without making a slice of them all (`Vec::as_mut_ptr`'s
+    /// promise: pointers taken from it earlier stay valid).
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u64 {
+        match self {
+            Words::Heap(v) => v.as_mut_ptr(),
+            #[cfg(target_os = "linux")]
+            Words::Mapped { at, .. } => at.as_ptr(),
+        }
+    }
+}
 
 impl Default for Words {
     fn default() -> Words {
@@ -97,14 +121,17 @@ pub(crate) fn zeroed(words: usize, huge: bool) -> Option<Words> {
     if words == 0 {
         return Some(Words::default());
     }
+    // At most `isize::MAX` bytes, as any allocation (and slice) must be.
+    let layout = std::alloc::Layout::array::<u64>(words).ok()?;
     #[cfg(target_os = "linux")]
     if huge
-        && words.checked_mul(8)? >= MAPPED_FROM
+        && layout.size() >= MAPPED_FROM
         && let Some(w) = mapped(words)
     {
         return Some(w);
     }
-    let layout = std::alloc::Layout::array::<u64>(words).ok()?;
+    #[cfg(not(target_os = "linux"))]
+    let _ = huge;
     // SAFETY: the layout has a non-zero size (`words > 0`).
     let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut u64;
     if p.is_null() {
@@ -136,18 +163,22 @@ fn mapped(words: usize) -> Option<Words> {
     if raw == libc::MAP_FAILED {
         return None;
     }
-    let base = NonNull::new(raw.cast::<u8>())?;
+    let Some(base) = NonNull::new(raw.cast::<u8>()) else {
+        // SAFETY: the mapping just made (at address 0), which nothing else refers to.
+        unsafe { libc::munmap(raw, bytes) };
+        return None;
+    };
     let offset = (raw as usize).next_multiple_of(HUGE_PAGE) - raw as usize;
     // SAFETY: `offset < HUGE_PAGE`, so `raw + offset .. raw + offset + len` lies inside the
-    // `len + HUGE_PAGE` bytes just mapped.
-    let at = unsafe { base.as_ptr().add(offset) };
+    // `len + HUGE_PAGE` bytes just mapped (and `base + offset` is not null).
+    let at = unsafe { base.add(offset) };
     // SAFETY: the range is inside the mapping (above); the advice changes how its pages are
-    // backed, never what they hold. Refused (huge pages off): the mapping keeps 4 KiB pages.
-    unsafe { libc::madvise(at.cast(), len, libc::MADV_HUGEPAGE) };
+    // backed, never what they hold. Refused (no huge pages in the kernel): 4 KiB pages.
+    unsafe { libc::madvise(at.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
     Some(Words::Mapped {
         base,
         bytes,
-        at: NonNull::new(at.cast::<u64>())?,
+        at: at.cast::<u64>(),
         len: words,
     })
 }
@@ -156,10 +187,9 @@ fn mapped(words: usize) -> Option<Words> {
 mod tests {
     use super::*;
 
-    /// Whether the mapping holding `addr` may be backed by huge pages (`THPeligible` of its
-    /// entry in /proc/self/smaps).
+    /// The flags of the mapping holding `addr` (`VmFlags` of its entry in /proc/self/smaps).
     #[cfg(target_os = "linux")]
-    fn huge_page_eligible(addr: usize) -> bool {
+    fn vm_flags(addr: usize) -> String {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let mut inside = false;
         for line in smaps.lines() {
@@ -168,16 +198,16 @@ mod tests {
                 && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
             {
                 inside = (a..b).contains(&addr);
-            } else if inside && let Some(v) = line.strip_prefix("THPeligible:") {
-                return v.trim() == "1";
+            } else if inside && let Some(v) = line.strip_prefix("VmFlags:") {
+                return v.to_string();
             }
         }
         panic!("no mapping holds {addr:#x}")
     }
 
     /// Large zeroed words asked for in huge pages are a mapping aligned to 2 MiB, zero,
-    /// writable, advised to use huge pages (eligible wherever the kernel gives them on advice,
-    /// `madvise` or `always`); small ones, and those not asked for so, come from the allocator.
+    /// writable, advised to use huge pages; small ones, and those not asked for so, come from
+    /// the allocator.
     #[test]
     fn large_zeroed_words_are_huge_page_mappings() {
         let small = zeroed(1000, true).unwrap();
@@ -197,12 +227,16 @@ mod tests {
         {
             assert!(matches!(big, Words::Mapped { .. }));
             assert_eq!(big.as_ptr() as usize % HUGE_PAGE, 0);
-            let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-                .unwrap_or_default();
-            let on = thp.contains("[madvise]") || thp.contains("[always]");
-            assert_eq!(huge_page_eligible(big.as_ptr() as usize), on, "{thp}");
+            // Advised (`hg`) wherever the kernel has transparent huge pages at all, whatever
+            // their setting.
+            if std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+                let flags = vm_flags(big.as_ptr() as usize);
+                assert!(flags.split_whitespace().any(|f| f == "hg"), "{flags}");
+            }
         }
         assert!(zeroed(0, true).unwrap().is_empty());
+        // Past `isize::MAX` bytes; then too large to map (2^61 bytes) or allocate.
         assert!(zeroed(usize::MAX / 4, true).is_none());
+        assert!(zeroed(1 << 58, true).is_none());
     }
 }
