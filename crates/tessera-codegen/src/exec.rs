@@ -16,7 +16,6 @@ use crate::kernel::Kernel;
 use crate::lower::{Compiled, KernelFn};
 use crate::plan::Plan;
 use crate::pool::Pool;
-use crate::words::Words;
 use std::ops::Range;
 
 /// A compiled program. `run` may be called from one thread at a time per executable (each
@@ -44,7 +43,7 @@ pub struct Executable {
     plan: Plan,
     mesh: Option<Mesh>,
     /// The arena, kept between runs so a step allocates nothing.
-    arena: RefCell<Words>,
+    arena: RefCell<Vec<u64>>,
     /// Buffers given back (`recycle`: a given-up input's), taken by the next runs' outputs of
     /// the same dtype and element count instead of allocating (`pool.rs`).
     pool: RefCell<Pool>,
@@ -109,7 +108,7 @@ pub struct Executable {
     grouped_bytes: usize,
     /// The group region this executable keeps for the devices it runs with, as the first of
     /// them (`together::run_together`), kept between runs so a step allocates nothing.
-    group_region: RefCell<Words>,
+    group_region: RefCell<Vec<u64>>,
     /// The start and length in bytes of the group region a started run's grouped buffers
     /// lie in, or `(0, 0)` (`start`): `advance` tags the shared products' parts that lie in
     /// it with its start (`PartAddr::regions`).
@@ -652,6 +651,26 @@ impl SendArgs {
 unsafe impl Send for SendArgs {}
 unsafe impl Sync for SendArgs {}
 
+/// An arena of `words` zeroed words, or `None` when the allocator has no room. Allocated
+/// zeroed (`calloc`), not zeroed by writing: a large block comes as fresh pages the kernel
+/// zeroes on first touch, so pages a run never touches (a device that skips the replicated
+/// updates another computes) are never faulted in. Writing the zeros was 40 ms of the first
+/// step of the big MLP over 8 devices on one thread.
+fn zeroed_words(words: usize) -> Option<Vec<u64>> {
+    if words == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u64>(words).ok()?;
+    // SAFETY: the layout has a non-zero size (`words > 0`).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut u64;
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of `words` u64s (the
+    // one `Vec<u64>` with capacity `words` uses), and zeroed memory is `words` valid u64s.
+    Some(unsafe { Vec::from_raw_parts(p, words, words) })
+}
+
 /// Room for a result of type `ty`, or an error naming the size when the allocator has none.
 fn out_data(ty: &TensorType) -> Result<Data, InterpError> {
     Data::try_with_capacity(ty.dtype, ty.numel()).map_err(|_| InterpError::Op {
@@ -738,7 +757,7 @@ impl Executable {
             skipped: vec![false; schedule.steps.len()],
             dropped: vec![false; schedule.bufs.len()],
             // Allocated by the first run (`run_partial`), where a failure is an error.
-            arena: RefCell::default(),
+            arena: RefCell::new(Vec::new()),
             pool: RefCell::new(pool),
             output_index,
             scratch: RefCell::new(Scratch::default()),
@@ -761,7 +780,7 @@ impl Executable {
             unshared_multiply_adds: multiply_adds,
             grouped: Vec::new(),
             grouped_bytes: 0,
-            group_region: RefCell::default(),
+            group_region: RefCell::new(Vec::new()),
             group_base: std::cell::Cell::new((0, 0)),
             regions,
             profile: profiling().then(RefCell::default),
@@ -884,7 +903,7 @@ impl Executable {
             quick_functions: self.quick_functions,
             plan: self.plan.clone(),
             mesh: self.mesh.clone(),
-            arena: RefCell::default(),
+            arena: RefCell::new(Vec::new()),
             pool: RefCell::new(self.pool.borrow().emptied()),
             output_index: self.output_index.clone(),
             collective_ops: self.collective_ops.clone(),
@@ -913,17 +932,9 @@ impl Executable {
             unshared_multiply_adds: self.unshared_multiply_adds,
             grouped: self.grouped.clone(),
             grouped_bytes: self.grouped_bytes,
-            group_region: RefCell::default(),
+            group_region: RefCell::new(Vec::new()),
             group_base: std::cell::Cell::new((0, 0)),
         }
-    }
-
-    /// Whether this is a one-device program (not `single_threaded`, a device's): its arena is
-    /// then all of one run's temporaries, touched every run and kept between runs, and worth
-    /// huge pages (`words::zeroed`); a device's may be mostly the replicated updates it skips.
-    /// (A region body's arena is given back after each region step: never in huge pages.)
-    fn one_program(&self) -> bool {
-        self.parallel_kernel_from < usize::MAX
     }
 
     /// Never split a GEMM or a kernel over threads (each device thread of the sharded runtime
@@ -1004,7 +1015,7 @@ impl Executable {
         let mut region = self.group_region.try_borrow_mut().ok()?;
         let words = bytes.div_ceil(8);
         if region.len() != words {
-            *region = crate::words::zeroed(words, false)?;
+            *region = zeroed_words(words)?;
         }
         Some(region.as_mut_ptr() as usize)
     }
@@ -1144,9 +1155,9 @@ impl Executable {
 
     /// Gives back the arena (and the bodies' arenas): the next run allocates it again.
     fn release(&self) {
-        *self.arena.borrow_mut() = Words::default();
+        *self.arena.borrow_mut() = Vec::new();
         if let Ok(mut region) = self.group_region.try_borrow_mut() {
-            *region = Words::default();
+            *region = Vec::new();
         }
         for bodies in &self.regions {
             for b in bodies {
@@ -1769,9 +1780,7 @@ impl Executable {
         let mut arena = self.arena.borrow_mut();
         let words = self.plan.arena_bytes.div_ceil(8);
         if arena.len() < words {
-            // Not in huge pages: a body's arena is given back after every region step
-            // (`run_region`), so each step would map and unmap it.
-            *arena = crate::words::zeroed(words, false).ok_or_else(|| InterpError::Op {
+            *arena = zeroed_words(words).ok_or_else(|| InterpError::Op {
                 op: "allocate".into(),
                 message: format!(
                     "cannot allocate the {} bytes of temporaries a region body needs",
@@ -1828,7 +1837,7 @@ impl Executable {
     /// devices`, each run with its own index.
     fn bind<L: std::ops::Deref<Target = Literal>>(
         &self,
-        arena: &mut Words,
+        arena: &mut Vec<u64>,
         inputs: &[L],
         ptrs: &mut Vec<*mut u8>,
         outs: &mut Vec<(usize, Option<Data>)>,
@@ -1838,14 +1847,13 @@ impl Executable {
         outs.clear();
         let words = self.plan.arena_bytes.div_ceil(8);
         if arena.len() < words {
-            *arena =
-                crate::words::zeroed(words, self.one_program()).ok_or_else(|| InterpError::Op {
-                    op: "allocate".into(),
-                    message: format!(
-                        "cannot allocate the {} bytes of temporaries this program needs",
-                        self.plan.arena_bytes
-                    ),
-                })?;
+            *arena = zeroed_words(words).ok_or_else(|| InterpError::Op {
+                op: "allocate".into(),
+                message: format!(
+                    "cannot allocate the {} bytes of temporaries this program needs",
+                    self.plan.arena_bytes
+                ),
+            })?;
         }
         let base = arena.as_mut_ptr() as *mut u8;
         let bufs = &self.schedule.bufs;

@@ -35,7 +35,6 @@ pub mod together;
 mod transpose;
 mod vmath;
 pub mod window;
-mod words;
 
 pub use exec::Executable;
 pub use lower::LowerError;
