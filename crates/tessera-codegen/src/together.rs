@@ -331,7 +331,12 @@ fn advance_all(
         operands: &[],
     };
     let work: usize = programs.iter().map(|p| p.kernel_elements()).sum();
-    if programs.len() >= 2 && work >= PHASES_ON_TWO_THREADS_FROM {
+    // A phase without kernel work (two meetings back to back, or nothing after the last)
+    // runs in turn: a join would only hand over nothing.
+    if programs.len() >= 2
+        && work >= PHASES_ON_TWO_THREADS_FROM
+        && programs.iter().any(|p| p.phase_work() > 0)
+    {
         // Each device's panic caught on its own thread, to name it.
         let advance = |k: usize, p: &Executable| {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1150,6 +1155,43 @@ func @f(%0: f32[64,256], %1: f32[64]) {
             assert_eq!(exe.phase_work(), second, "{drop:?}: after it");
             exe.abandon();
         }
+    }
+
+    /// Two devices, the first computing a large output the second drops: the first goes alone
+    /// (`phase_plan`), and the one left runs on this thread outside a team job, free to split
+    /// its own work, not as one half of a join with an empty other half; and the phase after
+    /// the last meeting, with no kernel work, runs in turn (no join at all).
+    #[test]
+    fn one_device_beside_the_heavy_one_runs_outside_a_job() {
+        let g = parse(
+            r#"mesh @mesh = <"dp"=2>
+func @f(%0: f32[1024,1024], %1: f32[512,512]) {
+  %2 = exp %0 : f32[1024,1024]
+  %3 = tanh %1 : f32[512,512]
+  %4 = all_reduce %3 sum axes=["dp"] : f32[512,512]
+  return %2, %4
+}"#,
+        )
+        .unwrap();
+        let x = Literal::new([1024, 1024], Data::F32(vec![0.5; 1024 * 1024])).unwrap();
+        let y = Literal::new([512, 512], Data::F32(vec![0.25; 512 * 512])).unwrap();
+        let exe = crate::compile(&g).unwrap().single_threaded();
+        let mut first = exe.fork();
+        let mut second = exe.fork().dropping_outputs(&[true, false]);
+        let (phases, on_team) = (phases_on_two_threads(), phases_on_the_team());
+        let (_, team) = crate::team::posts_once_the_team_is_free(|| {
+            let mut programs = [&mut first, &mut second];
+            let out = run_together(&mut programs, &[vec![&x, &y], vec![&x, &y]], &[0, 1]).unwrap();
+            let sum = out[1][1].as_ref().unwrap().data.get_f64(0);
+            assert_eq!(sum, 2.0 * 0.25f64.tanh() as f32 as f64);
+            assert!(out[1][0].is_none());
+        });
+        assert!(phases_on_two_threads() > phases, "the phase was large");
+        assert_eq!(
+            phases_on_the_team(),
+            on_team,
+            "no join with an empty half (team {team})"
+        );
     }
 
     /// A device that skips the steps of outputs another device returns counts only the work
