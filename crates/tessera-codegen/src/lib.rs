@@ -71,6 +71,7 @@ pub fn prepared() -> bool {
 /// third of starting the pool, perf of the seed step's first call).
 pub fn prepare(also: fn(), tiered: bool, threads: usize) {
     PREPARED.call_once(|| {
+        team::set_cores(threads);
         // Rayon's own variables (and the deprecated one it still reads) keep their say.
         if ["RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS"]
             .iter()
@@ -106,6 +107,14 @@ pub fn prepare(also: fn(), tiered: bool, threads: usize) {
             let _ = *gemm_common::cache::CACHE_INFO;
         })
     });
+}
+
+/// Says a compile is coming (a caller about to trace and run its passes): the team's helper
+/// (`team.rs`), parked after its last job, is woken now and spins for up to 2 ms, so that the
+/// compile's kernels (`lower::map_all`) find it running rather than wait for a parked thread
+/// to wake on an idle core. A hint: it changes what runs where, never what is computed.
+pub fn expect_compile() {
+    team::expect(std::time::Duration::from_millis(2));
 }
 
 /// Compiles a graph to native code, every kernel optimized.
