@@ -846,7 +846,14 @@ fn build_and_compile(
         // Taken out for the build and put back after it: a build that panicked leaves a
         // fresh context, never one half used (`FunctionBuilder` does not clear it).
         let mut fctx = BUILDER.with(std::cell::Cell::take);
-        build(decls, &mut func, &mut fctx, &kernels[i], how.outline_all);
+        build(
+            decls,
+            &mut func,
+            &mut fctx,
+            &kernels[i],
+            how.outline_all,
+            tiers[i],
+        );
         BUILDER.with(|c| c.set(fctx));
         Ok((
             at,
@@ -938,13 +945,20 @@ fn import_sig(
     module.declare_func_in_func(id, func)
 }
 
-/// Builds the CLIF of kernel `k` into `func`.
+/// Builds the CLIF of kernel `k` into `func`, for `tier`: a quick kernel's vector loops run
+/// one vector an iteration (`Lower::unroll` off), which halves the code of an elementwise
+/// body (four copies to two) and so its compile time, the first call's largest part (the seed
+/// step's longest kernel, 79 instructions, took 0.23-0.36 ms at the quick tier, Xeon VM).
+/// Unrolling only repeats the body in the same order over the same elements, so both forms
+/// compute the same bits; what decides a reduction's order (`jams`, `in_registers`) does not
+/// depend on the tier.
 fn build(
     decls: &Decls,
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
     k: &Kernel,
     outline_all: bool,
+    tier: Tier,
 ) {
     let mut b = FunctionBuilder::new(func, fctx);
     let entry = b.create_block();
@@ -972,7 +986,7 @@ fn build(
         callees: Vec::new(),
         consts: Default::default(),
         index_ops: Default::default(),
-        unroll: unrolls(k),
+        unroll: unrolls(k) && tier == Tier::Optimized,
         outline: outline_all || !unrolls(k),
     };
     l.kernel(k);
@@ -2628,7 +2642,12 @@ mod tests {
 
     /// How many instructions of kernel `k`'s CLIF have opcode `op`.
     fn clif_count(k: &Kernel, op: Opcode) -> usize {
-        let func = built(k);
+        clif_count_at(k, op, Tier::Optimized)
+    }
+
+    /// `clif_count` of `k` built for `tier`.
+    fn clif_count_at(k: &Kernel, op: Opcode, tier: Tier) -> usize {
+        let func = built_at(k, tier);
         func.layout
             .blocks()
             .flat_map(|b| func.layout.block_insts(b))
@@ -2663,6 +2682,38 @@ mod tests {
             tanh_of(vec![256, 3]),
             4,
             "rows of 3: one loop over the 768 elements"
+        );
+    }
+
+    /// A quick kernel's vector loops run one vector an iteration: tanh's one division per copy
+    /// counts the copies, half the optimized kernel's (an unrolled pair, one vector, one
+    /// scalar: 4, against one vector and one scalar: 2); over a row of 32, the unrolled pair
+    /// (2) against one vector loop (1). A reduction's structure is the same at both tiers
+    /// (its `JAM` copies of the combine and one for the remainder). The two forms compute the
+    /// same bits: `tests/differential.rs` runs every corpus sample at both tiers.
+    #[test]
+    fn quick_kernels_run_one_vector_an_iteration() {
+        let copies = |op: Op, dims: Vec<usize>, count: Opcode| {
+            let mut g = Graph::new("t");
+            let x = g.add_param(TensorType::new(DType::F32, dims));
+            let y = g.add(op, &[x]).unwrap();
+            g.set_outputs(vec![y]);
+            let k = kernels_of(&g).pop().expect("the kernel");
+            (
+                clif_count_at(&k, count, Tier::Quick),
+                clif_count_at(&k, count, Tier::Optimized),
+            )
+        };
+        let tanh = || Op::Unary(tessera_ir::UnaryOp::Tanh);
+        assert_eq!(copies(tanh(), vec![8192], Opcode::Fdiv), (2, 4));
+        assert_eq!(copies(tanh(), vec![256, 32], Opcode::Fdiv), (1, 2));
+        let rows = Op::Reduce {
+            kind: tessera_ir::ReduceKind::Sum,
+            axes: vec![1],
+        };
+        assert_eq!(
+            copies(rows, vec![64, 100], Opcode::Fadd),
+            (JAM + 1, JAM + 1)
         );
     }
 
@@ -2899,6 +2950,11 @@ mod tests {
 
     /// Kernel `k`'s CLIF as lowering builds it, before Cranelift sees it.
     fn built(k: &Kernel) -> Function {
+        built_at(k, Tier::Optimized)
+    }
+
+    /// `built` for `tier`.
+    fn built_at(k: &Kernel, tier: Tier) -> Function {
         let module = JITModule::new(JITBuilder::with_isa(
             host_isa().unwrap(),
             default_libcall_names(),
@@ -2919,6 +2975,7 @@ mod tests {
             &mut FunctionBuilderContext::new(),
             k,
             false,
+            tier,
         );
         func
     }
