@@ -109,14 +109,6 @@ pub fn prepare(also: fn(), tiered: bool, threads: usize) {
     });
 }
 
-/// Says a compile is coming (a caller about to trace and run its passes): the team's helper
-/// (`team.rs`), parked after its last job, is woken now and spins for up to 2 ms, so that the
-/// compile's kernels (`lower::map_all`) find it running rather than wait for a parked thread
-/// to wake on an idle core. A hint: it changes what runs where, never what is computed.
-pub fn expect_compile() {
-    team::expect(std::time::Duration::from_millis(2));
-}
-
 /// Compiles a graph to native code, every kernel optimized.
 pub fn compile(g: &Graph) -> Result<Executable, LowerError> {
     compile_graph(g, Tiers::Optimized)

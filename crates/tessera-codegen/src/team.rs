@@ -28,7 +28,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// No job; only the leader writes the mailbox's job in this state.
@@ -47,21 +47,6 @@ const PANICKED: u32 = 4;
 /// at 100 us the helper was parked at 1.9 of the 10 posts of each step); short enough that a
 /// program that stops splitting gives its core back soon.
 const SPIN: Duration = Duration::from_micros(300);
-
-/// Until when the helper spins rather than parks, however long since its last job (ns after
-/// `epoch`): a compile about to post its kernels says so ahead (`expect`).
-static SPIN_UNTIL: AtomicU64 = AtomicU64::new(0);
-
-/// The clock `SPIN_UNTIL` counts from.
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-/// Nanoseconds since `epoch`.
-fn now_ns() -> u64 {
-    u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
 
 /// A job: runs the second half of a `join` (a pointer to the leader's closure, alive while
 /// the job is posted or taken: see `join`).
@@ -404,28 +389,6 @@ fn start_helper() -> Option<std::thread::Thread> {
         .map(|h| h.thread().clone())
 }
 
-/// Tells the helper that a post is coming within `within` (a compile, before its passes: the
-/// kernels go to `join` at the end, `lower::map_all`): a parked helper is woken now, and it
-/// spins until then, so the post finds it running. Waking a parked helper on a VM's idle core
-/// took from 40 us to over a millisecond (docs/PERFORMANCE.md, twenty-ninth pass): a wake at the
-/// post itself often left every kernel to the caller. Does nothing where this thread could
-/// not lead (`lead`'s conditions), while another thread leads, or before the helper starts.
-pub(crate) fn expect(within: Duration) {
-    if rayon::current_num_threads() != 2
-        || rayon::current_thread_index().is_some()
-        || !may_post()
-        || TEAM.led.load(Ordering::Relaxed)
-        || !matches!(HELPER.get(), Some(Some(_)))
-    {
-        return;
-    }
-    let until = now_ns().saturating_add(u64::try_from(within.as_nanos()).unwrap_or(u64::MAX));
-    SPIN_UNTIL.fetch_max(until, Ordering::SeqCst);
-    if TEAM.parked.load(Ordering::SeqCst) {
-        wake();
-    }
-}
-
 /// Starts the helper thread now if it has not started (`prepare`, on a pool worker, so that
 /// the first compile's `join` finds it and the caller pays no thread start).
 pub(crate) fn start() {
@@ -462,16 +425,14 @@ fn helper() {
         }
         spins = spins.wrapping_add(1);
         let quiet = TEAM.quiet.load(Ordering::Relaxed);
-        let expected = || now_ns() < SPIN_UNTIL.load(Ordering::SeqCst);
-        if !quiet && (!spins.is_multiple_of(256) || last.elapsed() < SPIN || expected()) {
+        if !quiet && (!spins.is_multiple_of(256) || last.elapsed() < SPIN) {
             std::hint::spin_loop();
             continue;
         }
-        // Park, unless a job was posted or expected meanwhile: a poster (or `expect`) that
-        // sees `parked` unparks, and one that wrote before this store is seen by the loads
-        // after it (all SeqCst).
+        // Park, unless a job was posted meanwhile: a poster that sees `parked` unparks, and
+        // one that posted before this store is seen by the load after it (both SeqCst).
         TEAM.parked.store(true, Ordering::SeqCst);
-        if TEAM.state.load(Ordering::SeqCst) != POSTED && (quiet || !expected()) {
+        if TEAM.state.load(Ordering::SeqCst) != POSTED {
             // Idle until a post (an idle wait: nothing waits for it; the timeout only wakes it
             // to look again).
             std::thread::park_timeout(Duration::from_secs(1));
@@ -628,48 +589,5 @@ mod tests {
             (thread_cpus(), may_post(), lead().is_some())
         });
         assert_eq!(pinned.join().expect("the pinned thread"), (1, false, false));
-    }
-
-    /// `expect` wakes a parked helper and keeps it spinning for the time it was given, so a
-    /// compile's first post finds it running (where this thread could lead: two threads in the
-    /// pool, two CPUs; elsewhere it does nothing, checked explicitly).
-    #[test]
-    fn an_expected_post_finds_the_helper_spinning() {
-        if rayon::current_num_threads() != 2 || !may_post() {
-            let before = SPIN_UNTIL.load(Ordering::SeqCst);
-            expect(Duration::from_secs(1));
-            assert_eq!(SPIN_UNTIL.load(Ordering::SeqCst), before);
-            return;
-        }
-        start();
-        // Other tests of this binary lead the team at times (a leader's posts and quiet
-        // products move the helper too): an attempt counts only when no thread led during it.
-        let start_time = Instant::now();
-        let within = || start_time.elapsed() < Duration::from_secs(60);
-        loop {
-            assert!(within(), "no quiet minute to watch the helper in");
-            let led = || TEAM.led.load(Ordering::SeqCst);
-            let parked = || TEAM.parked.load(Ordering::SeqCst);
-            // Parked: no job for longer than `SPIN`, and no earlier `expect` in force.
-            if led() || !parked() || now_ns() < SPIN_UNTIL.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-            expect(Duration::from_millis(500));
-            let woken = Instant::now();
-            while parked() && woken.elapsed() < Duration::from_secs(5) {
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            let awake = !parked();
-            // Past `SPIN` many times over, still spinning: the expected time holds it.
-            std::thread::sleep(Duration::from_millis(50));
-            let spinning = !parked();
-            if led() {
-                continue;
-            }
-            assert!(awake, "the helper did not wake in 5 s");
-            assert!(spinning, "the helper parked before the expected post");
-            return;
-        }
     }
 }

@@ -407,7 +407,6 @@ impl<'a> Pipeline<'a> {
                 tiered_from_env()?,
                 tessera_runtime::cores(),
             );
-            tessera_codegen::expect_compile();
         }
         let start = Instant::now();
         let (mut graph, out_def) = {
