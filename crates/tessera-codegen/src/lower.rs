@@ -135,8 +135,10 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
     compile_with(kernels, false)
 }
 
-/// How a kernel is compiled. The two tiers emit the same CLIF and compute the same values;
-/// only a NaN's sign and payload may differ, as between the interpreter and compiled code
+/// How a kernel is compiled. The two tiers emit the same CLIF but for a quick kernel's vector
+/// loops, which run one vector an iteration where an optimized one runs an unrolled pair
+/// first (`build`: the same operations on the same elements, in the same order), and compute
+/// the same values; only a NaN's sign and payload may differ, as between the interpreter and compiled code
 /// (Cranelift's optimizer rewrites `(-x) * (-y)` to `x * y`, and may swap the operands of a
 /// commutative operation, which decides the NaN an operation on two NaNs returns). Checked
 /// on every corpus sample (`tests/differential.rs`, bit for bit), the region tests and every
