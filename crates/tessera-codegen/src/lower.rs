@@ -138,15 +138,18 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
 /// How a kernel is compiled. The two tiers emit the same CLIF but for a quick kernel's vector
 /// loops, which run one vector an iteration where an optimized one runs an unrolled pair
 /// first (`build`: the same operations on the same elements, in the same order), and compute
-/// the same values; only a NaN's sign and payload may differ, as between the interpreter and compiled code
-/// (Cranelift's optimizer rewrites `(-x) * (-y)` to `x * y`, and may swap the operands of a
-/// commutative operation, which decides the NaN an operation on two NaNs returns). Checked
+/// the same values; only a NaN's sign and payload may differ, as between the interpreter and
+/// compiled code (Cranelift's optimizer rewrites `(-x) * (-y)` to `x * y`, and may swap the
+/// operands of a commutative operation, which decides the NaN an operation on two NaNs
+/// returns). Checked
 /// on every corpus sample (`tests/differential.rs`, bit for bit), the region tests and every
 /// fuzzed program (`check_program`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Tier {
-    /// Cranelift's cheap settings, `opt_level=none` and the single-pass register allocator:
-    /// about a third less compile time, code up to three times slower (`tier.rs`).
+    /// Cranelift's cheap settings, `opt_level=none` and the single-pass register allocator,
+    /// and vector loops without the unrolled pair: about a third less compile time at the
+    /// settings alone, half again for an elementwise body without the pair; code up to three
+    /// times slower (`tier.rs`).
     Quick,
     /// `opt_level=speed` and the backtracking allocator.
     Optimized,
@@ -478,11 +481,12 @@ struct Lower<'a, 'b> {
     /// The i64 sums and products made in each block so far (`add_i64`, `mul_i64`), by
     /// operands: the unrolled copies of a body compute the same addresses.
     index_ops: std::collections::HashMap<(Block, Opcode, Value, Value), Value>,
-    /// Whether vector loops run two vectors an iteration (a third copy of the body); off for
-    /// bodies over `UNROLL_MAX_WEIGHT`.
+    /// Whether vector loops run two vectors an iteration (a third copy of the body): bodies up
+    /// to `UNROLL_MAX_WEIGHT` (`unrolls`) at the optimized tier.
     unroll: bool,
-    /// Whether f32 transcendental functions are calls of their outlined copies: in the bodies
-    /// that are not unrolled.
+    /// Whether f32 transcendental functions are calls of their outlined copies: in bodies
+    /// over `UNROLL_MAX_WEIGHT` (at either tier), or in every kernel of a module past
+    /// `outlines_all`'s weight.
     outline: bool,
 }
 
@@ -605,7 +609,9 @@ fn jams(k: &Kernel) -> bool {
         && unrolls(k)
 }
 
-/// Whether `k`'s vector loop runs two f32x4 copies of its body an iteration.
+/// Whether `k`'s vector loop runs two f32x4 copies of its body an iteration at the optimized
+/// tier (the quick tier runs one: `build`). Whatever the tier, it also decides whether a row
+/// reduction is jammed (`jams`) and whether the body's transcendental functions are inline.
 pub(crate) fn unrolls(k: &Kernel) -> bool {
     k.code_weight() <= UNROLL_MAX_WEIGHT
 }
@@ -2690,9 +2696,10 @@ mod tests {
     /// A quick kernel's vector loops run one vector an iteration: tanh's one division per copy
     /// counts the copies, half the optimized kernel's (an unrolled pair, one vector, one
     /// scalar: 4, against one vector and one scalar: 2); over a row of 32, the unrolled pair
-    /// (2) against one vector loop (1). A reduction's structure is the same at both tiers
-    /// (its `JAM` copies of the combine and one for the remainder). The two forms compute the
-    /// same bits: `tests/differential.rs` runs every corpus sample at both tiers.
+    /// (2) against one vector loop (1). A row reduction's jammed form is the same at both
+    /// tiers (its `JAM` copies of the combine and one for the remainder); a column sum's vector
+    /// loop over the result row is not (2 copies against 1). The two forms compute the same
+    /// bits: `tests/differential.rs` runs every corpus sample at both tiers.
     #[test]
     fn quick_kernels_run_one_vector_an_iteration() {
         let copies = |op: Op, dims: Vec<usize>, count: Opcode| {
@@ -2717,6 +2724,11 @@ mod tests {
             copies(rows, vec![64, 100], Opcode::Fadd),
             (JAM + 1, JAM + 1)
         );
+        let columns = Op::Reduce {
+            kind: tessera_ir::ReduceKind::Sum,
+            axes: vec![0],
+        };
+        assert_eq!(copies(columns, vec![100, 64], Opcode::Fadd), (1, 2));
     }
 
     /// Reductions of rows compute `JAM` result elements at once (`elements_jammed`), with the

@@ -291,14 +291,17 @@ where
 /// thread's halves are better run by rayon's workers).
 fn may_post() -> bool {
     thread_local! {
-        static WIDE: bool = process_cores() >= 2 && thread_cpus() >= 2;
+        // The thread's own CPUs first: only a thread that may run on two fills
+        // `process_cores`'s value, which is then the process's (its cgroup's quota).
+        static WIDE: bool = thread_cpus() >= 2 && process_cores() >= 2;
     }
     WIDE.with(|w| *w)
 }
 
-/// The cores this process may use, as `prepare` was told (`set_cores`; std's
-/// `available_parallelism` otherwise, read once): the cgroup's quota is read from files, 0.1
-/// ms of the seed step's first call when `may_post` read it (perf, Xeon VM).
+/// The cores this process may use, as `prepare` was told (`set_cores`; otherwise std's
+/// `available_parallelism`, read once, by a thread that may run on two CPUs or more: `may_post`
+/// asks only then): the cgroup's quota is read from files, 0.1 ms of the seed step's first
+/// call when `may_post` read it on every thread (perf, Xeon VM).
 static CORES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Records the cores this process may use (`prepare`'s `threads`).
@@ -325,11 +328,13 @@ fn thread_cpus() -> usize {
     // only reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            // More CPUs than the set holds (or no answer): std's reading, which handles both.
-            return std::thread::available_parallelism().map_or(1, |n| n.get());
+        let read = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+        match usize::try_from(libc::CPU_COUNT(&set)) {
+            Ok(n) if read == 0 && n > 0 => n,
+            // No answer (more CPUs than the set holds) or an empty set: std's reading, which
+            // falls back to the CPUs online, as the per-thread reading before this did.
+            _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
-        usize::try_from(libc::CPU_COUNT(&set)).unwrap_or(1)
     }
 }
 
@@ -458,8 +463,7 @@ pub(crate) fn as_a_job<R>(f: impl FnOnce() -> R) -> R {
 /// whether this thread could lead.
 #[cfg(test)]
 pub(crate) fn posts_once_the_team_is_free(mut run: impl FnMut()) -> (usize, bool) {
-    let team = rayon::current_num_threads() == 2
-        && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    let team = rayon::current_num_threads() == 2 && may_post();
     let start = std::time::Instant::now();
     loop {
         let before = POSTS.with(Cell::get);
@@ -568,26 +572,39 @@ mod tests {
         assert_eq!(join(|| 7, || 8), (7, 8));
     }
 
-    /// A thread pinned to one CPU may not post, and so never leads; the affinity is read with
-    /// one system call and agrees with std's reading (which the cgroup's quota may lower).
+    /// A thread pinned to one CPU may not post, and so never leads, whatever the process's
+    /// cores (read first, on this thread, as `prepare` or a wider thread would); the affinity
+    /// is read with one system call and agrees with std's reading (which the cgroup's quota
+    /// may lower).
     #[test]
     #[cfg(target_os = "linux")]
     fn a_thread_on_one_cpu_never_leads() {
         let wide = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert!(thread_cpus() >= wide, "{} < {wide}", thread_cpus());
+        // The pool and the process's cores as an unpinned thread finds them.
+        let (pool, cores) = (rayon::current_num_threads(), process_cores());
         let pinned = std::thread::spawn(|| {
-            // SAFETY: `cpu_set_t` is plain data; the set holds one CPU (this thread's current
-            // one, which the process may run on), and the calls read or write at most the
-            // size we pass.
+            // SAFETY: `cpu_set_t` is plain data; the calls read or write at most the size we
+            // pass, and the set given holds one CPU of the thread's own set.
             let ok = unsafe {
-                let cpu = usize::try_from(libc::sched_getcpu()).unwrap_or(0);
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+                let mut mine: libc::cpu_set_t = std::mem::zeroed();
+                let size = std::mem::size_of::<libc::cpu_set_t>();
+                assert_eq!(libc::sched_getaffinity(0, size, &mut mine), 0);
+                let cpu = (0..libc::CPU_SETSIZE as usize)
+                    .find(|&c| libc::CPU_ISSET(c, &mine))
+                    .expect("a CPU to run on");
+                let mut one: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut one);
+                libc::sched_setaffinity(0, size, &one) == 0
             };
             assert!(ok, "sched_setaffinity: {}", std::io::Error::last_os_error());
             (thread_cpus(), may_post(), lead().is_some())
         });
         assert_eq!(pinned.join().expect("the pinned thread"), (1, false, false));
+        // Unchanged by the pinned thread.
+        assert_eq!(
+            (rayon::current_num_threads(), process_cores()),
+            (pool, cores)
+        );
     }
 }

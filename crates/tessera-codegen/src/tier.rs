@@ -1,5 +1,6 @@
 //! Tiered compilation: a kernel with little work is compiled first at Cranelift's cheap
-//! settings (`Tier::Quick`: `opt_level=none`, the single-pass register allocator), and again at
+//! settings (`Tier::Quick`: `opt_level=none`, the single-pass register allocator; its vector
+//! loops without the unrolled pair, `lower::build`), and again at
 //! `opt_level=speed` on a background thread once the program runs a second time (a kernel
 //! call past one run's, a run being one of every executable sharing the upgrade, the devices'
 //! forks: a program run once is never compiled again, a loop body as its second iteration
@@ -8,7 +9,9 @@
 //!
 //! Why: on the seed step (9 functions of 64-336 bytes) Cranelift is about half of a first
 //! call, and the quick settings compile in about two thirds of the time, while their code runs
-//! up to three times slower (the seed step 12.7 -> 18.8 us with every kernel quick). A kernel
+//! up to three times slower (the seed step 12.7 -> 18.8 us with every kernel quick; measured
+//! in the fifteenth pass of docs/PERFORMANCE.md, before the quick kernels lost their unrolled
+//! pair, which halved an elementwise body's instructions again: twenty-ninth pass). A kernel
 //! over fewer than `QUICK_BELOW` elements runs in microseconds at either tier, so the first
 //! call saves more than the slower code costs; larger kernels are optimized at once (the big
 //! MLP's first step would lose more in its kernels than the compile saves). A module past
