@@ -141,9 +141,8 @@ pub fn compile(kernels: &[Kernel]) -> Result<Compiled, LowerError> {
 /// the same values; only a NaN's sign and payload may differ, as between the interpreter and
 /// compiled code (Cranelift's optimizer rewrites `(-x) * (-y)` to `x * y`, and may swap the
 /// operands of a commutative operation, which decides the NaN an operation on two NaNs
-/// returns). Checked
-/// on every corpus sample (`tests/differential.rs`, bit for bit), the region tests and every
-/// fuzzed program (`check_program`).
+/// returns). Checked on every corpus sample (`tests/differential.rs`, bit for bit), the region
+/// tests and every fuzzed program (`check_program`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Tier {
     /// Cranelift's cheap settings, `opt_level=none` and the single-pass register allocator,

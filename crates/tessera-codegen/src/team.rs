@@ -572,6 +572,25 @@ mod tests {
         assert_eq!(join(|| 7, || 8), (7, 8));
     }
 
+    /// Pins this thread to one CPU of its own set.
+    #[cfg(target_os = "linux")]
+    fn pin_to_one_cpu() {
+        // SAFETY: `cpu_set_t` is plain data (all zeros is the empty set); the calls read or
+        // write at most the size we pass, and the set given holds one CPU of the thread's own.
+        let ok = unsafe {
+            let mut mine: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            assert_eq!(libc::sched_getaffinity(0, size, &mut mine), 0);
+            let cpu = (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| libc::CPU_ISSET(c, &mine))
+                .expect("a CPU to run on");
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            libc::sched_setaffinity(0, size, &one) == 0
+        };
+        assert!(ok, "sched_setaffinity: {}", std::io::Error::last_os_error());
+    }
+
     /// A thread pinned to one CPU may not post, and so never leads, whatever the process's
     /// cores (read first, on this thread, as `prepare` or a wider thread would); the affinity
     /// is read with one system call and agrees with std's reading (which the cgroup's quota
@@ -584,20 +603,7 @@ mod tests {
         // The pool and the process's cores as an unpinned thread finds them.
         let (pool, cores) = (rayon::current_num_threads(), process_cores());
         let pinned = std::thread::spawn(|| {
-            // SAFETY: `cpu_set_t` is plain data; the calls read or write at most the size we
-            // pass, and the set given holds one CPU of the thread's own set.
-            let ok = unsafe {
-                let mut mine: libc::cpu_set_t = std::mem::zeroed();
-                let size = std::mem::size_of::<libc::cpu_set_t>();
-                assert_eq!(libc::sched_getaffinity(0, size, &mut mine), 0);
-                let cpu = (0..libc::CPU_SETSIZE as usize)
-                    .find(|&c| libc::CPU_ISSET(c, &mine))
-                    .expect("a CPU to run on");
-                let mut one: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut one);
-                libc::sched_setaffinity(0, size, &one) == 0
-            };
-            assert!(ok, "sched_setaffinity: {}", std::io::Error::last_os_error());
+            pin_to_one_cpu();
             (thread_cpus(), may_post(), lead().is_some())
         });
         assert_eq!(pinned.join().expect("the pinned thread"), (1, false, false));
@@ -606,5 +612,53 @@ mod tests {
             (rayon::current_num_threads(), process_cores()),
             (pool, cores)
         );
+    }
+
+    /// A pinned thread asking first, in a fresh process (before `prepare` or any wider thread
+    /// has read the process's cores), leaves them unread: a thread that may run on every CPU
+    /// still may post after it. (Reading the process's cores on the pinned thread first
+    /// recorded one core for the whole process.) Run in a child process, where nothing has
+    /// read them yet.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_pinned_thread_asking_first_leaves_the_process_wide() {
+        let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args([
+                "team::tests::pinned_first_then_wide",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .output()
+            .expect("the child test runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let wide = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // On one CPU neither thread may post (explicitly, not a skipped check).
+        let want = format!("pinned=false wide={}", wide >= 2);
+        assert!(text.contains(&want), "want {want:?} in {text}");
+    }
+
+    /// The child of the test above.
+    #[test]
+    #[ignore = "run by a_pinned_thread_asking_first_leaves_the_process_wide in a fresh process"]
+    #[cfg(target_os = "linux")]
+    fn pinned_first_then_wide() {
+        assert_eq!(CORES.load(Ordering::Relaxed), 0, "read before this test");
+        let pinned = std::thread::spawn(|| {
+            pin_to_one_cpu();
+            may_post()
+        })
+        .join()
+        .expect("the pinned thread");
+        let wide = std::thread::spawn(may_post)
+            .join()
+            .expect("the wide thread");
+        println!("pinned={pinned} wide={wide}");
     }
 }
